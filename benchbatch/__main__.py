@@ -1,0 +1,3 @@
+from benchbatch.cli import main
+
+main()
