@@ -1,0 +1,181 @@
+"""FLOPs and bytes of one step of the model: pure arithmetic, no torch.
+
+A step processes `tokens` new tokens for each of `batch` sequences that already hold
+`context` tokens in their KV cache. Prefill is (batch, prompt, context=0); decode is
+(batch, 1, context). What is counted:
+
+- linear FLOPs: 2 x weights x tokens for every projection of every layer;
+- LM head FLOPs on a line of their own: serving needs logits only for the last token of each
+  sequence, so by default one row per sequence (a full forward for scoring needs all);
+- attention FLOPs: QK^T and AV, 2 x head_dim each per (query, key) pair and head. Causal
+  attention has query i see keys 0..context+i, so only those pairs are counted (the useful
+  half of a square prefill), although dense kernels may compute the masked ones too;
+- bytes: each weight read once per step, the KV cache read (every key and value the step
+  attends to) and written (the new tokens), and activations (each matmul, norm and
+  elementwise op reads its inputs and writes its outputs once: no fusion assumed).
+"""
+
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass
+
+from benchbatch.config import DTYPE_BYTES, ModelConfig
+
+
+def layer_linear_params(cfg: ModelConfig) -> int:
+    """Weights of one layer's matmuls: q, k, v, o projections and the SwiGLU MLP."""
+    attention = cfg.hidden * (cfg.q_dim + 2 * cfg.kv_dim) + cfg.q_dim * cfg.hidden
+    mlp = 3 * cfg.hidden * cfg.intermediate
+    return attention + mlp
+
+
+def linear_params(cfg: ModelConfig) -> int:
+    """Weights that every token multiplies, LM head excluded."""
+    return cfg.layers * layer_linear_params(cfg)
+
+
+def total_params(cfg: ModelConfig) -> int:
+    """Every parameter the model holds (embedding and LM head shared when tied)."""
+    norms = (2 * cfg.layers + 1) * cfg.hidden
+    embeddings = cfg.vocab * cfg.hidden * (1 if cfg.tie_embeddings else 2)
+    return linear_params(cfg) + norms + embeddings
+
+
+def weight_bytes(cfg: ModelConfig, dtype: str) -> int:
+    return total_params(cfg) * DTYPE_BYTES[dtype]
+
+
+def kv_bytes_per_token(cfg: ModelConfig, dtype: str) -> int:
+    """Keys and values of one token in every layer."""
+    return cfg.layers * 2 * cfg.kv_dim * DTYPE_BYTES[dtype]
+
+
+def kv_cache_bytes(cfg: ModelConfig, dtype: str, batch: int, context: int) -> int:
+    return batch * context * kv_bytes_per_token(cfg, dtype)
+
+
+def causal_pairs(tokens: int, context: int) -> int:
+    """(query, key) pairs a causal step attends: query i sees context + i + 1 keys."""
+    return tokens * context + tokens * (tokens + 1) // 2
+
+
+def _activation_elements_per_token(cfg: ModelConfig) -> int:
+    """Elements read plus written per token per layer, one pass per op (no fusion)."""
+    h, q, kv, inter = cfg.hidden, cfg.q_dim, cfg.kv_dim, cfg.intermediate
+    norms = 2 * (h + h)  # two RMSNorms: read x, write normed x
+    projections = (h + q + 2 * kv) + (q + h) + (h + 2 * inter) + (inter + h)
+    attention_io = q + q  # read the queries, write the attention output
+    rotary = 2 * (q + kv)  # read and write q and k
+    swiglu = 2 * inter + inter  # read gate and up, write their product
+    residuals = 2 * 3 * h  # two adds: read two, write one
+    return norms + projections + attention_io + rotary + swiglu + residuals
+
+
+@dataclass(frozen=True)
+class StepCost:
+    """FLOPs and bytes of one step; every field an exact integer."""
+
+    batch: int
+    tokens: int
+    context: int
+    linear_flops: int
+    lm_head_flops: int
+    attention_flops: int
+    weight_bytes: int
+    kv_read_bytes: int
+    kv_write_bytes: int
+    activation_bytes: int
+
+    @property
+    def flops(self) -> int:
+        return self.linear_flops + self.lm_head_flops + self.attention_flops
+
+    @property
+    def bytes(self) -> int:
+        return self.weight_bytes + self.kv_read_bytes + self.kv_write_bytes + self.activation_bytes
+
+    @property
+    def arithmetic_intensity(self) -> float:
+        """FLOPs per byte moved: what a roofline places against the ridge point."""
+        return self.flops / self.bytes
+
+    @property
+    def tokens_per_weight_read(self) -> int:
+        """The articles' simplified 'intensity': new tokens that share one read of the weights."""
+        return self.batch * self.tokens
+
+    def to_dict(self) -> dict:
+        d = asdict(self)
+        d.update(flops=self.flops, bytes=self.bytes)
+        d["arithmetic_intensity"] = self.arithmetic_intensity
+        d["tokens_per_weight_read"] = self.tokens_per_weight_read
+        return d
+
+
+def step_cost(
+    cfg: ModelConfig,
+    dtype: str,
+    batch: int,
+    tokens: int,
+    context: int = 0,
+    logits_per_seq: int = 1,
+) -> StepCost:
+    """FLOPs and bytes of one step: `tokens` new tokens for each of `batch` sequences."""
+    b = DTYPE_BYTES[dtype]
+    new = batch * tokens
+    logit_rows = batch * logits_per_seq
+    pairs = batch * causal_pairs(tokens, context)
+    return StepCost(
+        batch=batch,
+        tokens=tokens,
+        context=context,
+        linear_flops=2 * new * linear_params(cfg),
+        lm_head_flops=2 * logit_rows * cfg.hidden * cfg.vocab,
+        attention_flops=cfg.layers * 4 * cfg.q_dim * pairs,
+        weight_bytes=(total_params(cfg) - _unread_embedding(cfg)) * b + new * cfg.hidden * b,
+        kv_read_bytes=batch * (context + tokens) * kv_bytes_per_token(cfg, dtype),
+        kv_write_bytes=new * kv_bytes_per_token(cfg, dtype),
+        activation_bytes=b
+        * (
+            new * cfg.layers * _activation_elements_per_token(cfg)
+            + logit_rows * (cfg.hidden + cfg.vocab)
+        ),
+    )
+
+
+def _unread_embedding(cfg: ModelConfig) -> int:
+    """The embedding table is gathered, not read whole (unless it doubles as the LM head)."""
+    return 0 if cfg.tie_embeddings else cfg.vocab * cfg.hidden
+
+
+def prefill_cost(cfg: ModelConfig, dtype: str, batch: int, prompt: int) -> StepCost:
+    return step_cost(cfg, dtype, batch, prompt, context=0)
+
+
+def decode_cost(cfg: ModelConfig, dtype: str, batch: int, context: int) -> StepCost:
+    return step_cost(cfg, dtype, batch, 1, context=context)
+
+
+def dense_attention_flops(cfg: ModelConfig, batch: int, tokens: int, context: int) -> int:
+    """What a counter that ignores the causal mask reports: every query against every key."""
+    return cfg.layers * 4 * cfg.q_dim * batch * tokens * (context + tokens)
+
+
+def step_workspace_bytes(cfg: ModelConfig, dtype: str, tokens: int) -> int:
+    """Transient memory of a step over `tokens` tokens: the widest activations and logits."""
+    b = DTYPE_BYTES[dtype]
+    widest = cfg.hidden * 2 + cfg.q_dim + 2 * cfg.kv_dim + 3 * cfg.intermediate
+    return tokens * (widest * b + cfg.vocab * 4)  # logits are taken to fp32 for sampling
+
+
+def max_batch(
+    cfg: ModelConfig, dtype: str, context: int, free_bytes: int, reserve_fraction: float = 0.1
+) -> int:
+    """Sequences of `context` tokens that fit beside the weights (0 when even one does not).
+
+    Each sequence needs its KV cache plus its share of a decode step's workspace; a fraction
+    of the free memory is held back for the allocator's fragmentation and the runtime.
+    """
+    usable = int(free_bytes * (1 - reserve_fraction)) - weight_bytes(cfg, dtype)
+    per_seq = kv_cache_bytes(cfg, dtype, 1, context) + step_workspace_bytes(cfg, dtype, 1)
+    return max(0, usable // per_seq)

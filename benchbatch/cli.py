@@ -1,0 +1,58 @@
+"""The command line: a thin typer app. Each command lives in benchbatch/commands/."""
+
+from __future__ import annotations
+
+import sys
+
+import click
+import typer
+from typer.core import TyperGroup
+
+from benchbatch.commands import phases
+from benchbatch.errors import UserError
+
+
+class BenchGroup(TyperGroup):
+    """Every user error ends as one line on stderr naming the option, and exit code 2."""
+
+    def main(self, args=None, prog_name=None, complete_var=None, standalone_mode=True, **extra):
+        try:
+            code = super().main(args, prog_name, complete_var, standalone_mode=False, **extra)
+            code = code if isinstance(code, int) else 0
+        except UserError as e:
+            code = _fail(f"{e.option}: {e.message}", 2)
+        except click.UsageError as e:
+            hint = f" (see '{e.ctx.command_path} --help')" if e.ctx else ""
+            code = _fail(e.format_message() + hint, e.exit_code)
+        except click.ClickException as e:
+            code = _fail(e.format_message(), e.exit_code)
+        except click.Abort:
+            code = _fail("aborted", 130)
+        if standalone_mode:
+            sys.exit(code)
+        return code
+
+
+def _fail(message: str, code: int) -> int:
+    click.echo(f"Error: {message}", err=True)
+    return code
+
+
+app = typer.Typer(
+    cls=BenchGroup,
+    help="Measure on your own hardware why LLM inference is served in batches.",
+    no_args_is_help=True,
+    add_completion=False,
+    pretty_exceptions_enable=False,
+    rich_markup_mode="markdown",
+)
+app.command("phases")(phases.phases)
+
+
+@app.callback()
+def _root() -> None:
+    """Measure on your own hardware why LLM inference is served in batches."""
+
+
+def main() -> None:
+    app()

@@ -1,0 +1,21 @@
+"""Figures drawn from the rows the probes return (the same data as the CSV files).
+
+One module per figure family; each draws with matplotlib's Agg backend (no display).
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import matplotlib
+
+matplotlib.use("Agg")
+import matplotlib.pyplot as plt  # noqa: E402
+
+
+def save(fig, path: Path) -> None:
+    """Write through a temporary name so a half-drawn PNG never replaces a good one."""
+    tmp = path.with_name(f".{path.name}.tmp.png")
+    fig.savefig(tmp, dpi=120, bbox_inches="tight")
+    plt.close(fig)
+    tmp.replace(path)
