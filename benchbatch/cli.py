@@ -8,7 +8,7 @@ import click
 import typer
 from typer.core import TyperGroup
 
-from benchbatch.commands import phases
+from benchbatch.commands import phases, probe
 from benchbatch.errors import UserError
 
 
@@ -47,6 +47,7 @@ app = typer.Typer(
     rich_markup_mode="markdown",
 )
 app.command("phases")(phases.phases)
+app.command("probe")(probe.probe)
 
 
 @app.callback()

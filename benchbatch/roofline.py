@@ -1,0 +1,171 @@
+"""The roofline: where a measured step sits against the device's own ceilings. No torch.
+
+A step that does F FLOPs and moves B bytes has arithmetic intensity F/B. Below the ridge
+point (peak FLOP/s over peak bytes/s) it cannot be faster than its bytes allow
+(memory-bound); above it, than its FLOPs allow (compute-bound). The ceilings come from
+`benchbatch probe` (measured, probe.csv) or, as a dashed promise, from the datasheet.
+
+Units: TFLOP/s, GB/s (1e9 bytes/s), intensity in FLOP per byte.
+"""
+
+from __future__ import annotations
+
+import csv
+import math
+from dataclasses import asdict, dataclass
+from pathlib import Path
+
+from benchbatch.errors import UserError
+from benchbatch.peaks import Peak
+
+MATMUL_KINDS = ("matmul",)
+MEMORY_KINDS = ("copy", "read")
+
+
+@dataclass(frozen=True)
+class Ceilings:
+    """The two roofs in one dtype, and the probe rows (labels) they were taken from."""
+
+    dtype: str
+    peak_tflops: float
+    peak_gbps: float
+    tflops_source: str = "datasheet"
+    gbps_source: str = "datasheet"
+
+    @property
+    def ridge(self) -> float:
+        """FLOP per byte where the roof turns from memory- to compute-bound."""
+        return ridge(self.peak_tflops, self.peak_gbps)
+
+    def to_dict(self) -> dict:
+        return {**asdict(self), "ridge": self.ridge}
+
+
+def ridge(peak_tflops: float, peak_gbps: float) -> float:
+    return peak_tflops * 1e12 / (peak_gbps * 1e9)
+
+
+def attainable_tflops(intensity: float, peak_tflops: float, peak_gbps: float) -> float:
+    """The roof at one intensity: min(peak FLOP/s, intensity x bandwidth), in TFLOP/s."""
+    return min(peak_tflops, intensity * peak_gbps / 1e3)
+
+
+def roof(intensities: list[float], ceilings: Ceilings) -> list[float]:
+    """The roof (TFLOP/s) at each intensity."""
+    return [attainable_tflops(x, ceilings.peak_tflops, ceilings.peak_gbps) for x in intensities]
+
+
+def log_space(lo: float, hi: float, n: int = 200) -> list[float]:
+    """n intensities evenly spaced on a log axis, lo and hi included."""
+    assert 0 < lo < hi and n >= 2
+    step = (math.log10(hi) - math.log10(lo)) / (n - 1)
+    return [10 ** (math.log10(lo) + i * step) for i in range(n)]
+
+
+def bound(intensity: float | None, ridge_point: float) -> str | None:
+    """'memory' below the ridge point, 'compute' at or above it; None if unknown."""
+    if intensity is None or not math.isfinite(intensity):
+        return None
+    return "compute" if intensity >= ridge_point else "memory"
+
+
+def annotate(row: dict, ceilings: Ceilings) -> dict:
+    """A copy of a phases/sweep row with mfu, mbu (fractions, not %) and bound added.
+
+    mfu: achieved FLOP/s over the measured matmul peak; mbu: achieved bytes/s over the
+    measured bandwidth. A step that was not measured (oom) keeps NaN for both.
+    """
+    return {
+        **row,
+        "mfu": _ratio(row.get("tflops"), ceilings.peak_tflops),
+        "mbu": _ratio(row.get("gbps"), ceilings.peak_gbps),
+        "bound": bound(_number(row.get("arithmetic_intensity")), ceilings.ridge),
+    }
+
+
+def _ratio(value, peak: float) -> float:
+    value = _number(value)
+    return math.nan if value is None else value / peak
+
+
+def _number(value) -> float | None:
+    if value is None or isinstance(value, bool):
+        return None
+    try:
+        return float(value)
+    except (TypeError, ValueError):
+        return None
+
+
+def from_datasheet(peak: Peak | None, dtype: str) -> Ceilings | None:
+    """The datasheet's ceilings in a dtype, or None when the device or dtype is unknown."""
+    if peak is None or dtype not in peak.tflops:
+        return None
+    return Ceilings(dtype, peak.tflops[dtype], peak.gbps, peak.name, peak.name)
+
+
+def ceilings_from_rows(rows: list[dict]) -> Ceilings:
+    """Best median of the matmul rows and of the copy/read rows the probe measured.
+
+    Raises ValueError when the rows hold no measured matmul or no measured memory row.
+    """
+    ok = [r for r in rows if r.get("status", "ok") == "ok"]
+    flops = _best(ok, MATMUL_KINDS, "tflops")
+    mem = _best(ok, MEMORY_KINDS, "gbps")
+    if flops is None:
+        raise ValueError("no measured matmul row (kind matmul with a positive tflops)")
+    if mem is None:
+        raise ValueError("no measured memory row (kind copy or read with a positive gbps)")
+    dtypes = {r.get("dtype") for r in ok} - {None}
+    if len(dtypes) > 1:
+        raise ValueError(f"rows in several dtypes: {sorted(dtypes)}")
+    dtype = dtypes.pop() if dtypes else "unknown"
+    return Ceilings(dtype, flops["tflops"], mem["gbps"], flops["label"], mem["label"])
+
+
+def _best(rows: list[dict], kinds: tuple[str, ...], key: str) -> dict | None:
+    candidates = [r for r in rows if r.get("kind") in kinds and _positive(r.get(key))]
+    return max(candidates, key=lambda r: r[key], default=None)
+
+
+def _positive(value) -> bool:
+    value = _number(value)
+    return value is not None and math.isfinite(value) and value > 0
+
+
+PROBE_COLUMNS = ("kind", "label", "dtype", "tflops", "gbps", "status")
+
+
+def ceilings_from_csv(path: Path, option: str = "--probe") -> Ceilings:
+    """Read a probe.csv back; a missing or corrupt file is a UserError naming it."""
+    path = Path(path)
+    try:
+        with open(path, newline="") as f:
+            rows = list(csv.DictReader(f))
+    except FileNotFoundError:
+        raise UserError(option, f"{path} does not exist (run `benchbatch probe` first)") from None
+    except (OSError, UnicodeDecodeError, csv.Error) as e:
+        raise UserError(option, f"cannot read {path}: {e}") from None
+    missing = [c for c in PROBE_COLUMNS if not rows or c not in rows[0]]
+    if missing:
+        what = "is empty" if not rows else f"lacks column(s) {', '.join(missing)}"
+        raise UserError(option, f"{path} {what}: not a probe.csv written by benchbatch probe")
+    try:
+        return ceilings_from_rows([_parse(r) for r in rows])
+    except ValueError as e:
+        raise UserError(option, f"{path} is corrupt: {e}") from None
+
+
+def _parse(row: dict) -> dict:
+    """CSV text to numbers; an empty cell (NaN as pandas writes it) becomes None."""
+    out = dict(row)
+    for key in ("tflops", "gbps"):
+        text = (row.get(key) or "").strip()
+        if not text:
+            out[key] = None
+            continue
+        try:
+            out[key] = float(text)
+        except ValueError:
+            raise ValueError(f"{key} {text!r} is not a number") from None
+    return out

@@ -1,0 +1,86 @@
+"""The ceilings probe on the CPU (tiny sizes) and the `benchbatch probe` command."""
+
+from __future__ import annotations
+
+import json
+import math
+
+import pytest
+import torch
+from typer.testing import CliRunner
+
+from benchbatch.cli import app
+from benchbatch.probes import ceilings as probes
+from benchbatch.roofline import ceilings_from_csv
+from benchbatch.timing import TimingOptions
+
+CPU = torch.device("cpu")
+FAST = TimingOptions(min_repeats=2, min_time_s=0.0, warmup=1, warmup_s=0.0)
+RUNNER = CliRunner()
+TINY = ["--sizes", "64,128", "--buffer-mb", "2", "--repeats", "2", "--min-time", "0"]
+
+
+def test_counted_work_of_each_probe():
+    assert probes.cost(probes.Probe("matmul", 1024), "fp16") == (2 * 1024**3, 3 * 1024**2 * 2)
+    assert probes.cost(probes.Probe("copy", 8 * probes.MiB), "fp32") == (0, 16 * probes.MiB)
+    read = probes.cost(probes.Probe("read", 8 * probes.MiB), "bf16")
+    assert read == (4 * probes.MiB, 8 * probes.MiB)  # one add per 2-byte element
+
+
+def test_probe_gives_positive_finite_ceilings_on_cpu():
+    plan = probes.plan([64, 128], 2 * probes.MiB)
+    rows, ceil = probes.measure_ceilings(CPU, "fp32", FAST, plan)
+    assert [r["kind"] for r in rows] == ["matmul", "matmul", "copy", "read"]
+    assert all(r["status"] == "ok" and r["step_ms"] > 0 for r in rows)
+    for value in (ceil.peak_tflops, ceil.peak_gbps, ceil.ridge):
+        assert math.isfinite(value) and value > 0
+    assert ceil.peak_tflops == max(r["tflops"] for r in rows if r["kind"] == "matmul")
+    assert ceil.peak_gbps == max(r["gbps"] for r in rows if r["kind"] != "matmul")
+    assert ceil.dtype == "fp32"
+
+
+def test_operands_are_random_not_zeros():
+    # zeros run faster on some hardware: a ceiling measured on them would be too high
+    fn = probes.work(probes.Probe("read", probes.MiB), CPU, "fp32")
+    assert fn().item() != 0.0
+
+
+def test_default_plan_fits_a_cpu():
+    plan = probes.default_plan(CPU)
+    assert {p.kind for p in plan} == {"matmul", "copy", "read"}
+    assert max(p.size for p in plan if p.kind == "matmul") <= 2048
+    assert plan[-1].size <= 256 * probes.MiB
+
+
+def test_probe_command_writes_probe_csv(tmp_path):
+    out = tmp_path / "run"
+    result = RUNNER.invoke(app, ["probe", "--device", "cpu", "--out", str(out), *TINY])
+    assert result.exit_code == 0, result.output
+    for name in ("probe.csv", "metadata.json", "roofline.png"):
+        assert (out / name).stat().st_size > 0, name
+    meta = json.loads((out / "metadata.json").read_text())
+    assert meta["status"] == "complete"
+    measured = meta["summary"]["measured"]
+    assert ceilings_from_csv(out / "probe.csv").peak_tflops == pytest.approx(
+        measured["peak_tflops"]
+    )
+    assert meta["summary"]["datasheet_name"] == "unknown"
+    assert "H200 SXM" in result.output and "RTX 5080" in result.output
+
+
+def test_probe_command_json(tmp_path):
+    args = ["probe", "--device", "cpu", "--out", str(tmp_path), "--force", "--json", *TINY]
+    result = RUNNER.invoke(app, args)
+    assert result.exit_code == 0, result.output
+    doc = json.loads(result.stdout)
+    assert len(doc["rows"]) == 4 and doc["summary"]["measured"]["peak_gbps"] > 0
+
+
+@pytest.mark.parametrize(
+    "args, option",
+    [(["--sizes", "64,x"], "--sizes"), (["--buffer-mb", "0"], "--buffer-mb")],
+)
+def test_bad_sizes_are_user_errors(tmp_path, args, option):
+    result = RUNNER.invoke(app, ["probe", "--device", "cpu", "--out", str(tmp_path), *args])
+    assert result.exit_code == 2
+    assert option in result.output
