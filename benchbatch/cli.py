@@ -4,12 +4,16 @@ from __future__ import annotations
 
 import sys
 
-import click
 import typer
 from typer.core import TyperGroup
 
-from benchbatch.commands import phases, probe
+from benchbatch.commands import phases, probe, sweep
 from benchbatch.errors import UserError
+
+try:  # recent typer vendors its own click; older ones use click itself
+    from typer._click import exceptions as click_errors
+except ImportError:  # pragma: no cover
+    from click import exceptions as click_errors
 
 
 class BenchGroup(TyperGroup):
@@ -21,12 +25,12 @@ class BenchGroup(TyperGroup):
             code = code if isinstance(code, int) else 0
         except UserError as e:
             code = _fail(f"{e.option}: {e.message}", 2)
-        except click.UsageError as e:
+        except click_errors.UsageError as e:
             hint = f" (see '{e.ctx.command_path} --help')" if e.ctx else ""
             code = _fail(e.format_message() + hint, e.exit_code)
-        except click.ClickException as e:
+        except click_errors.ClickException as e:
             code = _fail(e.format_message(), e.exit_code)
-        except click.Abort:
+        except click_errors.Abort:
             code = _fail("aborted", 130)
         if standalone_mode:
             sys.exit(code)
@@ -34,7 +38,7 @@ class BenchGroup(TyperGroup):
 
 
 def _fail(message: str, code: int) -> int:
-    click.echo(f"Error: {message}", err=True)
+    typer.echo(f"Error: {message}", err=True)
     return code
 
 
@@ -48,6 +52,7 @@ app = typer.Typer(
 )
 app.command("phases")(phases.phases)
 app.command("probe")(probe.probe)
+app.command("sweep")(sweep.sweep)
 
 
 @app.callback()

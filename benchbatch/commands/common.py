@@ -163,10 +163,7 @@ def build_config(
 
 
 def resolve_target(device_spec: str, dtype: Dtype | None) -> device.Target:
-    target = device.resolve(device_spec, dtype.value if dtype else None)
-    if target.notice:
-        err_console.print(f"[yellow]note:[/] {target.notice}")
-    return target
+    return device.resolve(device_spec, dtype.value if dtype else None)
 
 
 def timing_options(repeats: int, min_time: float) -> TimingOptions:
@@ -178,6 +175,9 @@ def timing_options(repeats: int, min_time: float) -> TimingOptions:
 
 
 def start_run(folder: Path, command: str, target: device.Target, cfg, options: dict) -> Run:
+    """Open the run's metadata; every input has been checked by now, so notices go out."""
+    if target.notice:
+        err_console.print(f"[yellow]note:[/] {target.notice}")
     meta = {
         "config": cfg.to_dict() if cfg is not None else None,
         "options": {k: (str(v) if isinstance(v, Path | Enum) else v) for k, v in options.items()},

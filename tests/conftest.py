@@ -1,0 +1,21 @@
+import pytest
+import torch
+
+torch.set_num_threads(min(2, torch.get_num_threads()))
+
+
+@pytest.fixture
+def runner():
+    from typer.testing import CliRunner
+
+    return CliRunner()
+
+
+def pytest_collection_modifyitems(config, items):
+    """GPU tests skip themselves on machines without CUDA."""
+    if torch.cuda.is_available():
+        return
+    skip = pytest.mark.skip(reason="needs CUDA")
+    for item in items:
+        if "gpu" in item.keywords:
+            item.add_marker(skip)

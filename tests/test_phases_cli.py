@@ -1,0 +1,142 @@
+"""`benchbatch phases` end to end on a tiny model, and its answers to bad input."""
+
+import json
+
+import pandas as pd
+import pytest
+import torch
+
+from benchbatch.cli import app
+
+FAST = ["--preset", "tiny", "--repeats", "1", "--min-time", "0", "--device", "cpu"]
+
+
+def run_phases(runner, out, *extra):
+    return runner.invoke(
+        app,
+        [
+            "phases",
+            *FAST,
+            "--prefill",
+            "16,32",
+            "--decode-batch",
+            "1,4",
+            "--context",
+            "24",
+            "--out",
+            str(out),
+            *extra,
+        ],
+    )
+
+
+def test_phases_writes_rows_metadata_and_plot(runner, tmp_path):
+    result = run_phases(runner, tmp_path / "run")
+    assert result.exit_code == 0, result.output
+    df = pd.read_csv(tmp_path / "run" / "phases.csv")
+    assert list(df["label"]) == ["prefill 16", "prefill 32", "decode b=1", "decode b=4"]
+    for column in (
+        "phase",
+        "batch",
+        "tokens",
+        "context",
+        "step_ms",
+        "us_per_token",
+        "flops",
+        "bytes",
+        "tflops",
+        "gbps",
+        "arithmetic_intensity",
+        "noisy",
+    ):
+        assert column in df.columns
+    assert (df["status"] == "ok").all() and (df["step_ms"] > 0).all()
+    new_tokens = df["batch"] * df["tokens"]
+    assert ((df["us_per_token"] - df["step_ms"] * 1e3 / new_tokens).abs() < 1e-6).all()
+    assert ((df["tflops"] - df["flops"] / df["step_ms"] / 1e9).abs() < 1e-9).all()
+    meta = json.loads((tmp_path / "run" / "metadata.json").read_text())
+    assert meta["status"] == "complete" and meta["config"]["name"] == "tiny"
+    assert meta["environment"]["dtype"] == "fp32"
+    assert meta["environment"]["torch_version"] == torch.__version__
+    assert meta["telemetry_before"]["available"] is False
+    assert (tmp_path / "run" / "phases.png").stat().st_size > 1000
+    assert "ran at" in result.stdout
+
+
+def test_json_output_is_one_document(runner, tmp_path):
+    result = run_phases(runner, tmp_path / "run", "--json")
+    assert result.exit_code == 0
+    doc = json.loads(result.stdout)
+    assert len(doc["rows"]) == 4 and doc["folder"].endswith("run")
+    assert doc["summary"]["decode_batches"] == [1, 4]
+
+
+def test_existing_results_are_never_overwritten_silently(runner, tmp_path):
+    assert run_phases(runner, tmp_path / "run").exit_code == 0
+    before = (tmp_path / "run" / "phases.csv").read_text()
+    again = run_phases(runner, tmp_path / "run")
+    assert again.exit_code == 2 and "--force" in again.stderr
+    assert (tmp_path / "run" / "phases.csv").read_text() == before
+    assert run_phases(runner, tmp_path / "run", "--force").exit_code == 0
+
+
+def test_out_of_memory_on_one_row_is_recorded_and_the_run_goes_on(runner, tmp_path, monkeypatch):
+    from benchbatch.probes import steps
+
+    real = steps.time_step
+
+    def fail_big(model, step, opts, cuda_graphs=True, seed=0):
+        if step.batch == 4:
+            raise torch.cuda.OutOfMemoryError("CUDA out of memory. Tried to allocate 2.00 GiB")
+        return real(model, step, opts, cuda_graphs, seed)
+
+    monkeypatch.setattr(steps, "time_step", fail_big)
+    result = run_phases(runner, tmp_path / "run")
+    assert result.exit_code == 0, result.output
+    df = pd.read_csv(tmp_path / "run" / "phases.csv")
+    assert list(df["status"]) == ["ok", "ok", "ok", "oom"]
+    assert df["step_ms"].isna().tolist() == [False, False, False, True]
+
+
+BAD = [
+    (["--prefill", "1,,x"], "--prefill"),
+    (["--prefill", "0"], "--prefill"),
+    (["--decode-batch", "-4"], "--decode-batch"),
+    (["--decode-batch", "2;3"], "--decode-batch"),
+    (["--hidden", "100", "--heads", "3"], "--heads"),
+    (["--kv-heads", "3"], "--kv-heads"),
+    (["--hidden", "0"], "--hidden"),
+    (["--context", "300"], "--context"),
+    (["--prefill", "4096"], "--prefill"),
+    (["--preset", "nonesuch"], "--preset"),
+    (["--config", "/no/such/config.json"], "--config"),
+    (["--repeats", "0"], "--repeats"),
+    (["--min-time", "-1"], "--min-time"),
+    (["--device", "tpu"], "--device"),
+    (["--dtype", "fp8"], "--dtype"),
+    (["--hidden", "abc"], "--hidden"),
+    (["--out", "/proc/benchbatch-cannot-write"], "--out"),
+]
+
+
+@pytest.mark.parametrize("args,option", BAD, ids=[" ".join(a) for a, _ in BAD])
+def test_bad_input_is_one_line_naming_the_option(runner, args, option):
+    result = runner.invoke(app, ["phases", *FAST, "--context", "16", "--prefill", "8", *args])
+    assert result.exit_code == 2, result.output
+    lines = result.stderr.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith("Error:") and option in lines[0], lines
+    assert "Traceback" not in result.output
+
+
+def test_malformed_config_file(runner, tmp_path):
+    bad = tmp_path / "config.json"
+    bad.write_text("{oops")
+    result = runner.invoke(app, ["phases", "--config", str(bad)])
+    assert result.exit_code == 2 and "--config" in result.stderr
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="this machine has CUDA")
+def test_cuda_requested_without_cuda(runner):
+    result = runner.invoke(app, ["phases", "--device", "cuda"])
+    assert result.exit_code == 2
+    assert "Error: --device: CUDA is not available" in result.stderr

@@ -1,0 +1,48 @@
+import os
+
+import pytest
+
+from benchbatch import results
+from benchbatch.errors import UserError
+
+
+def test_default_folders_are_new_each_time(tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.setattr(results, "utc_stamp", lambda: "20260101-000000Z")
+    a = results.run_dir(None, "phases")
+    (a / "phases.csv").write_text("x\n")
+    b = results.run_dir(None, "phases")
+    assert a != b and b.name == "20260101-000000Z-phases-2"
+
+
+def test_non_empty_out_is_refused_unless_forced(tmp_path):
+    (tmp_path / "old.csv").write_text("keep me")
+    with pytest.raises(UserError, match="not empty") as err:
+        results.run_dir(tmp_path, "phases")
+    assert err.value.option == "--out"
+    assert results.run_dir(tmp_path, "phases", force=True) == tmp_path
+    assert (tmp_path / "old.csv").read_text() == "keep me"
+
+
+def test_unwritable_out(tmp_path):
+    blocker = tmp_path / "file"
+    blocker.write_text("")
+    with pytest.raises(UserError, match="not a folder"):
+        results.run_dir(blocker, "phases")
+    with pytest.raises(UserError, match="cannot write"):
+        results.run_dir(blocker / "sub", "phases")
+
+
+@pytest.mark.skipif(os.geteuid() == 0, reason="root can write anywhere")
+def test_read_only_folder(tmp_path):
+    ro = tmp_path / "ro"
+    ro.mkdir(mode=0o500)
+    with pytest.raises(UserError, match="cannot write"):
+        results.run_dir(ro / "run", "phases")
+
+
+def test_atomic_writes_leave_no_temporary_files(tmp_path):
+    results.write_csv(tmp_path / "a.csv", [{"x": 1, "y": float("nan")}])
+    results.write_json(tmp_path / "m.json", {"v": float("inf"), "n": [1.5]})
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["a.csv", "m.json"]
+    assert '"v": null' in (tmp_path / "m.json").read_text()

@@ -1,0 +1,31 @@
+import time
+
+import pytest
+import torch
+
+from benchbatch.timing import Measurement, TimingOptions, measure
+
+
+def test_statistics_of_known_times():
+    m = Measurement([4.0, 1.0, 3.0, 2.0, 5.0])
+    assert m.median_ms == 3.0 and m.min_ms == 1.0 and m.repeats == 5
+    assert m.iqr_ms == pytest.approx(2.0)  # quartiles 2 and 4 (inclusive method)
+    assert m.cv == pytest.approx(1.5811388 / 3.0)
+    assert m.noisy  # 53% spread
+    assert not Measurement([10.0, 10.1, 9.9]).noisy
+
+
+def test_repeats_reach_both_count_and_time():
+    calls = []
+    opts = TimingOptions(min_repeats=3, min_time_s=0.05, warmup=2, warmup_s=0.0)
+    m = measure(lambda: (calls.append(1), time.sleep(0.01)), torch.device("cpu"), opts)
+    assert m.repeats >= 4  # 0.05 s of 10 ms calls needs about five, more than min_repeats
+    assert len(calls) == m.repeats + 2  # warm-up calls are not timed
+    assert all(t >= 9.0 for t in m.times_ms)
+
+
+def test_count_bound_when_calls_are_slow():
+    opts = TimingOptions(min_repeats=3, min_time_s=0.0, warmup=1, warmup_s=0.0)
+    m = measure(lambda: time.sleep(0.002), torch.device("cpu"), opts)
+    assert m.repeats == 3
+    assert set(m.summary()) == {"step_ms", "step_ms_min", "step_ms_iqr", "cv", "repeats", "noisy"}
