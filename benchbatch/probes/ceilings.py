@@ -86,12 +86,20 @@ def work(probe: Probe, dev: torch.device, dtype: str, seed: int = 0):
         c = torch.empty(n, n, device=dev, dtype=dt)
         return lambda: torch.matmul(a, b, out=c)
     numel = probe.size // torch.empty((), dtype=dt).element_size()
-    src = torch.randn(numel, device=dev, dtype=dt, generator=gen)
+    src = _random_buffer(numel, dev, dt, gen)
     if probe.kind == "copy":
         dst = torch.empty_like(src)
         return lambda: dst.copy_(src)
     assert probe.kind == "read", probe.kind
     return lambda: src.sum()
+
+
+def _random_buffer(numel: int, dev, dt, gen, block: int = 2**20) -> torch.Tensor:
+    """Random values, not zeros (GPUs compress zeros), tiled from one random block: drawing
+    hundreds of millions of normals costs seconds on a CPU, a tiled copy a few ms."""
+    tile = torch.randn(min(numel, block), device=dev, dtype=dt, generator=gen)
+    reps = -(-numel // tile.numel())
+    return tile.repeat(reps)[:numel].contiguous()
 
 
 def time_probe(probe: Probe, dev: torch.device, dtype: str, opts: TimingOptions) -> Measurement:
