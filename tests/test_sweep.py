@@ -187,6 +187,7 @@ def test_claim_and_summary_on_synthetic_rows():
     assert c["throughput_ratio"] == pytest.approx(32 / 4) and c["step_latency_ratio"] == 4
     (s,) = probe.summarize(rows, preset("tiny"), "fp32", {8: 40}, None, 0.25)
     assert s["measured_knee"] == 32 and s["predicted_max_batch"] == 40
+    assert s["measured_knee_step_ratio"] == 4
     assert s["statuses"] == {"ok": 3, "oom": 1}
 
 

@@ -202,7 +202,9 @@ def _summary_lines(s: dict) -> list[str]:
         return [f"{head} fewer than two batches measured: no claim to check."]
     threshold = f"{s['knee_threshold']:.0%}"
     knee = s["measured_knee"]
-    measured = f"batch {knee:,}" if knee is not None else f"none (step never grew over {threshold})"
+    measured = f"none (step never grew over {threshold})"
+    if knee is not None:
+        measured = f"batch {knee:,} (step x{s['measured_knee_step_ratio']:.2f})"
     lines = [
         f"{head} batch {s['batch_from']:,} -> {s['batch_to']:,}: throughput "
         f"x{s['throughput_ratio']:.1f}, step latency x{s['step_latency_ratio']:.2f}",

@@ -180,13 +180,15 @@ def summarize(
     out = []
     for context, limit in ceiling.items():
         mine = [r for r in rows if r["context"] == context]
-        ok = [(r["batch"], r["step_ms"]) for r in mine if r["status"] == "ok"]
+        ok = dict((r["batch"], r["step_ms"]) for r in mine if r["status"] == "ok")
+        knee_at = measured_knee(ok.items(), threshold)
         knee = predicted_knee(cfg, dtype, context, ridge_flop_per_byte, limit)
         out.append(
             {
                 "context": context,
                 "predicted_max_batch": limit,
-                "measured_knee": measured_knee(ok, threshold),
+                "measured_knee": knee_at,
+                "measured_knee_step_ratio": ok[knee_at] / ok[min(ok)] if knee_at else None,
                 "knee_threshold": threshold,
                 "predicted_knee": knee.batch,
                 "predicted_knee_fits": knee.fits,
