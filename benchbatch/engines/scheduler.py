@@ -1,0 +1,472 @@
+"""Step-level scheduling shared by the simulator and the real engine (no torch here).
+
+Contract (vLLM v1 style): ``plan = sched.schedule()`` says what the next step computes;
+the driver runs it (or only prices it, in simulation) and calls ``sched.update(plan)``,
+which records the tokens produced, frees finished slots and returns the finished ids.
+The scheduler knows each request's forced output length, so drivers never decide when
+a request ends.
+
+A request owns a slot (a KV-cache row in the real engine) from admission to its last
+token. With the default settings (unlimited token budget, no chunking, mixed steps) this
+is the article's rule: the admission step prefills the whole prompt and yields token 1,
+then n - 1 decode steps follow, so n output tokens hold a slot for exactly n steps, and a
+slot freed at the end of step t is refilled in step t + 1.
+
+Budgets (vLLM names): max_num_seqs caps running sequences, max_num_batched_tokens caps
+tokens per step (a decode is 1 token, a prefill chunk its prompt tokens). The step is
+filled in stall-free order (Sarathi-Serve): decodes of running requests first, then the
+next chunk of prefills already under way, then new requests while a slot and budget
+remain. The three schemes of the Sarathi ablation are two switches:
+
+- mixed=True,  chunked_prefill=False: whole prompts ride in steps with decodes; a prompt
+  that does not fit the budget left waits (first come, first served: nobody overtakes it).
+  A prompt longer than the whole budget could never run, so add_requests rejects it with
+  a UserError (vLLM likewise requires the budget to cover a prompt without chunking).
+- mixed=False, chunked_prefill=True: a step holds prefill chunks or decodes, never both;
+  while both kinds have work, prefill and decode steps take turns, so each decode waits
+  one chunk step per token (not the whole prompt, as prefill-first would) and prompts get
+  every other step. This reproduces the ordering of the Sarathi ablation's middle row.
+- mixed=True,  chunked_prefill=True: Sarathi-Serve, chunks piggyback on decode steps.
+"""
+
+from __future__ import annotations
+
+import heapq
+import sys
+from collections import deque
+from collections.abc import Iterable
+from dataclasses import dataclass, field
+from functools import cached_property
+from itertools import pairwise
+
+from benchbatch.engines.metrics import TokenRecorder
+from benchbatch.engines.workload import Request
+from benchbatch.errors import UserError
+
+UNLIMITED = sys.maxsize
+
+
+@dataclass(frozen=True)
+class SchedulerConfig:
+    """Settings of a scheduler; defaults reproduce the article's simulation rule."""
+
+    slots: int
+    max_num_seqs: int | None = None  # None: as many as slots
+    max_num_batched_tokens: int | None = None  # None: unlimited
+    chunked_prefill: bool = False
+    chunk_size: int | None = None  # with chunked_prefill; None: only the budget limits a chunk
+    mixed: bool = True
+
+    def __post_init__(self) -> None:
+        _require(self.slots >= 1, "--slots", f"must be at least 1, got {self.slots}")
+        seqs = self.max_num_seqs
+        if seqs is not None:
+            _require(seqs >= 1, "--max-num-seqs", f"must be at least 1, got {seqs}")
+            _require(seqs <= self.slots, "--max-num-seqs", f"{seqs} is more than --slots")
+        self._check_budget()
+        self._check_chunk()
+
+    def _check_budget(self) -> None:
+        budget = self.max_num_batched_tokens
+        if budget is None:
+            return
+        _require(budget >= 1, "--max-num-batched-tokens", f"must be at least 1, got {budget}")
+        # Every running sequence must be able to decode each step (vLLM asks the same).
+        _require(
+            budget >= self.seqs,
+            "--max-num-batched-tokens",
+            f"{budget} is less than --max-num-seqs {self.seqs}: running decodes would starve",
+        )
+
+    def _check_chunk(self) -> None:
+        chunk, budget = self.chunk_size, self.max_num_batched_tokens
+        if chunk is None:
+            return
+        _require(self.chunked_prefill, "--chunk-size", "only applies with --chunked-prefill")
+        _require(chunk >= 1, "--chunk-size", f"must be at least 1, got {chunk}")
+        if budget is not None:
+            _require(chunk <= budget, "--chunk-size", f"{chunk} is more than the token budget")
+
+    @property
+    def seqs(self) -> int:
+        return self.slots if self.max_num_seqs is None else self.max_num_seqs
+
+    @property
+    def budget(self) -> int:
+        return UNLIMITED if self.max_num_batched_tokens is None else self.max_num_batched_tokens
+
+    @property
+    def article_rule(self) -> bool:
+        """True when the plain rule holds (n tokens hold a slot n steps): fast paths apply."""
+        return (
+            self.max_num_batched_tokens is None
+            and self.seqs == self.slots
+            and not self.chunked_prefill
+            and self.mixed
+        )
+
+
+def _require(ok: bool, option: str, message: str) -> None:
+    if not ok:
+        raise UserError(option, message)
+
+
+@dataclass(frozen=True)
+class DecodeEntry:
+    """One decode token. context_len: tokens already in the slot's KV cache before this
+    step (prompt + generated - 1), which is also the position of the token fed in."""
+
+    slot: int
+    request_id: int
+    context_len: int
+
+
+@dataclass(frozen=True)
+class PrefillChunk:
+    """Prompt tokens [start, start + num_tokens) of a request. The chunk that completes the
+    prompt also yields the request's first output token (logits of the last prompt token)."""
+
+    slot: int
+    request_id: int
+    start: int
+    num_tokens: int
+    completes_prompt: bool
+
+
+@dataclass(frozen=True)
+class StepPlan:
+    """Everything one step computes. padded_slots: slots of a static group whose request
+    has finished; they do no useful work, but a static engine still computes them."""
+
+    step: int
+    decodes: tuple[DecodeEntry, ...] = ()
+    prefills: tuple[PrefillChunk, ...] = ()
+    admitted: tuple[int, ...] = ()
+    padded_slots: tuple[int, ...] = ()
+
+    @property
+    def num_decode_tokens(self) -> int:
+        return len(self.decodes)
+
+    @cached_property
+    def num_prefill_tokens(self) -> int:
+        return sum(c.num_tokens for c in self.prefills)
+
+    @property
+    def num_tokens(self) -> int:
+        return self.num_decode_tokens + self.num_prefill_tokens
+
+    @cached_property
+    def num_context_tokens(self) -> int:
+        """KV entries read: decode contexts plus earlier chunks that a chunk attends to."""
+        return sum(d.context_len for d in self.decodes) + sum(c.start for c in self.prefills)
+
+    @property
+    def active_slots(self) -> tuple[int, ...]:
+        """Slots doing useful work this step (decoding or prefilling)."""
+        return tuple(d.slot for d in self.decodes) + tuple(c.slot for c in self.prefills)
+
+    @property
+    def num_active(self) -> int:
+        return len(self.decodes) + len(self.prefills)
+
+    @property
+    def num_output_tokens(self) -> int:
+        return len(self.decodes) + sum(c.completes_prompt for c in self.prefills)
+
+    @property
+    def is_empty(self) -> bool:
+        return not self.decodes and not self.prefills
+
+
+@dataclass
+class _Seq:
+    """A running request: where it sits and how far it got."""
+
+    request: Request
+    slot: int
+    prefilled: int = 0
+    generated: int = 0
+
+    @property
+    def prompt_left(self) -> int:
+        return self.request.prompt_tokens - self.prefilled
+
+
+@dataclass
+class _Queue:
+    """Waiting requests, first come first served: by arrival step, then submission order,
+    so the eligible requests (arrived by now) are always a prefix."""
+
+    items: deque[Request] = field(default_factory=deque)
+
+    def add(self, requests: Iterable[Request]) -> None:
+        new = list(requests)
+        unsorted = any(a.arrival_step > b.arrival_step for a, b in pairwise(new))
+        if unsorted or (self.items and new and new[0].arrival_step < self.items[-1].arrival_step):
+            new = sorted([*self.items, *new], key=lambda r: r.arrival_step)  # stable
+            self.items.clear()
+        self.items.extend(new)
+
+    def head(self, step: int) -> Request | None:
+        """The first waiting request if it has arrived by step."""
+        if self.items and self.items[0].arrival_step <= step:
+            return self.items[0]
+        return None
+
+    def __len__(self) -> int:
+        return len(self.items)
+
+
+class Scheduler:
+    """Base: owns the queue, the slots and the token accounting; policies choose admission.
+
+    Subclasses implement _can_admit() and _admit(budget_left).
+    """
+
+    policy = "base"
+
+    def __init__(self, slots: int, record_tokens: bool = True, **settings) -> None:
+        self.config = SchedulerConfig(slots, **settings)
+        self.step = 0  # index of the step the next schedule() plans
+        self.recorder = TokenRecorder() if record_tokens else None
+        self.finished: list[int] = []  # request ids, in finishing order
+        self._queue = _Queue()
+        self._free = list(range(slots))  # a heap: the lowest free slot is used first
+        self._prefilling: dict[int, _Seq] = {}  # slot -> seq, in admission order
+        self._decoding: dict[int, _Seq] = {}  # slot -> seq
+        self._finished_ids: set[int] = set()
+        self._submitted = 0
+        self._planned: StepPlan | None = None
+        self._last_prefilled = False  # unmixed steps alternate prefill and decode
+
+    # --- driver API ---------------------------------------------------------------------
+
+    def add_requests(self, requests: Iterable[Request]) -> None:
+        requests = list(requests)
+        for r in requests:
+            self._check_prompt_fits(r)
+            if self.recorder is not None:
+                self.recorder.add(r.id, r.arrival_step)
+        self._queue.add(requests)
+        self._submitted += len(requests)
+
+    @property
+    def done(self) -> bool:
+        return not self._queue and not self.num_running
+
+    @property
+    def num_running(self) -> int:
+        return len(self._prefilling) + len(self._decoding)
+
+    @property
+    def num_waiting(self) -> int:
+        return len(self._queue)
+
+    def schedule(self) -> StepPlan:
+        """Plan the next step: decodes, then chunks under way, then new requests."""
+        assert self._planned is None, "schedule() called twice without update()"
+        decodes, prefills, admitted = (), (), ()
+        if self._runs_decodes():
+            decodes = self._plan_decodes()
+        if self.config.mixed or not decodes:
+            prefills, admitted = self._plan_prefills(self.config.budget - len(decodes))
+        self._last_prefilled = bool(prefills)
+        plan = StepPlan(self.step, decodes, prefills, admitted, self._padded())
+        self._check_plan(plan)
+        self._planned = plan
+        return plan
+
+    def update(self, plan: StepPlan) -> list[int]:
+        """Apply a step that ran: record its tokens, free finished slots, advance the step."""
+        assert plan is self._planned, "update() must get the plan of the last schedule()"
+        finished: list[int] = []
+        for d in plan.decodes:
+            self._emit(self._decoding[d.slot], finished)
+        for c in plan.prefills:
+            self._advance_prefill(c, finished)
+        self._planned = None
+        self.step += 1
+        return finished
+
+    # --- planning -----------------------------------------------------------------------
+
+    def _runs_decodes(self) -> bool:
+        """Mixed steps always decode. Unmixed, decode and prefill steps take turns while both
+        have work, so a long prompt delays each token by one prefill step, not by all of them
+        (the Sarathi ablation's 'chunking without mixing': lower TBT, higher TTFT)."""
+        if self.config.mixed or not self._prefill_pending():
+            return True
+        return bool(self._decoding) and self._last_prefilled
+
+    def _plan_decodes(self) -> tuple[DecodeEntry, ...]:
+        return tuple(
+            DecodeEntry(slot, s.request.id, s.request.prompt_tokens + s.generated - 1)
+            for slot, s in self._decoding.items()
+        )
+
+    def _plan_prefills(self, budget_left: int) -> tuple[tuple[PrefillChunk, ...], tuple[int, ...]]:
+        chunks = self._plan_chunks(list(self._prefilling.values()), budget_left)
+        budget_left -= sum(c.num_tokens for c in chunks)
+        new = self._admit(budget_left)
+        chunks += self._plan_chunks(new, budget_left)
+        return tuple(chunks), tuple(s.request.id for s in new)
+
+    def _plan_chunks(self, seqs: list[_Seq], budget_left: int) -> list[PrefillChunk]:
+        """Next chunk of each prefill in order, until the budget runs out (FCFS: a prefill
+        that cannot run stops the ones behind it)."""
+        chunks = []
+        for s in seqs:
+            n = self._chunk_len(s.prompt_left, budget_left)
+            if n == 0:
+                break
+            chunks.append(PrefillChunk(s.slot, s.request.id, s.prefilled, n, n == s.prompt_left))
+            budget_left -= n
+        return chunks
+
+    def _chunk_len(self, prompt_left: int, budget_left: int) -> int:
+        """Prompt tokens that can run now; 0 if none (unchunked: all or nothing)."""
+        if not self.config.chunked_prefill:
+            return prompt_left if prompt_left <= budget_left else 0
+        limit = self.config.chunk_size or UNLIMITED
+        return max(0, min(prompt_left, limit, budget_left))
+
+    def _prefill_pending(self) -> bool:
+        return bool(self._prefilling) or self._can_admit()
+
+    def _padded(self) -> tuple[int, ...]:
+        return ()
+
+    # --- admission (policies) -----------------------------------------------------------
+
+    def _can_admit(self) -> bool:
+        raise NotImplementedError
+
+    def _admit(self, budget_left: int) -> list[_Seq]:
+        raise NotImplementedError
+
+    def _admit_head(self) -> _Seq:
+        """Move the head of the queue into the lowest free slot."""
+        request = self._queue.items.popleft()
+        seq = _Seq(request, heapq.heappop(self._free))
+        self._prefilling[seq.slot] = seq
+        return seq
+
+    # --- progress -----------------------------------------------------------------------
+
+    def _advance_prefill(self, chunk: PrefillChunk, finished: list[int]) -> None:
+        seq = self._prefilling[chunk.slot]
+        assert seq.request.id == chunk.request_id and seq.prefilled == chunk.start
+        seq.prefilled += chunk.num_tokens
+        if chunk.completes_prompt:
+            assert seq.prompt_left == 0
+            del self._prefilling[chunk.slot]
+            self._decoding[chunk.slot] = seq
+            self._emit(seq, finished)
+
+    def _emit(self, seq: _Seq, finished: list[int]) -> None:
+        """seq produced a token this step; retire it after its last one."""
+        seq.generated += 1
+        rid = seq.request.id
+        if self.recorder is not None:
+            self.recorder.record(rid, self.step)
+        if seq.generated == seq.request.output_tokens:
+            assert rid not in self._finished_ids, f"request {rid} finished twice"
+            self._finished_ids.add(rid)
+            self.finished.append(rid)
+            finished.append(rid)
+            del self._decoding[seq.slot]
+            self._release(seq.slot)
+
+    def _release(self, slot: int) -> None:
+        heapq.heappush(self._free, slot)
+
+    # --- checks -------------------------------------------------------------------------
+
+    def _check_prompt_fits(self, r: Request) -> None:
+        budget = self.config.max_num_batched_tokens
+        if budget is not None and not self.config.chunked_prefill and r.prompt_tokens > budget:
+            raise UserError(
+                "--max-num-batched-tokens",
+                f"request {r.id} has a {r.prompt_tokens}-token prompt, more than the budget "
+                f"{budget}; raise the budget or use --chunked-prefill",
+            )
+
+    def _check_plan(self, plan: StepPlan) -> None:
+        """Invariants: bugs if they fail, never user errors."""
+        assert self.num_running <= self.config.seqs <= self.config.slots
+        used = [*plan.active_slots, *plan.padded_slots]
+        assert len(set(used)) == len(used), f"a slot used twice in step {plan.step}"
+        assert all(0 <= slot < self.config.slots for slot in used), "no such slot"
+        assert plan.num_tokens <= self.config.budget, f"token budget exceeded: {plan}"
+        accounted = len(self._queue) + self.num_running + len(self.finished)
+        assert accounted == self._submitted, "a request was lost or duplicated"
+
+
+class ContinuousScheduler(Scheduler):
+    """Iteration-level scheduling (ORCA): every step, free slots are refilled."""
+
+    policy = "continuous"
+
+    def _can_admit(self) -> bool:
+        return (
+            bool(self._free)
+            and self.num_running < self.config.seqs
+            and self._queue.head(self.step) is not None
+        )
+
+    def _admit(self, budget_left: int) -> list[_Seq]:
+        new = []
+        while self._can_admit():
+            n = self._chunk_len(self._queue.items[0].prompt_tokens, budget_left)
+            if n == 0:
+                break
+            new.append(self._admit_head())
+            budget_left -= n
+        return new
+
+
+class StaticScheduler(Scheduler):
+    """Static batching: a group of up to `slots` requests starts together once the previous
+    group is over; finished members' slots idle (padded) until the group's longest ends."""
+
+    policy = "static"
+
+    def __init__(self, slots: int, record_tokens: bool = True, **settings) -> None:
+        super().__init__(slots, record_tokens, **settings)
+        self._padding: set[int] = set()
+
+    def _can_admit(self) -> bool:
+        return self.num_running == 0 and self._queue.head(self.step) is not None
+
+    def _admit(self, budget_left: int) -> list[_Seq]:
+        # The group takes its slots at once; its prefills then share the token budget.
+        if not self._can_admit():
+            return []
+        new = []
+        while len(new) < self.config.seqs and self._queue.head(self.step) is not None:
+            new.append(self._admit_head())
+        return new
+
+    def _release(self, slot: int) -> None:
+        self._padding.add(slot)
+        if self.num_running == 0:
+            for s in self._padding:
+                heapq.heappush(self._free, s)
+            self._padding.clear()
+
+    def _padded(self) -> tuple[int, ...]:
+        return tuple(sorted(self._padding))
+
+
+POLICIES: dict[str, type[Scheduler]] = {
+    "static": StaticScheduler,
+    "continuous": ContinuousScheduler,
+}
+
+
+def make_scheduler(policy: str, slots: int, record_tokens: bool = True, **settings) -> Scheduler:
+    """A scheduler by policy name; settings are SchedulerConfig's fields."""
+    if policy not in POLICIES:
+        raise UserError("--policy", f"unknown policy {policy!r}; choose from {', '.join(POLICIES)}")
+    return POLICIES[policy](slots, record_tokens, **settings)
