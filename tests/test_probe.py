@@ -84,3 +84,19 @@ def test_bad_sizes_are_user_errors(tmp_path, args, option):
     result = RUNNER.invoke(app, ["probe", "--device", "cpu", "--out", str(tmp_path), *args])
     assert result.exit_code == 2
     assert option in result.output
+
+
+def test_out_of_memory_is_a_row_and_the_rest_still_counts(monkeypatch):
+    real = probes.time_probe
+
+    def failing(probe, dev, dtype, opts):
+        if probe.size == 128:
+            raise RuntimeError("CUDA out of memory. Tried to allocate 2.00 GiB")
+        return real(probe, dev, dtype, opts)
+
+    monkeypatch.setattr(probes, "time_probe", failing)
+    plan = probes.plan([64, 128], probes.MiB)
+    rows, ceil = probes.measure_ceilings(CPU, "fp32", FAST, plan)
+    assert [r["status"] for r in rows] == ["ok", "oom", "ok", "ok"]
+    assert list(rows[0]) == list(rows[1])  # same columns, so the CSV stays rectangular
+    assert ceil.tflops_source == "matmul 64"

@@ -130,7 +130,14 @@ def probe_row(probe: Probe, dtype: str, m: Measurement | None, status: str = "ok
 
 def _unmeasured() -> dict:
     nan = math.nan
-    return {"step_ms": nan, "step_ms_min": nan, "step_ms_iqr": nan, "cv": nan}
+    return {
+        "step_ms": nan,
+        "step_ms_min": nan,
+        "step_ms_iqr": nan,
+        "cv": nan,
+        "repeats": 0,
+        "noisy": False,
+    }
 
 
 def run(probes: list[Probe], dev: torch.device, dtype: str, opts: TimingOptions) -> Iterator[dict]:
