@@ -25,12 +25,14 @@ class BenchGroup(TyperGroup):
             code = code if isinstance(code, int) else 0
         except UserError as e:
             code = _fail(f"{e.option}: {e.message}", 2)
+        except click_errors.NoArgsIsHelpError as e:
+            code = e.exit_code  # the help was printed: nothing else to say
         except click_errors.UsageError as e:
             hint = f" (see '{e.ctx.command_path} --help')" if e.ctx else ""
             code = _fail(e.format_message() + hint, e.exit_code)
         except click_errors.ClickException as e:
             code = _fail(e.format_message(), e.exit_code)
-        except click_errors.Abort:
+        except typer.Abort:
             code = _fail("aborted", 130)
         if standalone_mode:
             sys.exit(code)
