@@ -114,3 +114,40 @@ def test_tied_embeddings_share_one_tensor():
     cfg = ModelConfig(hidden=32, layers=1, heads=2, vocab=50, max_context=16, tie_embeddings=True)
     model = Transformer(cfg)
     assert model.lm_head.weight is model.embed.weight
+
+
+@torch.no_grad()
+def test_mixed_step_equals_separate_steps(model):
+    """Decodes and prefill chunks in one forward give what separate calls give."""
+    vocab, gen = model.cfg.vocab, torch.Generator().manual_seed(4)
+    prompts = torch.randint(0, vocab, (3, 6), generator=gen)
+    chunk_a = torch.randint(0, vocab, (1, 5), generator=gen)  # a fresh prompt's first chunk
+    chunk_b = torch.randint(0, vocab, (1, 4), generator=gen)  # a later chunk of slot 4
+    decode = torch.randint(0, vocab, (3, 1), generator=gen)
+
+    def prepared():
+        cache = model.new_cache(6, 32)
+        model.step(prompts, cache, slice(0, 3))
+        model.step(
+            torch.randint(0, vocab, (1, 7), generator=torch.Generator()), cache, torch.tensor([4])
+        )
+        return cache
+
+    apart = prepared()
+    expected = [
+        model.step(decode, apart, torch.tensor([2, 0, 1])),
+        model.step(chunk_a, apart, torch.tensor([3])),
+        model.step(chunk_b, apart, torch.tensor([4])),
+    ]
+    together = prepared()
+    got = model.mixed_step(
+        together,
+        [
+            (decode, torch.tensor([2, 0, 1]), None),
+            (chunk_a, torch.tensor([3]), None),
+            (chunk_b, torch.tensor([4]), None),
+        ],
+    )
+    for g, e in zip(got, expected, strict=True):
+        torch.testing.assert_close(g, e, **TOL)
+    assert together.lengths.tolist() == apart.lengths.tolist() == [7, 7, 7, 5, 11, 0]

@@ -12,6 +12,8 @@ tensor parallelism each block splits by heads (columns) and wo / w2 by rows.
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 import torch
 import torch.nn.functional as F
 from torch import nn
@@ -29,10 +31,38 @@ def rotary_tables(cfg: ModelConfig, device, dtype) -> tuple[torch.Tensor, torch.
 
 
 def apply_rotary(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
-    """Rotate pairs (i, i + d/2) of x [batch, tokens, heads, d] by each token's angles."""
+    """Rotate pairs (i, i + d/2) of x [tokens, heads, d] by each token's angles [tokens, d/2]."""
     x1, x2 = x.chunk(2, dim=-1)
-    cos, sin = cos[:, :, None, :], sin[:, :, None, :]
+    cos, sin = cos[:, None, :], sin[:, None, :]
     return torch.cat((x1 * cos - x2 * sin, x2 * cos + x1 * sin), dim=-1)
+
+
+@dataclass
+class Segment:
+    """`batch` sequences with `t` new tokens each, packed at rows [start, start + batch * t).
+
+    A step is one or more segments: a decode batch is one (t = 1), a prefill chunk another,
+    so a mixed step runs every matmul once over all tokens and attention per segment.
+    """
+
+    slots: Slots | None
+    past: torch.Tensor  # [batch] tokens each sequence held before this step
+    batch: int
+    t: int
+    kv_len: int  # keys attended: at least max(past) + t
+    start: int = 0
+
+    @property
+    def rows(self) -> slice:
+        return slice(self.start, self.start + self.batch * self.t)
+
+    def positions(self) -> torch.Tensor:
+        return self.past[:, None] + torch.arange(self.t, device=self.past.device)
+
+    def last_rows(self) -> torch.Tensor:
+        """Packed row of each sequence's last token (the one whose logits serving needs)."""
+        offsets = torch.arange(self.batch, device=self.past.device) * self.t + self.t - 1
+        return self.start + offsets
 
 
 class RMSNorm(nn.Module):
@@ -52,16 +82,22 @@ class Attention(nn.Module):
         self.wqkv = nn.Linear(cfg.hidden, cfg.q_dim + 2 * cfg.kv_dim, bias=False, **factory)
         self.wo = nn.Linear(cfg.q_dim, cfg.hidden, bias=False, **factory)
 
-    def forward(self, x, cos, sin, cache: KVCache | None, layer: int, slots, past, kv_len):
+    def forward(self, x, cos, sin, cache: KVCache | None, layer: int, segments: list[Segment]):
         c = self.cfg
-        b, t, _ = x.shape
+        n = x.shape[0]
         q, k, v = self.wqkv(x).split((c.q_dim, c.kv_dim, c.kv_dim), dim=-1)
-        q = apply_rotary(q.view(b, t, c.heads, c.head_dim), cos, sin)
-        k = apply_rotary(k.view(b, t, c.kv_heads, c.head_dim), cos, sin)
-        v = v.view(b, t, c.kv_heads, c.head_dim)
+        q = apply_rotary(q.view(n, c.heads, c.head_dim), cos, sin)
+        k = apply_rotary(k.view(n, c.kv_heads, c.head_dim), cos, sin)
+        v = v.view(n, c.kv_heads, c.head_dim)
+        outs = [self._attend(q, k, v, cache, layer, seg) for seg in segments]
+        return self.wo(outs[0] if len(outs) == 1 else torch.cat(outs))
+
+    def _attend(self, q, k, v, cache, layer, seg: Segment) -> torch.Tensor:
+        c, shape = self.cfg, (seg.batch, seg.t)
+        q, k, v = (z[seg.rows].view(*shape, *z.shape[1:]) for z in (q, k, v))
         if cache is not None:
-            cache.write(layer, slots, past[:, None] + torch.arange(t, device=x.device), k, v)
-        if cache is None or kv_len == t:  # nothing earlier to attend to: plain causal
+            cache.write(layer, seg.slots, seg.positions(), k, v)
+        if cache is None or seg.kv_len == seg.t:  # nothing earlier to attend to: plain causal
             out = F.scaled_dot_product_attention(
                 q.transpose(1, 2),
                 k.transpose(1, 2),
@@ -70,9 +106,9 @@ class Attention(nn.Module):
                 enable_gqa=c.heads != c.kv_heads,
             ).transpose(1, 2)
         else:
-            keys, values = cache.read(layer, slots, kv_len)
-            out = grouped_attention(q, keys, values, past)
-        return self.wo(out.reshape(b, t, c.q_dim))
+            keys, values = cache.read(layer, seg.slots, seg.kv_len)
+            out = grouped_attention(q, keys, values, seg.past)
+        return out.reshape(seg.batch * seg.t, c.q_dim)
 
 
 def grouped_attention(q: torch.Tensor, keys: torch.Tensor, values: torch.Tensor, past):
@@ -113,8 +149,8 @@ class Block(nn.Module):
         self.mlp_norm = RMSNorm(cfg.hidden, cfg.norm_eps, **factory)
         self.mlp = MLP(cfg, **factory)
 
-    def forward(self, x, cos, sin, cache, layer, slots, past, kv_len):
-        x = x + self.attention(self.attention_norm(x), cos, sin, cache, layer, slots, past, kv_len)
+    def forward(self, x, cos, sin, cache, layer, segments):
+        x = x + self.attention(self.attention_norm(x), cos, sin, cache, layer, segments)
         return x + self.mlp(self.mlp_norm(x))
 
 
@@ -150,7 +186,8 @@ class Transformer(nn.Module):
         """The plain causal forward over whole sequences, no cache: the reference path."""
         b, t = tokens.shape
         past = torch.zeros(b, dtype=torch.long, device=tokens.device)
-        return self._run(tokens, past, None, None, t, all_logits)
+        seg = Segment(None, past, b, t, t)
+        return self._run(tokens.reshape(-1), [seg], None, all_logits)[0]
 
     def step(
         self,
@@ -160,25 +197,45 @@ class Transformer(nn.Module):
         kv_len: int | None = None,
         all_logits: bool = False,
     ) -> torch.Tensor:
-        """Append tokens [batch, t] to the slots' caches and return logits.
+        """Append tokens [batch, t] to the slots' caches and return logits [batch, 1, vocab].
 
         `kv_len` bounds the keys attended to (at least every slot's length + t). Passing it
         keeps shapes static (for CUDA graphs); without it the cache's lengths are read,
         which waits for the device.
         """
-        past = cache.lengths[slots]
-        t = tokens.shape[1]
-        if kv_len is None:
-            kv_len = int(past.max()) + t
-        logits = self._run(tokens, past, cache, slots, kv_len, all_logits)
-        cache.lengths[slots] += t
+        return self.mixed_step(cache, [(tokens, slots, kv_len)], all_logits)[0]
+
+    def mixed_step(
+        self,
+        cache: KVCache,
+        parts: list[tuple[torch.Tensor, Slots, int | None]],
+        all_logits: bool = False,
+    ) -> list[torch.Tensor]:
+        """One forward over several groups of (tokens [b, t], slots, kv_len): e.g. a decode
+        batch and prefill chunks together, each group attending through its own slots."""
+        segments, start = [], 0
+        for tokens, slots, kv_len in parts:
+            past = cache.lengths[slots]
+            b, t = tokens.shape
+            kv_len = int(past.max()) + t if kv_len is None else kv_len
+            segments.append(Segment(slots, past, b, t, kv_len, start))
+            start += b * t
+        flat = torch.cat([tokens.reshape(-1) for tokens, _, _ in parts])
+        logits = self._run(flat, segments, cache, all_logits)
+        for seg in segments:
+            cache.lengths[seg.slots] += seg.t
         return logits
 
-    def _run(self, tokens, past, cache, slots, kv_len, all_logits) -> torch.Tensor:
-        positions = past[:, None] + torch.arange(tokens.shape[1], device=tokens.device)
+    def _run(self, flat, segments: list[Segment], cache, all_logits) -> list[torch.Tensor]:
+        positions = torch.cat([seg.positions().reshape(-1) for seg in segments])
         cos, sin = self.rope_cos[positions], self.rope_sin[positions]
-        x = self.embed(tokens)
+        x = self.embed(flat)
         for layer, block in enumerate(self.blocks):
-            x = block(x, cos, sin, cache, layer, slots, past, kv_len)
-        x = self.norm(x if all_logits else x[:, -1:])
-        return self.lm_head(x)
+            x = block(x, cos, sin, cache, layer, segments)
+        if all_logits:
+            logits = self.lm_head(self.norm(x))
+            return [logits[seg.rows].view(seg.batch, seg.t, -1) for seg in segments]
+        rows = torch.cat([seg.last_rows() for seg in segments])
+        logits = self.lm_head(self.norm(x[rows]))
+        parts = logits.split([seg.batch for seg in segments])
+        return [part.view(seg.batch, 1, -1) for part, seg in zip(parts, segments, strict=True)]
