@@ -1,0 +1,127 @@
+"""The real engine on a tiny model: batching changes no token, and it takes the simulated steps."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from benchbatch.config import preset
+from benchbatch.engines.engine import Engine, prompt_ids, run_alone
+from benchbatch.engines.model import Transformer
+from benchbatch.engines.scheduler import make_scheduler
+from benchbatch.engines.simulate import simulate
+from benchbatch.engines.workload import Request, lognormal_workload
+from benchbatch.errors import UserError
+
+SLOTS = 4
+
+
+@pytest.fixture(scope="module")
+def model():
+    return Transformer(preset("tiny"), seed=5)
+
+
+@pytest.fixture(scope="module")
+def requests():
+    # Mixed prompt lengths: admitted together, unequal prompts take separate prefill calls.
+    base = lognormal_workload(14, median=8, sigma=0.8, max_output=30, prompt_len=6, seed=1)
+    return [Request(r.id, 6 + (r.id % 3) * 5, r.output_tokens) for r in base]
+
+
+@pytest.fixture(scope="module")
+def alone(model, requests):
+    return {r.id: run_alone(model, r, seed=2) for r in requests}
+
+
+@pytest.fixture(scope="module", params=["static", "continuous"])
+def result(request, model, requests):
+    return Engine(model, request.param, SLOTS, seed=2).run(requests)
+
+
+def test_batched_tokens_equal_each_request_alone(result, alone, requests):
+    for r in requests:
+        assert result.tokens[r.id] == alone[r.id], f"{result.policy}: request {r.id}"
+
+
+def test_every_request_gets_exactly_its_output_tokens(result, requests):
+    assert {rid: len(t) for rid, t in result.tokens.items()} == {
+        r.id: r.output_tokens for r in requests
+    }
+    assert (
+        result.generated_tokens
+        == result.useful_slot_steps
+        == sum(r.output_tokens for r in requests)
+    )
+
+
+def test_real_run_takes_the_simulated_steps(result, requests):
+    sim = simulate(requests, make_scheduler(result.policy, SLOTS))
+    assert result.total_steps == sim.total_steps
+    assert [s.active for s in result.steps] == sim.timeline.active_slots
+    assert [s.prefill_tokens for s in result.steps] == sim.timeline.prefill_tokens
+    assert result.occupancy == pytest.approx(sim.occupancy)
+
+
+def test_static_computes_padding_and_continuous_does_not(result, requests):
+    """Static: a group's finished slots decode padding until its longest request ends."""
+    padded = sum(s.padded for s in result.steps)
+    if result.policy == "continuous":
+        assert padded == 0
+        return
+    outputs = [r.output_tokens for r in requests]
+    groups = [outputs[i : i + SLOTS] for i in range(0, len(outputs), SLOTS)]
+    assert padded == sum(len(g) * max(g) - sum(g) for g in groups)
+
+
+def test_times_and_metrics_are_in_seconds(result, requests):
+    assert all(s.step_s >= s.model_s > 0 for s in result.steps)
+    assert 0 <= result.overhead < 1
+    m = result.metrics
+    assert m.unit == "s" and len(m.requests) == len(requests)
+    ends = result.step_end_times()
+    assert max(r.finish for r in m.requests) == pytest.approx(ends[-1])
+    assert all(0 < r.ttft <= r.e2e for r in m.requests)
+
+
+def test_continuous_occupancy_at_least_static(model, requests):
+    occ = {p: Engine(model, p, SLOTS).run(requests).occupancy for p in ("static", "continuous")}
+    assert occ["continuous"] >= occ["static"]
+
+
+def test_prompts_depend_on_request_and_seed_only():
+    r = Request(7, 12, 3)
+    assert torch.equal(prompt_ids(r, 256, 1), prompt_ids(Request(7, 12, 9, 4), 256, 1))
+    assert not torch.equal(prompt_ids(r, 256, 1), prompt_ids(Request(8, 12, 3), 256, 1))
+    assert not torch.equal(prompt_ids(r, 256, 1), prompt_ids(r, 256, 2))
+
+
+def test_chunked_prefill_plans_run_and_change_no_token(model):
+    """Prefill chunks with start > 0 (issue 6's scheduler settings) run through the model."""
+    reqs = [Request(i, 9 + 4 * i, 5 + i) for i in range(5)]
+    engine = Engine(model, "continuous", 3, max_num_batched_tokens=8, chunked_prefill=True)
+    result = engine.run(reqs)
+    for r in reqs:
+        assert result.tokens[r.id] == run_alone(model, r)
+    sim = simulate(
+        reqs, make_scheduler("continuous", 3, max_num_batched_tokens=8, chunked_prefill=True)
+    )
+    assert result.total_steps == sim.total_steps
+
+
+def test_interrupted_run_keeps_its_steps(model, requests):
+    engine, seen = Engine(model, "continuous", SLOTS), []
+
+    def stop(record):
+        seen.append(record)
+        if len(seen) == 5:
+            raise KeyboardInterrupt
+
+    with pytest.raises(KeyboardInterrupt):
+        engine.run(requests, on_step=stop)
+    assert engine.result.steps == seen and not engine.result.complete
+
+
+def test_workload_longer_than_the_model_context_is_a_user_error(model):
+    with pytest.raises(UserError) as e:
+        Engine(model, "continuous", 2).run([Request(0, 200, 100)])
+    assert e.value.option == "--max-output"
