@@ -5,7 +5,8 @@ steps as the simulation of the same requests; only what a step costs is measured
 assumed. One engine serves both policies:
 
 - continuous: each step prefills the requests admitted into free slots (their first token
-  comes from the prompt's last logits) and decodes every running request in one batched call;
+  comes from the prompt's last logits) and decodes every running request, all in one
+  forward (model.mixed_step: the matmuls run once over the step's tokens, attention per part);
 - static: the same, but a group's finished slots keep decoding a padding token until the
   group's longest request ends, as Transformers' generate() does for a padded batch. That
   work is real (it is timed) but its outputs are thrown away.
@@ -15,7 +16,7 @@ token ids seeded per request, so the same request gets the same prompt in any en
 the one-request-at-a-time reference. Generation is greedy (argmax).
 
 Timing: each step is timed on the host clock with a device synchronize before each reading;
-model_s is the time inside the model's calls, the rest of step_s is the engine's own work
+model_s is the time inside the model's forward, the rest of step_s is the engine's own work
 (scheduling, building inputs, bookkeeping): the scheduling overhead.
 """
 
@@ -105,7 +106,7 @@ class EngineResult:
 
     @property
     def overhead(self) -> float:
-        """Time outside the model's calls over the whole step time."""
+        """Time outside the model's forward over the whole step time."""
         wall = self.wall_s
         return (wall - self.model_s) / wall if wall else float("nan")
 
@@ -193,7 +194,8 @@ class _RunState:
         calls = self._prepare(plan)
         synchronize(self.device)
         model_start = time.perf_counter()
-        outputs = [self.model.step(c.tokens, self.cache, c.slots, c.kv_len) for c in calls]
+        parts = [(c.tokens, c.slots, c.kv_len) for c in calls]
+        outputs = self.model.mixed_step(self.cache, parts) if calls else []
         synchronize(self.device)
         model_s = time.perf_counter() - model_start
         self._collect(plan, calls, outputs, result)
@@ -213,8 +215,9 @@ class _RunState:
     # --- inputs -------------------------------------------------------------------------
 
     def _prepare(self, plan: StepPlan) -> list[_Call]:
-        """The step's model calls: one per group of equal-length prefill chunks, then one
-        batched decode over the decoding slots (and, for static, the padded ones)."""
+        """The step's parts, run as one forward (model.mixed_step: every matmul once over all
+        the step's tokens): a group per length of prefill chunks, then one decode batch over
+        the decoding slots (and, for static, the padded ones)."""
         fresh = [c.slot for c in plan.prefills if c.start == 0]
         if fresh:  # a reused slot starts empty; its old keys are masked out by the length
             self.cache.reset(self._index(fresh))
@@ -293,7 +296,7 @@ class _RunState:
 
 @dataclass
 class _Call:
-    """One model.step call: its inputs, and what its rows stand for."""
+    """One part of a step's forward: its inputs, and what its rows stand for."""
 
     tokens: torch.Tensor
     slots: slice | torch.Tensor
