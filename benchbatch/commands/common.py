@@ -16,9 +16,12 @@ from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
 from benchbatch import config as configs
-from benchbatch import device, telemetry
+from benchbatch import device, peaks, telemetry
 from benchbatch.errors import UserError
+from benchbatch.plots.roofline import roofline_figure
+from benchbatch.probes.ceilings import measure_ceilings
 from benchbatch.results import json_safe
+from benchbatch.roofline import Ceilings, ceilings_from_csv
 from benchbatch.run import Run, environment
 from benchbatch.timing import TimingOptions
 
@@ -123,6 +126,24 @@ OutOpt = Annotated[
 ForceOpt = Annotated[
     bool, typer.Option(help="Allow writing into a non-empty --out folder.", rich_help_panel=RUN)
 ]
+CeilingsOpt = Annotated[
+    Path | None,
+    typer.Option(
+        "--ceilings",
+        help="A probe.csv (from `benchbatch probe` or `reproduce`) to place rows on the "
+        "roofline, instead of measuring the device's ceilings first.",
+        rich_help_panel=RUN,
+    ),
+]
+RooflineOpt = Annotated[
+    bool,
+    typer.Option(
+        "--roofline/--no-roofline",
+        help="Measure the device's matmul and memory ceilings first (seconds) and add mfu, "
+        "mbu and bound to every row, with roofline.png.",
+        rich_help_panel=RUN,
+    ),
+]
 JsonOpt = Annotated[
     bool,
     typer.Option(
@@ -172,6 +193,40 @@ def timing_options(repeats: int, min_time: float) -> TimingOptions:
     if min_time < 0:
         raise UserError("--min-time", "must be zero or more seconds")
     return TimingOptions(min_repeats=repeats, min_time_s=min_time)
+
+
+def load_ceilings(path: Path | None, target: device.Target) -> Ceilings | None:
+    """Ceilings from a probe.csv given with --ceilings, checked against this run's dtype."""
+    if path is None:
+        return None
+    ceilings = ceilings_from_csv(path, option="--ceilings")
+    if ceilings.dtype != target.dtype_name:
+        raise UserError(
+            "--ceilings",
+            f"{path} was measured in {ceilings.dtype}, this run is {target.dtype_name}",
+        )
+    return ceilings
+
+
+def device_ceilings(given: Ceilings | None, enabled: bool, run: Run, target) -> Ceilings | None:
+    """The ceilings this run's rows are placed against: given, or measured now (probe.csv)."""
+    ceilings = given
+    if ceilings is None and enabled:
+        with progress() as bar:
+            bar.add_task("measuring the device's ceilings", total=None)
+            rows, ceilings = measure_ceilings(target.device, target.dtype_name)
+        run.put("probe", rows)
+    if ceilings is not None:
+        run.meta["ceilings"] = ceilings.to_dict()
+    return ceilings
+
+
+def roofline_plot(rows, source: str, ceilings: Ceilings, target, folder: Path, title: str):
+    """roofline.png: the rows against the measured roof (and the datasheet's, if known)."""
+    name = device.device_name(target.device)
+    sheet = peaks.lookup(name) if target.device.type == "cuda" else None
+    tagged = [{**r, "source": source} for r in rows]
+    roofline_figure(tagged, ceilings, folder / "roofline.png", sheet, title)
 
 
 def start_run(folder: Path, command: str, target: device.Target, cfg, options: dict) -> Run:

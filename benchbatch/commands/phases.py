@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from math import nan
 from typing import Annotated
 
 import typer
@@ -14,7 +15,9 @@ from benchbatch.engines.model import Transformer
 from benchbatch.errors import UserError
 from benchbatch.plots.phases import phases_figure
 from benchbatch.probes import phases as probe
+from benchbatch.roofline import annotate
 
+# Short headers so the table fits 80 columns; the CSV holds every column.
 COLUMNS = {
     "label": "step",
     "step_ms": "ms",
@@ -22,9 +25,9 @@ COLUMNS = {
     "tflops": "TFLOP/s",
     "gbps": "GB/s",
     "arithmetic_intensity": "FLOP/B",
-    "tokens_per_weight_read": "tok/read",
-    "cv": "CV",
-    "status": "status",
+    "mfu_pct": "MFU%",
+    "mbu_pct": "MBU%",
+    "bound": "bound",
 }
 
 
@@ -55,6 +58,8 @@ def phases(
     cuda_graphs: c.CudaGraphsOpt = True,
     out: c.OutOpt = None,
     force: c.ForceOpt = False,
+    ceilings: c.CeilingsOpt = None,
+    roofline: c.RooflineOpt = True,
     json_out: c.JsonOpt = False,
 ) -> None:
     """Prefill vs decode: step time, achieved TFLOP/s, bandwidth and arithmetic intensity.
@@ -78,6 +83,7 @@ def phases(
     _check_lengths(cfg.max_context, prompts, context)
     opts = c.timing_options(repeats, min_time)
     target = c.resolve_target(device, dtype)
+    given = c.load_ceilings(ceilings, target)
     folder = results.run_dir(out, "phases", force)
     model = Transformer(cfg, target.device, target.dtype, seed)
     steps = probe.plan(prompts, batches, context)
@@ -91,13 +97,17 @@ def phases(
         seed=seed,
     )
     run = c.start_run(folder, "phases", target, cfg, options)
-    with c.recording(run, target), c.progress(json_out) as bar:
-        task = bar.add_task("phases", total=len(steps))
-        for row in probe.run(model, target.dtype_name, steps, opts, cuda_graphs):
-            run.add("phases", row)
-            bar.advance(task)
+    with c.recording(run, target):
+        roof = c.device_ceilings(given, roofline, run, target)
+        with c.progress(json_out) as bar:
+            task = bar.add_task("phases", total=len(steps))
+            for row in probe.run(model, target.dtype_name, steps, opts, cuda_graphs):
+                run.add("phases", annotate(row, roof) if roof else row)
+                bar.advance(task)
         rows = run.rows("phases")
         phases_figure(rows, folder / "phases.png", _title(cfg, target))
+        if roof:
+            c.roofline_plot(rows, "phases", roof, target, folder, _title(cfg, target))
         run.meta["summary"] = summary(rows)
     _report(rows, run, json_out)
 
@@ -134,12 +144,39 @@ def summary(rows: list[dict]) -> dict:
     return out
 
 
+def _shown(rows: list[dict]) -> list[dict]:
+    """Rows as the terminal shows them: rates in GFLOP/s too, MFU and MBU in percent."""
+    return [
+        {
+            **r,
+            "gflops": 1e3 * r["tflops"],
+            "mfu_pct": 100 * r.get("mfu", nan),
+            "mbu_pct": 100 * r.get("mbu", nan),
+        }
+        for r in rows
+    ]
+
+
+def _columns(rows: list[dict]) -> dict:
+    """TFLOP/s as in the article, or GFLOP/s where every rate is below one (a CPU)."""
+    if max((r["tflops"] for r in rows if r["status"] == "ok"), default=0) >= 1:
+        return COLUMNS
+    return {
+        ("gflops" if k == "tflops" else k): ("GFLOP/s" if k == "tflops" else v)
+        for k, v in COLUMNS.items()
+    }
+
+
 def _report(rows: list[dict], run, json_out: bool) -> None:
     s = run.meta.get("summary", {})
     if json_out:
         c.print_json({"folder": str(run.folder), "summary": s, "rows": rows})
         return
-    c.out_console.print(rows_table(rows, COLUMNS, title="prefill vs decode"))
+    table = rows_table(_shown(rows), _columns(rows), title="prefill vs decode")
+    c.out_console.print(table)
+    failed = [f"{r['label']}: {r['status']}" for r in rows if r["status"] != "ok"]
+    if failed:
+        c.err_console.print(f"[yellow]not measured:[/] {', '.join(failed)}")
     if "prefill_over_decode_tflops" in s:
         c.out_console.print(
             f"{s['prefill_label']} ran at {s['prefill_over_decode_tflops']:.1f}x the TFLOP/s "
