@@ -8,7 +8,7 @@ import torch
 
 from benchbatch.cli import app
 
-FAST = ["--preset", "tiny", "--repeats", "1", "--min-time", "0", "--device", "cpu"]
+FAST = ["--preset", "tiny", "--repeats", "1", "--min-time", "0", "--device", "cpu", "--no-roofline"]
 
 
 def run_phases(runner, out, *extra):
@@ -140,3 +140,62 @@ def test_cuda_requested_without_cuda(runner):
     result = runner.invoke(app, ["phases", "--device", "cuda"])
     assert result.exit_code == 2
     assert "Error: --device: CUDA is not available" in result.stderr
+
+
+PROBE_CSV = """kind,label,dtype,tflops,gbps,status
+matmul,matmul 1024,fp32,0.2,,ok
+matmul,matmul 2048,fp32,0.25,,ok
+copy,copy 256 MiB,fp32,,20.0,ok
+read,read 256 MiB,fp32,,25.0,ok
+"""
+
+
+def test_rows_are_placed_on_given_ceilings(runner, tmp_path):
+    probe = tmp_path / "probe.csv"
+    probe.write_text(PROBE_CSV)
+    result = run_phases(runner, tmp_path / "run", "--ceilings", str(probe))
+    assert result.exit_code == 0, result.output
+    df = pd.read_csv(tmp_path / "run" / "phases.csv")
+    assert ((df["mfu"] - df["tflops"] / 0.25).abs() < 1e-12).all()
+    assert ((df["mbu"] - df["gbps"] / 25.0).abs() < 1e-12).all()
+    ridge = 0.25e12 / 25e9  # 10 FLOP/byte
+    expected = ["compute" if x >= ridge else "memory" for x in df["arithmetic_intensity"]]
+    assert list(df["bound"]) == expected
+    assert (tmp_path / "run" / "roofline.png").stat().st_size > 1000
+    meta = json.loads((tmp_path / "run" / "metadata.json").read_text())
+    assert meta["ceilings"]["peak_gbps"] == 25.0
+
+
+def test_ceilings_of_another_dtype_are_refused(runner, tmp_path):
+    probe = tmp_path / "probe.csv"
+    probe.write_text(PROBE_CSV.replace("fp32", "fp16"))
+    result = run_phases(runner, tmp_path / "run", "--ceilings", str(probe))
+    assert result.exit_code == 2 and "--ceilings" in result.stderr and "fp16" in result.stderr
+
+
+def test_default_run_measures_the_ceilings(runner, tmp_path, monkeypatch):
+    from benchbatch.probes import ceilings
+
+    small = ceilings.plan([128], 4 * 2**20)
+    monkeypatch.setattr(ceilings, "default_plan", lambda dev: small)
+    args = [a for a in FAST if a != "--no-roofline"]
+    result = runner.invoke(
+        app,
+        [
+            "phases",
+            *args,
+            "--prefill",
+            "16",
+            "--decode-batch",
+            "1",
+            "--context",
+            "8",
+            "--out",
+            str(tmp_path / "run"),
+        ],
+    )
+    assert result.exit_code == 0, result.output
+    probe = pd.read_csv(tmp_path / "run" / "probe.csv")
+    assert set(probe["kind"]) == {"matmul", "copy", "read"}
+    df = pd.read_csv(tmp_path / "run" / "phases.csv")
+    assert (df["mfu"] > 0).all() and (df["mbu"] > 0).all()

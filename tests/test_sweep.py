@@ -12,7 +12,7 @@ from benchbatch.cli import app
 from benchbatch.config import preset
 from benchbatch.probes import sweep as probe
 
-FAST = ["--preset", "tiny", "--repeats", "1", "--min-time", "0", "--device", "cpu"]
+FAST = ["--preset", "tiny", "--repeats", "1", "--min-time", "0", "--device", "cpu", "--no-roofline"]
 
 # The tiny preset by hand: hidden 64, 2 layers, 4 heads of 16, 2 KV heads (kv_dim 32),
 # intermediate 128, vocab 256, untied embeddings.
@@ -231,3 +231,22 @@ def test_figure_marks_knees_ceiling_skipped_and_oom(tmp_path):
     ]  # fmt: skip
     sweep_figure(rows, summary, tmp_path / "sweep.png", "synthetic")
     assert (tmp_path / "sweep.png").stat().st_size > 1000
+
+
+def test_measured_ceilings_give_the_roofline_knee_and_mfu(runner, tmp_path):
+    probe = tmp_path / "probe.csv"
+    probe.write_text(
+        "kind,label,dtype,tflops,gbps,status\n"
+        "matmul,matmul 1024,fp32,0.1,,ok\ncopy,copy 64 MiB,fp32,,50.0,ok\n"
+    )
+    result = run_sweep(
+        runner, tmp_path / "run", "--batch", "1,2", "--context", "8", "--ceilings", str(probe)
+    )
+    assert result.exit_code == 0, result.output
+    meta = json.loads((tmp_path / "run" / "metadata.json").read_text())
+    assert meta["ridge_flop_per_byte"] == pytest.approx(2.0)  # 0.1e12 / 50e9
+    assert meta["ridge_source"].startswith("measured")
+    assert meta["knees"]["8"]["predicted_knee_note"] != "no prediction (unknown device)"
+    df = pd.read_csv(tmp_path / "run" / "sweep.csv")
+    assert ((df["mfu"] - df["tflops"] / 0.1).abs() < 1e-12).all()
+    assert (tmp_path / "run" / "roofline.png").exists()

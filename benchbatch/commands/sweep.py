@@ -15,6 +15,7 @@ from benchbatch.engines.model import Transformer
 from benchbatch.errors import UserError
 from benchbatch.plots.sweep import sweep_figure
 from benchbatch.probes import sweep as probe
+from benchbatch.roofline import Ceilings, annotate
 
 # Short headers: nine columns fit an 80-column terminal (the CSV has every column).
 COLUMNS = {
@@ -72,6 +73,8 @@ def sweep(
     cuda_graphs: c.CudaGraphsOpt = True,
     out: c.OutOpt = None,
     force: c.ForceOpt = False,
+    ceilings: c.CeilingsOpt = None,
+    roofline: c.RooflineOpt = True,
     json_out: c.JsonOpt = False,
 ) -> None:
     """Batch size vs decode throughput and step latency: the knee and the memory ceiling.
@@ -96,14 +99,13 @@ def sweep(
     _check(cfg.max_context, contexts, knee_threshold)
     opts = c.timing_options(repeats, min_time)
     target = c.resolve_target(device, dtype)
+    given = c.load_ceilings(ceilings, target)
     folder = results.run_dir(out, "sweep", force)
     # Read before the model exists: max_batch subtracts the weights itself.
     free_bytes = devices.free_memory_bytes(target.device)
     ceiling = probe.ceilings(cfg, target.dtype_name, contexts, free_bytes)
-    ridge, ridge_source = _ridge(target)
     if not json_out:
         _print_ceiling(ceiling, free_bytes, target, try_oom)
-    model = Transformer(cfg, target.device, target.dtype, seed)
     steps = probe.plan(contexts, batches)
     options = dict(
         batch=batches,
@@ -116,22 +118,29 @@ def sweep(
         seed=seed,
     )
     run = c.start_run(folder, "sweep", target, cfg, options)
-    run.meta.update(
-        free_memory_bytes_before_model=free_bytes,
-        predicted_max_batch={str(k): v for k, v in ceiling.items()},
-        ridge_flop_per_byte=ridge,
-        ridge_source=ridge_source,
-    )
-    with c.recording(run, target), c.progress(json_out) as bar:
-        task = bar.add_task("sweep", total=len(steps))
-        for row in probe.run(model, target.dtype_name, steps, opts, ceiling, try_oom, cuda_graphs):
-            run.add("sweep", row)
-            bar.advance(task)
+    with c.recording(run, target):
+        roof = c.device_ceilings(given, roofline, run, target)
+        ridge, ridge_source = _ridge(target, roof)
+        run.meta.update(
+            free_memory_bytes_before_model=free_bytes,
+            predicted_max_batch={str(k): v for k, v in ceiling.items()},
+            ridge_flop_per_byte=ridge,
+            ridge_source=ridge_source,
+        )
+        model = Transformer(cfg, target.device, target.dtype, seed)
+        with c.progress(json_out) as bar:
+            task = bar.add_task("sweep", total=len(steps))
+            rows = probe.run(model, target.dtype_name, steps, opts, ceiling, try_oom, cuda_graphs)
+            for row in rows:
+                run.add("sweep", annotate(row, roof) if roof else row)
+                bar.advance(task)
         rows = run.rows("sweep")
         summary = probe.summarize(rows, cfg, target.dtype_name, ceiling, ridge, knee_threshold)
         run.meta["knees"] = {str(s["context"]): _knees(s) for s in summary}
         run.meta["summary"] = summary
         sweep_figure(rows, summary, folder / "sweep.png", _title(cfg, target))
+        if roof:
+            c.roofline_plot(rows, "sweep", roof, target, folder, _title(cfg, target))
     _report(rows, run, json_out)
 
 
@@ -144,8 +153,13 @@ def _check(max_context: int, contexts: list[int], knee_threshold: float) -> None
         raise UserError("--knee-threshold", f"must be more than 0, got {knee_threshold}")
 
 
-def _ridge(target) -> tuple[float | None, str]:
-    """Datasheet FLOP/byte of a known GPU; CPUs and unknown GPUs get no prediction."""
+def _ridge(target, measured: Ceilings | None) -> tuple[float | None, str]:
+    """The ridge point: measured on this device when probed, else a known GPU's datasheet;
+    a CPU or an unknown GPU without a probe gets no prediction."""
+    if measured is not None:
+        return measured.ridge, (
+            f"measured ({measured.tflops_source}, {measured.gbps_source}) {measured.dtype}"
+        )
     name = devices.device_name(target.device)
     peak = peaks.lookup(name) if target.device.type == "cuda" else None
     if peak is None:
