@@ -7,7 +7,7 @@ import sys
 import typer
 from typer.core import TyperGroup
 
-from benchbatch.commands import phases, probe, sweep
+from benchbatch.commands import occupancy, phases, probe, sweep
 from benchbatch.errors import UserError
 
 try:  # recent typer vendors its own click; older ones use click itself
@@ -52,6 +52,7 @@ app = typer.Typer(
     pretty_exceptions_enable=False,
     rich_markup_mode="markdown",
 )
+app.command("occupancy")(occupancy.occupancy)
 app.command("phases")(phases.phases)
 app.command("probe")(probe.probe)
 app.command("sweep")(sweep.sweep)

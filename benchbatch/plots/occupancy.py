@@ -1,0 +1,98 @@
+"""The occupancy figures: the article's active slots over steps (static red above, continuous
+blue below, one step axis), and the real engine's time against steps."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+import pandas as pd
+
+from benchbatch.plots import plt, save
+
+COLORS = {"static": "tab:red", "continuous": "tab:blue"}
+MAX_POINTS = 20_000  # longer timelines are drawn as bin means (the CSV keeps every step)
+
+
+def occupancy_figure(timeline: list[dict], rows: list[dict], path: Path, title: str) -> None:
+    """Active slots per step, one panel per policy, sharing the step axis so the shorter
+    continuous run shows how many steps it saves; occupancy and steps in each title."""
+    df = pd.DataFrame(timeline)
+    by = {r["policy"]: r for r in rows}
+    policies = [p for p in COLORS if p in by]
+    fig, axes = plt.subplots(len(policies), 1, figsize=(11, 2.6 * len(policies)), sharex=True)
+    axes = np.atleast_1d(axes)
+    for ax, policy in zip(axes, policies, strict=True):
+        r = by[policy]
+        active = df.loc[df["policy"] == policy, "active_slots"].to_numpy()
+        _active_panel(ax, active, r["slots"], COLORS[policy])
+        ax.set_title(
+            f"{policy} batching: {r['total_steps']:,} steps, slot occupancy {r['occupancy']:.1%}",
+            fontsize=10,
+            loc="left",
+        )
+    axes[-1].set_xlabel("step")
+    axes[-1].set_xlim(0, max(by[p]["total_steps"] for p in policies))
+    fig.suptitle(title, fontsize=10)
+    fig.tight_layout()
+    save(fig, path)
+
+
+def _active_panel(ax, active: np.ndarray, slots: int, color: str) -> None:
+    steps, values, binned = _downsample(active)
+    ax.fill_between(steps, values, step="post", color=color, alpha=0.35, lw=0)
+    ax.step(steps, values, where="post", color=color, lw=0.6)
+    ax.axhline(slots, color="black", ls="--", lw=0.8)
+    ax.set_ylim(0, slots * 1.08)
+    ax.set_ylabel(f"active slots (of {slots})" + (",\nbin mean" if binned else ""))
+    ax.grid(True, alpha=0.3)
+
+
+def _downsample(active: np.ndarray) -> tuple[np.ndarray, np.ndarray, bool]:
+    """Step starts and values; bin means when there are too many steps to draw one by one."""
+    n = len(active)
+    if n <= MAX_POINTS:
+        return np.arange(n + 1), np.append(active, active[-1] if n else 0), False
+    edges = np.linspace(0, n, MAX_POINTS // 4 + 1).astype(int)
+    means = np.add.reduceat(active, edges[:-1]) / np.diff(edges)
+    return edges, np.append(means, means[-1]), True
+
+
+def engine_figure(steps: list[dict], rows: list[dict], path: Path, title: str) -> None:
+    """Left: elapsed wall time over steps, measured (solid) and simulated steps x median step
+    (dashed). Right: each step's time against the sequences it decoded (padding included),
+    steps with prefills marked: where it is flat, time is proportional to steps and the
+    simulation's speedup holds in wall time."""
+    df = pd.DataFrame(steps)
+    fig, (elapsed, cost) = plt.subplots(1, 2, figsize=(12, 4.4))
+    by = {r["policy"]: r for r in rows}
+    for policy, color in COLORS.items():
+        mine = df[df["policy"] == policy] if len(df) else df
+        if not len(mine):
+            continue
+        seconds = mine["step_ms"].cumsum() / 1e3
+        label = f"{policy}: {seconds.iloc[-1]:.3g} s"
+        elapsed.plot(mine["step"], seconds, color=color, label=label)
+        if policy in by:
+            median_s = by[policy]["median_step_ms"] / 1e3
+            sim = by[policy]["sim_steps"]
+            elapsed.plot([0, sim], [0, sim * median_s], ls="--", color=color, lw=1)
+        decoded = mine["decode_tokens"] + mine["padded"]
+        prefill = mine["prefill_tokens"] > 0
+        cost.scatter(decoded[~prefill], mine["step_ms"][~prefill], s=6, alpha=0.4, color=color)
+        cost.scatter(decoded[prefill], mine["step_ms"][prefill], s=18, marker="x", color=color)
+        cost.scatter([], [], s=12, color=color, label=f"{policy}: decode steps")
+        cost.scatter([], [], s=18, marker="x", color=color, label=f"{policy}: with prefills")
+    elapsed.set_xlabel("step")
+    elapsed.set_ylabel("elapsed wall time (s)")
+    elapsed.set_title("measured (solid); simulated steps x median step (dashed)", fontsize=9)
+    elapsed.legend(fontsize=8)
+    cost.set_xlabel("sequences decoded in the step (static: padding included)")
+    cost.set_ylabel("step time (ms)")
+    cost.set_title("what a step costs", fontsize=9)
+    cost.legend(fontsize=8)
+    for ax in (elapsed, cost):
+        ax.grid(True, alpha=0.3)
+    fig.suptitle(title, fontsize=10)
+    fig.tight_layout()
+    save(fig, path)

@@ -1,0 +1,189 @@
+"""Static against continuous batching on one workload: simulated, and run on the model.
+
+Static batching runs a group of `slots` requests until its longest one ends, so the slots of
+the short ones sit idle (padded); continuous (iteration-level) batching refills a slot in
+the step after it frees. Output lengths are long-tailed (lognormal), so static batching
+leaves most slot-steps idle. The simulation counts steps; the real engine runs the same
+scheduler's steps on the model and times them, so measured over simulated time says how
+well "time is proportional to steps" holds on this machine.
+
+Everything here returns rows (dicts, the CSV's shape); nothing prints.
+"""
+
+from __future__ import annotations
+
+import statistics
+import time
+from collections.abc import Sequence
+from pathlib import Path
+
+import torch
+
+from benchbatch.engines.engine import EngineResult
+from benchbatch.engines.metrics import summarize
+from benchbatch.engines.model import Transformer
+from benchbatch.engines.simulate import SimResult, occupancy_rows, run_policies
+from benchbatch.engines.workload import Request, lognormal_workload, read_trace
+from benchbatch.timing import synchronize
+
+POLICIES = ("static", "continuous")
+SIM_TIME_BASIS = "simulated steps x this policy's median measured step"
+
+
+# --- workload and simulation ----------------------------------------------------------------
+
+
+def workload(
+    requests: int,
+    *,
+    median: float,
+    sigma: float,
+    max_output: int,
+    prompt_len: int,
+    arrival_rate: float | None,
+    seed: int,
+    trace: Path | None,
+) -> list[Request]:
+    """The requests of one run: a trace when given, else the seeded lognormal generator."""
+    if trace is not None:
+        return read_trace(trace, prompt_len)
+    return lognormal_workload(
+        requests,
+        median=median,
+        sigma=sigma,
+        max_output=max_output,
+        prompt_len=prompt_len,
+        arrival_rate=arrival_rate,
+        seed=seed,
+    )
+
+
+def simulate(requests: Sequence[Request], slots: int) -> dict[str, SimResult]:
+    """Both policies on the same requests (the article's rule: one decode per slot-step)."""
+    return run_policies(requests, slots, POLICIES)
+
+
+def occupancy(results: dict[str, SimResult], seed: int | None) -> list[dict]:
+    """occupancy.csv's rows: one per policy (seed None for a trace)."""
+    return [{"seed": seed, **row} for row in occupancy_rows(results)]
+
+
+def seed_spread(rows: list[dict]) -> list[dict]:
+    """Mean, min and max over seeds of steps, occupancy and speedup, one row per policy."""
+    out = []
+    for policy in POLICIES:
+        mine = [r for r in rows if r["policy"] == policy]
+        row: dict = {"policy": policy, "seeds": len(mine)}
+        for key in ("total_steps", "occupancy", "speedup_vs_static"):
+            values = [r[key] for r in mine]
+            row |= {
+                f"{key}_mean": statistics.fmean(values),
+                f"{key}_min": min(values),
+                f"{key}_max": max(values),
+            }
+        out.append(row)
+    return out
+
+
+def summary(rows: list[dict]) -> dict:
+    """The article's claim from one seed's rows: occupancy of each policy and the speedup."""
+    by = {r["policy"]: r for r in rows}
+    return {
+        "static_occupancy": by["static"]["occupancy"],
+        "continuous_occupancy": by["continuous"]["occupancy"],
+        "speedup": by["continuous"]["speedup_vs_static"],
+        "static_steps": by["static"]["total_steps"],
+        "continuous_steps": by["continuous"]["total_steps"],
+    }
+
+
+# --- the real engine --------------------------------------------------------------------------
+
+
+def estimate(
+    model: Transformer, requests: Sequence[Request], slots: int, sims: dict[str, SimResult]
+) -> dict:
+    """A rough duration of the real run: every simulated step priced as one decode step of
+    `slots` sequences at a typical context, plus one prefill per request and policy. Timing
+    these two steps also warms the model up before the measured run."""
+    prompt = max(1, round(statistics.median(r.prompt_tokens for r in requests)))
+    context = prompt + round(statistics.median(r.output_tokens for r in requests))
+    decode_s = _time_step(model, slots, context, 1)
+    prefill_s = _time_step(model, 1, 0, prompt)
+    steps = sum(s.total_steps for s in sims.values())
+    return {
+        "decode_step_ms": decode_s * 1e3,
+        "decode_context": context,
+        "prefill_ms": prefill_s * 1e3,
+        "prefill_tokens": prompt,
+        "simulated_steps": steps,
+        "estimated_s": steps * decode_s + len(sims) * len(requests) * prefill_s,
+    }
+
+
+@torch.no_grad()
+def _time_step(model: Transformer, batch: int, context: int, t: int, repeats: int = 3) -> float:
+    """Fastest of a few steps of `batch` sequences holding `context` tokens, `t` new each."""
+    dev = model.embed.weight.device
+    cache = model.new_cache(batch, context + t)
+    tokens = torch.randint(0, model.cfg.vocab, (batch, t), device=dev)
+    best = float("inf")
+    for _ in range(repeats + 1):  # the first call warms up
+        cache.lengths.fill_(context)
+        synchronize(dev)
+        start = time.perf_counter()
+        model.step(tokens, cache, slice(0, batch), kv_len=context + t)
+        synchronize(dev)
+        best = min(best, time.perf_counter() - start)
+    return best
+
+
+def engine_row(result: EngineResult, sim: SimResult, static_wall_s: float | None) -> dict:
+    """engine.csv's row of one policy: wall time, throughput, latencies, occupancy, and the
+    measured time over the simulation's steps priced at this run's median step."""
+    median_step_s = statistics.median(s.step_s for s in result.steps)
+    sim_s = sim.total_steps * median_step_s
+    wall = result.wall_s
+    m = result.metrics
+    e2e = summarize([r.e2e for r in m.requests])
+    ttft = summarize([r.ttft for r in m.requests])
+    return {
+        "policy": result.policy,
+        "requests": result.requests,
+        "slots": result.slots,
+        "total_steps": result.total_steps,
+        "sim_steps": sim.total_steps,
+        "wall_s": wall,
+        "generated_tokens": result.generated_tokens,
+        "tokens_per_s": result.generated_tokens / wall,
+        **{f"e2e_{k}_s": v for k, v in e2e.items()},
+        **{f"ttft_{k}_s": v for k, v in ttft.items()},
+        "occupancy": result.occupancy,
+        "sim_occupancy": sim.occupancy,
+        "median_step_ms": median_step_s * 1e3,
+        "sim_s": sim_s,
+        "measured_over_sim": wall / sim_s,
+        "sim_time_basis": SIM_TIME_BASIS,
+        "model_s": result.model_s,
+        "overhead": result.overhead,
+        "speedup_vs_static": static_wall_s / wall if static_wall_s else None,
+    }
+
+
+def step_rows(result: EngineResult | None) -> list[dict]:
+    """engine_steps.csv's rows: every step measured so far (an interrupted run's too)."""
+    return [] if result is None else [s.row() for s in result.steps]
+
+
+def engine_summary(rows: list[dict], sims: dict[str, SimResult]) -> dict:
+    """Measured speedup in wall time beside the simulated one in steps."""
+    by = {r["policy"]: r for r in rows}
+    if set(by) != set(POLICIES):
+        return {}
+    return {
+        "wall_speedup": by["static"]["wall_s"] / by["continuous"]["wall_s"],
+        "sim_speedup": sims["static"].total_steps / sims["continuous"].total_steps,
+        "static_measured_over_sim": by["static"]["measured_over_sim"],
+        "continuous_measured_over_sim": by["continuous"]["measured_over_sim"],
+        "continuous_overhead": by["continuous"]["overhead"],
+    }

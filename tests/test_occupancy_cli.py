@@ -1,0 +1,244 @@
+"""`benchbatch occupancy` end to end: the article's numbers, its files, determinism, the real
+engine on a tiny model (and interrupted), and one-line answers to bad input."""
+
+from __future__ import annotations
+
+import json
+
+import pandas as pd
+import pytest
+
+from benchbatch.cli import app
+from benchbatch.commands import occupancy as command
+
+OCCUPANCY_COLUMNS = [
+    "policy",
+    "requests",
+    "slots",
+    "total_steps",
+    "useful_slot_steps",
+    "idle_slot_steps",
+    "occupancy",
+    "speedup_vs_static",
+]
+REAL = ["--engine", "real", "--preset", "tiny", "--device", "cpu"]
+SMALL = [
+    "--requests",
+    "20",
+    "--slots",
+    "4",
+    "--median",
+    "8",
+    "--max-output",
+    "40",
+    "--prompt-len",
+    "8",
+]
+
+
+def occupancy(runner, out, *extra):
+    return runner.invoke(app, ["occupancy", "--out", str(out), *extra])
+
+
+def test_default_run_reproduces_the_article(runner, tmp_path):
+    result = occupancy(runner, tmp_path / "run")
+    assert result.exit_code == 0, result.output
+    df = pd.read_csv(tmp_path / "run" / "occupancy.csv").set_index("policy")
+    assert set(OCCUPANCY_COLUMNS) <= {"policy", *df.columns}
+    assert (df["requests"] == 600).all() and (df["slots"] == 32).all()
+    assert 0.17 <= df.loc["static", "occupancy"] <= 0.27
+    assert 0.70 <= df.loc["continuous", "occupancy"] <= 0.97
+    assert 3.3 <= df.loc["continuous", "speedup_vs_static"] <= 5.0
+    assert df.loc["static", "speedup_vs_static"] == 1.0
+    slot_steps = df["total_steps"] * df["slots"]
+    assert (df["useful_slot_steps"] + df["idle_slot_steps"] == slot_steps).all()
+    assert (df["occupancy"] - df["useful_slot_steps"] / slot_steps).abs().max() < 1e-12
+
+    timeline = pd.read_csv(tmp_path / "run" / "timeline.csv")
+    assert list(timeline.columns) == ["policy", "step", "active_slots"]
+    counts = timeline.groupby("policy").size()
+    assert counts["static"] == df.loc["static", "total_steps"]
+    assert counts["continuous"] == df.loc["continuous", "total_steps"]
+    useful = timeline.groupby("policy")["active_slots"].sum()
+    assert (useful == df["useful_slot_steps"].reindex(useful.index)).all()
+
+    assert (tmp_path / "run" / "occupancy.png").stat().st_size > 10_000
+    meta = json.loads((tmp_path / "run" / "metadata.json").read_text())
+    assert meta["status"] == "complete" and meta["options"]["engine"] == "sim"
+    assert "continuous batching:" in result.stdout and "x fewer steps (static" in result.stdout
+
+
+def test_seeds_report_mean_and_spread(runner, tmp_path):
+    result = occupancy(runner, tmp_path / "run", "--seeds", "3", "--seed", "1")
+    assert result.exit_code == 0, result.output
+    per_seed = pd.read_csv(tmp_path / "run" / "occupancy.csv")
+    assert sorted(per_seed["seed"].unique()) == [1, 2, 3] and len(per_seed) == 6
+    spread = pd.read_csv(tmp_path / "run" / "occupancy_seeds.csv").set_index("policy")
+    assert list(spread.index) == ["static", "continuous"] and (spread["seeds"] == 3).all()
+    for key in ("total_steps", "occupancy", "speedup_vs_static"):
+        for policy, mine in per_seed.groupby("policy"):
+            assert spread.loc[policy, f"{key}_mean"] == pytest.approx(mine[key].mean())
+            assert spread.loc[policy, f"{key}_min"] == mine[key].min()
+            assert spread.loc[policy, f"{key}_max"] == mine[key].max()
+    # The figure and the timeline are the first seed's.
+    timeline = pd.read_csv(tmp_path / "run" / "timeline.csv")
+    first = per_seed[per_seed["seed"] == 1].set_index("policy")
+    assert len(timeline) == first["total_steps"].sum()
+    assert "over 3 seeds" in result.stdout
+
+
+def test_same_seed_gives_byte_identical_files(runner, tmp_path):
+    for name in ("a", "b"):
+        assert occupancy(runner, tmp_path / name, "--seed", "7").exit_code == 0
+    for csv in ("occupancy.csv", "timeline.csv"):
+        assert (tmp_path / "a" / csv).read_bytes() == (tmp_path / "b" / csv).read_bytes()
+    assert occupancy(runner, tmp_path / "c", "--seed", "8").exit_code == 0
+    assert (tmp_path / "a" / "timeline.csv").read_bytes() != (
+        tmp_path / "c" / "timeline.csv"
+    ).read_bytes()
+
+
+def test_trace_is_replayed(runner, tmp_path):
+    trace = tmp_path / "trace.csv"
+    trace.write_text("output_tokens,prompt_tokens\n5,3\n1,2\n9,4\n2,1\n7,2\n")
+    result = occupancy(runner, tmp_path / "run", "--trace", str(trace), "--slots", "2")
+    assert result.exit_code == 0, result.output
+    df = pd.read_csv(tmp_path / "run" / "occupancy.csv").set_index("policy")
+    # static groups (5,1) (9,2) (7): 5 + 9 + 7 steps; continuous: r0 steps 0-4, r1 0,
+    # r2 1-9, r3 5-6, r4 7-13: 14 steps.
+    assert df.loc["static", "total_steps"] == 21
+    assert df.loc["continuous", "total_steps"] == 14
+    assert df["seed"].isna().all() and (df["useful_slot_steps"] == 24).all()
+
+
+def test_json_is_one_document(runner, tmp_path):
+    result = occupancy(runner, tmp_path / "run", "--json", "--requests", "50")
+    assert result.exit_code == 0, result.output
+    doc = json.loads(result.stdout)
+    assert [r["policy"] for r in doc["rows"]] == ["static", "continuous"]
+    assert doc["summary"]["speedup"] == doc["rows"][1]["speedup_vs_static"]
+
+
+def test_real_engine_measures_both_policies(runner, tmp_path):
+    result = occupancy(runner, tmp_path / "run", *REAL, *SMALL)
+    assert result.exit_code == 0, result.output
+    run = tmp_path / "run"
+    sim = pd.read_csv(run / "occupancy.csv").set_index("policy")
+    engine = pd.read_csv(run / "engine.csv").set_index("policy")
+    assert list(engine.index) == ["static", "continuous"]
+    assert (engine["total_steps"] == engine["sim_steps"]).all()
+    assert (engine["sim_steps"] == sim["total_steps"].reindex(engine.index)).all()
+    assert (engine["occupancy"] - engine["sim_occupancy"]).abs().max() < 1e-12
+    assert engine.loc["continuous", "occupancy"] >= engine.loc["static", "occupancy"]
+    assert (engine["generated_tokens"] == sim["useful_slot_steps"].reindex(engine.index)).all()
+    for column in ("wall_s", "tokens_per_s", "e2e_p99_s", "ttft_p50_s", "sim_s"):
+        assert (engine[column] > 0).all(), column
+    assert ((engine["overhead"] > 0) & (engine["overhead"] < 1)).all()
+    assert (engine["measured_over_sim"] - engine["wall_s"] / engine["sim_s"]).abs().max() < 1e-9
+    steps = pd.read_csv(run / "engine_steps.csv")
+    assert list(steps.columns[:2]) == ["policy", "step"]
+    for column in ("active", "decode_tokens", "prefill_tokens", "step_ms", "model_ms"):
+        assert column in steps.columns
+    assert steps.groupby("policy").size()["static"] == engine.loc["static", "total_steps"]
+    assert (steps["step_ms"] >= steps["model_ms"]).all()
+    assert (run / "engine.png").stat().st_size > 10_000
+    meta = json.loads((run / "metadata.json").read_text())
+    assert meta["status"] == "complete" and meta["config"]["name"] == "tiny"
+    assert meta["estimate"]["estimated_s"] > 0 and "median" in meta["sim_time_basis"]
+    assert "Estimated duration" in result.stderr and "faster in wall time" in result.stdout
+
+
+def test_interrupted_real_run_keeps_its_measured_rows(runner, tmp_path, monkeypatch):
+    seen = []
+
+    def interrupt_during_continuous(bar, task, record):
+        seen.append(record.policy)
+        if seen.count("continuous") == 10:
+            raise KeyboardInterrupt
+
+    monkeypatch.setattr(command, "_advance", interrupt_during_continuous)
+    result = occupancy(runner, tmp_path / "run", *REAL, *SMALL)
+    assert result.exit_code == 130, result.output
+    run = tmp_path / "run"
+    meta = json.loads((run / "metadata.json").read_text())
+    assert meta["status"] == "interrupted"
+    assert list(pd.read_csv(run / "engine.csv")["policy"]) == ["static"]
+    steps = pd.read_csv(run / "engine_steps.csv").groupby("policy").size()
+    assert steps["static"] == seen.count("static") and steps["continuous"] == 10
+    assert (run / "occupancy.csv").exists() and "interrupted" in result.stderr
+
+
+def test_default_preset_follows_the_device(runner, tmp_path):
+    tiny_run = ["--requests", "3", "--slots", "2", "--max-output", "4", "--prompt-len", "4"]
+    result = occupancy(runner, tmp_path / "run", "--engine", "real", "--device", "cpu", *tiny_run)
+    assert result.exit_code == 0, result.output
+    assert "cpu-small preset" in result.stderr
+    meta = json.loads((tmp_path / "run" / "metadata.json").read_text())
+    assert meta["config"]["name"] == "cpu-small"
+
+
+def _write(tmp_path, name: str, text: str) -> str:
+    path = tmp_path / name
+    path.write_text(text)
+    return str(path)
+
+
+BAD_TRACES = [
+    ("no_column.csv", "prompt_tokens\n4\n", "no column 'output_tokens'"),
+    ("zero.csv", "output_tokens\n5\n0\n", "must be positive"),
+    ("negative_prompt.csv", "output_tokens,prompt_tokens\n5,-2\n", "must be positive"),
+    ("empty.csv", "", "is empty"),
+    ("header_only.csv", "output_tokens\n", "no requests"),
+    ("not_a_number.csv", "output_tokens\nmany\n", "not an integer"),
+]
+
+
+@pytest.mark.parametrize(("name", "text", "says"), BAD_TRACES, ids=[b[0] for b in BAD_TRACES])
+def test_bad_trace_is_one_line_and_exit_2(runner, tmp_path, name, text, says):
+    trace = _write(tmp_path, name, text)
+    result = occupancy(runner, tmp_path / "run", "--trace", trace)
+    _assert_user_error(result, "--trace", says)
+    assert not (tmp_path / "run").exists()  # nothing written for a run that never started
+
+
+@pytest.mark.parametrize("where", ["missing", "folder"])
+def test_unreadable_trace_is_one_line_and_exit_2(runner, tmp_path, where):
+    path = tmp_path / "nothing.csv" if where == "missing" else tmp_path
+    result = occupancy(runner, tmp_path / "run", "--trace", str(path))
+    _assert_user_error(result, "--trace", "cannot read")
+
+
+BAD_OPTIONS = [
+    (["--slots", "0"], "--slots"),
+    (["--requests", "0"], "--requests"),
+    (["--seeds", "0"], "--seeds"),
+    (["--engine", "gpu"], "--engine"),
+    (["--median", "0"], "--median"),
+    (["--max-output", "-1"], "--max-output"),
+    (["--arrival-rate", "0"], "--arrival-rate"),
+    (
+        ["--engine", "real", "--preset", "tiny", "--device", "cpu", "--max-output", "300"],
+        "--max-output",
+    ),
+    (["--engine", "real", "--preset", "nope"], "--preset"),
+]
+
+
+@pytest.mark.parametrize(("args", "option"), BAD_OPTIONS, ids=[" ".join(a) for a, _ in BAD_OPTIONS])
+def test_bad_option_is_one_line_and_exit_2(runner, tmp_path, args, option):
+    result = occupancy(runner, tmp_path / "run", *args)
+    _assert_user_error(result, option, "")
+
+
+def test_seeds_with_a_trace_is_refused(runner, tmp_path):
+    trace = _write(tmp_path, "t.csv", "output_tokens\n3\n")
+    result = occupancy(runner, tmp_path / "run", "--trace", trace, "--seeds", "2")
+    _assert_user_error(result, "--seeds", "trace")
+
+
+def _assert_user_error(result, option: str, says: str) -> None:
+    assert result.exit_code == 2, result.output
+    lines = result.stderr.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith("Error:"), result.stderr
+    assert option in lines[0] and says in lines[0]
+    assert "Traceback" not in result.output
