@@ -133,13 +133,14 @@ def cache_len(requests: Sequence[Request]) -> int:
     return max(r.prompt_tokens for r in requests) + max(r.output_tokens for r in requests)
 
 
-def check_fits(model: Transformer, requests: Sequence[Request]) -> None:
+def check_fits(max_context: int, requests: Sequence[Request]) -> None:
+    """A user error if some request would outgrow the model's rotary table."""
     need = cache_len(requests)
-    if need > model.cfg.max_context:
+    if need > max_context:
         raise UserError(
             "--max-output",
             f"the longest prompt plus the longest output is {need:,} tokens, more than the "
-            f"model's --max-context {model.cfg.max_context:,}",
+            f"model's --max-context {max_context:,}",
         )
 
 
@@ -158,7 +159,7 @@ class Engine:
     def run(self, requests: Sequence[Request], on_step: OnStep | None = None) -> EngineResult:
         """Every request to its last token. on_step sees each step's record as it ends."""
         requests = list(requests)
-        check_fits(self.model, requests)
+        check_fits(self.model.cfg.max_context, requests)
         sched = make_scheduler(self.policy, self.slots, **self.settings)
         sched.add_requests(requests)
         state = _RunState(self, requests)
