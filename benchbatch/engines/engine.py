@@ -16,8 +16,9 @@ token ids seeded per request, so the same request gets the same prompt in any en
 the one-request-at-a-time reference. Generation is greedy (argmax).
 
 Timing: each step is timed on the host clock with a device synchronize before each reading;
-model_s is the time inside the model's forward, the rest of step_s is the engine's own work
-(scheduling, building inputs, bookkeeping): the scheduling overhead.
+model_s is the time of the model's forward and the greedy pick of the next tokens; the rest
+of step_s is the engine's own work (scheduling, building inputs, bookkeeping): the
+scheduling overhead.
 """
 
 from __future__ import annotations
@@ -106,7 +107,7 @@ class EngineResult:
 
     @property
     def overhead(self) -> float:
-        """Time outside the model's forward over the whole step time."""
+        """Time outside the model (forward and greedy pick) over the whole step time."""
         wall = self.wall_s
         return (wall - self.model_s) / wall if wall else float("nan")
 
@@ -195,11 +196,10 @@ class _RunState:
         calls = self._prepare(plan)
         synchronize(self.device)
         model_start = time.perf_counter()
-        parts = [(c.tokens, c.slots, c.kv_len) for c in calls]
-        outputs = self.model.mixed_step(self.cache, parts) if calls else []
+        chosen = self._forward(calls)
         synchronize(self.device)
         model_s = time.perf_counter() - model_start
-        self._collect(plan, calls, outputs, result)
+        self._collect(plan, calls, chosen, result)
         sched.update(plan)
         step_s = time.perf_counter() - start
         return StepRecord(
@@ -258,15 +258,21 @@ class _RunState:
     def _index(self, slots: list[int]) -> torch.Tensor:
         return torch.tensor(slots, dtype=torch.long).to(self.device, non_blocking=True)
 
-    # --- outputs ------------------------------------------------------------------------
+    # --- the model and its outputs -------------------------------------------------------
 
-    def _collect(self, plan: StepPlan, calls: list[_Call], outputs, result: EngineResult) -> None:
+    def _forward(self, calls: list[_Call]) -> torch.Tensor | None:
+        """One forward over every part, then the greedy pick of each row's next token."""
+        if not calls:
+            return None  # nothing has arrived yet: an idle step
+        parts = [(c.tokens, c.slots, c.kv_len) for c in calls]
+        logits = self.model.mixed_step(self.cache, parts)
+        return torch.cat([part[:, -1].argmax(-1) for part in logits])
+
+    def _collect(self, plan: StepPlan, calls: list[_Call], chosen, result: EngineResult) -> None:
         """Greedy next tokens: recorded per request and fed back as the slots' next inputs."""
         slot_request = {d.slot: d.request_id for d in plan.decodes}
         emitted: list[tuple[int, int | None]] = []  # (slot, request id or None if padded)
-        chosen = []
-        for call, logits in zip(calls, outputs, strict=True):
-            chosen.append(logits[:, -1].argmax(-1))
+        for call in calls:
             if call.chunks is not None:  # a chunk short of the prompt's end yields nothing
                 emitted += [
                     (c.slot, c.request_id if c.completes_prompt else None) for c in call.chunks
@@ -274,7 +280,7 @@ class _RunState:
             else:
                 emitted += [(s, slot_request.get(s)) for s in call.slot_list]
         if emitted:
-            self._emit(emitted, torch.cat(chosen).tolist(), result)
+            self._emit(emitted, chosen.tolist(), result)
         for chunk in plan.prefills:
             if chunk.completes_prompt:
                 del self.prompts[chunk.request_id]
