@@ -1,0 +1,126 @@
+"""`benchbatch reproduce` end to end on a tiny model with tiny sizes (hidden options)."""
+
+from __future__ import annotations
+
+import json
+
+import pandas as pd
+import pytest
+from typer.testing import CliRunner
+
+from benchbatch.cli import app
+from benchbatch.commands import reproduce
+
+TINY = [
+    "--preset", "tiny", "--device", "cpu", "--repeats", "1", "--min-time", "0",
+    "--prefill", "16,32", "--decode-batch", "1,4", "--batch", "1,2,4", "--context", "24",
+    "--requests", "40", "--slots", "4", "--median", "6", "--max-output", "30",
+    "--probe-sizes", "64", "--probe-buffer-mb", "1",
+]  # fmt: skip
+REAL = ["--real", "--real-requests", "5", "--real-slots", "2", "--real-max-output", "6"]
+
+EXPECTED = {
+    "metadata.json", "report.md", "report.html", "probe.csv", "phases.csv", "phases.png",
+    "sweep.csv", "sweep.png", "roofline.png", "occupancy.csv", "timeline.csv", "occupancy.png",
+    "engine.csv", "engine_steps.csv", "engine.png",
+}  # fmt: skip
+
+
+@pytest.fixture(scope="module")
+def tiny_run(tmp_path_factory):
+    out = tmp_path_factory.mktemp("repro") / "run"
+    result = CliRunner().invoke(app, ["reproduce", *TINY, *REAL, "--out", str(out)])
+    assert result.exit_code == 0, result.output
+    return out, result
+
+
+def test_reproduce_writes_every_part_into_one_folder(tiny_run):
+    out, _ = tiny_run
+    names = {p.name for p in out.iterdir() if not p.name.startswith(".")}
+    assert EXPECTED <= names, EXPECTED - names
+    for png in ("phases.png", "sweep.png", "roofline.png", "occupancy.png", "engine.png"):
+        assert (out / png).stat().st_size > 1000
+    meta = json.loads((out / "metadata.json").read_text())
+    assert meta["command"] == "reproduce" and meta["status"] == "complete"
+    assert meta["cpu_sized"] is True and meta["config"]["name"] == "tiny"
+    assert set(meta["parts"]) == {"probe", "phases", "sweep", "occupancy", "occupancy, real engine"}
+    assert meta["ridge_source"] == "measured (probe)"
+    assert len(meta["claims"]) == 5 and all(c["verdict"] for c in meta["claims"])
+
+
+def test_phases_and_sweep_rows_carry_the_probe_ceilings(tiny_run):
+    out, _ = tiny_run
+    meta = json.loads((out / "metadata.json").read_text())
+    peak_tflops = meta["probe"]["measured"]["peak_tflops"]
+    peak_gbps = meta["probe"]["measured"]["peak_gbps"]
+    for table in ("phases", "sweep"):
+        df = pd.read_csv(out / f"{table}.csv")
+        assert {"mfu", "mbu", "bound"} <= set(df.columns)
+        assert (df["mfu"] - df["tflops"] / peak_tflops).abs().max() < 1e-9
+        assert (df["mbu"] - df["gbps"] / peak_gbps).abs().max() < 1e-9
+        assert set(df["bound"]) <= {"memory", "compute"}
+    assert list(pd.read_csv(out / "sweep.csv")["batch"]) == [1, 2, 4]
+
+
+def test_occupancy_simulated_and_on_the_engine(tiny_run):
+    out, _ = tiny_run
+    sim = pd.read_csv(out / "occupancy.csv")
+    assert list(sim["policy"]) == ["static", "continuous"]
+    assert (sim["total_steps"] > 0).all() and sim["occupancy"].between(0, 1).all()
+    engine = pd.read_csv(out / "engine.csv")
+    assert list(engine["policy"]) == ["static", "continuous"]
+    # The engine runs the scheduler's steps: as many as the simulation of its workload.
+    assert (engine["total_steps"] == engine["sim_steps"]).all()
+    assert (engine["generated_tokens"] > 0).all() and (engine["wall_s"] > 0).all()
+
+
+def test_the_report_sets_every_article_number_beside_a_measured_one(tiny_run):
+    out, result = tiny_run
+    md = (out / "report.md").read_text()
+    assert md.splitlines()[2].startswith("**CPU-sized run")
+    for number in ("0.664", "318.9", "3,120", "696,195", "9,602", "2,445", "79.9%"):
+        assert number in md, number
+    assert "prefill 512 | prefill 16" in md and "decode b=32 | decode b=4" in md
+    assert md.count("](") >= 4  # the plots
+    html = (out / "report.html").read_text()
+    assert html.count("data:image/png;base64,") == 5
+    # the terminal: the CPU notice first, the tables, the verdicts
+    assert result.stdout.startswith("CPU-sized run")
+    for title in ("B. prefill vs decode", "A. decode step vs batch", "C. static vs continuous"):
+        assert title in result.stdout
+    assert "verdicts" in result.stdout and "report.md" in result.stdout
+
+
+def test_json_is_one_document(tmp_path):
+    result = CliRunner().invoke(app, ["reproduce", *TINY, "--json", "--out", str(tmp_path / "r")])
+    assert result.exit_code == 0, result.output
+    doc = json.loads(result.stdout)
+    assert doc["cpu_sized"] is True and len(doc["claims"]) == 4
+    assert set(doc["rows"]) == {"probe", "phases", "sweep", "occupancy"}
+    assert "mfu" in doc["rows"]["phases"][0]
+
+
+def test_cpu_defaults_are_cpu_sized():
+    cpu, cuda = reproduce.SIZES["cpu"], reproduce.SIZES["cuda"]
+    assert cpu.preset == "cpu-small" and cpu.prefill == "128,512" and cpu.batch == "1,8,32,64"
+    assert cuda.preset == "article" and cuda.prefill == "512,2048"
+    assert cuda.batch == "1,8,32,128,256" and cuda.decode_batch == "1,32"
+
+
+@pytest.mark.parametrize(
+    "args,option",
+    [
+        (["--prefill", "0"], "--prefill"),
+        (["--batch", "x"], "--batch"),
+        (["--context", "300"], "--context"),
+        (["--slots", "0"], "--slots"),
+        (["--probe-sizes", "-1"], "--probe-sizes"),
+        (["--real", "--real-max-output", "400", "--median", "300"], "--max-output"),
+    ],
+)
+def test_bad_input_is_one_line_naming_the_option(tmp_path, args, option):
+    result = CliRunner().invoke(app, ["reproduce", *TINY, *args, "--out", str(tmp_path / "r")])
+    assert result.exit_code == 2, result.output
+    lines = result.stderr.strip().splitlines()
+    assert len(lines) == 1 and option in lines[0], lines
+    assert not (tmp_path / "r").exists()  # checked before the folder is made
