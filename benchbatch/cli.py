@@ -7,7 +7,7 @@ import sys
 import typer
 from typer.core import TyperGroup
 
-from benchbatch.commands import occupancy, phases, probe, reproduce, sweep
+from benchbatch.commands import compare, occupancy, phases, probe, reproduce, sweep
 from benchbatch.errors import UserError
 
 try:  # recent typer vendors its own click; older ones use click itself
@@ -57,6 +57,7 @@ app.command("phases")(phases.phases)
 app.command("probe")(probe.probe)
 app.command("sweep")(sweep.sweep)
 app.command("reproduce")(reproduce.reproduce)
+app.command("compare")(compare.compare)
 
 
 @app.callback()

@@ -1,0 +1,159 @@
+"""`benchbatch compare`: the same plots from several result folders, overlaid."""
+
+from __future__ import annotations
+
+import math
+from pathlib import Path
+from typing import Annotated
+
+import pandas as pd
+import typer
+from rich import box
+from rich.table import Table
+
+from benchbatch import compare as merging
+from benchbatch import results
+from benchbatch.commands import common as c
+from benchbatch.commands.render import fmt
+from benchbatch.plots import compare as plots
+from benchbatch.run import Run
+
+RUN_COLUMNS = ("run", "kind", "device", "dtype", "model", "cuda_graphs", "status")
+
+
+def compare(
+    runs: Annotated[
+        list[Path],
+        typer.Argument(
+            help="Result folders of one command (phases, sweep, probe, occupancy or "
+            "reproduce), e.g. two GPUs, fp16 and bf16, CUDA graphs on and off.",
+            metavar="RUN_DIR...",
+            show_default=False,
+        ),
+    ],
+    label: Annotated[
+        str | None,
+        typer.Option(
+            help="Comma-separated names of the runs, one per folder. Default: folder names."
+        ),
+    ] = None,
+    out: c.OutOpt = None,
+    force: c.ForceOpt = False,
+    json_out: c.JsonOpt = False,
+) -> None:
+    """Overlay the same plot from several result folders (compare-*.png) and merge their
+    rows into compare-<table>.csv files with a `run` column.
+
+    Folders must come from the same command; a missing, corrupt or unknown file is named
+    in a one-line error (exit code 2).
+    """
+    loaded = merging.load_all(runs, label)
+    names = [r.label for r in loaded]
+    tables = merging.merge(loaded)
+    folder = results.run_dir(out, "compare", force)
+    run = Run(folder, "compare", {"runs": [r.describe() for r in loaded]})
+    files = []
+    for table, df in tables.items():
+        results.write_csv(folder / f"compare-{table}.csv", df)
+        files.append(f"compare-{table}.csv")
+    files += _figures(tables, names, folder, loaded[0].kind)
+    run.finish("complete", files=files)
+    _report(run, loaded, tables, names, files, json_out)
+
+
+def _figures(tables: dict[str, pd.DataFrame], names: list[str], folder: Path, kind: str) -> list:
+    title = f"{kind} runs: {', '.join(names)}"
+    drawn = []
+    if "phases" in tables:
+        plots.compare_phases_figure(tables["phases"], names, folder / "compare-phases.png", title)
+        drawn.append("compare-phases.png")
+    if "sweep" in tables:
+        plots.compare_sweep_figure(tables["sweep"], names, folder / "compare-sweep.png", title)
+        drawn.append("compare-sweep.png")
+    if "probe" in tables:
+        plots.compare_probe_figure(tables["probe"], names, folder / "compare-probe.png", title)
+        drawn.append("compare-probe.png")
+    if "occupancy" in tables:
+        occupancy = merging.first_seed(tables["occupancy"])
+        path = folder / "compare-occupancy.png"
+        plots.compare_occupancy_figure(occupancy, tables.get("engine"), names, path, title)
+        drawn.append("compare-occupancy.png")
+    return drawn
+
+
+# --- terminal --------------------------------------------------------------------------------
+
+# What the terminal shows of each table: rows (index) x runs, one value, and its name.
+VIEWS = {
+    "probe": (["label"], "tflops", "TFLOP/s (matmul) and GB/s (copy, read)"),
+    "phases": (["label"], "step_ms", "step ms"),
+    "sweep": (["context", "batch"], "tokens_per_s", "decode tokens/s"),
+    "occupancy": (["policy"], "occupancy", "slot occupancy (simulated)"),
+    "engine": (["policy"], "wall_s", "real engine wall s"),
+}
+
+
+def _report(run, loaded, tables, names: list[str], files: list[str], json_out: bool) -> None:
+    if json_out:
+        rows = {t: df.to_dict(orient="records") for t, df in tables.items()}
+        c.print_json({"folder": str(run.folder), "runs": run.meta["runs"], "rows": rows})
+        return
+    who = _table("runs", list(RUN_COLUMNS))
+    for r in loaded:
+        d = r.describe()
+        who.add_row(*(fmt(d[k]) if d[k] is not None else "-" for k in RUN_COLUMNS))
+    c.out_console.print(who)
+    for table, df in tables.items():
+        if table == "occupancy":
+            df = merging.first_seed(df)
+        c.out_console.print(_view(table, df, names))
+    if any(r.meta.get("status") != "complete" for r in loaded):
+        c.err_console.print(
+            "[yellow]warning:[/] some runs did not complete (see status): their tables may "
+            "miss rows."
+        )
+    c.out_console.print(f"results: {run.folder} ({', '.join(files)})")
+
+
+def _view(table: str, df: pd.DataFrame, names: list[str]) -> Table:
+    index, value, what = VIEWS[table]
+    if table == "probe":
+        df = df.assign(value=df["tflops"].where(df["kind"] == "matmul", df["gbps"]))
+        value = "value"
+    wide = merging.pivot(df, index, value, names)
+    first = names[0]
+    others = [n for n in wide.columns if n != first]
+    headers = [*index, *wide.columns, *(f"{n} / {first}" for n in others if first in wide)]
+    view = _table(f"{table}: {what}", headers)
+    for key, row in wide.iterrows():
+        keys = key if isinstance(key, tuple) else (key,)
+        cells = [fmt(_plain(k)) for k in keys]
+        cells += [_cell(row[n], table) for n in wide.columns]
+        if first in wide:
+            cells += [_ratio(row[first], row[n]) for n in others]
+        view.add_row(*cells)
+    return view
+
+
+def _table(title: str, headers: list[str]) -> Table:
+    table = Table(title=title, title_justify="left", box=box.SIMPLE_HEAD, pad_edge=False)
+    for h in headers:
+        table.add_column(h)
+    return table
+
+
+def _plain(value):
+    """numpy scalars to Python's, so fmt formats them."""
+    return value.item() if hasattr(value, "item") else value
+
+
+def _cell(value, table: str) -> str:
+    value = _plain(value)
+    if value is None or (isinstance(value, float) and math.isnan(value)):
+        return "-"
+    return f"{value:.1%}" if table == "occupancy" else fmt(value)
+
+
+def _ratio(a, b) -> str:
+    r = merging.ratio(_plain(a), _plain(b))
+    return "-" if math.isnan(r) else f"x{r:.3g}"
