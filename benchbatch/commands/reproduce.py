@@ -565,7 +565,8 @@ def _terminal(run, built: Built, json_out: bool) -> None:
         style = VERDICT_STYLE.get(cl.verdict, "")
         text = f"{cl.claim}\n  article: {cl.article}\n  here: {cl.measured}"
         verdicts.add_row(cl.key, f"[{style}]{cl.verdict}[/]", text)
-    verdicts.columns[2].justify = "left"
+    for column in verdicts.columns:
+        column.justify = "left"
     out.print(verdicts)
     out.print(f"report: {run.folder / 'report.md'} (and report.html); every file: {run.folder}")
 
