@@ -242,3 +242,13 @@ def _assert_user_error(result, option: str, says: str) -> None:
     assert len(lines) == 1 and lines[0].startswith("Error:"), result.stderr
     assert option in lines[0] and says in lines[0]
     assert "Traceback" not in result.output
+
+
+def test_wide_step_spread_is_flagged_as_noise():
+    from benchbatch.probes.occupancy import noisy
+
+    rows = [
+        {"policy": "static", "median_step_ms": 10.0, "p90_step_ms": 12.0},
+        {"policy": "continuous", "median_step_ms": 10.0, "p90_step_ms": 35.0},
+    ]
+    assert noisy(rows) == ["continuous"]

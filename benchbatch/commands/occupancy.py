@@ -373,6 +373,7 @@ def _report(run, json_out: bool) -> None:
         line = _engine_line(run.meta.get("engine_summary", {}))
         if line:
             c.out_console.print(line)
+        _warn_noisy(engine)
     c.out_console.print(f"results: {run.folder}")
 
 
@@ -410,6 +411,17 @@ def _spread_line(spread: list[dict]) -> str:
 
 def _engine_display(r: dict) -> dict:
     return {**r, "occupancy_pct": 100 * r["occupancy"], "overhead_pct": 100 * r["overhead"]}
+
+
+def _warn_noisy(engine: list[dict]) -> None:
+    policies = probe.noisy(engine)
+    if policies:
+        c.err_console.print(
+            f"[yellow]warning:[/] step times of {', '.join(policies)} spread wide (p90 over "
+            f"{probe.NOISY_P90_OVER_MEDIAN:g}x the median): something else may have used the "
+            "device meanwhile, which inflates wall time and measured/simulated; see "
+            "engine_steps.csv"
+        )
 
 
 def _engine_line(s: dict) -> str | None:

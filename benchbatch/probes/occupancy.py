@@ -20,13 +20,14 @@ from pathlib import Path
 import torch
 
 from benchbatch.engines.engine import EngineResult
-from benchbatch.engines.metrics import summarize
+from benchbatch.engines.metrics import percentile, summarize
 from benchbatch.engines.model import Transformer
 from benchbatch.engines.simulate import SimResult, occupancy_rows, run_policies
 from benchbatch.engines.workload import Request, lognormal_workload, read_trace
 from benchbatch.timing import synchronize
 
 POLICIES = ("static", "continuous")
+NOISY_P90_OVER_MEDIAN = 2.0  # decode steps of one run barely differ; a wider spread is noise
 SIM_TIME_BASIS = "simulated steps x this policy's median measured step"
 
 
@@ -161,6 +162,7 @@ def engine_row(result: EngineResult, sim: SimResult, static_wall_s: float | None
         "occupancy": result.occupancy,
         "sim_occupancy": sim.occupancy,
         "median_step_ms": median_step_s * 1e3,
+        "p90_step_ms": percentile([s.step_s for s in result.steps], 90) * 1e3,
         "sim_s": sim_s,
         "measured_over_sim": wall / sim_s,
         "sim_time_basis": SIM_TIME_BASIS,
@@ -168,6 +170,13 @@ def engine_row(result: EngineResult, sim: SimResult, static_wall_s: float | None
         "overhead": result.overhead,
         "speedup_vs_static": static_wall_s / wall if static_wall_s else None,
     }
+
+
+def noisy(rows: list[dict]) -> list[str]:
+    """Policies whose step times spread too wide to trust measured over simulated time."""
+    return [
+        r["policy"] for r in rows if r["p90_step_ms"] > NOISY_P90_OVER_MEDIAN * r["median_step_ms"]
+    ]
 
 
 def step_rows(result: EngineResult | None) -> list[dict]:
