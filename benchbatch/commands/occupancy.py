@@ -24,7 +24,7 @@ from benchbatch.plots.occupancy import engine_figure, occupancy_figure
 from benchbatch.probes import occupancy as probe
 
 WORKLOAD = "Workload"
-REAL_PANEL = "Model (--engine real)"
+BATCHING = "Batching"
 CPU_HINT = "--engine real --requests 64 --slots 8 --max-output 200"
 LONG_RUN_S = 600  # over this estimate, the notice suggests a smaller run
 
@@ -77,7 +77,8 @@ def occupancy(
     slots: Annotated[
         int,
         typer.Option(
-            help="Slots: sequences run at once (KV-cache rows); static groups are this big."
+            help="Slots: sequences run at once (KV-cache rows); static groups are this big.",
+            rich_help_panel=BATCHING,
         ),
     ] = 32,
     median: Annotated[
@@ -136,6 +137,7 @@ def occupancy(
             help="sim: count steps (milliseconds); real: also run both policies on the model "
             "and time them.",
             case_sensitive=False,
+            rich_help_panel=BATCHING,
         ),
     ] = EngineKind.sim,
     preset: c.PresetOpt = None,
@@ -160,7 +162,8 @@ def occupancy(
     article's: 600 requests, output lengths lognormal (median 70), 32 slots.
 
     With --engine real both policies also run on the model (default preset: article on CUDA,
-    cpu-small on CPU; model options apply only then), and measured time is compared with the
+    cpu-small on CPU; the model, --device and --dtype options apply only then), and measured
+    time is compared with the
     simulation. A notice estimates the duration first. On a CPU, try
     `benchbatch occupancy --engine real --requests 64 --slots 8 --max-output 200`
     (about a minute with cpu-small on 2 cores).
@@ -328,9 +331,10 @@ def _print_estimate(e: dict, sims: dict[str, SimResult], cfg, target, slots: int
         f"{e['decode_context']:,} took {e['decode_step_ms']:.3g} ms here, a "
         f"{e['prefill_tokens']}-token prefill {e['prefill_ms']:.3g} ms)."
     )
-    if e["estimated_s"] > LONG_RUN_S:
+    if e["estimated_s"] > LONG_RUN_S and target.device.type == "cpu":
         c.err_console.print(
-            f"[yellow]note:[/] that is long; for a quick look on a CPU try `{CPU_HINT}`"
+            f"[yellow]note:[/] that is long; for a quick look on a CPU try "
+            f"`benchbatch occupancy {CPU_HINT}`"
         )
 
 
