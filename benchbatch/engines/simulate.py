@@ -270,16 +270,22 @@ class StepCostModel:
         )
 
 
-def fit_step_cost(samples: Iterable[Sequence[float]]) -> StepCostModel:
+def fit_step_cost(
+    samples: Iterable[Sequence[float]], weights: Sequence[float] | None = None
+) -> StepCostModel:
     """Least squares from (decode_tokens, prefill_tokens, context_tokens, seconds) samples.
 
     A feature that is zero in every sample (e.g. no prefill measured) gets coefficient 0.
+    weights (one per sample) make it weighted least squares: 1 / seconds^2 fits relative
+    errors, so short steps count as much as long ones.
     """
     points = [tuple(float(v) for v in s) for s in samples]
     rows = [(1.0, d, p, c) for d, p, c, _ in points]
     ys = [point[3] for point in points]
     used = [j for j in range(4) if any(row[j] for row in rows)]
-    x = [[row[j] for j in used] for row in rows]
+    scale = [1.0] * len(rows) if weights is None else [w**0.5 for w in weights]
+    x = [[row[j] * w for j in used] for row, w in zip(rows, scale, strict=True)]
+    ys = [y * w for y, w in zip(ys, scale, strict=True)]
     coef = dict(zip(used, _least_squares(x, ys), strict=True))
     return StepCostModel(*(coef.get(j, 0.0) for j in range(4)))
 
