@@ -7,7 +7,16 @@ import sys
 import typer
 from typer.core import TyperGroup
 
-from benchbatch.commands import compare, occupancy, phases, probe, reproduce, sweep
+from benchbatch.commands import (
+    ablation,
+    compare,
+    occupancy,
+    phases,
+    piggyback,
+    probe,
+    reproduce,
+    sweep,
+)
 from benchbatch.errors import UserError
 
 try:  # recent typer vendors its own click; older ones use click itself
@@ -58,6 +67,8 @@ app.command("probe")(probe.probe)
 app.command("sweep")(sweep.sweep)
 app.command("reproduce")(reproduce.reproduce)
 app.command("compare")(compare.compare)
+app.command("ablation")(ablation.ablation)
+app.command("piggyback")(piggyback.piggyback)
 
 
 @app.callback()

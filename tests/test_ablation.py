@@ -1,0 +1,287 @@
+"""The ablation: the fitted step-cost model, the stall without chunks and the paper's
+ordering in simulation, SLO goodput and search, and the command end to end (a tiny model
+on the real engine, and one-line answers to bad budgets)."""
+
+from __future__ import annotations
+
+import json
+import random
+
+import pandas as pd
+import pytest
+import torch
+
+from benchbatch.cli import app
+from benchbatch.engines.simulate import StepCostModel
+from benchbatch.engines.workload import Request
+from benchbatch.errors import UserError
+from benchbatch.probes import ablation as probe
+from benchbatch.probes.piggyback import MixedStep
+
+# Close to what cpu-small (fp32, 2 cores) measured: a decode step of 8 about 33 ms, a
+# 1,024-token prefill about 300 ms.
+CPU_LIKE = StepCostModel(0.016, 0.002, 0.00027, 5e-7)
+DEFAULTS = dict(  # the command's defaults (its documented CPU recommendation)
+    median=40,
+    sigma=0.9,
+    max_output=200,
+    prompt_len=64,
+    arrival_rate=0.25,
+    long_prompt_fraction=0.2,
+    long_prompt_len=1024,
+    trace=None,
+)
+BUDGETS = probe.Budgets(8, 256, 128)
+
+
+@pytest.fixture(autouse=True, scope="module")
+def one_thread():
+    """One intra-op thread: a tiny model's ops take microseconds, and with two threads each
+    op waits for the second whenever another process holds a core (2-core machines)."""
+    before = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(before)
+
+
+def cost_rows(truth: StepCostModel, points, noise=None) -> list[dict]:
+    rows = []
+    for p in points:
+        d, n, c = p.features
+        seconds = truth(_Plan(d, n, c))
+        if noise is not None:
+            seconds *= noise(p)
+        rows.append(
+            {"decode_tokens": d, "prefill_tokens": n, "context_tokens": c, "step_ms": seconds * 1e3}
+        )
+    return rows
+
+
+class _Plan:
+    """What StepCostModel reads of a StepPlan."""
+
+    def __init__(self, d: int, p: int, c: int):
+        self.num_decode_tokens, self.num_prefill_tokens, self.num_context_tokens = d, p, c
+
+
+# --- the step-cost model ---------------------------------------------------------------------
+
+
+def points() -> list[MixedStep]:
+    reqs = probe.workload(40, seed=0, **DEFAULTS)
+    return probe.fit_points(BUDGETS, reqs, 4096)
+
+
+def test_fit_points_cover_the_schemes_steps():
+    kinds = {p.kind for p in points()}
+    assert kinds == {"decode", "prefill", "mixed"}
+    assert MixedStep(7, 104, 1024) in points() or any(
+        p.decode_batch and p.prefill_tokens == 1024 for p in points()
+    )
+    assert any(p.prefill_start for p in points())  # a late chunk: the KV re-read
+    assert len(set(points())) == len(points())
+
+
+def test_fit_recovers_known_coefficients():
+    model, fitted = probe.fit(cost_rows(CPU_LIKE, points()))
+    for name in ("base_s", "per_decode_token_s", "per_prefill_token_s", "per_context_token_s"):
+        assert getattr(model, name) == pytest.approx(getattr(CPU_LIKE, name), rel=1e-6)
+    assert all(abs(r["error"]) < 1e-9 and r["used"] for r in fitted)
+    s = probe.cost_summary(model, fitted)
+    assert s["per_prefill_token_ms"] == pytest.approx(0.27) and s["left_out_as_noise"] == 0
+
+
+def test_fit_leaves_out_noise_and_never_goes_negative():
+    pts = points()
+    rng = random.Random(0)
+    slowed = {pts[2], pts[6]}  # another process took the cores: 3x slower
+
+    def noise(p):
+        return 3.0 if p in slowed else 1 + rng.uniform(-0.02, 0.02)
+
+    model, fitted = probe.fit(cost_rows(CPU_LIKE, pts, noise))
+    assert sum(not r["used"] for r in fitted) == 2
+    assert model.per_prefill_token_s == pytest.approx(CPU_LIKE.per_prefill_token_s, rel=0.1)
+    assert model.base_s == pytest.approx(CPU_LIKE.base_s, rel=0.2)
+    # Decode steps that do not grow with the batch: no negative cost per decode token.
+    flat = [
+        dict(decode_tokens=b, prefill_tokens=0, context_tokens=0, step_ms=10.0 - 0.1 * b)
+        for b in (1, 2, 4, 8)
+    ]
+    model, _ = probe.fit(flat)
+    assert model.per_decode_token_s == 0 and model.base_s == pytest.approx(0.0095, rel=0.1)
+
+
+def test_fit_without_enough_steps_names_the_option():
+    with pytest.raises(UserError) as e:
+        probe.fit([dict(decode_tokens=4, prefill_tokens=0, context_tokens=0, step_ms=5.0)])
+    assert e.value.option == "--step-costs"
+
+
+def test_step_costs_read_from_phases_piggyback_and_step_cost_csvs(tmp_path):
+    phases = tmp_path / "phases.csv"
+    pd.DataFrame(
+        [
+            dict(phase="prefill", batch=1, tokens=512, context=0, step_ms=150.0, status="ok"),
+            dict(phase="decode", batch=32, tokens=1, context=512, step_ms=40.0, status="ok"),
+            dict(phase="decode", batch=64, tokens=1, context=512, step_ms=0.0, status="oom"),
+        ]
+    ).to_csv(phases, index=False)
+    pig = tmp_path / "piggyback.csv"
+    pd.DataFrame([dict(decode_batch=8, context=100, prefill_tokens=64, step_ms=50.0)]).to_csv(
+        pig, index=False
+    )
+    rows = probe.cost_rows_from_csv([phases, pig])
+    features = [(r["decode_tokens"], r["prefill_tokens"], r["context_tokens"]) for r in rows]
+    assert features == [(0, 512, 0), (32, 0, 32 * 512), (8, 64, 800)]
+    bad = tmp_path / "bad.csv"
+    bad.write_text("a,b\n1,2\n")
+    with pytest.raises(UserError, match="step times"):
+        probe.cost_rows_from_csv([bad])
+    with pytest.raises(UserError, match="cannot read"):
+        probe.cost_rows_from_csv([tmp_path / "missing.csv"])
+
+
+# --- the stall and the paper's ordering, in simulation ------------------------------------------
+
+
+def stall_trace() -> list[Request]:
+    """Four chats decoding when a 2,048-token prompt arrives at step 10."""
+    return [*(Request(i, 16, 60) for i in range(4)), Request(4, 2048, 5, arrival_step=10)]
+
+
+def test_stall_appears_without_chunks_and_shrinks_with_them():
+    model, _ = probe.fit(cost_rows(CPU_LIKE, points()))  # the fitted model, as the command
+    runs = probe.simulate_all(stall_trace(), probe.SCHEMES, BUDGETS, model)
+    stall = {s: r.metrics.summary()["tbt_max"] for s, r in runs.items()}
+    # Without chunks the whole prompt rides in one step with the 4 decodes.
+    assert stall["mixed-only"] == pytest.approx(CPU_LIKE(_Plan(4, 2048, 4 * (16 + 9))), rel=0.01)
+    assert stall["both"] < stall["chunks-only"] < 0.25 * stall["mixed-only"]
+    # The price: the long prompt's first token comes later when it is chunked.
+    ttft = {s: {m.request_id: m.ttft for m in r.metrics.requests} for s, r in runs.items()}
+    assert ttft["mixed-only"][4] < ttft["both"][4] < ttft["chunks-only"][4]
+    assert max(p for _, p in runs["both"].step_tokens) <= BUDGETS.max_num_batched_tokens
+
+
+@pytest.mark.parametrize("seed", [0, 1, 2])
+def test_paper_ordering_in_simulation_on_the_default_workload(seed):
+    reqs = probe.workload(40, seed=seed, **DEFAULTS)
+    runs = probe.simulate_all(reqs, probe.SCHEMES, BUDGETS, CPU_LIKE)
+    rows = [probe.summary_row(r, BUDGETS) for r in runs.values()]
+    verdict = probe.ordering(rows, "sim")
+    assert verdict["tbt_p99_order"] and verdict["ttft_p50_order"] and verdict["as_paper"]
+    assert verdict["stall_shrink"] > 2
+    assert probe.ordering(rows, "real") is None
+
+
+# --- SLO -----------------------------------------------------------------------------------------
+
+
+def test_goodput_and_slo_search():
+    reqs = probe.workload(30, seed=1, **DEFAULTS)
+    slo = probe.SLO(ttft_s=2.0, tbt_s=0.12)
+    run = probe.simulate_scheme(reqs, "both", BUDGETS, CPU_LIKE)
+    row = probe.summary_row(run, BUDGETS, slo)
+    met = [m for m in run.metrics.requests if m.ttft <= 2.0 and m.tbt_p99 <= 0.12]
+    assert row["slo_met"] == len(met) and row["goodput_rps"] == len(met) / run.total_s
+    rows = probe.slo_search(reqs, BUDGETS, CPU_LIKE, slo)
+    assert {(r["max_num_seqs"], r["max_num_batched_tokens"]) for r in rows} >= {(8, 256)}
+    assert all(r["max_num_batched_tokens"] >= r["max_num_seqs"] for r in rows)
+    assert all(r["chunk_size"] <= min(128, r["max_num_batched_tokens"]) for r in rows)
+    for r in rows:
+        assert r["meets_slo"] == (r["ttft_p99_s"] <= 2.0 and r["tbt_p99_s"] <= 0.12)
+    best = probe.slo_best(rows)
+    assert best["met"]
+    ok = [r for r in rows if r["meets_slo"]]
+    assert best["largest_seqs"]["max_num_seqs"] == max(r["max_num_seqs"] for r in ok)
+    assert best["best_goodput"]["goodput_rps"] == max(r["goodput_rps"] for r in ok)
+    assert probe.slo_best([{**r, "meets_slo": False} for r in rows]) == {"met": False}
+
+
+# --- the command ---------------------------------------------------------------------------------
+
+TINY = ["--preset", "tiny", "--device", "cpu", "--repeats", "1", "--min-time", "0"]
+SMALL = ["--requests", "10", "--prompt-len", "8", "--long-prompt-len", "60", "--median", "6"]
+SMALL += ["--max-output", "20", "--max-num-seqs", "3", "--max-num-batched-tokens", "24"]
+SMALL += ["--chunk-size", "12", "--arrival-rate", "0.5"]
+
+
+def ablation(runner, out, *extra):
+    return runner.invoke(app, ["ablation", "--out", str(out), *extra])
+
+
+def test_real_engine_run_writes_every_file(runner, tmp_path):
+    out = tmp_path / "run"
+    slo = ["--slo-ttft", "0.5", "--slo-tbt", "0.2"]
+    result = ablation(runner, out, *TINY, *SMALL, *slo, "--engine", "real")
+    assert result.exit_code == 0, result.output
+    assert "step cost fitted to" in result.stdout and "real engine:" in result.stdout
+    df = pd.read_csv(out / "ablation.csv")
+    assert sorted(zip(df["source"], df["scheme"], strict=True)) == sorted(
+        (src, s) for src in ("sim", "real") for s in probe.SCHEMES
+    )
+    for col in ("ttft_p50_s", "tbt_p99_s", "tbt_max_s", "e2e_p50_s", "total_s", "goodput_rps"):
+        assert (df[col] >= 0).all(), col
+    real = df[df["source"] == "real"]
+    assert (real["real_over_sim"] > 0).all() and (real["steps"] > 0).all()
+    reqs = pd.read_csv(out / "requests.csv")
+    assert len(reqs) == 6 * 10 and {"ttft_s", "tbt_p99_s", "e2e_s", "slo_met"} <= set(reqs)
+    steps = pd.read_csv(out / "steps.csv")
+    steps = steps[steps["scheme"] != "mixed-only"]  # no token budget without chunks
+    assert (steps["decode_tokens"] + steps["prefill_tokens"] <= 24).all()
+    cost = json.loads((out / "step_cost.json").read_text())
+    assert cost["samples"] >= 4 and cost["per_prefill_token_ms"] >= 0
+    assert {"fitted_ms", "error", "used"} <= set(pd.read_csv(out / "step_cost.csv"))
+    assert len(pd.read_csv(out / "slo.csv")) > 1
+    for png in ("ablation_tbt.png", "ablation_latency.png", "slo.png"):
+        assert (out / png).stat().st_size > 0, png
+    meta = json.loads((out / "metadata.json").read_text())
+    assert meta["status"] == "complete" and set(meta["ordering"]) == {"sim", "real"}
+    assert meta["slo"]["percentile"] == 99
+
+
+def test_simulation_from_a_step_costs_csv_needs_no_model(runner, tmp_path):
+    csv = tmp_path / "costs.csv"
+    pd.DataFrame(cost_rows(CPU_LIKE, points())).to_csv(csv, index=False)
+    out = tmp_path / "run"
+    result = ablation(runner, out, "--step-costs", str(csv), "--json")
+    assert result.exit_code == 0, result.output
+    doc = json.loads(result.stdout)
+    assert doc["ordering"]["sim"]["as_paper"] and doc["ordering"]["real"] is None
+    assert doc["step_cost"]["per_prefill_token_ms"] == pytest.approx(0.27)
+    assert json.loads((out / "metadata.json").read_text())["config"] is None
+
+
+def test_one_scheme_runs_alone(runner, tmp_path):
+    csv = tmp_path / "costs.csv"
+    pd.DataFrame(cost_rows(CPU_LIKE, points())).to_csv(csv, index=False)
+    result = ablation(runner, tmp_path / "run", "--step-costs", str(csv), "--schemes", "both")
+    assert result.exit_code == 0, result.output
+    assert list(pd.read_csv(tmp_path / "run" / "ablation.csv")["scheme"]) == ["both"]
+
+
+@pytest.mark.parametrize(
+    ("args", "option"),
+    [
+        (["--chunk-size", "512"], "--chunk-size"),  # larger than the 256-token budget
+        (["--chunk-size", "0"], "--chunk-size"),
+        (["--chunk-size", "-8"], "--chunk-size"),
+        (["--schemes", "mixed-only", "--chunk-size", "64"], "--chunk-size"),  # no chunking
+        (["--max-num-batched-tokens", "0"], "--max-num-batched-tokens"),
+        (["--max-num-batched-tokens", "-1"], "--max-num-batched-tokens"),
+        (["--max-num-batched-tokens", "4"], "--max-num-batched-tokens"),  # below 8 sequences
+        (["--max-num-seqs", "0"], "--max-num-seqs"),
+        (["--max-num-seqs", "-2"], "--max-num-seqs"),
+        (["--schemes", "orca"], "--schemes"),
+        (["--slo-ttft", "1"], "--slo-tbt"),
+        (["--slo-ttft", "1", "--slo-tbt", "0"], "--slo-tbt"),
+        (["--arrival-rate", "0"], "--arrival-rate"),
+        (["--long-prompt-fraction", "1.5"], "--long-prompt-fraction"),
+        (["--step-costs", "/nonexistent/phases.csv"], "--step-costs"),
+    ],
+)
+def test_bad_options_are_one_line_and_exit_2(runner, tmp_path, args, option):
+    result = ablation(runner, tmp_path / "x", *args)
+    assert result.exit_code == 2, result.output
+    lines = result.stderr.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith(f"Error: {option}:"), result.stderr

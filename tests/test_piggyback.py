@@ -1,0 +1,162 @@
+"""The piggyback probe: mixed steps timed through the shared harness, its rows and summary,
+the chunk-size sweep, and the command end to end on a tiny model."""
+
+from __future__ import annotations
+
+import json
+import math
+
+import pandas as pd
+import pytest
+import torch
+
+from benchbatch.cli import app
+from benchbatch.config import preset
+from benchbatch.engines.model import Transformer
+from benchbatch.probes import piggyback as probe
+from benchbatch.timing import Measurement, TimingOptions
+
+QUICK = TimingOptions(min_repeats=2, min_time_s=0.0, warmup=1, warmup_s=0.0)
+ROW_COLUMNS = {
+    "decode_batch",
+    "context",
+    "prefill_tokens",
+    "prefill_per_decode_token",
+    "step_ms",
+    "decode_only_ms",
+    "over_decode",
+    "extra_ms",
+    "extra_us_per_prefill_token",
+    "prefill_alone_ms",
+    "separate_ms",
+    "saved_ms",
+    "step_ms_min",
+    "step_ms_iqr",
+    "cv",
+    "repeats",
+    "noisy",
+}
+
+
+@pytest.fixture(autouse=True, scope="module")
+def one_thread():
+    """One intra-op thread: a tiny model's ops take microseconds, and with two threads each
+    op waits for the second whenever another process holds a core (2-core machines)."""
+    before = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(before)
+
+
+@pytest.fixture(scope="module")
+def model():
+    return Transformer(preset("tiny"), seed=1)
+
+
+def test_mixed_step_features_match_the_scheduler_counts():
+    step = probe.MixedStep(4, 100, 32, 64)
+    assert step.features == (4, 32, 4 * 100 + 64) and step.kind == "mixed"
+    assert probe.MixedStep(4, 100).kind == "decode" and probe.MixedStep(0, 0, 8).kind == "prefill"
+    with pytest.raises(AssertionError):
+        probe.MixedStep(0, 10)
+
+
+def test_piggyback_rows_have_the_columns_and_positive_times(model):
+    plan = probe.piggyback_plan(4, 16, [8, 32])
+    assert [(s.decode_batch, s.prefill_tokens) for s in plan] == [
+        (4, 0),
+        (4, 8),
+        (4, 32),
+        (0, 8),
+        (0, 32),
+    ]
+    rows = probe.run_piggyback(model, plan, QUICK)
+    assert [r["prefill_tokens"] for r in rows] == [0, 8, 32]
+    for r in rows:
+        assert set(r) == ROW_COLUMNS
+        assert r["step_ms"] > 0 and r["decode_only_ms"] > 0 and r["repeats"] >= 2
+    assert rows[0]["over_decode"] == 1.0 and math.isnan(rows[0]["extra_us_per_prefill_token"])
+    assert all(r["prefill_alone_ms"] > 0 for r in rows[1:])
+    s = probe.piggyback_summary(rows, 0.1)
+    assert s["decode_batch"] == 4 and s["free_prefill_tokens"] in (0, 8, 32)
+
+
+def fake_rows(overs: dict[int, float], base_ms: float = 10.0) -> list[dict]:
+    times = {probe.MixedStep(8, 64, p): Measurement([base_ms * o]) for p, o in overs.items()}
+    times |= {probe.MixedStep(0, 0, p): Measurement([p * 0.1]) for p in overs if p}
+    return probe.piggyback_rows(times)
+
+
+def test_free_prefill_tokens_is_the_largest_p_before_the_first_crossing():
+    rows = fake_rows({0: 1.0, 16: 1.02, 32: 1.08, 64: 1.2, 128: 1.05, 256: 2.0})
+    assert probe.free_prefill_tokens(rows, 0.1) == 32  # 128 is back within, but 64 was not
+    assert probe.free_prefill_tokens(rows, 0.25) == 128
+    assert probe.free_prefill_tokens(rows, 0.0) == 0
+    s = probe.piggyback_summary(rows, 0.1)
+    assert s["free_prefill_per_decode_token"] == 32 / 8
+    # The largest chunk: 256 tokens add 10 ms, so the 10 ms decode step is worth 256 tokens.
+    assert s["prefill_tokens_per_decode_step"] == pytest.approx(256)
+    assert s["prefill_tokens_per_decode_token"] == pytest.approx(32)
+    by_p = {r["prefill_tokens"]: r for r in rows}
+    assert by_p[64]["separate_ms"] == pytest.approx(10 + 6.4)
+    assert by_p[64]["saved_ms"] == pytest.approx(10 + 6.4 - 12)
+
+
+def test_chunk_sweep_and_tiles(model):
+    rows = probe.run_chunks(model, "fp32", 100, [16, 64, 500], QUICK)
+    assert [(r["chunk_tokens"], r["chunks"]) for r in rows] == [(16, 7), (64, 2), (100, 1)]
+    whole = rows[-1]
+    assert whole["over_one_prefill"] == 1.0 and whole["extra_pct"] == 0.0
+    assert all(r["total_ms"] > 0 and r["kind"] == "chunked" for r in rows)
+    # More chunks read the weights more often and re-read more of the KV cache.
+    assert rows[0]["weight_bytes"] > 6 * whole["weight_bytes"]
+    assert rows[0]["kv_read_bytes"] > rows[1]["kv_read_bytes"] > whole["kv_read_bytes"]
+    tiles = probe.run_tiles(model, [65, 64], QUICK)
+    assert [r["chunk_tokens"] for r in tiles] == [64, 65]
+    assert math.isnan(tiles[0]["over_previous"]) and tiles[1]["over_previous"] > 0
+
+
+def test_timed_mixed_step_leaves_the_model_unchanged(model):
+    """Timing replays the step in place: the cache lengths are reset inside every call."""
+    m = probe.time_mixed(model, probe.MixedStep(2, 10, 6, 3), QUICK)
+    assert m.repeats >= 2 and min(m.times_ms) > 0
+
+
+TINY = ["--preset", "tiny", "--device", "cpu", "--repeats", "1", "--min-time", "0"]
+SMALL = ["--decode-batch", "2", "--context", "16", "--prefill", "8,32"]
+SMALL += ["--chunk-prompt", "96", "--chunks", "32,96", "--tiles", "32,33"]
+
+
+def test_command_writes_rows_plot_and_json(runner, tmp_path):
+    out = tmp_path / "pb"
+    result = runner.invoke(app, ["piggyback", "--out", str(out), *TINY, *SMALL, "--json"])
+    assert result.exit_code == 0, result.output
+    doc = json.loads(result.stdout)
+    assert doc["summary"]["decode_batch"] == 2
+    rows = pd.read_csv(out / "piggyback.csv")
+    assert set(ROW_COLUMNS) <= set(rows.columns) and list(rows["prefill_tokens"]) == [0, 8, 32]
+    assert (rows["step_ms"] > 0).all()
+    chunks = pd.read_csv(out / "chunks.csv")
+    assert list(chunks["kind"]) == ["chunked", "chunked", "tile", "tile"]
+    assert (chunks["total_ms"] > 0).all()
+    assert (out / "piggyback.png").stat().st_size > 0
+    meta = json.loads((out / "metadata.json").read_text())
+    assert meta["status"] == "complete" and meta["summary"]["threshold"] == 0.1
+
+
+@pytest.mark.parametrize(
+    ("args", "option"),
+    [
+        (["--decode-batch", "0"], "--decode-batch"),
+        (["--prefill", "8,-1"], "--prefill"),
+        (["--chunks", "x"], "--chunks"),
+        (["--threshold", "-0.1"], "--threshold"),
+        (["--chunk-prompt", "5000"], "--chunk-prompt"),
+    ],
+)
+def test_bad_options_are_one_line_and_exit_2(runner, tmp_path, args, option):
+    argv = ["piggyback", "--out", str(tmp_path / "x"), *TINY, *SMALL, *args]
+    result = runner.invoke(app, argv)
+    assert result.exit_code == 2
+    lines = result.stderr.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith(f"Error: {option}:"), result.stderr
