@@ -285,3 +285,10 @@ def test_bad_options_are_one_line_and_exit_2(runner, tmp_path, args, option):
     assert result.exit_code == 2, result.output
     lines = result.stderr.strip().splitlines()
     assert len(lines) == 1 and lines[0].startswith(f"Error: {option}:"), result.stderr
+
+
+def test_wide_step_spread_against_the_cost_model_is_flagged():
+    steady = [{"scheme": "both", "step_ms": 10.0 + i % 3, "sim_step_ms": 10.0} for i in range(50)]
+    spiky = [{"scheme": "mixed-only", "step_ms": 10.0, "sim_step_ms": 10.0} for _ in range(50)]
+    spiky += [{"scheme": "mixed-only", "step_ms": 80.0, "sim_step_ms": 10.0} for _ in range(10)]
+    assert probe.noisy(steady + spiky) == ["mixed-only"]

@@ -435,6 +435,13 @@ def _report(run, json_out: bool) -> None:
         )
     if "slo" in meta:
         _slo_report(rows, meta["slo"])
+    wide = probe.noisy(run.rows("steps"))
+    if wide:
+        c.err_console.print(
+            f"[yellow]warning:[/] real step times of {', '.join(wide)} spread wide against the "
+            f"cost model (p90 over {probe.NOISY_P90_OVER_MEDIAN:g}x the median): another "
+            "process may have used the device meanwhile; see steps.csv"
+        )
     c.out_console.print(f"results: {run.folder}")
 
 

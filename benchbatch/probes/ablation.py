@@ -491,6 +491,20 @@ def step_rows(real: SchemeRun, sim: SchemeRun) -> list[dict]:
     return rows
 
 
+NOISY_P90_OVER_MEDIAN = 2.0  # measured/priced step times of one scheme barely spread
+
+
+def noisy(steps: Sequence[dict]) -> list[str]:
+    """Schemes whose real steps, each over the cost model's price of the same step, spread
+    wide (p90 over twice the median): another process likely took the device meanwhile."""
+    out = []
+    for scheme in SCHEMES:
+        ratios = [r["step_ms"] / r["sim_step_ms"] for r in steps if r["scheme"] == scheme]
+        if ratios and percentile(ratios, 90) > NOISY_P90_OVER_MEDIAN * percentile(ratios, 50):
+            out.append(scheme)
+    return out
+
+
 # --- the paper's ordering -------------------------------------------------------------------------
 
 
