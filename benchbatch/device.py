@@ -109,12 +109,18 @@ def free_memory_bytes(dev: torch.device) -> int:
     return os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_AVPHYS_PAGES")
 
 
+OUT_OF_MEMORY_TEXTS = (
+    "out of memory",
+    "can't allocate memory",
+    "Storage size calculation overflowed",  # more bytes than a 64-bit size can count
+)
+
+
 def is_out_of_memory(error: BaseException) -> bool:
-    """CUDA's OutOfMemoryError, or the CPU allocator's failure."""
+    """CUDA's OutOfMemoryError, the CPU allocator's failure, or a size no memory holds."""
     if isinstance(error, torch.cuda.OutOfMemoryError | MemoryError):
         return True
-    text = str(error)
-    return "out of memory" in text or "can't allocate memory" in text
+    return any(text in str(error) for text in OUT_OF_MEMORY_TEXTS)
 
 
 def release_memory(dev: torch.device) -> None:

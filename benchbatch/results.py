@@ -30,7 +30,7 @@ def utc_stamp() -> str:
 def run_dir(out: Path | None, command: str, force: bool = False) -> Path:
     """The folder a run writes to: --out, or a new results/<UTC time>-<command>/."""
     if out is None:
-        out = _fresh(DEFAULT_ROOT / f"{utc_stamp()}-{command}")
+        out = _claim_fresh(DEFAULT_ROOT / f"{utc_stamp()}-{command}")
     elif out.exists() and not out.is_dir():
         raise UserError("--out", f"{out} exists and is not a folder")
     elif out.is_dir() and any(out.iterdir()) and not force:
@@ -39,11 +39,18 @@ def run_dir(out: Path | None, command: str, force: bool = False) -> Path:
     return out
 
 
-def _fresh(path: Path) -> Path:
+def _claim_fresh(path: Path) -> Path:
+    """Create the first of path, path-2, path-3, ... that does not exist yet. mkdir either
+    creates a folder or fails, so two runs started in the same second never share one."""
     candidate, n = path, 2
-    while candidate.exists():
-        candidate, n = path.with_name(f"{path.name}-{n}"), n + 1
-    return candidate
+    while True:
+        try:
+            candidate.mkdir(parents=True)
+            return candidate
+        except FileExistsError:
+            candidate, n = path.with_name(f"{path.name}-{n}"), n + 1
+        except OSError:
+            return candidate  # _make_writable names the problem
 
 
 def _make_writable(path: Path) -> None:
@@ -64,6 +71,22 @@ def atomic_write_text(path: Path, text: str) -> None:
     except BaseException:
         Path(tmp).unlink(missing_ok=True)
         raise
+
+
+def is_temporary(path: Path) -> bool:
+    """A file this module or the plots write before renaming it into place."""
+    name = path.name
+    return name.startswith(".") and (".tmp" in name or name.startswith(".write-test-"))
+
+
+def remove_temporaries(folder: Path) -> list[str]:
+    """Delete what a write stopped halfway (by Ctrl-C, say) left behind; return the names."""
+    removed = []
+    for path in folder.iterdir() if folder.is_dir() else ():
+        if path.is_file() and is_temporary(path):
+            path.unlink(missing_ok=True)
+            removed.append(path.name)
+    return removed
 
 
 def write_csv(path: Path, rows: list[dict] | pd.DataFrame) -> None:

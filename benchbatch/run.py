@@ -59,6 +59,12 @@ class Run:
         self.tables[table] = list(rows)
         results.write_csv(self.folder / f"{table}.csv", self.tables[table])
 
+    def flush(self) -> None:
+        """Write every table again: a row kept in memory whose write was cut short (by
+        Ctrl-C, say) reaches the disk too."""
+        for table, rows in self.tables.items():
+            results.write_csv(self.folder / f"{table}.csv", rows)
+
     def rows(self, table: str) -> list[dict]:
         return self.tables.get(table, [])
 

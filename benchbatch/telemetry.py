@@ -1,8 +1,9 @@
 """A snapshot of an NVIDIA GPU's state through NVML (pynvml, from nvidia-ml-py).
 
-Taken before and after a run so a reader can tell a throttled or hot GPU from a slow one.
-Anything missing (no driver, no pynvml, NVML failing) yields {"available": False, ...}
-and never an exception: telemetry must not stop a measurement.
+Taken before and after a run so a reader can tell a throttled or hot GPU from a slow one,
+and, through ThrottleWatch, after every row. Anything missing (no driver, no pynvml, NVML
+failing) yields {"available": False, ...} or "not throttled", never an exception:
+telemetry must not stop a measurement.
 """
 
 from __future__ import annotations
@@ -40,18 +41,24 @@ def snapshot(device: torch.device) -> dict:
     except Exception as e:  # NVMLError, or a missing libnvidia-ml
         return {"available": False, "reason": f"NVML failed to start: {e}"}
     try:
-        return _read(pynvml, device.index or 0)
+        return _read(pynvml, _handle(pynvml, device))
     except Exception as e:
         return {"available": False, "reason": f"NVML query failed: {e}"}
     finally:
-        try:
-            pynvml.nvmlShutdown()
-        except Exception:
-            pass
+        _shutdown(pynvml)
 
 
-def _read(nvml, index: int) -> dict:
-    h = nvml.nvmlDeviceGetHandleByIndex(index)
+def _handle(nvml, device: torch.device):
+    """NVML's handle of torch's GPU: by UUID (NVML does not see CUDA_VISIBLE_DEVICES),
+    else by index."""
+    try:
+        uuid = str(torch.cuda.get_device_properties(device).uuid)
+        return nvml.nvmlDeviceGetHandleByUUID(uuid if uuid.startswith("GPU-") else f"GPU-{uuid}")
+    except Exception:
+        return nvml.nvmlDeviceGetHandleByIndex(device.index or 0)
+
+
+def _read(nvml, h) -> dict:
     reasons = nvml.nvmlDeviceGetCurrentClocksEventReasons(h)
     return {
         "available": True,
@@ -79,3 +86,84 @@ def throttled(snap: dict) -> bool:
 
 def _text(value) -> str:
     return value.decode() if isinstance(value, bytes) else str(value)
+
+
+# Nanoseconds each slowdown has held the clocks down since the driver loaded (NVML field
+# values, drivers 535 and later): a counter that grew during a row means the row was slowed.
+SLOWDOWN_COUNTERS = (
+    "NVML_FI_DEV_CLOCKS_EVENT_REASON_SW_POWER_CAP",
+    "NVML_FI_DEV_CLOCKS_EVENT_REASON_SW_THERM_SLOWDOWN",
+    "NVML_FI_DEV_CLOCKS_EVENT_REASON_HW_THERM_SLOWDOWN",
+    "NVML_FI_DEV_CLOCKS_EVENT_REASON_HW_POWER_BRAKE_SLOWDOWN",
+)
+
+
+class ThrottleWatch:
+    """Did the GPU slow itself down (thermal or power) since the last look? One NVML session
+    per run, a few microseconds a look. Not a GPU, or no NVML: every look says False."""
+
+    def __init__(self, device: torch.device):
+        self._nvml = self._gpu = self._last = None
+        if device.type == "cuda":
+            self._open(device)
+
+    def _open(self, device: torch.device) -> None:
+        try:
+            import pynvml
+
+            pynvml.nvmlInit()
+        except Exception:  # ImportError, NVMLError, a missing libnvidia-ml
+            return
+        try:
+            self._gpu = _handle(pynvml, device)
+        except Exception:
+            _shutdown(pynvml)
+            return
+        self._nvml = pynvml
+        self._last = self._counters()
+
+    def throttled(self) -> bool:
+        """A slowdown counter grew since the last look, or a slowdown reason holds now."""
+        if self._nvml is None:
+            return False
+        now = self._counters()
+        grew = None not in (now, self._last) and any(
+            a > b for a, b in zip(now, self._last, strict=True)
+        )
+        self._last = now
+        return grew or self._slowed_now()
+
+    def _counters(self) -> tuple[int, ...] | None:
+        try:
+            ids = [getattr(self._nvml, name) for name in SLOWDOWN_COUNTERS]
+            values = self._nvml.nvmlDeviceGetFieldValues(self._gpu, ids)
+            if any(v.nvmlReturn != 0 for v in values):
+                return None  # an older driver: the reasons of the moment will do
+            return tuple(int(v.value.ullVal) for v in values)
+        except Exception:
+            return None
+
+    def _slowed_now(self) -> bool:
+        try:
+            mask = self._nvml.nvmlDeviceGetCurrentClocksEventReasons(self._gpu)
+        except Exception:
+            return False
+        return throttled({"clock_event_reasons": decode_reasons(mask)})
+
+    def close(self) -> None:
+        if self._nvml is not None:
+            _shutdown(self._nvml)
+            self._nvml = None
+
+    def __enter__(self) -> ThrottleWatch:
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()
+
+
+def _shutdown(nvml) -> None:
+    try:
+        nvml.nvmlShutdown()
+    except Exception:
+        pass

@@ -151,7 +151,11 @@ def _read_rows(path: Path) -> tuple[list[dict[str, str]], list[int]]:
             _check_columns(path, reader.fieldnames)
             rows, lines = [], []
             for row in reader:
-                rows.append({(k or "").strip(): (v or "").strip() for k, v in row.items()})
+                if None in row:  # csv puts the values past the last column under None
+                    raise UserError(
+                        TRACE_OPTION, f"{path} line {reader.line_num} has more values than columns"
+                    )
+                rows.append({k.strip(): (v or "").strip() for k, v in row.items()})
                 lines.append(reader.line_num)
     except (OSError, UnicodeDecodeError, csv.Error) as e:
         raise UserError(TRACE_OPTION, f"cannot read {path}: {_reason(e)}") from e
