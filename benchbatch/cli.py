@@ -17,6 +17,7 @@ from benchbatch.commands import (
     reproduce,
     sweep,
 )
+from benchbatch.commands.common import check_numbers, interrupts_raise
 from benchbatch.errors import UserError
 
 try:  # recent typer vendors its own click; older ones use click itself
@@ -29,8 +30,11 @@ class BenchGroup(TyperGroup):
     """Every user error ends as one line on stderr naming the option, and exit code 2."""
 
     def main(self, args=None, prog_name=None, complete_var=None, standalone_mode=True, **extra):
+        for command in self.commands.values():
+            _check_numbers_first(command)
         try:
-            code = super().main(args, prog_name, complete_var, standalone_mode=False, **extra)
+            with interrupts_raise():
+                code = super().main(args, prog_name, complete_var, standalone_mode=False, **extra)
             code = code if isinstance(code, int) else 0
         except UserError as e:
             code = _fail(f"{e.option}: {e.message}", 2)
@@ -46,6 +50,21 @@ class BenchGroup(TyperGroup):
         if standalone_mode:
             sys.exit(code)
         return code
+
+
+def _check_numbers_first(command) -> None:
+    """Before any command runs: no NaN, infinity or integer past 64 bits in its options."""
+    run = command.callback
+    if run is None or getattr(run, "numbers_checked", False):
+        return
+    names = {p.name: p.opts[0] for p in command.params if p.opts}
+
+    def checked(**values):
+        check_numbers(values, names)
+        return run(**values)
+
+    checked.numbers_checked = True
+    command.callback = checked
 
 
 def _fail(message: str, code: int) -> int:

@@ -6,7 +6,9 @@ from __future__ import annotations
 
 import contextlib
 import json
+import math
 import signal
+import threading
 from enum import Enum
 from pathlib import Path
 from typing import Annotated
@@ -15,15 +17,14 @@ import typer
 from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
+from benchbatch import accounting, device, peaks, results, telemetry
 from benchbatch import config as configs
-from benchbatch import device, peaks, telemetry
 from benchbatch.errors import UserError
 from benchbatch.plots.roofline import roofline_figure
 from benchbatch.probes.ceilings import measure_ceilings
-from benchbatch.results import json_safe
 from benchbatch.roofline import Ceilings, ceilings_from_csv
 from benchbatch.run import Run, environment
-from benchbatch.timing import TimingOptions
+from benchbatch.timing import DEFAULT_CV_THRESHOLD, TimingOptions
 
 out_console = Console()
 err_console = Console(stderr=True)
@@ -84,7 +85,8 @@ MaxContextOpt = Annotated[
     ),
 ]
 SeedOpt = Annotated[
-    int, typer.Option(help="Seed of the random weights and inputs.", rich_help_panel=MODEL)
+    int,
+    typer.Option(help="Seed of the random weights and inputs.", rich_help_panel=MODEL, min=0),
 ]
 
 DeviceOpt = Annotated[
@@ -154,22 +156,54 @@ JsonOpt = Annotated[
 ]
 
 
-def parse_int_list(text: str, option: str) -> list[int]:
+LIST_MAX = 2**31 - 1  # a batch, a length or a matrix size: far beyond any memory already
+
+
+def parse_int_list(text: str, option: str, maximum: int = LIST_MAX) -> list[int]:
     """'512,2048' -> [512, 2048]: positive integers, duplicates dropped, sorted."""
     values = set()
     for item in text.split(","):
         item = item.strip()
-        try:
-            value = int(item)
-        except ValueError:
+        value = _int_or_none(item)
+        if value is None:
             raise UserError(
                 option,
-                f"{text!r} is not a comma-separated list of integers ({item!r} is not an integer)",
-            ) from None
+                f"{_short(text)!r} is not a comma-separated list of integers "
+                f"({_short(item, 20)!r} is not an integer)",
+            )
         if value <= 0:
-            raise UserError(option, f"every value must be positive, got {value}")
+            raise UserError(option, f"every value must be positive, got {_short(item)}")
+        if value > maximum:
+            raise UserError(option, f"{_short(item)} is too large (at most {maximum:,})")
         values.add(value)
     return sorted(values)
+
+
+def _int_or_none(item: str) -> int | None:
+    """Plain decimal digits with an optional sign: no '1_000', no '١٢' (int() takes both)."""
+    digits = item[1:] if item[:1] in "+-" else item
+    if not (digits.isascii() and digits.isdigit()) or len(digits) > 4000:
+        return None
+    return int(item)
+
+
+def _short(text: str, limit: int = 40) -> str:
+    return text if len(text) <= limit else text[:limit] + "..."
+
+
+# Every integer option ends in Python ints, torch sizes or numpy seeds: 64 bits at most.
+INT_MAX = 2**63 - 1
+
+
+def check_numbers(values: dict, options: dict[str, str]) -> None:
+    """No command takes NaN, infinity or an integer past 64 bits: a UserError naming the
+    option. values: a command's parsed parameters; options: their names on the command line."""
+    for name, value in values.items():
+        option = options.get(name, f"--{name.replace('_', '-')}")
+        if isinstance(value, float) and not math.isfinite(value):
+            raise UserError(option, f"must be a finite number, got {value}")
+        if isinstance(value, int) and not isinstance(value, bool) and abs(value) > INT_MAX:
+            raise UserError(option, f"{_short(str(value))} is too large (at most {INT_MAX:,})")
 
 
 def build_config(
@@ -181,6 +215,27 @@ def build_config(
     base = configs.from_hf_config(config) if config else configs.preset(preset or default)
     changes = {k: v for k, v in overrides.items() if v is not None}
     return base.replace(**changes) if changes else base
+
+
+def model_option(preset: str | None, config: Path | None, overrides: dict) -> str:
+    """The option(s) that made the model's shape, for errors about its size."""
+    given = [f"--{k.replace('_', '-')}" for k, v in overrides.items() if v is not None]
+    return ", ".join(given) or ("--config" if config is not None else "--preset")
+
+
+def check_model_fits(cfg: configs.ModelConfig, target: device.Target, option: str) -> None:
+    """Refuse, before building it, a model whose weights (and rotary tables, built in
+    float64) exceed the memory free on the device: the allocator would crash or swap."""
+    need = accounting.weight_bytes(cfg, target.dtype_name) + 16 * cfg.max_context * cfg.head_dim
+    free = device.free_memory_bytes(target.device)
+    if need > free:
+        where = "free on the GPU" if target.device.type == "cuda" else "of available RAM"
+        raise UserError(
+            option,
+            f"the model ({cfg.name}: hidden {cfg.hidden}, {cfg.layers} layers, max context "
+            f"{cfg.max_context:,}) needs {need / 2**30:,.1f} GiB, more than the "
+            f"{free / 2**30:,.1f} GiB {where}",
+        )
 
 
 def resolve_target(device_spec: str, dtype: Dtype | None) -> device.Target:
@@ -244,26 +299,90 @@ def start_run(folder: Path, command: str, target: device.Target, cfg, options: d
 
 @contextlib.contextmanager
 def recording(run: Run, target: device.Target):
-    """Finish the run's metadata however the body ends; Ctrl-C or SIGTERM exits 130."""
+    """Finish the run's metadata however the body ends. Ctrl-C or SIGTERM exits 130 with
+    every measured row on disk, metadata.json saying 'interrupted' and no temporary file
+    left; a second Ctrl-C cannot cut these last writes short."""
+    with interrupts_raise():
+        try:
+            yield run
+            with signals_held():
+                run.finish("complete", telemetry_after=telemetry.snapshot(target.device))
+        except KeyboardInterrupt:
+            with signals_held():
+                run.flush()
+                run.finish("interrupted", telemetry_after=telemetry.snapshot(target.device))
+                results.remove_temporaries(run.folder)
+            err_console.print(f"[yellow]interrupted[/]: rows measured so far are in {run.folder}")
+            raise typer.Exit(130) from None
+        except BaseException as e:
+            if not isinstance(e, typer.Exit):
+                with signals_held():
+                    run.finish("failed", error=f"{type(e).__name__}: {e}")
+                    results.remove_temporaries(run.folder)
+            raise
+
+
+def _in_main_thread() -> bool:
+    return threading.current_thread() is threading.main_thread()
+
+
+@contextlib.contextmanager
+def interrupts_raise():
+    """SIGTERM (a scheduler's kill, `timeout`) raises KeyboardInterrupt, as Ctrl-C does."""
+    if not _in_main_thread():
+        yield
+        return
     previous = signal.signal(signal.SIGTERM, _raise_interrupt)
     try:
-        yield run
-    except KeyboardInterrupt:
-        run.finish("interrupted", telemetry_after=telemetry.snapshot(target.device))
-        err_console.print(f"[yellow]interrupted[/]: rows measured so far are in {run.folder}")
-        raise typer.Exit(130) from None
-    except BaseException as e:
-        if not isinstance(e, typer.Exit):
-            run.finish("failed", error=f"{type(e).__name__}: {e}")
-        raise
+        yield
     finally:
-        signal.signal(signal.SIGTERM, previous)
-    if run.meta["status"] == "running":
-        run.finish("complete", telemetry_after=telemetry.snapshot(target.device))
+        signal.signal(signal.SIGTERM, previous if previous is not None else signal.SIG_DFL)
+
+
+@contextlib.contextmanager
+def signals_held():
+    """Ignore Ctrl-C and SIGTERM for a few milliseconds of writing that must finish."""
+    if not _in_main_thread():
+        yield
+        return
+    saved = {s: signal.signal(s, signal.SIG_IGN) for s in (signal.SIGINT, signal.SIGTERM)}
+    try:
+        yield
+    finally:
+        for s, handler in saved.items():
+            signal.signal(s, handler if handler is not None else signal.SIG_DFL)
 
 
 def _raise_interrupt(signum, frame):
     raise KeyboardInterrupt
+
+
+def throttle_watch(target: device.Target) -> telemetry.ThrottleWatch:
+    """Flags rows measured while the GPU slowed its clocks; on a CPU it never does."""
+    return telemetry.ThrottleWatch(target.device)
+
+
+def untrusted(rows: list[dict], name) -> dict[str, list[str]]:
+    """Rows whose times are hard to trust, by name(row): noisy (CV over the threshold) and
+    throttled (the GPU slowed its clocks meanwhile)."""
+    return {flag: [name(r) for r in rows if r.get(flag) is True] for flag in ("noisy", "throttled")}
+
+
+def warn_untrusted(flagged: dict[str, list[str]]) -> None:
+    """Say which rows are noisy or throttled, and what to try."""
+    if flagged.get("noisy"):
+        err_console.print(
+            f"[yellow]warning:[/] noisy (CV over {DEFAULT_CV_THRESHOLD:.0%}): "
+            f"{', '.join(flagged['noisy'])}; something else may be using the device: "
+            "try more --repeats or --min-time."
+        )
+    if flagged.get("throttled"):
+        err_console.print(
+            "[yellow]warning:[/] the GPU slowed its clocks (thermal or power limit) during: "
+            f"{', '.join(flagged['throttled'])}; those times are pessimistic: let it cool or "
+            "check its power limit (nvidia-smi -q -d PERFORMANCE) and rerun, with more "
+            "--repeats or --min-time."
+        )
 
 
 def progress(quiet: bool = False) -> Progress:
@@ -279,4 +398,4 @@ def progress(quiet: bool = False) -> Progress:
 
 
 def print_json(document: dict) -> None:
-    out_console.out(json.dumps(json_safe(document), indent=2), highlight=False)
+    out_console.out(json.dumps(results.json_safe(document), indent=2), highlight=False)

@@ -112,6 +112,7 @@ def occupancy(
             help="Seed of the output lengths and arrivals (with --engine real also of the "
             "weights and prompts). Seed 3 draws the article's trace step for step.",
             rich_help_panel=WORKLOAD,
+            min=0,
         ),
     ] = 0,
     seeds: Annotated[
@@ -169,6 +170,7 @@ def occupancy(
     (about a minute with cpu-small on 2 cores).
     """
     _check(requests, slots, seeds, trace)
+    _check_arrivals(requests, arrival_rate, trace)
     seed_list = list(range(seed, seed + seeds))
     make = dict(
         median=median,
@@ -191,12 +193,16 @@ def occupancy(
     )
     if real:
         target = c.resolve_target(device, dtype)
-        cfg = _model_config(preset, config, target, model_opts)
+        cfg, notes = _model_config(preset, config, target, model_opts)
+        _check_prompts(cfg.max_context, first, trace)
         check_fits(cfg.max_context, first)
+        c.check_model_fits(cfg, target, c.model_option(preset, config, model_opts))
     else:
-        _note_ignored(preset, config, dtype, model_opts)
+        notes = _ignored(preset, config, dtype, model_opts)
         target, cfg = devices.Target(torch.device("cpu"), "fp32"), None
     folder = results.run_dir(out, "occupancy", force)
+    for note in notes:  # every input is checked: a user error stays a single line
+        c.err_console.print(f"[yellow]note:[/] {note}")
     options = dict(
         requests=requests,
         slots=slots,
@@ -218,34 +224,69 @@ def occupancy(
     _report(run, json_out)
 
 
+# Beyond these a simulation runs out of memory rather than saying anything new.
+MAX_REQUESTS = 10_000_000
+MAX_SLOTS = 1_000_000
+MAX_SEEDS = 10_000
+
+
 def _check(requests: int, slots: int, seeds: int, trace: Path | None) -> None:
-    if requests < 1:
-        raise UserError("--requests", f"must be at least 1, got {requests}")
-    if slots < 1:
-        raise UserError("--slots", f"must be at least 1, got {slots}")
-    if seeds < 1:
-        raise UserError("--seeds", f"must be at least 1, got {seeds}")
+    for option, value, most in (
+        ("--requests", requests, MAX_REQUESTS),
+        ("--slots", slots, MAX_SLOTS),
+        ("--seeds", seeds, MAX_SEEDS),
+    ):
+        if value < 1:
+            raise UserError(option, f"must be at least 1, got {value}")
+        if value > most:
+            raise UserError(option, f"must be at most {most:,}, got {value:,}")
     if trace is not None and seeds > 1:
         raise UserError("--seeds", "a --trace is fixed: there is no seed to vary")
 
 
+MAX_ARRIVAL_SPAN = 10_000_000  # steps: the timeline has a row for each
+
+
+def _check_arrivals(requests: int, rate: float | None, trace: Path | None) -> None:
+    if trace is None and rate is not None and rate > 0 and requests / rate > MAX_ARRIVAL_SPAN:
+        raise UserError(
+            "--arrival-rate",
+            f"{rate:g} spreads {requests:,} arrivals over about {requests / rate:.3g} steps "
+            f"(at most {MAX_ARRIVAL_SPAN:,}); raise it",
+        )
+
+
+def _check_prompts(max_context: int, requests: list[Request], trace: Path | None) -> None:
+    """A prompt alone longer than the model's context is the prompt's fault, not the output's."""
+    longest = max(r.prompt_tokens for r in requests)
+    if longest + 1 > max_context:
+        raise UserError(
+            "--trace" if trace is not None else "--prompt-len",
+            f"a {longest:,}-token prompt and its first output token exceed the model's "
+            f"--max-context {max_context:,}",
+        )
+
+
 def _model_config(preset, config, target, overrides: dict):
+    """The model's shape, and a note when the device chose the preset."""
     default = "article" if target.device.type == "cuda" else "cpu-small"
+    notes = []
     if preset is None and config is None:
-        c.err_console.print(
-            f"[yellow]note:[/] using the {default} preset, the default on "
+        notes.append(
+            f"using the {default} preset, the default on "
             f"{'CUDA' if default == 'article' else 'CPU'} (article on CUDA, cpu-small on CPU); "
             "pass --preset or --config to change it"
         )
-    return c.build_config(preset, config, default=default, **overrides)
+    return c.build_config(preset, config, default=default, **overrides), notes
 
 
-def _note_ignored(preset, config, dtype, overrides: dict) -> None:
+def _ignored(preset, config, dtype, overrides: dict) -> list[str]:
     given = [k for k, v in overrides.items() if v is not None]
     given += [k for k, v in (("preset", preset), ("config", config), ("dtype", dtype)) if v]
-    if given:
-        names = ", ".join(f"--{k.replace('_', '-')}" for k in given)
-        c.err_console.print(f"[yellow]note:[/] {names} only apply with --engine real; ignored")
+    if not given:
+        return []
+    names = ", ".join(f"--{k.replace('_', '-')}" for k in given)
+    return [f"{names} only apply with --engine real; ignored"]
 
 
 # --- simulation --------------------------------------------------------------------------------

@@ -67,9 +67,7 @@ def phases(
     Prefill multiplies each weight by a whole prompt (compute-bound); decode by one token per
     sequence (memory-bound). Defaults are the article's: 12 layers, hidden 2048.
     """
-    cfg = c.build_config(
-        preset,
-        config,
+    model_opts = dict(
         hidden=hidden,
         layers=layers,
         heads=heads,
@@ -78,11 +76,13 @@ def phases(
         vocab=vocab,
         max_context=max_context,
     )
+    cfg = c.build_config(preset, config, **model_opts)
     prompts = c.parse_int_list(prefill, "--prefill")
     batches = c.parse_int_list(decode_batch, "--decode-batch")
     _check_lengths(cfg.max_context, prompts, context)
     opts = c.timing_options(repeats, min_time)
     target = c.resolve_target(device, dtype)
+    c.check_model_fits(cfg, target, c.model_option(preset, config, model_opts))
     given = c.load_ceilings(ceilings, target)
     folder = results.run_dir(out, "phases", force)
     model = Transformer(cfg, target.device, target.dtype, seed)
@@ -99,16 +99,18 @@ def phases(
     run = c.start_run(folder, "phases", target, cfg, options)
     with c.recording(run, target):
         roof = c.device_ceilings(given, roofline, run, target)
-        with c.progress(json_out) as bar:
+        with c.progress(json_out) as bar, c.throttle_watch(target) as watch:
             task = bar.add_task("phases", total=len(steps))
             for row in probe.run(model, target.dtype_name, steps, opts, cuda_graphs):
+                row = {**row, "throttled": watch.throttled() and row["status"] == "ok"}
                 run.add("phases", annotate(row, roof) if roof else row)
                 bar.advance(task)
         rows = run.rows("phases")
+        run.meta["summary"] = summary(rows)
+        run.meta["untrusted"] = c.untrusted(rows, lambda r: r["label"])
         phases_figure(rows, folder / "phases.png", _title(cfg, target))
         if roof:
             c.roofline_plot(rows, "phases", roof, target, folder, _title(cfg, target))
-        run.meta["summary"] = summary(rows)
     _report(rows, run, json_out)
 
 
@@ -188,9 +190,5 @@ def _report(rows: list[dict], run, json_out: bool) -> None:
             f"Batching {b1} decodes made each token {s['decode_token_cost_ratio']:.1f}x cheaper "
             f"than batch {b0}."
         )
-    if any(r["noisy"] for r in rows):
-        c.err_console.print(
-            "[yellow]warning:[/] some rows are noisy (CV over 10%); "
-            "try more --repeats or --min-time."
-        )
+    c.warn_untrusted(run.meta["untrusted"])
     c.out_console.print(f"results: {run.folder}")

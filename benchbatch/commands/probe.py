@@ -10,7 +10,8 @@ from rich.table import Table
 from benchbatch import peaks, results, roofline
 from benchbatch.commands import common as c
 from benchbatch.commands.render import fmt, rows_table
-from benchbatch.device import device_name
+from benchbatch.config import DTYPE_BYTES
+from benchbatch.device import device_name, free_memory_bytes
 from benchbatch.errors import UserError
 from benchbatch.plots.roofline import roofline_figure
 from benchbatch.probes import ceilings as probes
@@ -56,7 +57,7 @@ def probe(
     """
     opts = c.timing_options(repeats, min_time)
     target = c.resolve_target(device, dtype)
-    plan = _plan(target.device, sizes, buffer_mb)
+    plan = _plan(target, sizes, buffer_mb)
     folder = results.run_dir(out, "probe", force)
     options = dict(
         sizes=sorted({p.size for p in plan if p.kind == "matmul"}),
@@ -66,12 +67,13 @@ def probe(
     )
     run = c.start_run(folder, "probe", target, None, options)
     peak = peaks.lookup(device_name(target.device))
-    with c.recording(run, target), c.progress(json_out) as bar:
+    with c.recording(run, target), c.progress(json_out) as bar, c.throttle_watch(target) as watch:
         task = bar.add_task("probe", total=len(plan))
         for row in probes.run(plan, target.device, target.dtype_name, opts):
-            run.add("probe", row)
+            run.add("probe", {**row, "throttled": watch.throttled() and row["status"] == "ok"})
             bar.advance(task)
         rows = run.rows("probe")
+        run.meta["untrusted"] = c.untrusted(rows, lambda r: r["label"])
         ceilings = _ceilings(rows)
         run.meta["summary"] = summary(ceilings, peak)
         roofline_figure(
@@ -84,7 +86,8 @@ def probe(
     _report(rows, run, json_out)
 
 
-def _plan(dev, sizes: str | None, buffer_mb: int | None) -> list[probes.Probe]:
+def _plan(target, sizes: str | None, buffer_mb: int | None) -> list[probes.Probe]:
+    dev = target.device
     default = probes.default_plan(dev)
     matmuls = (
         c.parse_int_list(sizes, "--sizes")
@@ -94,7 +97,27 @@ def _plan(dev, sizes: str | None, buffer_mb: int | None) -> list[probes.Probe]:
     if buffer_mb is not None and buffer_mb <= 0:
         raise UserError("--buffer-mb", "must be a positive number of MiB")
     buffer = buffer_mb * probes.MiB if buffer_mb is not None else default[-1].size
+    _check_memory(target, matmuls, buffer)
     return probes.plan(matmuls, buffer)
+
+
+def _check_memory(target, matmuls: list[int], buffer: int) -> None:
+    """Refuse sizes no memory holds: an n x n matmul keeps three matrices, a copy two buffers."""
+    free = free_memory_bytes(target.device)
+    elem = DTYPE_BYTES[target.dtype_name]
+    if 3 * matmuls[-1] ** 2 * elem > free:
+        raise UserError(
+            "--sizes",
+            f"a {matmuls[-1]:,} x {matmuls[-1]:,} matmul needs "
+            f"{3 * matmuls[-1] ** 2 * elem / 2**30:,.1f} GiB, more than the "
+            f"{free / 2**30:,.1f} GiB free",
+        )
+    if 2 * buffer > free:
+        raise UserError(
+            "--buffer-mb",
+            f"two buffers of {buffer / probes.MiB:,.0f} MiB exceed the "
+            f"{free / probes.MiB:,.0f} MiB free",
+        )
 
 
 def _ceilings(rows: list[dict]) -> roofline.Ceilings:
@@ -122,11 +145,7 @@ def _report(rows: list[dict], run, json_out: bool) -> None:
     c.out_console.print(rows_table(rows, COLUMNS, title="probes (median of repeats)"))
     c.out_console.print(ceilings_table(s))
     c.out_console.print(datasheet_table(s["measured"]["dtype"]))
-    if any(r["noisy"] for r in rows if r["status"] == "ok"):
-        c.err_console.print(
-            "[yellow]warning:[/] some probes are noisy (CV over 10%): another process may be "
-            "using the device; try more --repeats or --min-time."
-        )
+    c.warn_untrusted(run.meta["untrusted"])
     c.out_console.print(f"results: {run.folder}")
 
 

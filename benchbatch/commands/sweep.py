@@ -83,9 +83,7 @@ def sweep(
     while each user's wait (the step time) barely grows, until compute takes over (the knee)
     or the KV cache fills memory. Defaults are the article's: 12 layers, hidden 2048.
     """
-    cfg = c.build_config(
-        preset,
-        config,
+    model_opts = dict(
         hidden=hidden,
         layers=layers,
         heads=heads,
@@ -94,11 +92,13 @@ def sweep(
         vocab=vocab,
         max_context=max_context,
     )
+    cfg = c.build_config(preset, config, **model_opts)
     batches = c.parse_int_list(batch, "--batch")
     contexts = c.parse_int_list(context, "--context")
     _check(cfg.max_context, contexts, knee_threshold)
     opts = c.timing_options(repeats, min_time)
     target = c.resolve_target(device, dtype)
+    c.check_model_fits(cfg, target, c.model_option(preset, config, model_opts))
     given = c.load_ceilings(ceilings, target)
     folder = results.run_dir(out, "sweep", force)
     # Read before the model exists: max_batch subtracts the weights itself.
@@ -128,19 +128,22 @@ def sweep(
             ridge_source=ridge_source,
         )
         model = Transformer(cfg, target.device, target.dtype, seed)
-        with c.progress(json_out) as bar:
+        with c.progress(json_out) as bar, c.throttle_watch(target) as watch:
             task = bar.add_task("sweep", total=len(steps))
             rows = probe.run(model, target.dtype_name, steps, opts, ceiling, try_oom, cuda_graphs)
             for row in rows:
+                row = {**row, "throttled": watch.throttled() and row["status"] == "ok"}
                 run.add("sweep", annotate(row, roof) if roof else row)
                 bar.advance(task)
         rows = run.rows("sweep")
         summary = probe.summarize(rows, cfg, target.dtype_name, ceiling, ridge, knee_threshold)
         run.meta["knees"] = {str(s["context"]): _knees(s) for s in summary}
         run.meta["summary"] = summary
-        sweep_figure(rows, summary, folder / "sweep.png", _title(cfg, target))
-        if roof:
-            c.roofline_plot(rows, "sweep", roof, target, folder, _title(cfg, target))
+        run.meta["untrusted"] = c.untrusted(rows, _row_name)
+        if any(r["status"] == "ok" for r in rows):  # nothing to draw when all were skipped
+            sweep_figure(rows, summary, folder / "sweep.png", _title(cfg, target))
+            if roof:
+                c.roofline_plot(rows, "sweep", roof, target, folder, _title(cfg, target))
     _report(rows, run, json_out)
 
 
@@ -201,13 +204,12 @@ def _report(rows: list[dict], run, json_out: bool) -> None:
     for s in summary:
         for line in _summary_lines(s):
             c.out_console.print(line)
-    noisy = [f"ctx {r['context']} batch {r['batch']}" for r in rows if r["noisy"]]
-    if noisy:
-        c.err_console.print(
-            f"[yellow]warning:[/] noisy (CV over 10%): {', '.join(noisy)}; "
-            "try more --repeats or --min-time."
-        )
+    c.warn_untrusted(run.meta["untrusted"])
     c.out_console.print(f"results: {run.folder}")
+
+
+def _row_name(r: dict) -> str:
+    return f"ctx {r['context']} batch {r['batch']}"
 
 
 def _summary_lines(s: dict) -> list[str]:

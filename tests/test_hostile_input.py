@@ -1,0 +1,309 @@
+"""Bad input to every command: exit code 2, one line on stderr naming the option (or the
+file), never a traceback; and property tests of the parsers of lists and traces."""
+
+from __future__ import annotations
+
+import csv
+import io
+
+import pytest
+import torch
+import typer.main
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from benchbatch.cli import app
+from benchbatch.commands.common import INT_MAX, LIST_MAX, check_numbers, parse_int_list
+from benchbatch.engines.workload import Request, read_trace
+from benchbatch.errors import UserError
+
+TINY = ["--preset", "tiny", "--device", "cpu", "--repeats", "1", "--min-time", "0"]
+LONG = "9" * 40  # past any 64-bit integer
+SHAPES = {  # each command's quick, valid arguments: a case changes one thing
+    "phases": [*TINY, "--no-roofline", "--prefill", "8", "--decode-batch", "1", "--context", "8"],
+    "sweep": [*TINY, "--no-roofline", "--batch", "1", "--context", "8"],
+    "probe": ["--device", "cpu", "--repeats", "1", "--min-time", "0", "--sizes", "32"],
+    "occupancy": ["--requests", "20"],
+    "reproduce": [*TINY, "--prefill", "16", "--decode-batch", "1", "--batch", "1,2"]
+    + ["--context", "8", "--requests", "20", "--max-output", "20", "--probe-sizes", "32"],
+    "ablation": [*TINY, "--requests", "20", "--max-num-batched-tokens", "64", "--chunk-size", "32"],
+    "piggyback": [*TINY, "--decode-batch", "2", "--context", "8", "--prefill", "4"]
+    + ["--chunk-prompt", "16", "--chunks", "8", "--tiles", "8"],
+    "compare": [],
+}
+
+# (command, arguments, what the error line names)
+CASES = [
+    # malformed lists
+    ("phases", ["--prefill", "1,,x"], "--prefill"),
+    ("phases", ["--prefill", " "], "--prefill"),
+    ("phases", ["--decode-batch", "0"], "--decode-batch"),
+    ("phases", ["--decode-batch", "-4"], "--decode-batch"),
+    ("phases", ["--decode-batch", "3.5"], "--decode-batch"),
+    ("phases", ["--decode-batch", "1e3"], "--decode-batch"),
+    ("phases", ["--decode-batch", "1_000"], "--decode-batch"),
+    ("phases", ["--decode-batch", LONG], "--decode-batch"),
+    ("sweep", ["--batch", "8,", "--context", "8"], "--batch"),
+    ("sweep", ["--batch", str(LIST_MAX + 1)], "--batch"),
+    ("probe", ["--sizes", "0"], "--sizes"),
+    ("reproduce", ["--batch", "a,b"], "--batch"),
+    # sizes: zero, negative, too long, non-dividing, beyond the context
+    ("phases", ["--hidden", "0"], "--hidden"),
+    ("phases", ["--layers", "-2"], "--layers"),
+    ("phases", ["--hidden", LONG], "--hidden"),
+    ("phases", ["--heads", "3"], "--heads"),
+    ("phases", ["--kv-heads", "3"], "--kv-heads"),
+    ("phases", ["--context", "-1"], "--context"),
+    ("phases", ["--context", "3.5"], "--context"),
+    ("phases", ["--context", "256"], "--context"),
+    ("phases", ["--prefill", "300"], "--prefill"),
+    ("sweep", ["--context", "999999"], "--context"),
+    ("phases", ["--vocab", str(10**15)], "--vocab"),
+    ("phases", ["--repeats", "0"], "--repeats"),
+    ("phases", ["--seed", "-1"], "--seed"),
+    ("phases", ["--seed", LONG], "--seed"),
+    ("probe", ["--buffer-mb", "0"], "--buffer-mb"),
+    ("probe", ["--buffer-mb", str(2**40)], "--buffer-mb"),
+    ("probe", ["--sizes", str(LIST_MAX)], "--sizes"),
+    ("occupancy", ["--slots", "0"], "--slots"),
+    ("occupancy", ["--requests", str(2**40)], "--requests"),
+    ("occupancy", ["--seeds", str(2**40)], "--seeds"),
+    ("occupancy", ["--max-output", LONG], "--max-output"),
+    ("occupancy", ["--engine", "real", *TINY[:4], "--prompt-len", "300"], "--prompt-len"),
+    ("reproduce", ["--slots", "0"], "--slots"),
+    # NaN and infinity wherever a float is taken
+    ("phases", ["--min-time", "nan"], "--min-time"),
+    ("phases", ["--min-time", "inf"], "--min-time"),
+    ("phases", ["--min-time", "-1"], "--min-time"),
+    ("sweep", ["--knee-threshold", "inf"], "--knee-threshold"),
+    ("sweep", ["--knee-threshold", "nan"], "--knee-threshold"),
+    ("probe", ["--min-time", "-inf"], "--min-time"),
+    ("occupancy", ["--arrival-rate", "nan"], "--arrival-rate"),
+    ("occupancy", ["--arrival-rate", "inf"], "--arrival-rate"),
+    ("occupancy", ["--arrival-rate", "1e-300"], "--arrival-rate"),
+    ("occupancy", ["--median", "inf"], "--median"),
+    ("occupancy", ["--sigma", "nan"], "--sigma"),
+    ("reproduce", ["--median", "nan"], "--median"),
+    ("ablation", ["--arrival-rate", "nan"], "--arrival-rate"),
+    ("ablation", ["--long-prompt-fraction", "inf"], "--long-prompt-fraction"),
+    ("piggyback", ["--threshold", "inf"], "--threshold"),
+    ("piggyback", ["--context", LONG], "--context"),
+    # choices
+    ("phases", ["--preset", "nope"], "--preset"),
+    ("phases", ["--dtype", "fp8"], "--dtype"),
+    ("sweep", ["--device", "tpu"], "--device"),
+    ("phases", ["--device", "cuda:x"], "--device"),
+    ("occupancy", ["--engine", "gpu"], "--engine"),
+    ("phases", ["--no-such-option"], "--no-such-option"),
+]
+
+FILE_CASES = [
+    # (command, option, file name, content or None for a folder; what the error names)
+    ("phases", "--config", "config.json", "{not json", "--config"),
+    ("phases", "--config", "config.json", "[1, 2]", "--config"),
+    ("sweep", "--config", "missing.json", None, "--config"),
+    ("phases", "--ceilings", "probe.csv", "label\nx\n", "--ceilings"),
+    ("occupancy", "--trace", "trace.csv", "prompt_tokens\n4\n", "--trace"),
+    ("occupancy", "--trace", "trace.csv", "output_tokens\n5,6,7\n", "--trace"),
+    ("occupancy", "--trace", "trace.csv", b"output_tokens\n\xff\xfe\n", "--trace"),
+    ("occupancy", "--trace", "trace.csv", "output_tokens\n\x00\n", "--trace"),
+    ("ablation", "--trace", "trace.csv", "output_tokens\n-1\n", "--trace"),
+]
+
+
+def assert_one_line_error(result, names: str) -> None:
+    assert result.exit_code == 2, (result.exit_code, result.output, result.exception)
+    lines = result.stderr.strip().splitlines()
+    assert len(lines) == 1, result.stderr
+    assert lines[0].startswith("Error:") and names in lines[0], lines[0]
+    assert "Traceback" not in result.output
+
+
+def registered() -> set[str]:
+    return set(typer.main.get_command(app).commands)
+
+
+def invoke(runner, command: str, args: list[str], tmp_path):
+    if command not in registered():
+        pytest.skip(f"{command} is not a command yet")
+    shape = SHAPES[command]
+    if "--config" in args:  # a config.json replaces the preset
+        shape = [a for a in shape if a not in ("--preset", "tiny")]
+    out = ["--out", str(tmp_path / "run")] if command != "compare" else []
+    return runner.invoke(app, [command, *shape, *args, *out])
+
+
+@pytest.mark.parametrize(("command", "args", "names"), CASES, ids=lambda v: str(v)[:40])
+def test_bad_option(runner, tmp_path, command, args, names):
+    result = invoke(runner, command, args, tmp_path)
+    assert_one_line_error(result, names)
+    assert not (tmp_path / "run").exists() or not any((tmp_path / "run").iterdir())
+
+
+@pytest.mark.parametrize(("command", "option", "name", "content", "names"), FILE_CASES)
+def test_bad_file(runner, tmp_path, command, option, name, content, names):
+    path = tmp_path / name
+    if isinstance(content, bytes):
+        path.write_bytes(content)
+    elif content is not None:
+        path.write_text(content)
+    result = invoke(runner, command, [option, str(path)], tmp_path)
+    assert_one_line_error(result, names)
+    assert str(path) in result.stderr.replace("\n", "")
+
+
+@pytest.mark.parametrize(
+    ("command", "option"),
+    [("phases", "--config"), ("occupancy", "--trace"), ("sweep", "--ceilings")],
+)
+def test_a_folder_where_a_file_is_expected(runner, tmp_path, command, option):
+    (tmp_path / "dir").mkdir()
+    result = invoke(runner, command, [option, str(tmp_path / "dir")], tmp_path)
+    assert_one_line_error(result, option)
+
+
+def test_out_under_a_regular_file(runner, tmp_path):
+    (tmp_path / "file").write_text("")
+    args = [*SHAPES["occupancy"], "--out", str(tmp_path / "file" / "run")]
+    assert_one_line_error(runner.invoke(app, ["occupancy", *args]), "--out")
+
+
+def test_out_is_an_existing_file(runner, tmp_path):
+    (tmp_path / "file").write_text("keep")
+    args = [*SHAPES["phases"], "--out", str(tmp_path / "file")]
+    assert_one_line_error(runner.invoke(app, ["phases", *args]), "--out")
+    assert (tmp_path / "file").read_text() == "keep"
+
+
+def test_an_unwritable_default_results_folder(runner, tmp_path, monkeypatch):
+    from benchbatch import results
+
+    (tmp_path / "file").write_text("")
+    monkeypatch.setattr(results, "DEFAULT_ROOT", tmp_path / "file" / "results")
+    assert_one_line_error(runner.invoke(app, ["occupancy", "--requests", "20"]), "--out")
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="this machine has CUDA")
+@pytest.mark.parametrize("command", ["phases", "sweep", "probe", "piggyback"])
+def test_cuda_without_cuda(runner, tmp_path, command):
+    result = invoke(runner, command, ["--device", "cuda"], tmp_path)
+    assert_one_line_error(result, "--device")
+    assert "CUDA is not available" in result.stderr
+
+
+def test_compare_names_what_is_wrong(runner, tmp_path):
+    (tmp_path / "file").write_text("")
+    assert_one_line_error(runner.invoke(app, ["compare"]), "RUN_DIR")
+    result = runner.invoke(app, ["compare", str(tmp_path / "nothing"), str(tmp_path / "file")])
+    assert_one_line_error(result, "nothing")
+
+
+def test_no_command_prints_help_without_an_error(runner):
+    result = runner.invoke(app, [])
+    assert "Usage" in result.output and "Error" not in result.output
+    assert_one_line_error(runner.invoke(app, ["nonsense"]), "nonsense")
+
+
+# --- numbers the option parser lets through ---------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("values", "says"),
+    [
+        ({"min_time": float("nan")}, "--min-time: must be a finite number"),
+        ({"knee_threshold": float("-inf")}, "--knee-threshold: must be a finite number"),
+        ({"seed": INT_MAX + 1}, "--seed: 9223372036854775808 is too large"),
+        ({"json_out": True, "repeats": -INT_MAX}, None),
+    ],
+)
+def test_check_numbers(values, says):
+    names = {"json_out": "--json", "min_time": "--min-time"}
+    if says is None:
+        check_numbers(values, names)
+        return
+    with pytest.raises(UserError) as err:
+        check_numbers(values, names)
+    assert str(err.value).startswith(says)
+
+
+# --- every command's help ------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("command", sorted(registered()))
+def test_help_describes_every_option(runner, command):
+    result = runner.invoke(app, [command, "--help"])
+    assert result.exit_code == 0 and "Usage" in result.output
+    params = typer.main.get_command(app).commands[command].params
+    undocumented = [
+        p.name for p in params if not getattr(p, "hidden", False) and not getattr(p, "help", "")
+    ]
+    assert not undocumented
+
+
+# --- property tests of the parsers ---------------------------------------------------------
+
+
+@settings(max_examples=400, deadline=None)
+@given(
+    st.one_of(
+        st.text(),
+        st.lists(st.integers(-10, 2**40).map(str)).map(",".join),
+        st.lists(st.sampled_from(["1", " 2", "3 ", "", "-0", "+4", "1_0", "٣", "²", "0x1"])).map(
+            ",".join
+        ),
+    )
+)
+def test_parse_int_list_gives_a_sorted_list_or_names_the_option(text):
+    try:
+        values = parse_int_list(text, "--batch")
+    except UserError as e:
+        assert e.option == "--batch"
+        return
+    assert values and values == sorted(set(values))
+    assert all(isinstance(v, int) and 0 < v <= LIST_MAX for v in values)
+    assert values == sorted({int(item) for item in text.split(",")})
+
+
+CELLS = st.one_of(
+    st.integers(-3, 10**6).map(str),
+    st.text(max_size=6),
+    st.sampled_from(["", " 3 ", "1_0", "٣", "+4", "1e3", "nan", "\x00", '"', "\r", "9" * 5000]),
+)
+HEADERS = st.lists(
+    st.sampled_from(["output_tokens", "prompt_tokens", "arrival_step", "x", "", " output_tokens"]),
+    max_size=4,
+)
+
+
+@st.composite
+def trace_files(draw) -> bytes:
+    kind = draw(st.sampled_from(["csv", "text", "bytes"]))
+    if kind == "bytes":
+        return draw(st.binary(max_size=200))
+    if kind == "text":
+        return draw(st.text(max_size=200)).encode("utf-8", "surrogatepass")
+    rows = [draw(HEADERS), *draw(st.lists(st.lists(CELLS, max_size=5), max_size=6))]
+    if draw(st.booleans()):  # quoted as a spreadsheet writes it
+        buffer = io.StringIO()
+        csv.writer(buffer).writerows(rows)
+        return buffer.getvalue().encode("utf-8", "surrogatepass")
+    ending = draw(st.sampled_from(["\n", "\r\n"]))
+    return ending.join(",".join(r) for r in rows).encode("utf-8", "surrogatepass")
+
+
+@settings(
+    max_examples=400, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture]
+)
+@given(trace_files())
+def test_read_trace_gives_requests_or_names_the_option(tmp_path, content):
+    path = tmp_path / "trace.csv"
+    path.write_bytes(content)
+    try:
+        requests = read_trace(path, prompt_tokens=7)
+    except UserError as e:
+        assert e.option == "--trace" and str(path) in e.message
+        return
+    assert requests and all(isinstance(r, Request) for r in requests)
+    assert [r.id for r in requests] == list(range(len(requests)))
+    assert all(r.prompt_tokens >= 1 and r.output_tokens >= 1 for r in requests)
+    assert all(r.arrival_step >= 0 for r in requests)

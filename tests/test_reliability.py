@@ -1,0 +1,476 @@
+"""What benchbatch guarantees about results: an interrupted run keeps what it measured,
+folders are never overwritten, metadata carries a schema version, untrustworthy rows are
+flagged (noisy, throttled) and warned about, and simulations are deterministic."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import threading
+import time
+from pathlib import Path
+
+import pandas as pd
+import pytest
+
+from benchbatch import results, telemetry
+from benchbatch.cli import app
+from benchbatch.commands import common
+from benchbatch.run import Run
+
+ROOT = Path(__file__).resolve().parent.parent
+TINY = ["--preset", "tiny", "--device", "cpu", "--no-roofline"]
+FAST = [*TINY, "--repeats", "1", "--min-time", "0"]
+SLOW = [*TINY, "--repeats", "1", "--min-time", "0.3"]  # each step lasts 0.3 s at least
+
+
+def meta_of(folder: Path) -> dict:
+    return json.loads((folder / "metadata.json").read_text())
+
+
+def leftovers(folder: Path) -> list[str]:
+    """Anything a write stopped halfway could leave: hidden or temporary names."""
+    return [p.name for p in folder.iterdir() if p.name.startswith(".") or ".tmp" in p.name]
+
+
+# --- interrupts of real runs, in a subprocess ---------------------------------------------
+
+
+def start(args: list[str]) -> subprocess.Popen:
+    # SIGINT as a terminal's Ctrl-C delivers it, even if this test runs where it is ignored.
+    return subprocess.Popen(
+        [sys.executable, "-m", "benchbatch", *args],
+        cwd=ROOT,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL),
+    )
+
+
+def wait_for_rows(proc: subprocess.Popen, csv: Path, rows: int = 1, timeout: float = 60) -> None:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if csv.exists() and len(csv.read_text().splitlines()) > rows:
+            return
+        if proc.poll() is not None:
+            pytest.fail(f"the run ended before {csv.name} had {rows} row(s): {proc.stderr.read()}")
+        time.sleep(0.02)
+    proc.kill()
+    pytest.fail(f"no row in {csv} after {timeout} s")
+
+
+def stop(proc: subprocess.Popen, sig: int) -> tuple[int, str]:
+    proc.send_signal(sig)
+    _, err = proc.communicate(timeout=60)
+    return proc.returncode, err
+
+
+def check_interrupted(folder: Path, code: int, err: str, table: str, at_least: int) -> None:
+    assert code == 130, err
+    assert "Traceback" not in err and "interrupted" in err
+    meta = meta_of(folder)
+    assert meta["status"] == "interrupted" and "finished_utc" in meta
+    assert meta["schema_version"] == results.SCHEMA_VERSION
+    df = pd.read_csv(folder / f"{table}.csv")
+    assert len(df) >= at_least
+    assert not leftovers(folder)
+
+
+# 40 steps of 0.3 s or more: the run lasts long enough to be interrupted mid-way.
+MANY_BATCHES = ",".join(str(b) for b in range(1, 41))
+
+
+def test_ctrl_c_keeps_the_measured_rows(tmp_path):
+    out = tmp_path / "run"
+    shape = ["--prefill", "8", "--decode-batch", MANY_BATCHES, "--context", "8"]
+    proc = start(["phases", *SLOW, *shape, "--out", str(out)])
+    wait_for_rows(proc, out / "phases.csv")
+    code, err = stop(proc, signal.SIGINT)
+    check_interrupted(out, code, err, "phases", at_least=1)
+    df = pd.read_csv(out / "phases.csv")
+    assert len(df) < 41 and (df["status"] == "ok").all() and df["step_ms"].notna().all()
+    assert list(df["label"][:1]) == ["prefill 8"]
+
+
+def test_sigterm_keeps_the_measured_rows(tmp_path):
+    out = tmp_path / "run"
+    proc = start(["sweep", *SLOW, "--batch", MANY_BATCHES, "--context", "8", "--out", str(out)])
+    wait_for_rows(proc, out / "sweep.csv", rows=2)
+    code, err = stop(proc, signal.SIGTERM)
+    check_interrupted(out, code, err, "sweep", at_least=2)
+    assert not (out / "sweep.png").exists()  # the figure is drawn from a complete sweep only
+
+
+def test_ctrl_c_during_the_real_engine_keeps_its_steps(tmp_path):
+    out = tmp_path / "run"
+    proc = start(
+        ["occupancy", "--engine", "real", "--preset", "tiny", "--device", "cpu"]
+        + ["--requests", "100", "--slots", "4", "--median", "20", "--max-output", "60"]
+        + ["--out", str(out)]
+    )
+    lines = []
+    for line in proc.stderr:  # the engine starts right after it prints its estimate
+        lines.append(line)
+        if "Estimated" in line:
+            break
+    else:
+        pytest.fail("".join(lines))
+    time.sleep(0.5)
+    proc.send_signal(signal.SIGINT)
+    _, rest = proc.communicate(timeout=60)
+    check_interrupted(out, proc.returncode, "".join(lines) + rest, "engine_steps", at_least=1)
+    assert len(pd.read_csv(out / "occupancy.csv")) == 2  # the simulation, done before
+
+
+# --- interrupts at awkward moments, in-process ----------------------------------------------
+
+
+def run_phases(runner, out: Path, *extra: str):
+    args = ["phases", *FAST, "--prefill", "8", "--decode-batch", "1,2", "--context", "8"]
+    return runner.invoke(app, [*args, "--out", str(out), *extra])
+
+
+def test_ctrl_c_while_the_figure_is_written(runner, tmp_path, monkeypatch):
+    from benchbatch.commands import phases
+
+    def half_drawn(rows, path, title):
+        path.with_name(f".{path.name}.tmp.png").write_bytes(b"\x89PNG half")
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(phases, "phases_figure", half_drawn)
+    result = run_phases(runner, tmp_path / "run")
+    assert result.exit_code == 130, result.output
+    assert meta_of(tmp_path / "run")["status"] == "interrupted"
+    assert len(pd.read_csv(tmp_path / "run" / "phases.csv")) == 3
+    assert not leftovers(tmp_path / "run") and not (tmp_path / "run" / "phases.png").exists()
+
+
+def test_ctrl_c_while_a_row_is_written_still_saves_the_row(runner, tmp_path, monkeypatch):
+    """The CSV write of row 2 is cut short: the file keeps row 1 whole, and the interrupt
+    handler writes row 2 (measured, in memory) before it exits."""
+    replace, writes = os.replace, []
+
+    def interrupted_replace(src, dst):
+        if Path(dst).name == "phases.csv":
+            writes.append(dst)
+            if len(writes) == 2:
+                raise KeyboardInterrupt
+        replace(src, dst)
+
+    monkeypatch.setattr(results.os, "replace", interrupted_replace)
+    result = run_phases(runner, tmp_path / "run")
+    assert result.exit_code == 130, result.output
+    df = pd.read_csv(tmp_path / "run" / "phases.csv")
+    assert list(df["label"]) == ["prefill 8", "decode b=1"]
+    assert meta_of(tmp_path / "run")["status"] == "interrupted"
+    assert not leftovers(tmp_path / "run")
+
+
+def test_a_second_ctrl_c_cannot_cut_the_last_writes_short(runner, tmp_path, monkeypatch):
+    from benchbatch.commands import phases
+
+    def impatient(rows, path, title):
+        raise KeyboardInterrupt
+
+    snapshots = []
+
+    def snapshot_then_ctrl_c(device):
+        snapshots.append(device)
+        if len(snapshots) == 2:  # the one taken after the run, as metadata.json is finished
+            os.kill(os.getpid(), signal.SIGINT)
+        return {"available": False, "reason": "test"}
+
+    monkeypatch.setattr(phases, "phases_figure", impatient)
+    monkeypatch.setattr(telemetry, "snapshot", snapshot_then_ctrl_c)
+    before = signal.getsignal(signal.SIGINT)
+    result = run_phases(runner, tmp_path / "run")
+    assert result.exit_code == 130, result.output
+    meta = meta_of(tmp_path / "run")
+    assert meta["status"] == "interrupted" and meta["telemetry_after"]["reason"] == "test"
+    assert len(snapshots) == 2 and signal.getsignal(signal.SIGINT) == before
+
+
+def test_signal_handlers_are_restored(runner, tmp_path):
+    before = signal.getsignal(signal.SIGINT), signal.getsignal(signal.SIGTERM)
+    assert run_phases(runner, tmp_path / "run").exit_code == 0
+    assert (signal.getsignal(signal.SIGINT), signal.getsignal(signal.SIGTERM)) == before
+
+
+def test_a_failed_run_says_so_and_leaves_no_temporary_file(runner, tmp_path, monkeypatch):
+    from benchbatch.commands import phases
+
+    def broken(rows, path, title):
+        path.with_name(f".{path.name}.tmp.png").write_bytes(b"")
+        raise OSError("disk full")
+
+    monkeypatch.setattr(phases, "phases_figure", broken)
+    result = run_phases(runner, tmp_path / "run")
+    assert result.exit_code != 0
+    meta = meta_of(tmp_path / "run")
+    assert meta["status"] == "failed" and "disk full" in meta["error"]
+    assert not leftovers(tmp_path / "run")
+
+
+def test_remove_temporaries_keeps_results(tmp_path):
+    for name in ("phases.csv", ".phases.csv.abc.tmp", ".sweep.png.tmp.png", ".write-test-x"):
+        (tmp_path / name).write_text("")
+    (tmp_path / ".keep").write_text("")
+    removed = results.remove_temporaries(tmp_path)
+    assert sorted(removed) == [".phases.csv.abc.tmp", ".sweep.png.tmp.png", ".write-test-x"]
+    assert sorted(p.name for p in tmp_path.iterdir()) == [".keep", "phases.csv"]
+
+
+# --- result folders --------------------------------------------------------------------------
+
+
+def test_default_folders_are_new_even_within_one_second(tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.setattr(results, "utc_stamp", lambda: "20260101-000000Z")
+    folders, barrier = [], threading.Barrier(8)
+
+    def claim():
+        barrier.wait()
+        folders.append(results.run_dir(None, "sweep"))
+
+    threads = [threading.Thread(target=claim) for _ in range(8)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert len(set(folders)) == 8 and all(f.is_dir() for f in folders)
+
+
+def test_two_runs_in_one_second_write_two_folders(runner, tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.setattr(results, "utc_stamp", lambda: "20260101-000000Z")
+    args = ["occupancy", "--requests", "20"]
+    assert runner.invoke(app, args).exit_code == 0
+    assert runner.invoke(app, args).exit_code == 0
+    names = sorted(p.name for p in (tmp_path / "results").iterdir())
+    assert names == ["20260101-000000Z-occupancy", "20260101-000000Z-occupancy-2"]
+    for name in names:
+        assert meta_of(tmp_path / "results" / name)["status"] == "complete"
+
+
+def test_a_non_empty_out_is_refused_unless_forced(runner, tmp_path):
+    out = tmp_path / "run"
+    out.mkdir()
+    (out / "yesterday.csv").write_text("keep me\n")
+    refused = runner.invoke(app, ["occupancy", "--requests", "20", "--out", str(out)])
+    assert refused.exit_code == 2 and "--out" in refused.stderr and "--force" in refused.stderr
+    assert sorted(p.name for p in out.iterdir()) == ["yesterday.csv"]
+    forced = runner.invoke(app, ["occupancy", "--requests", "20", "--out", str(out), "--force"])
+    assert forced.exit_code == 0, forced.output
+    assert (out / "yesterday.csv").read_text() == "keep me\n"
+    assert meta_of(out)["status"] == "complete"
+
+
+REPRODUCE = [
+    "--preset", "tiny", "--device", "cpu", "--repeats", "1", "--min-time", "0",
+    "--prefill", "16", "--decode-batch", "1,2", "--batch", "1,2", "--context", "8",
+    "--requests", "20", "--slots", "4", "--median", "6", "--max-output", "20",
+    "--probe-sizes", "32", "--probe-buffer-mb", "1",
+]  # fmt: skip
+EVERY_COMMAND = {
+    "phases": ["phases", *FAST, "--prefill", "8", "--decode-batch", "1", "--context", "8"],
+    "sweep": ["sweep", *FAST, "--batch", "1,2", "--context", "8"],
+    "probe": ["probe", "--device", "cpu", *FAST[-4:], "--sizes", "32", "--buffer-mb", "1"],
+    "occupancy": ["occupancy", "--requests", "20"],
+    "reproduce": ["reproduce", *REPRODUCE],
+    "ablation": ["ablation", "--preset", "tiny", "--device", "cpu", *FAST[-4:]]
+    + ["--requests", "20", "--max-num-batched-tokens", "64", "--chunk-size", "32"],
+    "piggyback": ["piggyback", "--preset", "tiny", "--device", "cpu", *FAST[-4:]]
+    + ["--decode-batch", "2", "--context", "8", "--prefill", "4", "--chunk-prompt", "16"]
+    + ["--chunks", "8", "--tiles", "8,9"],
+}
+
+
+def registered() -> set[str]:
+    import typer.main
+
+    return set(typer.main.get_command(app).commands)
+
+
+@pytest.mark.parametrize("command", [*EVERY_COMMAND, "compare"])
+def test_every_command_writes_a_schema_version(runner, tmp_path, command):
+    if command not in registered():
+        pytest.skip(f"{command} is not a command yet")
+    if command == "compare":
+        for name in ("a", "b"):
+            args = [*EVERY_COMMAND["occupancy"], "--out", str(tmp_path / name)]
+            assert runner.invoke(app, args).exit_code == 0
+        args = ["compare", str(tmp_path / "a"), str(tmp_path / "b")]
+    else:
+        args = EVERY_COMMAND[command]
+    result = runner.invoke(app, [*args, "--out", str(tmp_path / "run")])
+    assert result.exit_code == 0, result.output
+    meta = meta_of(tmp_path / "run")
+    assert meta["schema_version"] == results.SCHEMA_VERSION
+    assert meta["command"] == command and meta["status"] == "complete"
+    assert not leftovers(tmp_path / "run")
+
+
+# --- noisy and throttled rows ----------------------------------------------------------------
+
+
+class FakeWatch:
+    """Says the GPU slowed down during the second row only."""
+
+    def __init__(self, device):
+        self.looks = 0
+
+    def throttled(self) -> bool:
+        self.looks += 1
+        return self.looks == 2
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        pass
+
+
+THROTTLED = {  # the command, and the name of its second row
+    "phases": (EVERY_COMMAND["phases"], "decode b=1"),
+    "sweep": (EVERY_COMMAND["sweep"], "ctx 8 batch 2"),
+}
+
+
+@pytest.mark.parametrize("table", THROTTLED)
+def test_throttled_rows_are_flagged_and_warned_about(runner, tmp_path, monkeypatch, table):
+    args, second = THROTTLED[table]
+    monkeypatch.setattr(telemetry, "ThrottleWatch", FakeWatch)
+    result = runner.invoke(app, [*args, "--out", str(tmp_path / "run")])
+    assert result.exit_code == 0, result.output
+    df = pd.read_csv(tmp_path / "run" / f"{table}.csv")
+    assert list(df["throttled"]) == [False, True, False][: len(df)]
+    assert meta_of(tmp_path / "run")["untrusted"]["throttled"] == [second]
+    warning = " ".join(result.stderr.split())
+    assert f"slowed its clocks (thermal or power limit) during: {second}" in warning
+    assert "--repeats" in warning and "--min-time" in warning
+
+
+def test_rows_are_not_throttled_on_a_cpu(runner, tmp_path):
+    result = runner.invoke(app, [*EVERY_COMMAND["sweep"], "--out", str(tmp_path / "run")])
+    assert result.exit_code == 0, result.output
+    df = pd.read_csv(tmp_path / "run" / "sweep.csv")
+    assert not df["throttled"].any() and "slowed its clocks" not in result.stderr
+
+
+def test_noisy_rows_are_warned_about_with_what_to_try(runner, tmp_path, monkeypatch):
+    from benchbatch import timing
+
+    monkeypatch.setattr(timing.Measurement, "noisy", property(lambda m: m.repeats > 0))
+    result = runner.invoke(app, [*EVERY_COMMAND["sweep"], "--out", str(tmp_path / "run")])
+    assert result.exit_code == 0, result.output
+    assert pd.read_csv(tmp_path / "run" / "sweep.csv")["noisy"].all()
+    warning = " ".join(result.stderr.split())
+    assert "noisy (CV over 10%): ctx 8 batch 1, ctx 8 batch 2" in warning
+    assert "more --repeats or --min-time" in warning
+
+
+class FakeField:
+    def __init__(self, ns: int, ret: int = 0):
+        self.nvmlReturn = ret
+        self.value = type("V", (), {"ullVal": ns})()
+
+
+class FakeNvml:
+    """pynvml's few calls ThrottleWatch makes, with slowdown counters a test moves."""
+
+    NVML_FI_DEV_CLOCKS_EVENT_REASON_SW_POWER_CAP = 1
+    NVML_FI_DEV_CLOCKS_EVENT_REASON_SW_THERM_SLOWDOWN = 2
+    NVML_FI_DEV_CLOCKS_EVENT_REASON_HW_THERM_SLOWDOWN = 3
+    NVML_FI_DEV_CLOCKS_EVENT_REASON_HW_POWER_BRAKE_SLOWDOWN = 4
+
+    def __init__(self, fields_work: bool = True):
+        self.ns, self.reasons, self.fields_work, self.open = [0, 0, 0, 0], 0, fields_work, 0
+
+    def nvmlInit(self):
+        self.open += 1
+
+    def nvmlShutdown(self):
+        self.open -= 1
+
+    def nvmlDeviceGetHandleByUUID(self, uuid):
+        raise RuntimeError("no such GPU")
+
+    def nvmlDeviceGetHandleByIndex(self, index):
+        return f"gpu{index}"
+
+    def nvmlDeviceGetFieldValues(self, handle, ids):
+        return [FakeField(self.ns[i - 1], 0 if self.fields_work else 2) for i in ids]
+
+    def nvmlDeviceGetCurrentClocksEventReasons(self, handle):
+        return self.reasons
+
+
+def test_throttle_watch_reads_slowdown_counters(monkeypatch):
+    import torch
+
+    nvml = FakeNvml()
+    monkeypatch.setitem(sys.modules, "pynvml", nvml)
+    with telemetry.ThrottleWatch(torch.device("cuda", 0)) as watch:
+        assert nvml.open == 1 and watch.throttled() is False
+        nvml.ns[2] += 1_000_000  # hw thermal slowdown for a millisecond during this row
+        assert watch.throttled() is True
+        assert watch.throttled() is False  # the counter did not move again
+        nvml.reasons = 0x1  # gpu_idle is no slowdown
+        assert watch.throttled() is False
+        nvml.reasons = 0x4  # sw_power_cap holds right now
+        assert watch.throttled() is True
+    assert nvml.open == 0
+
+
+def test_throttle_watch_falls_back_to_the_reasons_of_the_moment(monkeypatch):
+    import torch
+
+    nvml = FakeNvml(fields_work=False)  # an older driver without the counters
+    monkeypatch.setitem(sys.modules, "pynvml", nvml)
+    with telemetry.ThrottleWatch(torch.device("cuda")) as watch:
+        assert watch.throttled() is False
+        nvml.reasons = 0x20  # sw_thermal_slowdown
+        assert watch.throttled() is True
+
+
+def test_throttle_watch_on_a_cpu_never_touches_nvml(monkeypatch):
+    import torch
+
+    monkeypatch.setitem(sys.modules, "pynvml", None)
+    with telemetry.ThrottleWatch(torch.device("cpu")) as watch:
+        assert watch.throttled() is False
+
+
+# --- determinism -------------------------------------------------------------------------------
+
+
+def test_the_same_seed_gives_byte_identical_simulation_files(runner, tmp_path):
+    args = ["occupancy", "--requests", "60", "--seed", "5", "--seeds", "3", "--arrival-rate", "0.5"]
+    for name in ("a", "b"):
+        assert runner.invoke(app, [*args, "--out", str(tmp_path / name)]).exit_code == 0
+    csvs = sorted(p.name for p in (tmp_path / "a").glob("*.csv"))
+    assert csvs == ["occupancy.csv", "occupancy_seeds.csv", "timeline.csv"]
+    for csv in csvs:
+        assert (tmp_path / "a" / csv).read_bytes() == (tmp_path / "b" / csv).read_bytes()
+
+
+# --- the Run itself ----------------------------------------------------------------------------
+
+
+def test_flush_writes_every_table_again(tmp_path):
+    run = Run(tmp_path, "test", {})
+    run.add("a", {"x": 1})
+    run.tables["a"].append({"x": 2})  # measured, its write cut short
+    run.flush()
+    assert list(pd.read_csv(tmp_path / "a.csv")["x"]) == [1, 2]
+
+
+def test_signals_held_ignores_ctrl_c_meanwhile():
+    before = signal.getsignal(signal.SIGINT)
+    with common.signals_held():
+        os.kill(os.getpid(), signal.SIGINT)  # ignored: no KeyboardInterrupt here
+    assert signal.getsignal(signal.SIGINT) == before
