@@ -2,12 +2,39 @@
 
 from __future__ import annotations
 
+import os
 import sys
+import tempfile
+from pathlib import Path
 
-import typer
-from typer.core import TyperGroup
 
-from benchbatch.commands import (
+def _matplotlib_config_dir() -> None:
+    """With a read-only home, matplotlib warns and rebuilds its font cache in a new temporary
+    folder on every run: give it one stable folder instead (before it is imported)."""
+    if os.environ.get("MPLCONFIGDIR"):
+        return
+    try:
+        home = Path(os.environ.get("XDG_CONFIG_HOME") or Path.home() / ".config")
+        (home / "matplotlib").mkdir(parents=True, exist_ok=True)
+        if os.access(home / "matplotlib", os.W_OK):
+            return
+    except (OSError, RuntimeError):
+        pass
+    user = os.getuid() if hasattr(os, "getuid") else "user"
+    fallback = Path(tempfile.gettempdir()) / f"benchbatch-matplotlib-{user}"
+    try:
+        fallback.mkdir(mode=0o700, exist_ok=True)
+    except OSError:
+        return  # matplotlib makes its own temporary folder
+    os.environ["MPLCONFIGDIR"] = str(fallback)
+
+
+_matplotlib_config_dir()
+
+import typer  # noqa: E402
+from typer.core import TyperGroup  # noqa: E402
+
+from benchbatch.commands import (  # noqa: E402
     ablation,
     compare,
     occupancy,
@@ -17,8 +44,8 @@ from benchbatch.commands import (
     reproduce,
     sweep,
 )
-from benchbatch.commands.common import check_numbers, interrupts_raise
-from benchbatch.errors import UserError
+from benchbatch.commands.common import check_numbers, interrupts_raise  # noqa: E402
+from benchbatch.errors import UserError  # noqa: E402
 
 try:  # recent typer vendors its own click; older ones use click itself
     from typer._click import exceptions as click_errors
