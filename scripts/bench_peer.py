@@ -1,0 +1,347 @@
+"""Benchmark: benchbatch's model and engine against Hugging Face transformers, side by side.
+
+The peer is transformers' LlamaForCausalLM built from a LlamaConfig of the same shapes
+(random weights, nothing downloaded, attn_implementation='sdpa'), on the same device and
+dtype. Measured in one run, with benchbatch's timing harness:
+
+- one decode step at batch 1 and 32 over a KV cache of --context tokens: the peer's cache
+  is filled by a prefill first, then one step is timed (and cropped back after each
+  repeat), with DynamicCache (generate's default) and StaticCache (preallocated);
+- one prefill of --prefill tokens (logits of the last token only, as generate asks);
+- end to end on the same requests (forced output lengths, same prompts): transformers'
+  generate with static batching (requests in order in groups of --slots, left padding,
+  min_new_tokens = max_new_tokens = the group's longest output, so every member runs as
+  long as the longest, exactly the work of benchbatch's static policy) against
+  benchbatch's engine, static and continuous.
+
+It prints a table (times, and benchbatch / peer time: below 1 means benchbatch is faster),
+then one JSON line.
+
+    pip install 'benchbatch[peer]'   # or: pip install transformers
+    python scripts/bench_peer.py [--preset cpu-small] [--device auto] [--requests 48]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import time
+
+import torch
+
+from benchbatch import device as devices
+from benchbatch.config import ModelConfig, preset
+from benchbatch.engines.engine import Engine, prompt_ids
+from benchbatch.engines.model import Transformer
+from benchbatch.engines.workload import Request, lognormal_workload
+from benchbatch.probes import steps
+from benchbatch.timing import Measurement, TimingOptions, measure, synchronize
+
+try:
+    import transformers
+    from transformers import DynamicCache, LlamaConfig, LlamaForCausalLM, StaticCache
+except ImportError:  # the optional extra
+    transformers = None
+
+PAD = 0
+
+
+def peer_model(cfg: ModelConfig, dev: torch.device, dtype: torch.dtype, seed: int):
+    """LlamaForCausalLM of exactly benchbatch's shapes, random weights, sdpa attention."""
+    config = LlamaConfig(
+        hidden_size=cfg.hidden,
+        intermediate_size=cfg.intermediate,
+        num_hidden_layers=cfg.layers,
+        num_attention_heads=cfg.heads,
+        num_key_value_heads=cfg.kv_heads,
+        head_dim=cfg.head_dim,
+        vocab_size=cfg.vocab,
+        max_position_embeddings=cfg.max_context,
+        rope_theta=cfg.rope_theta,
+        rms_norm_eps=cfg.norm_eps,
+        tie_word_embeddings=cfg.tie_embeddings,
+        attention_bias=False,
+        mlp_bias=False,
+        attn_implementation="sdpa",
+        pad_token_id=PAD,
+    )
+    torch.manual_seed(seed)
+    model = LlamaForCausalLM(config).to(device=dev, dtype=dtype).eval()
+    return model, config
+
+
+# --- single steps ------------------------------------------------------------------------------
+
+
+def ours_step(model: Transformer, step: steps.Step):
+    """benchbatch's step as phases times it (without CUDA graphs: the peer has none)."""
+    return lambda opts: steps.time_step(model, step, opts, cuda_graphs=False)
+
+
+def peer_decode(model, config, batch: int, context: int, kind: str):
+    """One decode step over `context` cached tokens: prefill the cache, then time one step,
+    cropping the new token off after each repeat so every repeat does the same work."""
+    dev = model.device
+    gen = torch.Generator(device=dev).manual_seed(1)
+    prompt = torch.randint(0, config.vocab_size, (batch, context), device=dev, generator=gen)
+    token = torch.randint(0, config.vocab_size, (batch, 1), device=dev, generator=gen)
+    if kind == "static":
+        cache = StaticCache(config=config, max_cache_len=context + 1)
+    else:
+        cache = DynamicCache(config=config)
+    with torch.inference_mode():
+        model(input_ids=prompt, cache=cache, use_cache=True, logits_to_keep=1)
+
+    @torch.inference_mode()
+    def step():
+        model(input_ids=token, cache=cache, use_cache=True, logits_to_keep=1)
+        cache.crop(-1)
+
+    return lambda opts: measure(step, dev, opts)
+
+
+def peer_prefill(model, config, tokens: int):
+    dev = model.device
+    gen = torch.Generator(device=dev).manual_seed(2)
+    prompt = torch.randint(0, config.vocab_size, (1, tokens), device=dev, generator=gen)
+
+    @torch.inference_mode()
+    def step():
+        model(input_ids=prompt, cache=DynamicCache(config=config), use_cache=True, logits_to_keep=1)
+
+    return lambda opts: measure(step, dev, opts)
+
+
+def alternate(timers: list, opts: TimingOptions, rounds: int) -> list[Measurement]:
+    """Time each contestant in turn, `rounds` times over, and pool each one's raw times: a
+    burst of load from another process then hits both sides alike."""
+    times: list[list[float]] = [[] for _ in timers]
+    for _ in range(rounds):
+        for pooled, timer in zip(times, timers, strict=True):
+            pooled += timer(opts).times_ms
+    return [Measurement(t) for t in times]
+
+
+# --- end to end --------------------------------------------------------------------------------
+
+
+def groups(requests: list[Request], slots: int) -> list[list[Request]]:
+    """Static batching's groups: requests in order, `slots` at a time."""
+    return [requests[i : i + slots] for i in range(0, len(requests), slots)]
+
+
+def left_padded(group: list[Request], vocab: int, seed: int, dev) -> tuple[torch.Tensor, ...]:
+    """The group's prompts (the engine's own prompt ids), left-padded, with their mask."""
+    prompts = [prompt_ids(r, vocab, seed) for r in group]
+    width = max(len(p) for p in prompts)
+    ids = torch.full((len(group), width), PAD, dtype=torch.long)
+    mask = torch.zeros((len(group), width), dtype=torch.long)
+    for i, p in enumerate(prompts):
+        ids[i, width - len(p) :], mask[i, width - len(p) :] = p, 1
+    return ids.to(dev), mask.to(dev)
+
+
+@torch.inference_mode()
+def peer_generate_s(model, requests: list[Request], slots: int, seed: int) -> tuple[float, int]:
+    """Wall time of generate over every group, and the tokens it generated (padding counted
+    as generate computes it: every member runs as long as the group's longest)."""
+    dev, vocab = model.device, model.config.vocab_size
+    synchronize(dev)
+    start, computed = time.perf_counter(), 0
+    for group in groups(requests, slots):
+        ids, mask = left_padded(group, vocab, seed, dev)
+        longest = max(r.output_tokens for r in group)
+        out = model.generate(
+            input_ids=ids,
+            attention_mask=mask,
+            max_new_tokens=longest,
+            min_new_tokens=longest,  # no early end-of-sequence: the lengths are forced
+            do_sample=False,
+            pad_token_id=PAD,
+        )
+        computed += (out.shape[1] - ids.shape[1]) * len(group)
+    synchronize(dev)
+    return time.perf_counter() - start, computed
+
+
+def ours_engine_s(model: Transformer, requests: list[Request], slots: int, policy: str, seed: int):
+    result = Engine(model, policy, slots, seed).run(requests)
+    return result.wall_s, result.total_steps
+
+
+# --- main --------------------------------------------------------------------------------------
+
+
+def parse_args() -> argparse.Namespace:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--preset", default=None, help="default: article on CUDA, cpu-small else")
+    parser.add_argument("--device", default="auto")
+    parser.add_argument("--dtype", default=None, help="default: fp16 on CUDA, fp32 on CPU")
+    parser.add_argument("--context", type=int, default=512)
+    parser.add_argument("--batches", default="1,32")
+    parser.add_argument("--prefill", type=int, default=512)
+    parser.add_argument("--requests", type=int, default=32)
+    parser.add_argument("--slots", type=int, default=8)
+    parser.add_argument("--median", type=float, default=70)
+    parser.add_argument("--max-output", type=int, default=128)
+    parser.add_argument("--prompt-len", type=int, default=64)
+    parser.add_argument("--repeats", type=int, default=5)
+    parser.add_argument("--min-time", type=float, default=0.3)
+    parser.add_argument("--rounds", type=int, default=3, help="alternating rounds per step")
+    parser.add_argument("--rounds-generate", type=int, default=2, help="end-to-end runs each")
+    parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument(
+        "--threads", type=int, default=None, help="torch threads (default: torch's own choice)"
+    )
+    parser.add_argument("--skip-generate", action="store_true")
+    return parser.parse_args()
+
+
+def main() -> int:
+    if transformers is None:
+        print(
+            "bench_peer.py needs Hugging Face transformers: pip install 'benchbatch[peer]' "
+            "(or pip install transformers)",
+            file=sys.stderr,
+        )
+        return 2
+    args = parse_args()
+    if args.threads:
+        torch.set_num_threads(args.threads)
+    target = devices.resolve(args.device, args.dtype)
+    cfg = preset(args.preset or ("article" if target.device.type == "cuda" else "cpu-small"))
+    opts = TimingOptions(min_repeats=args.repeats, min_time_s=args.min_time)
+    ours = Transformer(cfg, target.device, target.dtype, args.seed)
+    peer, config = peer_model(cfg, target.device, target.dtype, args.seed)
+    print(header(cfg, target, args), flush=True)
+    points = step_points(ours, peer, config, args, opts)
+    if not args.skip_generate:
+        points += generate_points(ours, peer, args)
+    print_table(points)
+    print(json.dumps(summary(cfg, target, args, points)))
+    return 0
+
+
+def header(cfg: ModelConfig, target, args) -> str:
+    return (
+        f"benchbatch vs transformers {transformers.__version__} LlamaForCausalLM (sdpa): "
+        f"{cfg.name} (hidden {cfg.hidden}, {cfg.layers} layers, {cfg.heads} heads, "
+        f"{cfg.kv_heads} KV heads, MLP {cfg.intermediate}, vocab {cfg.vocab:,}), "
+        f"{target.dtype_name}, {devices.device_name(target.device)} ({target.device}, "
+        f"{torch.get_num_threads()} threads), torch {torch.__version__}"
+    )
+
+
+def point(name: str, ours, peer, peer_name: str, note: str = "") -> dict:
+    """A row of the table: median times (of Measurements, or given in ms) and their ratio."""
+    ours_ms, peer_ms = (m.median_ms if isinstance(m, Measurement) else m for m in (ours, peer))
+    row = {
+        "point": name,
+        "peer": peer_name,
+        "benchbatch_ms": ours_ms,
+        "peer_ms": peer_ms,
+        "benchbatch_over_peer": ours_ms / peer_ms,
+        "note": note,
+    }
+    if isinstance(ours, Measurement):
+        row |= {"benchbatch_min_ms": ours.min_ms, "peer_min_ms": peer.min_ms}
+        row |= {"benchbatch_cv": ours.cv, "peer_cv": peer.cv}
+    return row
+
+
+def step_points(ours, peer, config, args, opts) -> list[dict]:
+    out = []
+    for batch in (int(b) for b in args.batches.split(",")):
+        name = f"decode b={batch}, context {args.context}"
+        timers = [ours_step(ours, steps.decode(batch, args.context))]
+        timers += [peer_decode(peer, config, batch, args.context, k) for k in ("dynamic", "static")]
+        mine, dynamic, static = alternate(timers, opts, args.rounds)
+        out.append(point(name, mine, dynamic, "HF DynamicCache"))
+        out.append(point(name, mine, static, "HF StaticCache"))
+        progress(out[-2:])
+    name = f"prefill {args.prefill}"
+    timers = [
+        ours_step(ours, steps.prefill(1, args.prefill)),
+        peer_prefill(peer, config, args.prefill),
+    ]
+    mine, theirs = alternate(timers, opts, args.rounds)
+    out.append(point(name, mine, theirs, "HF forward"))
+    progress(out[-1:])
+    return out
+
+
+def progress(points: list[dict]) -> None:
+    for p in points:
+        print(
+            f"  {p['point']}: benchbatch {p['benchbatch_ms']:.4g} ms, {p['peer']} "
+            f"{p['peer_ms']:.4g} ms",
+            file=sys.stderr,
+            flush=True,
+        )
+
+
+def generate_points(ours, peer, args) -> list[dict]:
+    """End to end on the same requests; each contestant runs `rounds` times in turn and
+    keeps its fastest run (the one least disturbed by other processes)."""
+    requests = lognormal_workload(
+        args.requests,
+        median=args.median,
+        max_output=args.max_output,
+        prompt_len=args.prompt_len,
+        seed=args.seed,
+    )
+    warm = [Request(r.id, r.prompt_tokens, 2) for r in requests[:2]]
+    peer_generate_s(peer, warm, 2, args.seed)  # first calls: allocation, lazy init
+    ours_engine_s(ours, warm, 2, "continuous", args.seed)
+    runs: dict[str, list[float]] = {"generate": [], "static": [], "continuous": []}
+    computed, steps_run = 0, {}
+    for _ in range(args.rounds_generate):
+        wall, computed = peer_generate_s(peer, requests, args.slots, args.seed)
+        runs["generate"].append(wall)
+        for policy in ("static", "continuous"):
+            wall, steps_run[policy] = ours_engine_s(ours, requests, args.slots, policy, args.seed)
+            runs[policy].append(wall)
+        print(f"  end to end: { {k: round(v[-1], 2) for k, v in runs.items()} } s", file=sys.stderr)
+    outputs = sum(r.output_tokens for r in requests)
+    what = f"{len(requests)} requests, {args.slots} slots, {outputs:,} output tokens"
+    theirs = min(runs["generate"]) * 1e3
+    return [
+        point(
+            f"{what}: engine {policy}",
+            min(runs[policy]) * 1e3,
+            theirs,
+            "HF generate",
+            f"{steps_run[policy]:,} steps; generate computed {computed:,} tokens",
+        )
+        for policy in ("static", "continuous")
+    ]
+
+
+def print_table(points: list[dict]) -> None:
+    width = max(len(p["point"]) for p in points) + 2
+    print(f"{'point':<{width}}{'peer':<18}{'benchbatch ms':>15}{'peer ms':>12}{'bb/peer':>9}")
+    for p in points:
+        print(
+            f"{p['point']:<{width}}{p['peer']:<18}{p['benchbatch_ms']:>15,.4g}"
+            f"{p['peer_ms']:>12,.4g}{p['benchbatch_over_peer']:>9.3f}"
+        )
+    print("bb/peer: benchbatch's time over the peer's (below 1: benchbatch is faster)")
+
+
+def summary(cfg: ModelConfig, target, args, points: list[dict]) -> dict:
+    return {
+        "bench": "peer",
+        "transformers": transformers.__version__,
+        "torch": torch.__version__,
+        "device": devices.device_name(target.device),
+        "threads": torch.get_num_threads(),
+        "dtype": target.dtype_name,
+        "model": cfg.to_dict(),
+        "context": args.context,
+        "points": points,
+    }
+
+
+if __name__ == "__main__":
+    sys.exit(main())
