@@ -252,12 +252,14 @@ def test_simulation_from_a_step_costs_csv_needs_no_model(runner, tmp_path):
     assert json.loads((out / "metadata.json").read_text())["config"] is None
 
 
-def test_one_scheme_runs_alone(runner, tmp_path):
+def test_one_scheme_runs_alone_and_a_small_budget_bounds_the_chunk(runner, tmp_path):
     csv = tmp_path / "costs.csv"
     pd.DataFrame(cost_rows(CPU_LIKE, points())).to_csv(csv, index=False)
-    result = ablation(runner, tmp_path / "run", "--step-costs", str(csv), "--schemes", "both")
+    args = ["--step-costs", str(csv), "--schemes", "both", "--max-num-batched-tokens", "64"]
+    result = ablation(runner, tmp_path / "run", *args)
     assert result.exit_code == 0, result.output
-    assert list(pd.read_csv(tmp_path / "run" / "ablation.csv")["scheme"]) == ["both"]
+    df = pd.read_csv(tmp_path / "run" / "ablation.csv")
+    assert list(df["scheme"]) == ["both"] and list(df["chunk_size"]) == [64]
 
 
 @pytest.mark.parametrize(
@@ -272,6 +274,7 @@ def test_one_scheme_runs_alone(runner, tmp_path):
         (["--max-num-batched-tokens", "4"], "--max-num-batched-tokens"),  # below 8 sequences
         (["--max-num-seqs", "0"], "--max-num-seqs"),
         (["--max-num-seqs", "-2"], "--max-num-seqs"),
+        (["--schemes", "mixed-only", "--max-num-batched-tokens", "0"], "--max-num-batched-tokens"),
         (["--schemes", "orca"], "--schemes"),
         (["--slo-ttft", "1"], "--slo-tbt"),
         (["--slo-ttft", "1", "--slo-tbt", "0"], "--slo-tbt"),

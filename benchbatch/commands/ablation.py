@@ -70,7 +70,8 @@ def ablation(
     chunk_size: Annotated[
         int | None,
         typer.Option(
-            help=f"Largest prefill chunk in the chunked schemes. Default: {DEFAULT_CHUNK}.",
+            help=f"Largest prefill chunk in the chunked schemes. Default: {DEFAULT_CHUNK}, or "
+            "the token budget if smaller.",
             rich_help_panel=BUDGETS,
         ),
     ] = None,
@@ -199,9 +200,9 @@ def ablation(
     about two minutes on 2 cores.
     """
     scheme_list = probe.parse_schemes(schemes)
-    budgets = probe.Budgets(
-        max_num_seqs, max_num_batched_tokens, DEFAULT_CHUNK if chunk_size is None else chunk_size
-    )
+    # Without --chunk-size the chunk is 128 tokens, or the whole budget if that is smaller.
+    chunk = min(DEFAULT_CHUNK, max(1, max_num_batched_tokens)) if chunk_size is None else chunk_size
+    budgets = probe.Budgets(max_num_seqs, max_num_batched_tokens, chunk)
     probe.check_budgets(scheme_list, budgets, chunk_size is not None)
     slo = _slo(slo_ttft, slo_tbt)
     reqs = probe.workload(

@@ -75,6 +75,10 @@ def check_budgets(schemes: Sequence[str], b: Budgets, chunk_given: bool) -> None
     """A UserError naming the option for any setting a scheme would refuse."""
     if b.max_num_seqs < 1:
         raise UserError("--max-num-seqs", f"must be at least 1, got {b.max_num_seqs}")
+    # The budget is checked even when only mixed-only runs (which ignores it): never silently.
+    SchedulerConfig(
+        b.max_num_seqs, max_num_seqs=b.max_num_seqs, max_num_batched_tokens=b.max_num_batched_tokens
+    )
     chunked = [s for s in schemes if s != "mixed-only"]
     if chunk_given and not chunked:
         raise UserError(
