@@ -24,9 +24,11 @@ def _matplotlib_config_dir() -> None:
     fallback = Path(tempfile.gettempdir()) / f"benchbatch-matplotlib-{user}"
     try:
         fallback.mkdir(mode=0o700, exist_ok=True)
+        mine = not hasattr(os, "getuid") or fallback.stat().st_uid == os.getuid()
     except OSError:
         return  # matplotlib makes its own temporary folder
-    os.environ["MPLCONFIGDIR"] = str(fallback)
+    if mine and os.access(fallback, os.W_OK):  # not a folder another user left in /tmp
+        os.environ["MPLCONFIGDIR"] = str(fallback)
 
 
 _matplotlib_config_dir()
