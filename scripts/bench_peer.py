@@ -14,11 +14,18 @@ dtype. Measured in one run, with benchbatch's timing harness:
   long as the longest, exactly the work of benchbatch's static policy) against
   benchbatch's engine, static and continuous.
 
+Each step is timed in alternating rounds (benchbatch, then the peer, --rounds times) and
+each side's raw times pooled, so a burst of load from another process hits both alike; on a
+shared 2-core machine --threads 1 keeps OpenMP from waiting on a descheduled thread.
+The default workload (64 requests, 16 slots, lognormal outputs median 70, at most 400)
+simulates to about 1.9x fewer steps for continuous batching; more requests and slots widen
+the gap (the article's 600 requests on 32 slots: 3.9x) but take long on a CPU.
+
 It prints a table (times, and benchbatch / peer time: below 1 means benchbatch is faster),
 then one JSON line.
 
     pip install 'benchbatch[peer]'   # or: pip install transformers
-    python scripts/bench_peer.py [--preset cpu-small] [--device auto] [--requests 48]
+    python scripts/bench_peer.py [--preset cpu-small] [--device auto] [--threads 1]
 """
 
 from __future__ import annotations
@@ -181,15 +188,15 @@ def parse_args() -> argparse.Namespace:
     parser.add_argument("--context", type=int, default=512)
     parser.add_argument("--batches", default="1,32")
     parser.add_argument("--prefill", type=int, default=512)
-    parser.add_argument("--requests", type=int, default=32)
-    parser.add_argument("--slots", type=int, default=8)
+    parser.add_argument("--requests", type=int, default=64)
+    parser.add_argument("--slots", type=int, default=16)
     parser.add_argument("--median", type=float, default=70)
-    parser.add_argument("--max-output", type=int, default=128)
+    parser.add_argument("--max-output", type=int, default=400)
     parser.add_argument("--prompt-len", type=int, default=64)
     parser.add_argument("--repeats", type=int, default=5)
     parser.add_argument("--min-time", type=float, default=0.3)
     parser.add_argument("--rounds", type=int, default=3, help="alternating rounds per step")
-    parser.add_argument("--rounds-generate", type=int, default=2, help="end-to-end runs each")
+    parser.add_argument("--rounds-generate", type=int, default=1, help="end-to-end runs each")
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument(
         "--threads", type=int, default=None, help="torch threads (default: torch's own choice)"

@@ -115,6 +115,7 @@ def test_cpu_defaults_are_cpu_sized():
         (["--context", "300"], "--context"),
         (["--slots", "0"], "--slots"),
         (["--probe-sizes", "-1"], "--probe-sizes"),
+        (["--sigma", "-1"], "--sigma"),
         (["--real", "--real-max-output", "400", "--median", "300"], "--max-output"),
     ],
 )

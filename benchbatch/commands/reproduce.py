@@ -9,6 +9,7 @@ report.html setting each number beside the article's with a verdict per claim.
 
 from __future__ import annotations
 
+import contextlib
 import math
 import time
 from dataclasses import dataclass
@@ -25,6 +26,7 @@ from benchbatch.commands.phases import _check_lengths
 from benchbatch.commands.phases import summary as phases_summary
 from benchbatch.commands.probe import summary as probe_summary
 from benchbatch.commands.render import fmt
+from benchbatch.config import ModelConfig
 from benchbatch.engines.engine import Engine, check_fits
 from benchbatch.engines.model import Transformer
 from benchbatch.engines.simulate import timeline_rows
@@ -38,10 +40,10 @@ from benchbatch.probes import ceilings as ceiling_probes
 from benchbatch.probes import occupancy as occupancy_probe
 from benchbatch.probes import phases as phases_probe
 from benchbatch.probes import sweep as sweep_probe
+from benchbatch.timing import TimingOptions
 
 KNEE_THRESHOLD = 0.25  # sweep's default: a step 25% slower than the smallest batch's
 WORKLOAD = "Workload (experiment C)"
-TEST = "Test sizes"
 
 
 @dataclass(frozen=True)
@@ -69,14 +71,14 @@ SIZES = {
 class Job:
     """Every input of a reproduction, checked."""
 
-    cfg: object
+    cfg: ModelConfig
     target: devices.Target
     prompts: list[int]
     decode_batches: list[int]
     batches: list[int]
     context: int
-    opts: object
-    probe_plan: list
+    opts: TimingOptions
+    probe_plan: list[ceiling_probes.Probe]
     cuda_graphs: bool
     seed: int
     requests: int
@@ -217,7 +219,7 @@ def reproduce(
     _terminal(run, built, json_out)
 
 
-def _probe_plan(target, sizes: str | None, buffer_mb: int | None) -> list:
+def _probe_plan(target, sizes: str | None, buffer_mb: int | None) -> list[ceiling_probes.Probe]:
     default = ceiling_probes.default_plan(target.device)
     matmuls = (
         c.parse_int_list(sizes, "--probe-sizes")
@@ -240,6 +242,7 @@ def _check(job: Job) -> None:
     ):
         if value < 1:
             raise UserError(option, f"must be at least 1, got {value}")
+    _sim_workload(job)  # its own checks (--median, --sigma), before any folder is made
     if job.real:
         check_fits(job.cfg.max_context, _real_workload(job))
 
@@ -265,16 +268,14 @@ def header_lines(job: Job) -> list[str]:
         f"device: {devices.device_name(t.device)} ({t.device}), {t.dtype_name}; model "
         f"{cfg.name}: hidden {cfg.hidden}, {cfg.layers} layers, {cfg.heads} heads, random weights"
     )
+    real = (
+        f"; real engine: {job.real_requests} requests, {job.real_slots} slots" if job.real else ""
+    )
     lines.append(
         f"parts: probe, phases (prefill {_list(job.prompts)}; decode batch "
         f"{_list(job.decode_batches)} at context {job.context:,}), sweep (batch "
         f"{_list(job.batches)}), occupancy ({job.requests:,} requests, {job.slots} slots, "
-        f"simulated"
-        + (
-            f"; real engine: {job.real_requests} requests, {job.real_slots} slots)"
-            if job.real
-            else ")"
-        )
+        f"simulated{real})"
     )
     return lines
 
@@ -326,24 +327,16 @@ def _run_parts(run, job: Job, bar, quiet: bool) -> Built:
     return built
 
 
-class _part:
+@contextlib.contextmanager
+def _part(run, name: str, quiet: bool):
     """Times a part into metadata and says when it is done (stderr; the bar is transient)."""
-
-    def __init__(self, run, name: str, quiet: bool):
-        self.run, self.name, self.quiet = run, name, quiet
-
-    def __enter__(self):
-        self.start = time.perf_counter()
-        return self
-
-    def __exit__(self, kind, value, tb):
-        if kind is None:
-            seconds = time.perf_counter() - self.start
-            self.run.meta["parts"][self.name] = round(seconds, 3)
-            self.run.write_meta()
-            if not self.quiet:
-                c.err_console.print(f"{self.name}: done in {seconds:.1f} s", highlight=False)
-        return False
+    start = time.perf_counter()
+    yield
+    seconds = time.perf_counter() - start
+    run.meta["parts"][name] = round(seconds, 3)
+    run.write_meta()
+    if not quiet:
+        c.err_console.print(f"{name}: done in {seconds:.1f} s", highlight=False)
 
 
 def _probe(run, job: Job, bar) -> roofline.Ceilings:
