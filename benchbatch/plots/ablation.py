@@ -8,6 +8,7 @@ from pathlib import Path
 
 import numpy as np
 import pandas as pd
+from matplotlib import ticker
 
 from benchbatch.plots import plt, save
 
@@ -82,6 +83,8 @@ def latency_figure(
     tbt.set_ylabel("fraction of gaps")
     tbt.axhline(0.99, color="black", ls=":", lw=0.8)
     tbt.set_xscale("log")
+    tbt.xaxis.set_major_formatter(ticker.ScalarFormatter())
+    tbt.xaxis.set_minor_formatter(ticker.NullFormatter())
     for ax in (ttft, tbt):
         ax.grid(True, alpha=0.3)
         ax.legend(fontsize=7)
@@ -126,7 +129,7 @@ def _bars(ax, rows: list[dict]) -> None:
     ax.set_xticks(x, ["P50 TTFT", "P99 TBT"])
     ax.set_ylabel("relative to the largest scheme")
     ax.set_title("ours (solid) against the paper (hatched)", fontsize=9)
-    ax.legend(fontsize=7)
+    ax.legend(fontsize=7, ncol=3, loc="upper center", bbox_to_anchor=(0.5, -0.1))
     ax.grid(True, axis="y", alpha=0.3)
 
 

@@ -5,6 +5,8 @@ from __future__ import annotations
 
 from pathlib import Path
 
+from matplotlib import ticker
+
 from benchbatch.plots import plt, save
 
 
@@ -49,6 +51,9 @@ def _mixed_panel(ax, rows: list[dict], s: dict) -> None:
     if s["free_prefill_tokens"]:
         ax.axvline(s["free_prefill_tokens"], color="tab:green", ls=":", lw=1)
     ax.set_xscale("symlog", linthresh=16)
+    ax.set_xlim(left=0)
+    ax.set_xticks(p, [str(x) for x in p])
+    ax.xaxis.set_minor_locator(ticker.NullLocator())
     ax.set_xlabel("prefill tokens riding on the decode step")
     ax.set_ylabel("step time (ms)")
     ax.set_title(
