@@ -187,7 +187,7 @@ def test_goodput_and_slo_search():
     rows = probe.slo_search(reqs, BUDGETS, CPU_LIKE, slo)
     assert {(r["max_num_seqs"], r["max_num_batched_tokens"]) for r in rows} >= {(8, 256)}
     assert all(r["max_num_batched_tokens"] >= r["max_num_seqs"] for r in rows)
-    assert all(r["chunk_size"] <= min(128, r["max_num_batched_tokens"]) for r in rows)
+    assert all(r["chunk_size"] == r["max_num_batched_tokens"] for r in rows)
     for r in rows:
         assert r["meets_slo"] == (r["ttft_p99_s"] <= 2.0 and r["tbt_p99_s"] <= 0.12)
     best = probe.slo_best(rows)

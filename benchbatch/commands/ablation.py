@@ -7,6 +7,7 @@ from enum import Enum
 from pathlib import Path
 from typing import Annotated
 
+import torch
 import typer
 from rich import box
 
@@ -230,6 +231,8 @@ def ablation(
         vocab=vocab,
         max_context=max_context,
     )
+    if not need_model:  # nothing runs on the device: no device notice either
+        target = devices.Target(torch.device("cpu"), "fp32")
     cfg = _model_config(preset, config, target, model_opts) if need_model else None
     given = probe.fit(probe.cost_rows_from_csv(step_costs)) if step_costs else None
     if real:
@@ -364,7 +367,8 @@ def _slo_search(run, reqs, budgets, cost, slo: probe.SLO) -> None:
         "percentile": probe.SLO_PERCENTILE,
         "request_rule": "TTFT <= limit and the request's own P99 TBT <= limit",
         "search_rule": "P99 TTFT over requests and P99 TBT over all gaps within the limits, "
-        "scheme 'both', simulated with the fitted cost model",
+        "scheme 'both' with chunk size = token budget (vLLM), simulated with the fitted cost "
+        "model",
         **probe.slo_best(rows),
     }
 
@@ -478,8 +482,8 @@ def _slo_report(rows: list[dict], slo: dict) -> None:
         f"goodput: TTFT <= {slo['ttft_s']:g} s and own P99 TBT <= {slo['tbt_s']:g} s",
     )
     head = (
-        f"SLO search (scheme both, simulated): P99 TTFT <= {slo['ttft_s']:g} s and "
-        f"P99 TBT <= {slo['tbt_s']:g} s"
+        "SLO search (scheme both, chunk = budget, simulated): "
+        f"P99 TTFT <= {slo['ttft_s']:g} s and P99 TBT <= {slo['tbt_s']:g} s"
     )
     if not slo["met"]:
         c.out_console.print(f"{head}: no max_num_seqs and token budget on the grid meets it")

@@ -534,13 +534,14 @@ def ordering(rows: Sequence[dict], source: str) -> dict | None:
 
 def slo_grid(b: Budgets) -> list[Budgets]:
     """max_num_seqs and token budgets in powers of two around the given ones (the given pair
-    included); a budget never below max_num_seqs; the chunk is --chunk-size or the budget."""
+    included), a budget never below max_num_seqs. As in vLLM, a prefill chunk is whatever the
+    budget leaves (chunk size = budget), so the budget alone trades TBT against TTFT."""
     seqs = sorted(
         {2**k for k in range(7) if 2**k <= max(32, 2 * b.max_num_seqs)} | {b.max_num_seqs}
     )
     top = max(2048, 2 * b.max_num_batched_tokens)
     budgets = sorted({2**k for k in range(5, 16) if 2**k <= top} | {b.max_num_batched_tokens})
-    return [Budgets(s, t, min(b.chunk_size, t)) for s in seqs for t in budgets if t >= s]
+    return [Budgets(s, t, t) for s in seqs for t in budgets if t >= s]
 
 
 def slo_search(
