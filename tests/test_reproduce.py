@@ -102,7 +102,7 @@ def test_json_is_one_document(tmp_path):
 
 def test_cpu_defaults_are_cpu_sized():
     cpu, cuda = reproduce.SIZES["cpu"], reproduce.SIZES["cuda"]
-    assert cpu.preset == "cpu-small" and cpu.prefill == "128,512" and cpu.batch == "1,8,32,64"
+    assert cpu.preset == "cpu-small" and cpu.prefill == "512,2048" and cpu.batch == "1,8,32,64,128"
     assert cuda.preset == "article" and cuda.prefill == "512,2048"
     assert cuda.batch == "1,8,32,128,256" and cuda.decode_batch == "1,32"
 

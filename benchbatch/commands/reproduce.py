@@ -61,9 +61,10 @@ class Sizes:
 
 SIZES = {
     "cuda": Sizes("article", "512,2048", "1,32", "1,8,32,128,256", 600, 32, 2000),
-    # About a minute of measurements on 2 cores (cpu-small: hidden 512, 4 layers), and the
-    # real engine's 64 requests in about as long again.
-    "cpu": Sizes("cpu-small", "128,512", "1,32", "1,8,32,64", 64, 8, 200),
+    # The article's prompts and all but its largest batch on a small model: about 30 s of
+    # measurements on 2 idle cores (cpu-small: hidden 512, 4 layers); --real adds about 1.5
+    # min (the engine's 64 requests on 8 slots, 2,300 steps in all).
+    "cpu": Sizes("cpu-small", "512,2048", "1,32", "1,8,32,64,128", 64, 8, 200),
 }
 
 
@@ -97,7 +98,7 @@ class Job:
 def reproduce(
     prefill: Annotated[
         str | None,
-        typer.Option(help="Prompt lengths to prefill (table B). Default: 512,2048; CPU 128,512."),
+        typer.Option(help="Prompt lengths to prefill (table B). Default: 512,2048."),
     ] = None,
     decode_batch: Annotated[
         str | None, typer.Option(help="Decode batch sizes of table B. Default: 1,32.")
@@ -105,7 +106,7 @@ def reproduce(
     batch: Annotated[
         str | None,
         typer.Option(
-            help="Batch sizes of the sweep (table A). Default: 1,8,32,128,256; CPU 1,8,32,64."
+            help="Batch sizes of the sweep (table A). Default: 1,8,32,128,256; CPU 1,8,32,64,128."
         ),
     ] = None,
     context: Annotated[
@@ -169,8 +170,8 @@ def reproduce(
 
     probe -> phases -> sweep -> occupancy, on one model with random weights. On CUDA the
     article's sizes (12 layers, hidden 2048, fp16); without CUDA a CPU-sized model
-    (cpu-small: hidden 512, 4 layers, fp32) and smaller prompts and batches, about a
-    minute on 2 cores (--real adds about as much again).
+    (cpu-small: hidden 512, 4 layers, fp32) and batches up to 128, under a minute on 2
+    cores (--real adds about a minute and a half).
     """
     target = c.resolve_target(device, dtype)
     sizes = SIZES["cuda" if target.device.type == "cuda" else "cpu"]
@@ -281,11 +282,12 @@ def header_lines(job: Job) -> list[str]:
 
 
 def cpu_notice(job: Job) -> str:
+    cfg = job.cfg
     return (
-        "CPU-sized run: no CUDA device, so the model, prompts and batches are scaled down "
-        f"(model {job.cfg.name}, prefill {_list(job.prompts)}, batch {_list(job.batches)}). "
-        "Times are not comparable with the article's GPU; the claims are about ratios, and "
-        "the verdicts say which of them hold on this CPU."
+        f"CPU-sized run: no CUDA device, so a small model ({cfg.name}: hidden {cfg.hidden}, "
+        f"{cfg.layers} layers, {job.target.dtype_name}), prefill {_list(job.prompts)} and "
+        f"batches up to {job.batches[-1]:,}. Times are not comparable with the article's GPU; "
+        "the claims are about ratios, and the verdicts say which of them hold on this CPU."
     )
 
 
@@ -509,7 +511,7 @@ def _write_report(run, job: Job) -> report.Report:
 
 def _facts(run, job: Job) -> list[tuple[str, str]]:
     cfg, t, env = job.cfg, job.target, run.meta["environment"]
-    return [
+    facts = [
         ("device", f"{devices.device_name(t.device)} ({t.device}), {t.dtype_name}"),
         (
             "model",
@@ -522,6 +524,21 @@ def _facts(run, job: Job) -> list[tuple[str, str]]:
             f"median of at least {job.opts.min_repeats} repeats and {job.opts.min_time_s} s",
         ),
         ("started", f"{run.meta['started_utc']} ({run.meta['command_line']})"),
+    ]
+    noisy = noisy_steps(run)
+    if noisy:
+        facts.append(("noisy (CV over 10%)", ", ".join(noisy)))
+    return facts
+
+
+def noisy_steps(run) -> list[str]:
+    """Steps whose repeats spread by more than 10% of their mean: another process, most
+    likely, shared the device; their medians are less sure."""
+    return [
+        f"{r['label']} ({r['cv']:.0%})" if table == "phases" else f"b={r['batch']} ({r['cv']:.0%})"
+        for table in ("phases", "sweep")
+        for r in run.rows(table)
+        if r.get("noisy")
     ]
 
 
@@ -561,6 +578,12 @@ def _terminal(run, built: Built, json_out: bool) -> None:
     for column in verdicts.columns:
         column.justify = "left"
     out.print(verdicts)
+    noisy = noisy_steps(run)
+    if noisy:
+        c.err_console.print(
+            f"[yellow]warning:[/] noisy steps (CV over 10%): {', '.join(noisy)}; another "
+            "process may share the device: try more --repeats or --min-time."
+        )
     out.print(f"report: {run.folder / 'report.md'} (and report.html); every file: {run.folder}")
 
 
