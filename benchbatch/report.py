@@ -189,6 +189,11 @@ def _section_b(rows: list[dict], image: str | None) -> Section:
         "measured matmul peak (probe); bound is memory or compute from the step's "
         "arithmetic intensity against the measured ridge point.",
     ]
+    if any((_get(e["measured"], "mfu") or 0) > 1 for e in table_b(rows)):
+        intro.append(
+            "An MFU over 100% means a step ran faster than the probe's matmuls: the probe's "
+            "ceiling came out low (another process during the probe, or sizes it did not try)."
+        )
     if any(e["measured"] and e["article"].label != e["measured"]["label"] for e in table_b(rows)):
         intro.append(
             "The measured sizes differ from the article's: they are paired by rank (shortest "

@@ -137,6 +137,13 @@ def test_pair_sizes():
     assert report.pair_sizes([512, 2048], []) == [None, None]
 
 
+def test_an_mfu_over_one_is_explained():
+    rows = article_phases()
+    assert not any("MFU over 100%" in p for p in build(phases=rows).sections[0].intro)
+    rows[1] = {**rows[1], "mfu": 1.27}
+    assert any("MFU over 100%" in p for p in build(phases=rows).sections[0].intro)
+
+
 def test_a_missing_or_failed_step_is_shown_as_such():
     rows = article_phases()
     rows[3] = {**rows[3], "status": "oom", "step_ms": math.nan, "tflops": math.nan}
