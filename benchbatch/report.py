@@ -79,6 +79,8 @@ class Rule:
 # The thresholds, stated once: the report prints each rule's text beside its verdict.
 PREFILL_RULE = Rule(10.0, 2.0, "holds at 10x or more, partly at 2x or more")
 SPEEDUP_RULE = Rule(2.0, 1.2, "holds at 2x or more, partly at 1.2x or more")
+# A real run whose wall time exceeds its steps x its median step by this much was disturbed.
+UNEVEN_STEPS = 1.5
 # Decode per-token cost against perfect batching (cost / (batch_to / batch_from)).
 BATCHING_FRACTION, BATCHING_MIN_HOLDS, BATCHING_MIN_PARTLY = 0.25, 2.0, 1.25
 BATCHING_RULE_TEXT = (
@@ -304,6 +306,9 @@ def _section_c(sim_rows: list[dict], sim_workload: str, image: str | None) -> Se
     return Section(title, intro, headers, body, image)
 
 
+REAL_TITLE = "C on the real engine"
+
+
 def _section_real(rows: list[dict], workload: str | None, image: str | None) -> Section:
     """The same two policies run on the model: steps, wall time and the speedup measured."""
     headers = ["policy", "steps", "slot occupancy", "wall s", "tokens/s", "speedup (wall)"]
@@ -323,7 +328,16 @@ def _section_real(rows: list[dict], workload: str | None, image: str | None) -> 
         "steps, so the step counts equal a simulation of this workload, and the wall time "
         "says whether fewer steps also means less time on this device.",
     ]
-    return Section("C on the real engine", intro, headers, body, image)
+    notes = []
+    slowed = [r for r in rows if (_get(r, "measured_over_sim") or 0) > UNEVEN_STEPS]
+    if slowed:
+        which = ", ".join(f"{r['policy']} x{_get(r, 'measured_over_sim'):.2f}" for r in slowed)
+        notes.append(
+            f"Uneven step times ({which} the steps priced at the run's median step): part of "
+            "the run was slowed, most likely by another process on the device, so the "
+            "wall-time speedup is less sure than the step counts."
+        )
+    return Section(REAL_TITLE, intro, headers, body, image, notes)
 
 
 # --- claims ----------------------------------------------------------------------------------

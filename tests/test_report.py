@@ -254,6 +254,9 @@ def test_real_engine_rows_add_a_claim_of_their_own():
     real_section = rep.sections[3]
     assert real_section.title == "C on the real engine"
     assert real_section.rows[1] == ["continuous", "300", "90.0%", "3.6", "75", "2.5x"]
+    assert not real_section.notes
+    real[1]["measured_over_sim"] = 4.4
+    assert "continuous x4.40" in build(real=real).sections[3].notes[0]
 
 
 # --- rendering -------------------------------------------------------------------------------

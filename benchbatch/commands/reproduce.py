@@ -563,6 +563,10 @@ def _terminal(run, built: Built, json_out: bool) -> None:
     out.print(_table_b(run.rows("phases")))
     out.print(_table_a(run.rows("sweep")))
     out.print(_table_c(run.rows("occupancy"), run.rows("engine")))
+    for section in built.report.sections:
+        if section.title == report.REAL_TITLE:
+            for note in section.notes:
+                c.err_console.print(f"[yellow]note:[/] {note}", highlight=False)
     m = built.ceilings
     out.print(
         f"measured ceilings ({m.dtype}): matmul {fmt(m.peak_tflops)} TFLOP/s "
