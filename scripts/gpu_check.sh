@@ -16,12 +16,20 @@ step "machine"
 { nvidia-smi; python -c "import torch; print(torch.__version__, torch.version.cuda, torch.cuda.get_device_name())"; } \
   >"$out/machine.txt" 2>&1
 step "GPU tests"
-timeout 120 python -m pytest -q -m gpu tests 2>&1 | tee "$out/gpu-tests.txt" | tail -3
-step "phases, article defaults, CUDA graphs"
-bb 90 phases --out "$out/phases" --force
-step "phases, article defaults, no CUDA graphs"
-bb 90 phases --no-cuda-graphs --out "$out/phases-eager" --force
-# (each later command adds its run here, sized to keep the whole script under 6 minutes)
+timeout 60 python -m pytest -q -m gpu tests 2>&1 | tee "$out/gpu-tests.txt" | tail -3
+step "reproduce: probe, phases (table B), sweep (table A), occupancy (C) + report"
+bb 120 reproduce --out "$out/reproduce" --force
+step "phases without CUDA graphs (launch overhead visible), on the reproduce run's ceilings"
+bb 30 phases --no-cuda-graphs --ceilings "$out/reproduce/probe.csv" --out "$out/phases-eager" --force
+step "sweep: context grid (the KV cache read grows with context)"
+bb 45 sweep --context 128,512,2048 --ceilings "$out/reproduce/probe.csv" --out "$out/sweep-contexts" --force
+step "occupancy on the real engine (article model, 200 requests, 32 slots)"
+bb 45 occupancy --engine real --requests 200 --out "$out/occupancy-real" --force
+step "chunked prefill: the three Sarathi-Serve schemes, simulated and on the model"
+bb 45 ablation --engine real --requests 60 --long-prompt-len 2048 --max-num-batched-tokens 512 \
+  --chunk-size 256 --max-num-seqs 16 --out "$out/ablation" --force
+step "piggyback: prefill tokens riding on a decode step"
+bb 20 piggyback --decode-batch 32 --out "$out/piggyback" --force
 step "pack"
 tar czf "$out/gpu-results.tgz" -C "$out" --exclude gpu-results.tgz . 2>/dev/null
 step "done"
