@@ -85,6 +85,10 @@ CASES = [
     ("occupancy", ["--sigma", "nan"], "--sigma"),
     ("reproduce", ["--median", "nan"], "--median"),
     ("ablation", ["--arrival-rate", "nan"], "--arrival-rate"),
+    ("ablation", ["--arrival-rate", "1e-300"], "--arrival-rate"),
+    ("ablation", ["--seed", "-1"], "--seed"),
+    ("ablation", ["--requests", str(2**40)], "--requests"),
+    ("ablation", ["--vocab", str(10**15)], "--vocab"),
     ("ablation", ["--long-prompt-fraction", "inf"], "--long-prompt-fraction"),
     ("piggyback", ["--threshold", "inf"], "--threshold"),
     ("piggyback", ["--context", LONG], "--context"),
@@ -108,6 +112,7 @@ FILE_CASES = [
     ("occupancy", "--trace", "trace.csv", b"output_tokens\n\xff\xfe\n", "--trace"),
     ("occupancy", "--trace", "trace.csv", "output_tokens\n\x00\n", "--trace"),
     ("ablation", "--trace", "trace.csv", "output_tokens\n-1\n", "--trace"),
+    ("ablation", "--trace", "trace.csv", "output_tokens,arrival_step\n5,99999999999\n", "--trace"),
 ]
 
 
@@ -189,6 +194,14 @@ def test_cuda_without_cuda(runner, tmp_path, command):
     result = invoke(runner, command, ["--device", "cuda"], tmp_path)
     assert_one_line_error(result, "--device")
     assert "CUDA is not available" in result.stderr
+
+
+@pytest.mark.parametrize("command", ["ablation"])
+def test_a_model_too_large_is_refused_before_the_preset_note(runner, tmp_path, command):
+    """Without --preset the command notes the one it chose, once every input has passed."""
+    shape = [a for a in SHAPES[command] if a not in ("--preset", "tiny")]
+    args = [command, *shape, "--vocab", str(10**15), "--out", str(tmp_path / "run")]
+    assert_one_line_error(runner.invoke(app, args), "--vocab")
 
 
 def test_compare_names_what_is_wrong(runner, tmp_path):

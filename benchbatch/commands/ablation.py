@@ -17,6 +17,7 @@ from benchbatch.commands import common as c
 from benchbatch.commands.render import rows_table
 from benchbatch.engines.engine import Engine, check_fits
 from benchbatch.engines.model import Transformer
+from benchbatch.engines.workload import Request
 from benchbatch.errors import UserError
 from benchbatch.plots.ablation import latency_figure, slo_figure, tbt_figure
 from benchbatch.probes import ablation as probe
@@ -129,6 +130,7 @@ def ablation(
         typer.Option(
             help="Seed of the workload (and of the weights and prompts).",
             rich_help_panel=WORKLOAD,
+            min=0,
         ),
     ] = 0,
     trace: Annotated[
@@ -206,6 +208,7 @@ def ablation(
     budgets = probe.Budgets(max_num_seqs, max_num_batched_tokens, chunk)
     probe.check_budgets(scheme_list, budgets, chunk_size is not None)
     slo = _slo(slo_ttft, slo_tbt)
+    _check_workload(requests, arrival_rate, trace)
     reqs = probe.workload(
         requests,
         median=median,
@@ -218,6 +221,7 @@ def ablation(
         seed=seed,
         trace=trace,
     )
+    _check_trace(reqs, trace)
     real = engine is EngineKind.real
     need_model = real or not step_costs
     opts = c.timing_options(repeats, min_time)
@@ -233,11 +237,15 @@ def ablation(
     )
     if not need_model:  # nothing runs on the device: no device notice either
         target = devices.Target(torch.device("cpu"), "fp32")
-    cfg = _model_config(preset, config, target, model_opts) if need_model else None
+    cfg, notes = _model_config(preset, config, target, model_opts) if need_model else (None, [])
     given = probe.fit(probe.cost_rows_from_csv(step_costs)) if step_costs else None
     if real:
         check_fits(cfg.max_context, reqs)
+    if need_model:
+        c.check_model_fits(cfg, target, c.model_option(preset, config, model_opts))
     folder = results.run_dir(out, "ablation", force)
+    for note in notes:  # every input is checked: a user error stays a single line
+        c.err_console.print(f"[yellow]note:[/] {note}")
     options = dict(
         max_num_seqs=max_num_seqs,
         max_num_batched_tokens=max_num_batched_tokens,
@@ -285,15 +293,51 @@ def _slo(ttft: float | None, tbt: float | None) -> probe.SLO | None:
     return probe.SLO(ttft, tbt)
 
 
+# Every request's every token gap is a row of tbt.csv, per scheme: 5,000 requests take about
+# 15 s and 1 GiB, so beyond this the simulation runs for hours and out of memory.
+MAX_REQUESTS = 100_000
+# Steps: every scheme simulates each one, idle or not (a million take about 35 s).
+MAX_ARRIVAL_SPAN = 1_000_000
+
+
+def _check_workload(requests: int, rate: float, trace: Path | None) -> None:
+    """Refuse, before it is generated, a workload too large or too spread out to simulate."""
+    if requests > MAX_REQUESTS:
+        raise UserError("--requests", f"must be at most {MAX_REQUESTS:,}, got {requests:,}")
+    if trace is None and rate > 0 and requests / rate > MAX_ARRIVAL_SPAN:
+        raise UserError(
+            "--arrival-rate",
+            f"{rate:g} spreads {requests:,} arrivals over about {requests / rate:.3g} steps "
+            f"(at most {MAX_ARRIVAL_SPAN:,}); raise it",
+        )
+
+
+def _check_trace(reqs: list[Request], trace: Path | None) -> None:
+    """The same limits for a trace's requests and arrival steps."""
+    if trace is None:
+        return
+    if len(reqs) > MAX_REQUESTS:
+        raise UserError("--trace", f"{trace}: {len(reqs):,} requests (at most {MAX_REQUESTS:,})")
+    last = max(r.arrival_step for r in reqs)
+    if last > MAX_ARRIVAL_SPAN:
+        raise UserError(
+            "--trace",
+            f"{trace}: arrivals reach step {last:,} (at most {MAX_ARRIVAL_SPAN:,}); "
+            "start them earlier",
+        )
+
+
 def _model_config(preset, config, target, overrides: dict):
+    """The model's shape, and a note when the device chose the preset."""
     default = "article" if target.device.type == "cuda" else "cpu-small"
+    notes = []
     if preset is None and config is None:
-        c.err_console.print(
-            f"[yellow]note:[/] using the {default} preset, the default on "
+        notes.append(
+            f"using the {default} preset, the default on "
             f"{'CUDA' if default == 'article' else 'CPU'} (article on CUDA, cpu-small on CPU); "
             "pass --preset or --config to change it"
         )
-    return c.build_config(preset, config, default=default, **overrides)
+    return c.build_config(preset, config, default=default, **overrides), notes
 
 
 # --- the step-cost model ------------------------------------------------------------------------
