@@ -89,6 +89,7 @@ CASES = [
     ("ablation", ["--seed", "-1"], "--seed"),
     ("ablation", ["--requests", str(2**40)], "--requests"),
     ("ablation", ["--vocab", str(10**15)], "--vocab"),
+    ("piggyback", ["--vocab", str(10**15)], "--vocab"),
     ("ablation", ["--long-prompt-fraction", "inf"], "--long-prompt-fraction"),
     ("piggyback", ["--threshold", "inf"], "--threshold"),
     ("piggyback", ["--context", LONG], "--context"),
@@ -196,7 +197,7 @@ def test_cuda_without_cuda(runner, tmp_path, command):
     assert "CUDA is not available" in result.stderr
 
 
-@pytest.mark.parametrize("command", ["ablation"])
+@pytest.mark.parametrize("command", ["ablation", "piggyback"])
 def test_a_model_too_large_is_refused_before_the_preset_note(runner, tmp_path, command):
     """Without --preset the command notes the one it chose, once every input has passed."""
     shape = [a for a in SHAPES[command] if a not in ("--preset", "tiny")]

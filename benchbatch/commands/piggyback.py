@@ -115,10 +115,7 @@ def piggyback(
     tile_sizes = c.parse_int_list(tiles, "--tiles")
     opts = c.timing_options(repeats, min_time)
     target = c.resolve_target(device, dtype)
-    cfg = _model_config(
-        preset,
-        config,
-        target,
+    model_opts = dict(
         hidden=hidden,
         layers=layers,
         heads=heads,
@@ -127,8 +124,12 @@ def piggyback(
         vocab=vocab,
         max_context=max_context,
     )
+    cfg, notes = _model_config(preset, config, target, model_opts)
     _check_lengths(cfg.max_context, context, prefills, chunk_prompt, tile_sizes)
+    c.check_model_fits(cfg, target, c.model_option(preset, config, model_opts))
     folder = results.run_dir(out, "piggyback", force)
+    for note in notes:  # every input is checked: a user error stays a single line
+        c.err_console.print(f"[yellow]note:[/] {note}")
     options = dict(
         decode_batch=decode_batch,
         context=context,
@@ -164,14 +165,16 @@ def piggyback(
     _report(run, json_out)
 
 
-def _model_config(preset, config, target, **overrides):
+def _model_config(preset, config, target, overrides: dict):
+    """The model's shape, and a note when the device chose the preset."""
     default = "article" if target.device.type == "cuda" else "cpu-small"
+    notes = []
     if preset is None and config is None:
-        c.err_console.print(
-            f"[yellow]note:[/] using the {default} preset, the default on "
+        notes.append(
+            f"using the {default} preset, the default on "
             f"{'CUDA' if default == 'article' else 'CPU'}; pass --preset or --config to change it"
         )
-    return c.build_config(preset, config, default=default, **overrides)
+    return c.build_config(preset, config, default=default, **overrides), notes
 
 
 def _check_lengths(max_context, context, prefills, chunk_prompt, tiles) -> None:
