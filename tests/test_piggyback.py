@@ -35,6 +35,7 @@ ROW_COLUMNS = {
     "cv",
     "repeats",
     "noisy",
+    "throttled",
 }
 
 
@@ -140,6 +141,7 @@ def test_command_writes_rows_plot_and_json(runner, tmp_path):
     assert list(chunks["kind"]) == ["chunked", "chunked", "tile", "tile"]
     assert (chunks["total_ms"] > 0).all()
     assert (out / "piggyback.png").stat().st_size > 0
+    assert not rows["throttled"].any() and not chunks["throttled"].any()  # a CPU never is
     meta = json.loads((out / "metadata.json").read_text())
     assert meta["status"] == "complete" and meta["summary"]["threshold"] == 0.1
 
@@ -160,3 +162,69 @@ def test_bad_options_are_one_line_and_exit_2(runner, tmp_path, args, option):
     assert result.exit_code == 2
     lines = result.stderr.strip().splitlines()
     assert len(lines) == 1 and lines[0].startswith(f"Error: {option}:"), result.stderr
+
+
+class SlowsAt:
+    """A ThrottleWatch that says the GPU slowed down at the given looks (1 is the first)."""
+
+    looks_throttled: set[int] = set()
+
+    def __init__(self, device):
+        self.looks = 0
+
+    def throttled(self) -> bool:
+        self.looks += 1
+        return self.looks in self.looks_throttled
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        pass
+
+
+def test_throttled_rows_are_flagged_and_warned_about(runner, tmp_path, monkeypatch):
+    """SMALL times 5 piggyback steps (decode + 0, 8, 32; 8 and 32 alone), 2 chunked prefills
+    and 2 tiles, one look each: the GPU slows at the third (decode + 32) and the last (tile
+    33). A row is throttled when any step it is computed from was."""
+    from benchbatch import telemetry
+
+    monkeypatch.setattr(SlowsAt, "looks_throttled", {3, 9})
+    monkeypatch.setattr(telemetry, "ThrottleWatch", SlowsAt)
+    out = tmp_path / "pb"
+    result = runner.invoke(app, ["piggyback", "--out", str(out), *TINY, *SMALL])
+    assert result.exit_code == 0, result.output
+    assert list(pd.read_csv(out / "piggyback.csv")["throttled"]) == [False, False, True]
+    assert list(pd.read_csv(out / "chunks.csv")["throttled"]) == [False, False, False, True]
+    meta = json.loads((out / "metadata.json").read_text())
+    assert meta["untrusted"]["throttled"] == ["decode b=2 + prefill 32", "tile 33"]
+    warning = " ".join(result.stderr.split())
+    assert (
+        "slowed its clocks (thermal or power limit) during: decode b=2 + prefill 32, tile 33"
+        in warning
+    )
+    assert "--repeats" in warning and "--min-time" in warning
+
+
+def test_a_slow_reference_step_flags_every_row_computed_from_it(model):
+    """The decode-only step is every piggyback row's reference; one prefill, every chunked
+    row's; a tile, the next tile's."""
+
+    class Watch:
+        def __init__(self, slow: set[int]):
+            self.slow, self.looks = slow, 0
+
+        def throttled(self) -> bool:
+            self.looks += 1
+            return self.looks in self.slow
+
+    plan = probe.piggyback_plan(2, 8, [4])  # decode + 0, decode + 4, 4 alone
+    rows = probe.run_piggyback(model, plan, QUICK, watch=Watch({1}))
+    assert [r["throttled"] for r in rows] == [True, True]
+    rows = probe.run_piggyback(model, plan, QUICK, watch=Watch({3}))
+    assert [r["throttled"] for r in rows] == [False, True]
+    chunks = probe.run_chunks(model, "fp32", 32, [8, 16], QUICK, watch=Watch({3}))
+    assert [r["throttled"] for r in chunks] == [True, True, True]
+    tiles = probe.run_tiles(model, [8, 9, 10], QUICK, watch=Watch({1}))
+    assert [r["throttled"] for r in tiles] == [True, True, False]
+    assert not any(r["throttled"] for r in probe.run_tiles(model, [8, 9], QUICK))

@@ -148,21 +148,39 @@ def piggyback(
         model = Transformer(cfg, target.device, target.dtype, seed)
         plan = probe.piggyback_plan(decode_batch, context, prefills)
         total = len(plan) + len({min(x, chunk_prompt) for x in chunk_sizes} | {chunk_prompt})
-        with c.progress(json_out) as bar:
+        with c.progress(json_out) as bar, c.throttle_watch(target) as watch:
             task = bar.add_task("piggyback", total=total + len(tile_sizes))
             step = lambda: bar.advance(task)  # noqa: E731
-            rows = probe.run_piggyback(model, plan, opts, cuda_graphs, step)
+            rows = probe.run_piggyback(model, plan, opts, cuda_graphs, step, watch)
             run.put("piggyback", rows)
             chunk_rows = probe.run_chunks(
-                model, target.dtype_name, chunk_prompt, chunk_sizes, opts, step
+                model, target.dtype_name, chunk_prompt, chunk_sizes, opts, step, watch
             )
-            chunk_rows += probe.run_tiles(model, tile_sizes, opts, step)
+            chunk_rows += probe.run_tiles(model, tile_sizes, opts, step, watch)
             run.put("chunks", chunk_rows)
         run.meta["summary"] = probe.piggyback_summary(rows, threshold)
+        run.meta["untrusted"] = _untrusted(rows, chunk_rows)
         piggyback_figure(
             rows, chunk_rows, run.meta["summary"], folder / "piggyback.png", _title(cfg, target)
         )
     _report(run, json_out)
+
+
+def _untrusted(rows: list[dict], chunk_rows: list[dict]) -> dict[str, list[str]]:
+    """Noisy and throttled rows of both tables, by the names the terminal shows."""
+    mine, chunks = c.untrusted(rows, _row_name), c.untrusted(chunk_rows, _chunk_name)
+    return {flag: mine[flag] + chunks[flag] for flag in mine}
+
+
+def _row_name(r: dict) -> str:
+    b, p = r["decode_batch"], r["prefill_tokens"]
+    return f"decode b={b} + prefill {p}" if p else f"decode-only b={b}"
+
+
+def _chunk_name(r: dict) -> str:
+    if r["kind"] == "tile":
+        return f"tile {r['chunk_tokens']}"
+    return f"{r['prompt_tokens']}-token prompt in chunks of {r['chunk_tokens']}"
 
 
 def _model_config(preset, config, target, overrides: dict):
@@ -229,11 +247,7 @@ def _report(run, json_out: bool) -> None:
     )
     if tiles:
         _table(tiles, TILE_COLUMNS, "tile effects: one prefill step of each length")
-    if any(r["noisy"] for r in rows + chunk_rows):
-        c.err_console.print(
-            "[yellow]warning:[/] some rows are noisy (CV over 10%); try more --repeats or "
-            "--min-time, or a quieter machine."
-        )
+    c.warn_untrusted(run.meta["untrusted"])
     c.out_console.print(f"results: {run.folder}")
 
 

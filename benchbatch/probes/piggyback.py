@@ -19,6 +19,7 @@ from __future__ import annotations
 import math
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
+from typing import Protocol
 
 import torch
 
@@ -28,6 +29,17 @@ from benchbatch.timing import Measurement, TimingOptions, measure
 
 DEFAULT_THRESHOLD = 0.10  # a step within 10% of the decode-only step counts as "nearly free"
 PAPER_PREFILL_PER_DECODE_TOKEN = 128  # Sarathi-Serve: linear layers, one decode ~ 128 prefill
+
+
+class Watch(Protocol):
+    """A telemetry.ThrottleWatch: did the GPU slow its clocks since the last look?"""
+
+    def throttled(self) -> bool: ...
+
+
+def _slowed(watch: Watch | None) -> bool:
+    """One look after each measurement: was that measurement throttled?"""
+    return watch is not None and bool(watch.throttled())
 
 
 @dataclass(frozen=True)
@@ -144,27 +156,35 @@ def run_piggyback(
     opts: TimingOptions,
     cuda_graphs: bool = False,
     on_row: Callable[[], None] | None = None,
+    watch: Watch | None = None,
 ) -> list[dict]:
     """Time every step of the plan; rows of the mixed steps (and the decode-only one)."""
-    times = {}
+    times, slowed = {}, {}
     for step in plan:
         times[step] = time_mixed(model, step, opts, cuda_graphs)
+        slowed[step] = _slowed(watch)
         if on_row is not None:
             on_row()
-    return piggyback_rows(times)
+    return piggyback_rows(times, slowed)
 
 
-def piggyback_rows(times: dict[MixedStep, Measurement]) -> list[dict]:
+def piggyback_rows(
+    times: dict[MixedStep, Measurement], slowed: dict[MixedStep, bool] | None = None
+) -> list[dict]:
     """piggyback.csv: per prefill size P, the mixed step against the decode-only step and
-    against running the decode step and the prefill alone, one after the other."""
+    against running the decode step and the prefill alone, one after the other. A row is
+    throttled when any step its numbers come from was timed while the GPU slowed down."""
+    slowed = slowed or {}
     decode_steps = [s for s in times if s.decode_batch]
     base = next(s for s in decode_steps if s.prefill_tokens == 0)
     base_ms = times[base].median_ms
     alone = {s.prefill_tokens: times[s].median_ms for s in times if not s.decode_batch}
+    alone_slowed = {s.prefill_tokens: slowed.get(s, False) for s in times if not s.decode_batch}
     rows = []
     for step in sorted(decode_steps, key=lambda s: s.prefill_tokens):
         m, p = times[step], step.prefill_tokens
         separate = base_ms + alone[p] if p else base_ms
+        throttled = slowed.get(step, False) or slowed.get(base, False) or alone_slowed.get(p, False)
         rows.append(
             {
                 "decode_batch": step.decode_batch,
@@ -180,6 +200,7 @@ def piggyback_rows(times: dict[MixedStep, Measurement]) -> list[dict]:
                 "separate_ms": separate,
                 "saved_ms": separate - m.median_ms,
                 **_timing(m),
+                "throttled": throttled,
             }
         )
     return rows
@@ -227,17 +248,25 @@ def run_chunks(
     chunks: Sequence[int],
     opts: TimingOptions,
     on_row: Callable[[], None] | None = None,
+    watch: Watch | None = None,
 ) -> list[dict]:
     """chunks.csv's 'chunked' rows: the prompt prefilled in chunks of C, against one prefill
     (C >= prompt is the one-prefill row, always measured)."""
     sizes = sorted({min(c, prompt) for c in chunks} | {prompt})
-    times = {}
+    times, slowed = {}, {}
     for c in sizes:
         times[c] = time_chunked_prefill(model, prompt, c, opts)
+        slowed[c] = _slowed(watch)
         if on_row is not None:
             on_row()
     whole_ms = times[prompt].median_ms
-    return [_chunk_row(model, dtype, prompt, c, times[c], whole_ms) for c in sizes]
+    return [
+        {
+            **_chunk_row(model, dtype, prompt, c, times[c], whole_ms),
+            "throttled": slowed[c] or slowed[prompt],  # the row is a ratio to one prefill
+        }
+        for c in sizes
+    ]
 
 
 def _chunk_row(model, dtype: str, prompt: int, chunk: int, m: Measurement, whole_ms: float):
@@ -265,12 +294,14 @@ def run_tiles(
     tiles: Sequence[int],
     opts: TimingOptions,
     on_row: Callable[[], None] | None = None,
+    watch: Watch | None = None,
 ) -> list[dict]:
     """chunks.csv's 'tile' rows: one prefill step of each length (e.g. 256 against 257): a
     length just past a multiple of the kernels' tile pays for a mostly empty extra tile."""
-    rows, previous = [], None
+    rows, previous, previous_slowed = [], None, False
     for t in sorted(set(tiles)):
         m = time_mixed(model, MixedStep(0, 0, t), opts)
+        slowed = _slowed(watch)
         if on_row is not None:
             on_row()
         rows.append(
@@ -283,9 +314,10 @@ def run_tiles(
                 "ms_per_token": m.median_ms / t,
                 "over_previous": m.median_ms / previous if previous else math.nan,
                 **_timing(m),
+                "throttled": slowed or previous_slowed,  # the row is a ratio to the previous
             }
         )
-        previous = m.median_ms
+        previous, previous_slowed = m.median_ms, slowed
     return rows
 
 
