@@ -27,7 +27,7 @@ def compare(
         typer.Argument(
             help="Result folders of one command (phases, sweep, probe, occupancy or "
             "reproduce), e.g. two GPUs, fp16 and bf16, CUDA graphs on and off.",
-            metavar="RUN_DIR...",
+            metavar="RUN_DIR",
             show_default=False,
         ),
     ],
@@ -42,7 +42,7 @@ def compare(
     json_out: c.JsonOpt = False,
 ) -> None:
     """Overlay the same plot from several result folders (compare-*.png) and merge their
-    rows into compare-<table>.csv files with a `run` column.
+    rows into one compare-TABLE.csv per table (phases, sweep, ...) with a `run` column.
 
     Folders must come from the same command; a missing, corrupt or unknown file is named
     in a one-line error (exit code 2).
