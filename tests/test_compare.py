@@ -104,6 +104,40 @@ def test_json_has_every_row(runs, tmp_path):
     assert len(doc["rows"]["phases"]) == 8 and len(doc["runs"]) == 2
 
 
+# --- interrupted or failed while writing ------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("stop", "status", "code"),
+    [(KeyboardInterrupt(), "interrupted", 130), (OSError("disk full"), "failed", 1)],
+    ids=["ctrl-c", "disk-full"],
+)
+def test_a_compare_cut_short_says_so_and_leaves_no_temporary_file(
+    runs, tmp_path, monkeypatch, stop, status, code
+):
+    """Cut short while drawing its figure (after the merged CSV is written): metadata.json
+    says how it ended and what was written, and no half-written file is left."""
+    from benchbatch.plots import compare as plots
+
+    def half_drawn(table, names, path, title):
+        path.with_name(f".{path.name}.tmp.png").write_bytes(b"\x89PNG half")
+        raise stop
+
+    monkeypatch.setattr(plots, "compare_phases_figure", half_drawn)
+    out = tmp_path / "cmp"
+    result = invoke("compare", runs / "fp32", runs / "bf16", "--out", out)
+    assert result.exit_code == code, result.output
+    meta = json.loads((out / "metadata.json").read_text())
+    assert meta["status"] == status and "finished_utc" in meta
+    assert meta["files"] == ["compare-phases.csv"]
+    assert len(pd.read_csv(out / "compare-phases.csv")) == 8
+    assert sorted(p.name for p in out.iterdir()) == ["compare-phases.csv", "metadata.json"]
+    if status == "interrupted":
+        assert "interrupted" in result.stderr and "Traceback" not in result.output
+    else:
+        assert "disk full" in meta["error"]
+
+
 # --- refusals ----------------------------------------------------------------------------------
 
 

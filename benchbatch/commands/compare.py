@@ -7,11 +7,13 @@ from pathlib import Path
 from typing import Annotated
 
 import pandas as pd
+import torch
 import typer
 from rich import box
 from rich.table import Table
 
 from benchbatch import compare as merging
+from benchbatch import device as devices
 from benchbatch import results
 from benchbatch.commands import common as c
 from benchbatch.commands.render import fmt
@@ -19,6 +21,7 @@ from benchbatch.plots import compare as plots
 from benchbatch.run import Run
 
 RUN_COLUMNS = ("run", "kind", "device", "dtype", "model", "cuda_graphs", "status")
+NO_DEVICE = devices.Target(torch.device("cpu"), "fp32")  # compare reads files, runs nothing
 
 
 def compare(
@@ -52,12 +55,12 @@ def compare(
     tables = merging.merge(loaded)
     folder = results.run_dir(out, "compare", force)
     run = Run(folder, "compare", {"runs": [r.describe() for r in loaded]})
-    files = []
-    for table, df in tables.items():
-        results.write_csv(folder / f"compare-{table}.csv", df)
-        files.append(f"compare-{table}.csv")
-    files += _figures(tables, names, folder, loaded[0].kind)
-    run.finish("complete", files=files)
+    files: list[str] = run.meta.setdefault("files", [])  # what is written, as it is
+    with c.recording(run, NO_DEVICE):
+        for table, df in tables.items():
+            results.write_csv(folder / f"compare-{table}.csv", df)
+            files.append(f"compare-{table}.csv")
+        files += _figures(tables, names, folder, loaded[0].kind)
     _report(run, loaded, tables, names, files, json_out)
 
 
