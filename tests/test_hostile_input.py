@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import csv
 import io
+from pathlib import Path
 
 import pytest
 import torch
@@ -321,3 +322,26 @@ def test_read_trace_gives_requests_or_names_the_option(tmp_path, content):
     assert [r.id for r in requests] == list(range(len(requests)))
     assert all(r.prompt_tokens >= 1 and r.output_tokens >= 1 for r in requests)
     assert all(r.arrival_step >= 0 for r in requests)
+
+
+# --- figures: a failed write, rows where nothing was measured -------------------------------
+
+
+@pytest.mark.parametrize("stop", [OSError("disk full"), KeyboardInterrupt()], ids=repr)
+def test_a_failed_figure_write_leaves_no_temporary_file(tmp_path, monkeypatch, stop):
+    from matplotlib.figure import Figure
+
+    from benchbatch.plots import plt, save
+
+    def half_written(self, path, **kwargs):
+        Path(path).write_bytes(b"\x89PNG half")
+        raise stop
+
+    monkeypatch.setattr(Figure, "savefig", half_written)
+    (tmp_path / "fig.png").write_bytes(b"good")
+    fig = plt.figure()
+    with pytest.raises(type(stop)):
+        save(fig, tmp_path / "fig.png")
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["fig.png"]
+    assert (tmp_path / "fig.png").read_bytes() == b"good"  # the good one is kept
+    assert fig.number not in plt.get_fignums()  # and the figure closed

@@ -14,8 +14,14 @@ import matplotlib.pyplot as plt  # noqa: E402
 
 
 def save(fig, path: Path) -> None:
-    """Write through a temporary name so a half-drawn PNG never replaces a good one."""
+    """Write through a temporary name so a half-drawn PNG never replaces a good one; a
+    write that fails (a full disk, Ctrl-C) leaves no temporary file, and the figure closed."""
     tmp = path.with_name(f".{path.name}.tmp.png")
-    fig.savefig(tmp, dpi=120, bbox_inches="tight")
-    plt.close(fig)
-    tmp.replace(path)
+    try:
+        fig.savefig(tmp, dpi=120, bbox_inches="tight")
+        tmp.replace(path)
+    except BaseException:
+        tmp.unlink(missing_ok=True)
+        raise
+    finally:
+        plt.close(fig)
