@@ -121,7 +121,7 @@ CudaGraphsOpt = Annotated[
 OutOpt = Annotated[
     Path | None,
     typer.Option(
-        help="Folder for the CSV, plots and metadata. Default: results/<UTC time>-<command>/.",
+        help="Folder for the CSV, plots and metadata. Default: a new results/TIME-COMMAND folder (UTC).",
         rich_help_panel=RUN,
     ),
 ]
