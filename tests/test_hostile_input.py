@@ -345,3 +345,52 @@ def test_a_failed_figure_write_leaves_no_temporary_file(tmp_path, monkeypatch, s
     assert sorted(p.name for p in tmp_path.iterdir()) == ["fig.png"]
     assert (tmp_path / "fig.png").read_bytes() == b"good"  # the good one is kept
     assert fig.number not in plt.get_fignums()  # and the figure closed
+
+
+def sweep_rows(context: int, statuses: list[str], measured: bool = True) -> list[dict]:
+    """Rows of one context at batches 1, 2, 4, ...: measured where the status is ok."""
+    nan = float("nan")
+    return [
+        {
+            "context": context,
+            "batch": 2**i,
+            "status": s,
+            "tokens_per_s": 100.0 * 2**i if s == "ok" and measured else nan,
+            "step_ms": 10.0 if s == "ok" and measured else nan,
+        }
+        for i, s in enumerate(statuses)
+    ]
+
+
+def sweep_summary(context: int) -> dict:
+    return {
+        "context": context,
+        "predicted_max_batch": 3,
+        "measured_knee": None,
+        "knee_threshold": 0.25,
+        "predicted_knee": None,
+        "predicted_knee_fits": False,
+        "predicted_knee_note": "no prediction (unknown device)",
+        "matmul_knee": None,
+    }
+
+
+@pytest.mark.parametrize(
+    "rows",
+    [
+        sweep_rows(8, ["skipped", "skipped"]),
+        sweep_rows(8, ["oom", "skipped"]),
+        sweep_rows(8, ["ok", "ok"], measured=False),  # times lost: NaN where a number belongs
+        sweep_rows(8, ["ok", "ok"]) + sweep_rows(64, ["skipped", "oom"]),
+        sweep_rows(8, ["ok", "ok"], measured=False) + sweep_rows(64, ["ok", "ok"]),
+        [],
+    ],
+    ids=["all-skipped", "oom-and-skipped", "ok-but-nan", "one-context-empty", "one-nan", "none"],
+)
+def test_the_sweep_figure_draws_rows_where_nothing_was_measured(tmp_path, rows):
+    from benchbatch.plots.sweep import sweep_figure
+
+    summary = [sweep_summary(ctx) for ctx in dict.fromkeys(r["context"] for r in rows)]
+    sweep_figure(rows, summary, tmp_path / "sweep.png", "a sweep that measured little")
+    assert (tmp_path / "sweep.png").stat().st_size > 1000
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["sweep.png"]

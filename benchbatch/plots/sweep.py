@@ -22,12 +22,18 @@ LEGEND = {
 }
 
 
+COLUMNS = ["context", "batch", "status", "tokens_per_s", "step_ms"]
+
+
 def sweep_figure(rows: list[dict], summary: list[dict], path: Path, title: str) -> None:
-    """Left: tokens/s (log-log) beside perfect batching; right: step ms. Per context."""
-    df = pd.DataFrame(rows)
+    """Left: tokens/s (log-log) beside perfect batching; right: step ms. Per context.
+    Batches that were not measured (skipped, oom, no time) are marked; with none measured
+    the panels say so."""
+    df = pd.DataFrame(rows) if rows else pd.DataFrame(columns=COLUMNS)
     fig, (tput, lat) = plt.subplots(1, 2, figsize=(12, 4.8))
     batches = sorted(int(b) for b in df["batch"].unique())
-    span = (batches[0] / 1.5, batches[-1] * 1.5)
+    span = (batches[0] / 1.5, batches[-1] * 1.5) if batches else (0.5, 2)
+    measured = bool(_measured(df).any())
     drawn: set[str] = set()
     for i, s in enumerate(summary):
         color = plt.get_cmap("tab10")(i % 10)
@@ -36,21 +42,46 @@ def sweep_figure(rows: list[dict], summary: list[dict], path: Path, title: str) 
         drawn |= _marks(tput, lat, mine, s, color, span)
     if summary and _vline((tput, lat), summary[0].get("matmul_knee"), span, "grey", MATMUL_STYLE):
         drawn.add("matmul")
-    _axes(tput, lat, batches, span)
-    lat.set_ylim(0, df["step_ms"].max() * 1.12 if df["step_ms"].notna().any() else 1)
+    _axes(tput, lat, batches, span, measured)
+    lat.set_ylim(0, df["step_ms"].max() * 1.12 if measured else 1)
+    if not measured:
+        _nothing_measured((tput, lat), df)
     # Legends below the panels: on a log-log plot any corner can hold data.
     below = dict(fontsize=8, loc="upper left", bbox_to_anchor=(0, -0.14), frameon=False)
     notes = [Line2D([], [], ls="", label=n) for n in _notes(summary)]
     handles = [Line2D([], [], **LEGEND[k]) for k in LEGEND if k in drawn] + notes
     if handles:
         tput.legend(handles=handles, **below)
-    lat.legend(**below)
+    if summary:
+        lat.legend(**below)
     fig.suptitle(title, fontsize=10)
     save(fig, path)
 
 
+def _measured(rows: pd.DataFrame) -> pd.Series:
+    """Rows with a time: status ok and a positive throughput (NaN where it was lost)."""
+    rate = pd.to_numeric(rows["tokens_per_s"], errors="coerce")
+    step = pd.to_numeric(rows["step_ms"], errors="coerce")
+    return (rows["status"] == "ok") & (rate > 0) & (step > 0)
+
+
+def _nothing_measured(axes, df: pd.DataFrame) -> None:
+    counts = df["status"].value_counts()
+    what = ", ".join(f"{n} {status}" for status, n in counts.items()) or "no rows"
+    for ax in axes:
+        ax.set_yticks([])
+        ax.text(
+            0.5,
+            0.5,
+            f"nothing measured ({what})",
+            transform=ax.transAxes,
+            ha="center",
+            bbox=dict(facecolor="white", edgecolor="none"),
+        )
+
+
 def _curve(tput, lat, rows: pd.DataFrame, s: dict, color) -> None:
-    ok = rows[rows["status"] == "ok"]
+    ok = rows[_measured(rows)]
     label = f"context {s['context']:,} (memory fits {s['predicted_max_batch']:,})"
     tput.plot(ok["batch"], ok["tokens_per_s"], "o-", color=color, label=label)
     lat.plot(ok["batch"], ok["step_ms"], "o-", color=color, label=label)
@@ -103,9 +134,10 @@ def _notes(summary: list[dict]) -> list[str]:
     return [f"context {s['context']:,} roofline: {s['predicted_knee_note']}" for s in unseen]
 
 
-def _axes(tput, lat, batches: list[int], span) -> None:
+def _axes(tput, lat, batches: list[int], span, measured: bool) -> None:
     tput.set_xscale("log")
-    tput.set_yscale("log")
+    if measured:  # a log scale needs a positive value to show
+        tput.set_yscale("log")
     lat.set_xscale("log")
     for ax in (tput, lat):
         ax.xaxis.set_major_locator(FixedLocator(batches))
