@@ -121,7 +121,8 @@ CudaGraphsOpt = Annotated[
 OutOpt = Annotated[
     Path | None,
     typer.Option(
-        help="Folder for the CSV, plots and metadata. Default: a new results/TIME-COMMAND folder (UTC).",
+        help="Folder for the CSV, plots and metadata. "
+        "Default: a new results/TIME-COMMAND folder (UTC).",
         rich_help_panel=RUN,
     ),
 ]
