@@ -109,14 +109,15 @@ app = typer.Typer(
     pretty_exceptions_enable=False,
     rich_markup_mode="markdown",
 )
-app.command("occupancy")(occupancy.occupancy)
+# In the order a reader meets them: the three measurements, then the rest.
 app.command("phases")(phases.phases)
-app.command("probe")(probe.probe)
 app.command("sweep")(sweep.sweep)
+app.command("occupancy")(occupancy.occupancy)
 app.command("reproduce")(reproduce.reproduce)
-app.command("compare")(compare.compare)
+app.command("probe")(probe.probe)
 app.command("ablation")(ablation.ablation)
 app.command("piggyback")(piggyback.piggyback)
+app.command("compare")(compare.compare)
 
 
 @app.callback()
