@@ -252,3 +252,15 @@ def test_wide_step_spread_is_flagged_as_noise():
         {"policy": "continuous", "median_step_ms": 10.0, "p90_step_ms": 35.0},
     ]
     assert noisy(rows) == ["continuous"]
+
+
+def test_a_trace_arriving_too_late_is_refused(runner, tmp_path):
+    trace = tmp_path / "late.csv"
+    trace.write_text("output_tokens,arrival_step\n5,0\n3,99999999999\n")
+    result = runner.invoke(app, ["occupancy", "--trace", str(trace), "--out", str(tmp_path / "r")])
+    assert result.exit_code == 2
+    lines = result.stderr.strip().splitlines()
+    assert (
+        len(lines) == 1 and lines[0].startswith("Error: --trace:") and "99,999,999,999" in lines[0]
+    )
+    assert not (tmp_path / "r").exists()

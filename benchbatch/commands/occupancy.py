@@ -181,6 +181,7 @@ def occupancy(
         trace=trace,
     )
     first = probe.workload(requests, seed=seed, **make)
+    _check_trace_arrivals(first, trace)
     real = engine is EngineKind.real
     model_opts = dict(
         hidden=hidden,
@@ -253,6 +254,17 @@ def _check_arrivals(requests: int, rate: float | None, trace: Path | None) -> No
             "--arrival-rate",
             f"{rate:g} spreads {requests:,} arrivals over about {requests / rate:.3g} steps "
             f"(at most {MAX_ARRIVAL_SPAN:,}); raise it",
+        )
+
+
+def _check_trace_arrivals(requests: list[Request], trace: Path | None) -> None:
+    """A trace's last arrival bounds the steps simulated, one timeline row each."""
+    last = max(r.arrival_step for r in requests)
+    if trace is not None and last > MAX_ARRIVAL_SPAN:
+        raise UserError(
+            "--trace",
+            f"{trace}: a request arrives at step {last:,}, beyond the {MAX_ARRIVAL_SPAN:,} "
+            "steps a run may span",
         )
 
 
