@@ -79,7 +79,7 @@ def phases(
     cfg = c.build_config(preset, config, **model_opts)
     prompts = c.parse_int_list(prefill, "--prefill")
     batches = c.parse_int_list(decode_batch, "--decode-batch")
-    _check_lengths(cfg.max_context, prompts, context)
+    check_lengths(cfg.max_context, prompts, context)
     opts = c.timing_options(repeats, min_time)
     target = c.resolve_target(device, dtype)
     c.check_model_fits(cfg, target, c.model_option(preset, config, model_opts))
@@ -114,7 +114,7 @@ def phases(
     _report(rows, run, json_out)
 
 
-def _check_lengths(max_context: int, prompts: list[int], context: int) -> None:
+def check_lengths(max_context: int, prompts: list[int], context: int) -> None:
     if context < 0:
         raise UserError("--context", "must be zero or more tokens")
     if context + 1 > max_context:

@@ -22,7 +22,7 @@ from rich.table import Table
 from benchbatch import device as devices
 from benchbatch import peaks, report, results, roofline
 from benchbatch.commands import common as c
-from benchbatch.commands.phases import _check_lengths
+from benchbatch.commands.phases import check_lengths
 from benchbatch.commands.phases import summary as phases_summary
 from benchbatch.commands.probe import summary as probe_summary
 from benchbatch.commands.render import fmt
@@ -235,7 +235,7 @@ def _probe_plan(target, sizes: str | None, buffer_mb: int | None) -> list[ceilin
 
 
 def _check(job: Job) -> None:
-    _check_lengths(job.cfg.max_context, job.prompts, job.context)
+    check_lengths(job.cfg.max_context, job.prompts, job.context)
     for option, value in (
         ("--requests", job.requests),
         ("--slots", job.slots),
