@@ -46,8 +46,9 @@ from benchbatch.commands import (  # noqa: E402
     reproduce,
     sweep,
 )
-from benchbatch.commands.common import check_numbers, interrupts_raise  # noqa: E402
-from benchbatch.errors import UserError  # noqa: E402
+from benchbatch.commands.common import check_numbers  # noqa: E402
+from benchbatch.errors import Interrupted, UserError  # noqa: E402
+from benchbatch.run import interrupts_raise  # noqa: E402
 
 try:  # recent typer vendors its own click; older ones use click itself
     from typer._click import exceptions as click_errors
@@ -67,6 +68,9 @@ class BenchGroup(TyperGroup):
             code = code if isinstance(code, int) else 0
         except UserError as e:
             code = _fail(f"{e.option}: {e.message}", 2)
+        except Interrupted as e:
+            typer.echo(str(e), err=True)
+            code = 130
         except click_errors.NoArgsIsHelpError as e:
             code = e.exit_code  # the help was printed: nothing else to say
         except click_errors.UsageError as e:
@@ -118,6 +122,7 @@ app.command("probe")(probe.probe)
 app.command("ablation")(ablation.ablation)
 app.command("piggyback")(piggyback.piggyback)
 app.command("compare")(compare.compare)
+
 
 
 @app.callback()

@@ -4,12 +4,12 @@ from __future__ import annotations
 
 import gc
 import os
-import platform
 from dataclasses import dataclass
 
 import torch
 
 from benchbatch.errors import UserError
+from benchbatch.machine import available_ram_bytes, cpu_model
 
 DTYPES = {"fp32": torch.float32, "fp16": torch.float16, "bf16": torch.bfloat16}
 
@@ -75,17 +75,6 @@ def device_name(dev: torch.device) -> str:
     return cpu_model()
 
 
-def cpu_model() -> str:
-    try:
-        with open("/proc/cpuinfo") as f:
-            for line in f:
-                if line.startswith("model name"):
-                    return line.split(":", 1)[1].strip()
-    except OSError:
-        pass
-    return platform.processor() or platform.machine() or "unknown CPU"
-
-
 def cpu_info() -> dict:
     return {
         "model": cpu_model(),
@@ -99,14 +88,7 @@ def free_memory_bytes(dev: torch.device) -> int:
     if dev.type == "cuda":
         free, _total = torch.cuda.mem_get_info(dev)
         return int(free)
-    try:
-        with open("/proc/meminfo") as f:
-            for line in f:
-                if line.startswith("MemAvailable:"):
-                    return int(line.split()[1]) * 1024
-    except OSError:
-        pass
-    return os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_AVPHYS_PAGES")
+    return available_ram_bytes()
 
 
 OUT_OF_MEMORY_TEXTS = (

@@ -5,3 +5,12 @@ class UserError(Exception):
         super().__init__(f"{option}: {message}")
         self.option = option
         self.message = message
+
+
+class Interrupted(Exception):
+    """Ctrl-C or SIGTERM during a run: every measured row is on disk and metadata.json says
+    'interrupted'; the command line exits with code 130."""
+
+    def __init__(self, folder):
+        super().__init__(f"interrupted: rows measured so far are in {folder}")
+        self.folder = folder

@@ -15,8 +15,6 @@ import sys
 import tempfile
 from pathlib import Path
 
-import pandas as pd
-
 from benchbatch.errors import UserError
 
 SCHEMA_VERSION = 1
@@ -89,7 +87,10 @@ def remove_temporaries(folder: Path) -> list[str]:
     return removed
 
 
-def write_csv(path: Path, rows: list[dict] | pd.DataFrame) -> None:
+def write_csv(path: Path, rows) -> None:
+    """Rows (a list of dicts) or a pandas DataFrame, written whole under a temporary name."""
+    import pandas as pd
+
     frame = rows if isinstance(rows, pd.DataFrame) else pd.DataFrame(rows)
     atomic_write_text(path, frame.to_csv(index=False))
 

@@ -1,33 +1,55 @@
-"""A run in progress: its folder, rows written as they are measured, and its metadata.
+"""One run, from its folder to its end: the one recording loop every command goes through.
 
-Rows reach the disk one by one (each CSV rewritten whole under a temporary name), so an
-interrupted run keeps everything it measured, and metadata.json says how the run ended.
+`Recorder.open` makes the run folder and writes metadata.json at once (so a folder never
+exists without saying what it holds); `record` consumes a probe's rows generator and, for
+each row as it comes, adds the columns every timed row carries (`throttled`, and mfu, mbu
+and bound against the run's one set of ceilings), writes it to its CSV and advances the
+progress display. Leaving the `with` block finishes metadata.json: complete, failed, or
+interrupted (Ctrl-C or SIGTERM: every measured row is on disk, then `Interrupted` is raised
+for the command line to exit with code 130).
 """
 
 from __future__ import annotations
 
+import contextlib
 import datetime as dt
+import os
 import platform
+import signal
 import sys
+import threading
+import time
+from collections.abc import Callable, Iterable
 from pathlib import Path
 
-import torch
-
-from benchbatch import __version__, device, results
+from benchbatch import __version__, machine, results
+from benchbatch.errors import Interrupted
+from benchbatch.progress import Progress
 
 
 def now_utc() -> str:
     return dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds")
 
 
-def environment(target: device.Target) -> dict:
-    """What a reader needs to trust or compare the numbers: software, machine, device."""
-    return {
+def environment(target=None) -> dict:
+    """What a reader needs to trust or compare the numbers: software, machine, device. A
+    run that uses no device (a simulation) records the machine without importing torch."""
+    out = {
         "benchbatch_version": __version__,
         "git_commit": results.git_commit(),
         "python": sys.version.split()[0],
         "platform": platform.platform(),
-        "torch_version": torch.__version__,
+        "torch_version": machine.version("torch"),
+        "cpu": {"model": machine.cpu_model(), "logical_cpus": os.cpu_count()},
+        "load_average": machine.load_average(),
+    }
+    if target is None:
+        return out
+    import torch
+
+    from benchbatch import device
+
+    return out | {
         "torch_cuda": torch.version.cuda,
         "device": str(target.device),
         "device_name": device.device_name(target.device),
@@ -37,9 +59,15 @@ def environment(target: device.Target) -> dict:
 
 
 class Run:
+    """A run folder's tables and metadata; every row reaches the disk as it is added."""
+
+    # A table of many fast rows (the engine's steps) is rewritten at most this often.
+    STREAM_INTERVAL_S = 0.5
+
     def __init__(self, folder: Path, command: str, meta: dict):
         self.folder = folder
         self.tables: dict[str, list[dict]] = {}
+        self._streams: dict[str, float] = {}  # table -> time of its last write
         self.meta = {
             "schema_version": results.SCHEMA_VERSION,
             "command": command,
@@ -50,23 +78,34 @@ class Run:
         }
         self.write_meta()
 
-    def add(self, table: str, row: dict) -> None:
-        """Keep one measured row, on disk at once."""
+    def add(self, table: str, row: dict, stream: bool = False) -> None:
+        """Keep one measured row, on disk at once (a stream table: within STREAM_INTERVAL_S,
+        and at once when the run ends or is interrupted)."""
         self.tables.setdefault(table, []).append(row)
-        results.write_csv(self.folder / f"{table}.csv", self.tables[table])
+        if stream:
+            last = self._streams.setdefault(table, 0.0)
+            if time.monotonic() - last < self.STREAM_INTERVAL_S:
+                return
+            self._streams[table] = time.monotonic()
+        self._write(table)
 
-    def put(self, table: str, rows: list[dict]) -> None:
-        self.tables[table] = list(rows)
+    def put(self, table: str, rows) -> None:
+        """A whole table at once (rows, or a pandas DataFrame for large tables)."""
+        self.tables[table] = rows if hasattr(rows, "to_csv") else list(rows)
+        self._write(table)
+
+    def _write(self, table: str) -> None:
         results.write_csv(self.folder / f"{table}.csv", self.tables[table])
 
     def flush(self) -> None:
         """Write every table again: a row kept in memory whose write was cut short (by
         Ctrl-C, say) reaches the disk too."""
-        for table, rows in self.tables.items():
-            results.write_csv(self.folder / f"{table}.csv", rows)
+        for table in self.tables:
+            self._write(table)
 
     def rows(self, table: str) -> list[dict]:
-        return self.tables.get(table, [])
+        rows = self.tables.get(table, [])
+        return rows.to_dict("records") if hasattr(rows, "to_dict") else rows
 
     def write_meta(self) -> None:
         results.write_json(self.folder / "metadata.json", self.meta)
@@ -74,3 +113,145 @@ class Run:
     def finish(self, status: str = "complete", **extra) -> None:
         self.meta.update(extra, status=status, finished_utc=now_utc())
         self.write_meta()
+
+
+class Recorder(Run):
+    """A Run with the machinery around it: signals, progress, throttle watch, ceilings."""
+
+    def __init__(self, folder: Path, command: str, meta: dict, target=None, quiet=False):
+        super().__init__(folder, command, meta)
+        self.target = target
+        self.quiet = quiet
+        self.ceilings = None  # the run's one set of ceilings, once known
+        self._watch = None
+        self._stack = contextlib.ExitStack()
+
+    @classmethod
+    def open(cls, command: str, run, target, cfg, options: dict) -> Recorder:
+        """The run folder (--out, or a new one) and its first metadata.json."""
+        from benchbatch import telemetry
+
+        folder = results.run_dir(run.out, command, run.force)
+        meta = {
+            "config": cfg.to_dict() if cfg is not None else None,
+            "options": options,
+            "environment": environment(target),
+            "telemetry_before": telemetry.snapshot(target.device) if target else None,
+        }
+        return cls(folder, command, meta, target, quiet=run.json_out)
+
+    # --- the run's lifetime ---------------------------------------------------------------
+
+    def __enter__(self) -> Recorder:
+        self._stack.enter_context(interrupts_raise())
+        if self.target is not None:
+            from benchbatch import telemetry
+
+            self._watch = self._stack.enter_context(telemetry.ThrottleWatch(self.target.device))
+        return self
+
+    def __exit__(self, kind, error, tb) -> bool:
+        try:
+            if error is None:
+                with signals_held():
+                    self.flush()
+                    self.finish("complete", telemetry_after=self._telemetry())
+            elif isinstance(error, KeyboardInterrupt):
+                with signals_held():
+                    self.flush()
+                    self.finish("interrupted", telemetry_after=self._telemetry())
+                    results.remove_temporaries(self.folder)
+                raise Interrupted(self.folder) from None
+            else:
+                with signals_held():
+                    self.flush()
+                    self.finish("failed", error=f"{type(error).__name__}: {error}")
+                    results.remove_temporaries(self.folder)
+        finally:
+            self._stack.close()
+        return False
+
+    def _telemetry(self) -> dict | None:
+        from benchbatch import telemetry
+
+        return telemetry.snapshot(self.target.device) if self.target is not None else None
+
+    # --- rows -----------------------------------------------------------------------------
+
+    def record(
+        self,
+        table: str,
+        rows: Iterable[dict],
+        *,
+        total: int | None = None,
+        label: str | None = None,
+        timed: bool = True,
+        stream: bool = False,
+    ) -> list[dict]:
+        """Consume a rows generator: each row gets the shared columns, reaches its CSV and
+        advances the progress display. Returns every row of the table."""
+        with self.progress(label or table, total) as task:
+            for row in rows:
+                self.add(table, self.columns(row) if timed else row, stream=stream)
+                task.advance()
+        return self.rows(table)
+
+    def columns(self, row: dict) -> dict:
+        """throttled (the GPU slowed its clocks while the row was measured) and, against the
+        run's ceilings, mfu, mbu and bound."""
+        from benchbatch.roofline import annotate
+
+        measured = row.get("status", "ok") == "ok"
+        row = {**row, "throttled": bool(self._watch and self._watch.throttled()) and measured}
+        if self.ceilings is not None and "arithmetic_intensity" in row:
+            row = annotate(row, self.ceilings)
+        return row
+
+    def progress(self, label: str, total: int | None):
+        return Progress.task(label, total, quiet=self.quiet)
+
+    def untrusted(self, table: str, name: Callable[[dict], str]) -> dict[str, list[str]]:
+        """Rows whose times are hard to trust, by name: noisy and throttled."""
+        rows = self.rows(table)
+        return {flag: [name(r) for r in rows if r.get(flag) is True] for flag in NOT_TRUSTED}
+
+
+NOT_TRUSTED = ("noisy", "throttled")
+
+
+# --- signals -----------------------------------------------------------------------------
+
+
+def _in_main_thread() -> bool:
+    return threading.current_thread() is threading.main_thread()
+
+
+@contextlib.contextmanager
+def interrupts_raise():
+    """SIGTERM (a scheduler's kill, `timeout`) raises KeyboardInterrupt, as Ctrl-C does."""
+    if not _in_main_thread():
+        yield
+        return
+    previous = signal.signal(signal.SIGTERM, _raise_interrupt)
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGTERM, previous if previous is not None else signal.SIG_DFL)
+
+
+@contextlib.contextmanager
+def signals_held():
+    """Ignore Ctrl-C and SIGTERM for a few milliseconds of writing that must finish."""
+    if not _in_main_thread():
+        yield
+        return
+    saved = {s: signal.signal(s, signal.SIG_IGN) for s in (signal.SIGINT, signal.SIGTERM)}
+    try:
+        yield
+    finally:
+        for s, handler in saved.items():
+            signal.signal(s, handler if handler is not None else signal.SIG_DFL)
+
+
+def _raise_interrupt(signum, frame):
+    raise KeyboardInterrupt

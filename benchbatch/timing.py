@@ -15,8 +15,7 @@ from dataclasses import dataclass, field
 import torch
 
 from benchbatch import cuda
-
-DEFAULT_CV_THRESHOLD = 0.10  # a spread above 10% of the mean makes a median hard to trust
+from benchbatch.noise import DEFAULT_CV_THRESHOLD
 
 
 @dataclass(frozen=True)

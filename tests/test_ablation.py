@@ -15,22 +15,20 @@ from benchbatch.cli import app
 from benchbatch.engines.simulate import StepCostModel
 from benchbatch.engines.workload import Request
 from benchbatch.errors import UserError
+from benchbatch.experiments import ABLATION_WORKLOAD
+from benchbatch.options import WorkloadOptions
 from benchbatch.probes import ablation as probe
 from benchbatch.probes.piggyback import MixedStep
 
 # Close to what cpu-small (fp32, 2 cores) measured: a decode step of 8 about 33 ms, a
 # 1,024-token prefill about 300 ms.
 CPU_LIKE = StepCostModel(0.016, 0.002, 0.00027, 5e-7)
-DEFAULTS = dict(  # the command's defaults (its documented CPU recommendation)
-    median=40,
-    sigma=0.9,
-    max_output=200,
-    prompt_len=64,
-    arrival_rate=0.25,
-    long_prompt_fraction=0.2,
-    long_prompt_len=1024,
-    trace=None,
-)
+DEFAULTS = dict(ABLATION_WORKLOAD)  # the command's defaults (its documented CPU recommendation)
+
+
+def workload(requests: int, seed: int):
+    return WorkloadOptions(**(DEFAULTS | {"requests": requests})).draw(seed)
+
 BUDGETS = probe.Budgets(8, 256, 128)
 
 
@@ -68,7 +66,7 @@ class _Plan:
 
 
 def points() -> list[MixedStep]:
-    reqs = probe.workload(40, seed=0, **DEFAULTS)
+    reqs = workload(40, seed=0)
     return probe.fit_points(BUDGETS, reqs, 4096)
 
 
@@ -165,7 +163,7 @@ def test_stall_appears_without_chunks_and_shrinks_with_them():
 
 @pytest.mark.parametrize("seed", [0, 1, 2])
 def test_paper_ordering_in_simulation_on_the_default_workload(seed):
-    reqs = probe.workload(40, seed=seed, **DEFAULTS)
+    reqs = workload(40, seed=seed)
     runs = probe.simulate_all(reqs, probe.SCHEMES, BUDGETS, CPU_LIKE)
     rows = [probe.summary_row(r, BUDGETS) for r in runs.values()]
     verdict = probe.ordering(rows, "sim")
@@ -178,7 +176,7 @@ def test_paper_ordering_in_simulation_on_the_default_workload(seed):
 
 
 def test_goodput_and_slo_search():
-    reqs = probe.workload(30, seed=1, **DEFAULTS)
+    reqs = workload(30, seed=1)
     slo = probe.SLO(ttft_s=2.0, tbt_s=0.12)
     run = probe.simulate_scheme(reqs, "both", BUDGETS, CPU_LIKE)
     row = probe.summary_row(run, BUDGETS, slo)

@@ -14,9 +14,11 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from benchbatch.cli import app
-from benchbatch.commands.common import INT_MAX, LIST_MAX, check_numbers, parse_int_list
+from benchbatch.commands.common import check_numbers
+from benchbatch.commands.params import LIST_MAX, parse_int_list
 from benchbatch.engines.workload import Request, read_trace
 from benchbatch.errors import UserError
+from benchbatch.options import INT_MAX
 
 TINY = ["--preset", "tiny", "--device", "cpu", "--repeats", "1", "--min-time", "0"]
 LONG = "9" * 40  # past any 64-bit integer

@@ -9,7 +9,6 @@ import pandas as pd
 import pytest
 
 from benchbatch.cli import app
-from benchbatch.commands import occupancy as command
 
 OCCUPANCY_COLUMNS = [
     "policy",
@@ -149,14 +148,18 @@ def test_real_engine_measures_both_policies(runner, tmp_path):
 
 
 def test_interrupted_real_run_keeps_its_measured_rows(runner, tmp_path, monkeypatch):
-    seen = []
+    """Ctrl-C as the 11th continuous step ends: 10 continuous steps were measured."""
+    from benchbatch.engines.engine import StepRecord
 
-    def interrupt_during_continuous(bar, task, record):
+    seen, row = [], StepRecord.row
+
+    def interrupt_during_continuous(record):
         seen.append(record.policy)
-        if seen.count("continuous") == 10:
+        if seen.count("continuous") == 11:
             raise KeyboardInterrupt
+        return row(record)
 
-    monkeypatch.setattr(command, "_advance", interrupt_during_continuous)
+    monkeypatch.setattr(StepRecord, "row", interrupt_during_continuous)
     result = occupancy(runner, tmp_path / "run", *REAL, *SMALL)
     assert result.exit_code == 130, result.output
     run = tmp_path / "run"

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import math
+from dataclasses import replace
 
 import pandas as pd
 import pytest
@@ -13,6 +14,7 @@ import torch
 from benchbatch.cli import app
 from benchbatch.config import preset
 from benchbatch.engines.model import Transformer
+from benchbatch.experiments import PiggybackOptions
 from benchbatch.probes import piggyback as probe
 from benchbatch.timing import Measurement, TimingOptions
 
@@ -62,16 +64,29 @@ def test_mixed_step_features_match_the_scheduler_counts():
         probe.MixedStep(0, 10)
 
 
-def test_piggyback_rows_have_the_columns_and_positive_times(model):
-    plan = probe.piggyback_plan(4, 16, [8, 32])
-    assert [(s.decode_batch, s.prefill_tokens) for s in plan] == [
-        (4, 0),
-        (4, 8),
-        (4, 32),
-        (0, 8),
-        (0, 32),
+OPTS = PiggybackOptions(
+    decode_batch=(4,), context=(16,), piggyback_tokens=(8, 32), chunk_prompt=100,
+    chunks=(16, 64, 500), tiles=(65, 64),
+)  # fmt: skip
+
+
+def test_plan_times_each_step_of_each_table_in_order():
+    plan = probe.plan(replace(OPTS, decode_batch=(1, 4)))
+    steps = [(t.part, t.step) for t in plan]
+    assert steps[:6] == [
+        ("piggyback", probe.MixedStep(b, 16, p)) for b in (1, 4) for p in (0, 8, 32)
     ]
-    rows = probe.run_piggyback(model, plan, QUICK)
+    assert steps[6:8] == [("piggyback", probe.MixedStep(0, 0, p)) for p in (8, 32)]
+    chunked = [s.chunk for part, s in steps if part == "chunked"]
+    assert chunked == [16, 64, 100]  # a chunk past the prompt is the one prefill
+    assert [s.prefill_tokens for part, s in steps if part == "tile"] == [64, 65]
+
+
+def test_piggyback_rows_have_the_columns_and_positive_times(model):
+    opts = replace(OPTS, chunks=(100,), tiles=(8,))
+    raw = list(probe.rows(model, opts, QUICK, cuda_graphs=False))
+    assert len(raw) == len(probe.plan(opts)) and {r["status"] for r in raw} == {"ok"}
+    rows = probe.piggyback_rows(raw)
     assert [r["prefill_tokens"] for r in rows] == [0, 8, 32]
     for r in rows:
         assert set(r) == ROW_COLUMNS
@@ -79,13 +94,21 @@ def test_piggyback_rows_have_the_columns_and_positive_times(model):
     assert rows[0]["over_decode"] == 1.0 and math.isnan(rows[0]["extra_us_per_prefill_token"])
     assert all(r["prefill_alone_ms"] > 0 for r in rows[1:])
     s = probe.piggyback_summary(rows, 0.1)
-    assert s["decode_batch"] == 4 and s["free_prefill_tokens"] in (0, 8, 32)
+    assert s["decode_batch"] == 4 and s["context"] == 16
+    # Free tokens: every step up to them within 10% of decode-only, the next one not.
+    within = [r["over_decode"] <= 1.1 for r in rows]
+    first_over = within.index(False) if False in within else len(rows)
+    assert s["free_prefill_tokens"] == rows[first_over - 1]["prefill_tokens"]
+
+
+def raw(step, ms: float, part: str = "piggyback", throttled: bool = False) -> dict:
+    return {**probe.raw_row(probe.Timed(part, step), Measurement([ms])), "throttled": throttled}
 
 
 def fake_rows(overs: dict[int, float], base_ms: float = 10.0) -> list[dict]:
-    times = {probe.MixedStep(8, 64, p): Measurement([base_ms * o]) for p, o in overs.items()}
-    times |= {probe.MixedStep(0, 0, p): Measurement([p * 0.1]) for p in overs if p}
-    return probe.piggyback_rows(times)
+    steps = [raw(probe.MixedStep(8, 64, p), base_ms * o) for p, o in overs.items()]
+    steps += [raw(probe.MixedStep(0, 0, p), p * 0.1) for p in overs if p]
+    return probe.piggyback_rows(steps)
 
 
 def test_free_prefill_tokens_is_the_largest_p_before_the_first_crossing():
@@ -103,8 +126,25 @@ def test_free_prefill_tokens_is_the_largest_p_before_the_first_crossing():
     assert by_p[64]["saved_ms"] == pytest.approx(10 + 6.4 - 12)
 
 
+def test_one_curve_per_decode_batch_and_context():
+    steps = [raw(probe.MixedStep(b, 64, p), b * (1 + p / 100)) for b in (1, 8) for p in (0, 50)]
+    steps += [raw(probe.MixedStep(0, 0, 50), 0.5)]
+    rows = probe.piggyback_rows(steps)
+    assert [(r["decode_batch"], r["prefill_tokens"]) for r in rows] == [
+        (1, 0),
+        (1, 50),
+        (8, 0),
+        (8, 50),
+    ]
+    summaries = probe.summaries(rows, 0.1)
+    assert [s["decode_batch"] for s in summaries] == [1, 8]
+    assert [r["over_decode"] for r in rows] == pytest.approx([1.0, 1.5, 1.0, 1.5])
+
+
 def test_chunk_sweep_and_tiles(model):
-    rows = probe.run_chunks(model, "fp32", 100, [16, 64, 500], QUICK)
+    opts = replace(OPTS, piggyback_tokens=(4,), decode_batch=(1,), context=(8,))
+    steps = list(probe.rows(model, opts, QUICK, cuda_graphs=False))
+    rows = probe.chunk_rows(steps, model.cfg, "fp32")
     assert [(r["chunk_tokens"], r["chunks"]) for r in rows] == [(16, 7), (64, 2), (100, 1)]
     whole = rows[-1]
     assert whole["over_one_prefill"] == 1.0 and whole["extra_pct"] == 0.0
@@ -112,9 +152,21 @@ def test_chunk_sweep_and_tiles(model):
     # More chunks read the weights more often and re-read more of the KV cache.
     assert rows[0]["weight_bytes"] > 6 * whole["weight_bytes"]
     assert rows[0]["kv_read_bytes"] > rows[1]["kv_read_bytes"] > whole["kv_read_bytes"]
-    tiles = probe.run_tiles(model, [65, 64], QUICK)
+    tiles = probe.tile_rows(steps)
     assert [r["chunk_tokens"] for r in tiles] == [64, 65]
     assert math.isnan(tiles[0]["over_previous"]) and tiles[1]["over_previous"] > 0
+
+
+def test_an_oom_step_is_a_row_and_the_others_go_on(model, monkeypatch):
+    def out_of_memory(*args, **kwargs):
+        raise RuntimeError("CUDA out of memory. Tried to allocate 2.00 GiB")
+
+    monkeypatch.setattr(probe, "time_chunked_prefill", out_of_memory)
+    steps = list(probe.rows(model, replace(OPTS, tiles=(8,)), QUICK, cuda_graphs=False))
+    assert {r["status"] for r in steps if r["part"] == "chunked"} == {"oom"}
+    assert {r["status"] for r in steps if r["part"] != "chunked"} == {"ok"}
+    assert probe.chunk_rows(steps, model.cfg, "fp32") == []
+    assert len(probe.piggyback_rows(steps)) == 3
 
 
 def test_timed_mixed_step_leaves_the_model_unchanged(model):
@@ -133,7 +185,9 @@ def test_command_writes_rows_plot_and_json(runner, tmp_path):
     result = runner.invoke(app, ["piggyback", "--out", str(out), *TINY, *SMALL, "--json"])
     assert result.exit_code == 0, result.output
     doc = json.loads(result.stdout)
-    assert doc["summary"]["decode_batch"] == 2
+    assert [s["decode_batch"] for s in doc["summary"]] == [2]
+    steps = pd.read_csv(out / "steps.csv")
+    assert len(steps) == 9 and set(steps["part"]) == {"piggyback", "chunked", "tile"}
     rows = pd.read_csv(out / "piggyback.csv")
     assert set(ROW_COLUMNS) <= set(rows.columns) and list(rows["prefill_tokens"]) == [0, 8, 32]
     assert (rows["step_ms"] > 0).all()
@@ -143,7 +197,7 @@ def test_command_writes_rows_plot_and_json(runner, tmp_path):
     assert (out / "piggyback.png").stat().st_size > 0
     assert not rows["throttled"].any() and not chunks["throttled"].any()  # a CPU never is
     meta = json.loads((out / "metadata.json").read_text())
-    assert meta["status"] == "complete" and meta["summary"]["threshold"] == 0.1
+    assert meta["status"] == "complete" and meta["summary"][0]["threshold"] == 0.1
 
 
 @pytest.mark.parametrize(
@@ -206,25 +260,19 @@ def test_throttled_rows_are_flagged_and_warned_about(runner, tmp_path, monkeypat
     assert "--repeats" in warning and "--min-time" in warning
 
 
-def test_a_slow_reference_step_flags_every_row_computed_from_it(model):
+def test_a_slow_reference_step_flags_every_row_computed_from_it():
     """The decode-only step is every piggyback row's reference; one prefill, every chunked
     row's; a tile, the next tile's."""
 
-    class Watch:
-        def __init__(self, slow: set[int]):
-            self.slow, self.looks = slow, 0
+    def curve(slow: set[int]) -> list[bool]:
+        parts = [probe.MixedStep(2, 8, 0), probe.MixedStep(2, 8, 4), probe.MixedStep(0, 0, 4)]
+        steps = [raw(s, 1.0 + i, throttled=i in slow) for i, s in enumerate(parts)]
+        return [r["throttled"] for r in probe.piggyback_rows(steps)]
 
-        def throttled(self) -> bool:
-            self.looks += 1
-            return self.looks in self.slow
-
-    plan = probe.piggyback_plan(2, 8, [4])  # decode + 0, decode + 4, 4 alone
-    rows = probe.run_piggyback(model, plan, QUICK, watch=Watch({1}))
-    assert [r["throttled"] for r in rows] == [True, True]
-    rows = probe.run_piggyback(model, plan, QUICK, watch=Watch({3}))
-    assert [r["throttled"] for r in rows] == [False, True]
-    chunks = probe.run_chunks(model, "fp32", 32, [8, 16], QUICK, watch=Watch({3}))
-    assert [r["throttled"] for r in chunks] == [True, True, True]
-    tiles = probe.run_tiles(model, [8, 9, 10], QUICK, watch=Watch({1}))
-    assert [r["throttled"] for r in tiles] == [True, True, False]
-    assert not any(r["throttled"] for r in probe.run_tiles(model, [8, 9], QUICK))
+    assert curve({0}) == [True, True]
+    assert curve({1}) == [False, True]
+    assert curve({2}) == [False, True]  # the prefill alone, the second row's other reference
+    chunked = [raw(probe.Chunked(32, c), 1.0, "chunked", c == 32) for c in (8, 16, 32)]
+    assert [r["throttled"] for r in probe.chunk_rows(chunked, preset("tiny"), "fp32")] == [True] * 3
+    tiles = [raw(probe.MixedStep(0, 0, t), 1.0, "tile", t == 8) for t in (8, 9, 10)]
+    assert [r["throttled"] for r in probe.tile_rows(tiles)] == [True, True, False]

@@ -17,8 +17,8 @@ import pandas as pd
 import pytest
 
 from benchbatch import results, telemetry
+from benchbatch import run as runs
 from benchbatch.cli import app
-from benchbatch.commands import common
 from benchbatch.run import Run
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -135,7 +135,7 @@ def run_phases(runner, out: Path, *extra: str):
 
 
 def test_ctrl_c_while_the_figure_is_written(runner, tmp_path, monkeypatch):
-    from benchbatch.commands import phases
+    from benchbatch.plots import phases
 
     def half_drawn(rows, path, title):
         path.with_name(f".{path.name}.tmp.png").write_bytes(b"\x89PNG half")
@@ -171,7 +171,7 @@ def test_ctrl_c_while_a_row_is_written_still_saves_the_row(runner, tmp_path, mon
 
 
 def test_a_second_ctrl_c_cannot_cut_the_last_writes_short(runner, tmp_path, monkeypatch):
-    from benchbatch.commands import phases
+    from benchbatch.plots import phases
 
     def impatient(rows, path, title):
         raise KeyboardInterrupt
@@ -201,7 +201,7 @@ def test_signal_handlers_are_restored(runner, tmp_path):
 
 
 def test_a_failed_run_says_so_and_leaves_no_temporary_file(runner, tmp_path, monkeypatch):
-    from benchbatch.commands import phases
+    from benchbatch.plots import phases
 
     def broken(rows, path, title):
         path.with_name(f".{path.name}.tmp.png").write_bytes(b"")
@@ -471,6 +471,6 @@ def test_flush_writes_every_table_again(tmp_path):
 
 def test_signals_held_ignores_ctrl_c_meanwhile():
     before = signal.getsignal(signal.SIGINT)
-    with common.signals_held():
+    with runs.signals_held():
         os.kill(os.getpid(), signal.SIGINT)  # ignored: no KeyboardInterrupt here
     assert signal.getsignal(signal.SIGINT) == before

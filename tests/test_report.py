@@ -8,7 +8,7 @@ import math
 import pytest
 
 from benchbatch import report
-from benchbatch.commands.phases import summary as phases_summary
+from benchbatch.probes.phases import summary as phases_summary
 from benchbatch.probes.sweep import claim as sweep_claim
 
 

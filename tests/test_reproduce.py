@@ -6,10 +6,14 @@ import json
 
 import pandas as pd
 import pytest
+import torch
 from typer.testing import CliRunner
 
 from benchbatch.cli import app
 from benchbatch.commands import reproduce
+from benchbatch.device import Target
+from benchbatch.experiments import PhasesOptions, SweepOptions
+from benchbatch.options import device_preset
 
 TINY = [
     "--preset", "tiny", "--device", "cpu", "--repeats", "1", "--min-time", "0",
@@ -101,10 +105,13 @@ def test_json_is_one_document(tmp_path):
 
 
 def test_cpu_defaults_are_cpu_sized():
-    cpu, cuda = reproduce.SIZES["cpu"], reproduce.SIZES["cuda"]
-    assert cpu.preset == "cpu-small" and cpu.prefill == "512,2048" and cpu.batch == "1,8,32,64,128"
-    assert cuda.preset == "article" and cuda.prefill == "512,2048"
-    assert cuda.batch == "1,8,32,128,256" and cuda.decode_batch == "1,32"
+    """The article's sizes on CUDA; on a CPU a small model, batches to 128, a shorter real run."""
+    cpu, cuda = Target(torch.device("cpu"), "fp32"), Target(torch.device("cuda"), "fp16")
+    assert device_preset(cpu) == "cpu-small" and device_preset(cuda) == "article"
+    assert SweepOptions().batches(cpu) == (1, 8, 32, 64, 128)
+    assert SweepOptions().batches(cuda) == (1, 8, 32, 128, 256)
+    assert PhasesOptions().prefill == (512, 2048) and PhasesOptions().decode_batch == (1, 32)
+    assert reproduce.CPU_REAL == {"requests": 128, "slots": 32, "max_output": 400}
 
 
 @pytest.mark.parametrize(

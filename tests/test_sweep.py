@@ -195,7 +195,7 @@ BAD = [
     (["--batch", "0"], "--batch"),
     (["--batch=-8"], "--batch"),
     (["--batch", "1,x"], "--batch"),
-    (["--context", "0"], "--context"),
+    (["--context", "-1"], "--context"),
     (["--context", "8,256"], "--context"),  # tiny max_context 256: 256 + 1 does not fit
     (["--context", "8", "--knee-threshold", "0"], "--knee-threshold"),
     (["--context", "8", "--knee-threshold=-0.5"], "--knee-threshold"),

@@ -4,67 +4,50 @@ from __future__ import annotations
 
 import math
 from pathlib import Path
-from typing import Annotated
 
-import pandas as pd
-import torch
-import typer
 from rich import box
 from rich.table import Table
 
-from benchbatch import compare as merging
-from benchbatch import device as devices
-from benchbatch import results
+from benchbatch import render
 from benchbatch.commands import common as c
-from benchbatch.commands.render import fmt
-from benchbatch.plots import compare as plots
-from benchbatch.run import Run
+from benchbatch.commands.params import command, use
+from benchbatch.experiments import CompareOptions
+from benchbatch.options import RunOptions
+from benchbatch.render import fmt
+from benchbatch.run import Recorder
 
 RUN_COLUMNS = ("run", "kind", "device", "dtype", "model", "cuda_graphs", "status")
-NO_DEVICE = devices.Target(torch.device("cpu"), "fp32")  # compare reads files, runs nothing
 
 
-def compare(
-    runs: Annotated[
-        list[Path],
-        typer.Argument(
-            help="Result folders of one command (phases, sweep, probe, occupancy or "
-            "reproduce), e.g. two GPUs, fp16 and bf16, CUDA graphs on and off.",
-            metavar="RUN_DIR",
-            show_default=False,
-        ),
-    ],
-    label: Annotated[
-        str | None,
-        typer.Option(
-            help="Comma-separated names of the runs, one per folder. Default: folder names."
-        ),
-    ] = None,
-    out: c.OutOpt = None,
-    force: c.ForceOpt = False,
-    json_out: c.JsonOpt = False,
-) -> None:
+@command(CompareOptions, use(RunOptions, only=("out", "force", "json_out")))
+def compare(opts: CompareOptions, run: RunOptions) -> None:
     """Overlay the same plot from several result folders (compare-*.png) and merge their
     rows into one compare-TABLE.csv per table (phases, sweep, ...) with a `run` column.
 
     Folders must come from the same command; a missing, corrupt or unknown file is named
     in a one-line error (exit code 2).
     """
-    loaded = merging.load_all(runs, label)
+    from benchbatch import compare as merging
+    from benchbatch import results
+
+    loaded = merging.load_all(list(opts.runs), opts.label)
     names = [r.label for r in loaded]
     tables = merging.merge(loaded)
-    folder = results.run_dir(out, "compare", force)
-    run = Run(folder, "compare", {"runs": [r.describe() for r in loaded]})
-    files: list[str] = run.meta.setdefault("files", [])  # what is written, as it is
-    with c.recording(run, NO_DEVICE):
+    folder = results.run_dir(run.out, "compare", run.force)
+    rec = Recorder(folder, "compare", {"runs": [r.describe() for r in loaded]}, quiet=True)
+    files: list[str] = rec.meta.setdefault("files", [])  # what is written, as it is
+    with rec:
         for table, df in tables.items():
             results.write_csv(folder / f"compare-{table}.csv", df)
             files.append(f"compare-{table}.csv")
         files += _figures(tables, names, folder, loaded[0].kind)
-    _report(run, loaded, tables, names, files, json_out)
+    _report(rec, loaded, tables, names, files, run.json_out)
 
 
-def _figures(tables: dict[str, pd.DataFrame], names: list[str], folder: Path, kind: str) -> list:
+def _figures(tables: dict, names: list[str], folder: Path, kind: str) -> list:
+    from benchbatch import compare as merging
+    from benchbatch.plots import compare as plots
+
     title = f"{kind} runs: {', '.join(names)}"
     drawn = []
     if "phases" in tables:
@@ -97,28 +80,28 @@ VIEWS = {
 
 
 def _report(run, loaded, tables, names: list[str], files: list[str], json_out: bool) -> None:
+    from benchbatch import compare as merging
+
     if json_out:
         rows = {t: df.to_dict(orient="records") for t, df in tables.items()}
-        c.print_json({"folder": str(run.folder), "runs": run.meta["runs"], "rows": rows})
-        return
+        return c.report_json(run, runs=run.meta["runs"], rows=rows)
     who = _table("runs", list(RUN_COLUMNS))
     for r in loaded:
         d = r.describe()
         who.add_row(*(fmt(d[k]) if d[k] is not None else "-" for k in RUN_COLUMNS))
-    c.out_console.print(who)
+    render.out_console.print(who)
     for table, df in tables.items():
         if table == "occupancy":
             df = merging.first_seed(df)
-        c.out_console.print(_view(table, df, names))
+        render.out_console.print(_view(table, df, names))
     if any(r.meta.get("status") != "complete" for r in loaded):
-        c.err_console.print(
-            "[yellow]warning:[/] some runs did not complete (see status): their tables may "
-            "miss rows."
-        )
-    c.out_console.print(f"results: {run.folder} ({', '.join(files)})")
+        render.warning("some runs did not complete (see status): their tables may miss rows.")
+    render.out_console.print(f"results: {run.folder} ({', '.join(files)})", highlight=False)
 
 
-def _view(table: str, df: pd.DataFrame, names: list[str]) -> Table:
+def _view(table: str, df, names: list[str]) -> Table:
+    from benchbatch import compare as merging
+
     index, value, what = VIEWS[table]
     if table == "probe":
         df = df.assign(value=df["tflops"].where(df["kind"] == "matmul", df["gbps"]))
@@ -158,5 +141,7 @@ def _cell(value, table: str) -> str:
 
 
 def _ratio(a, b) -> str:
+    from benchbatch import compare as merging
+
     r = merging.ratio(_plain(a), _plain(b))
     return "-" if math.isnan(r) else f"x{r:.3g}"

@@ -2,31 +2,17 @@
 
 from __future__ import annotations
 
-from enum import Enum
-from pathlib import Path
-from typing import Annotated
-
-import torch
-import typer
-from rich import box
-
-from benchbatch import device as devices
-from benchbatch import results
+from benchbatch import render
 from benchbatch.commands import common as c
-from benchbatch.commands.render import rows_table
-from benchbatch.config import DTYPE_BYTES
-from benchbatch.engines.engine import Engine, StepRecord, cache_len, check_fits
-from benchbatch.engines.model import Transformer
-from benchbatch.engines.simulate import SimResult, timeline_rows
-from benchbatch.engines.workload import Request
-from benchbatch.errors import UserError
-from benchbatch.plots.occupancy import engine_figure, occupancy_figure
-from benchbatch.probes import occupancy as probe
+from benchbatch.commands.params import command, use
+from benchbatch.experiments import OccupancyOptions
+from benchbatch.noise import NOISY_P90_OVER_MEDIAN
+from benchbatch.options import ModelOptions, RunOptions, WorkloadOptions, record
+from benchbatch.run import Recorder
 
-WORKLOAD = "Workload"
-BATCHING = "Batching"
 CPU_HINT = "--engine real --requests 64 --slots 8 --max-output 200"
 LONG_RUN_S = 600  # over this estimate, the notice suggests a smaller run
+RUN_FIELDS = ("device", "dtype", "seed", "threads", "out", "force", "json_out")
 
 SIM_COLUMNS = {
     "policy": "policy",
@@ -64,97 +50,9 @@ LATENCY_COLUMNS = {
 }
 
 
-class EngineKind(str, Enum):
-    sim = "sim"
-    real = "real"
-
-
+@command(OccupancyOptions, WorkloadOptions, ModelOptions, use(RunOptions, only=RUN_FIELDS))
 def occupancy(
-    requests: Annotated[
-        int,
-        typer.Option(help="Requests in the generated workload.", rich_help_panel=WORKLOAD),
-    ] = 600,
-    slots: Annotated[
-        int,
-        typer.Option(
-            help="Slots: sequences run at once (KV-cache rows); static groups are this big.",
-            rich_help_panel=BATCHING,
-        ),
-    ] = 32,
-    median: Annotated[
-        float, typer.Option(help="Median output length (tokens).", rich_help_panel=WORKLOAD)
-    ] = 70,
-    sigma: Annotated[
-        float,
-        typer.Option(help="Lognormal sigma of the output lengths.", rich_help_panel=WORKLOAD),
-    ] = 0.9,
-    max_output: Annotated[
-        int,
-        typer.Option(help="Output lengths are clipped to this (tokens).", rich_help_panel=WORKLOAD),
-    ] = 2000,
-    prompt_len: Annotated[
-        int,
-        typer.Option(
-            help="Prompt tokens of every request (with --trace: where prompt_tokens is missing).",
-            rich_help_panel=WORKLOAD,
-        ),
-    ] = 64,
-    arrival_rate: Annotated[
-        float | None,
-        typer.Option(
-            help="Poisson arrivals, requests per step. Default: all waiting at step 0.",
-            rich_help_panel=WORKLOAD,
-        ),
-    ] = None,
-    seed: Annotated[
-        int,
-        typer.Option(
-            help="Seed of the output lengths and arrivals (with --engine real also of the "
-            "weights and prompts). Seed 3 draws the article's trace step for step.",
-            rich_help_panel=WORKLOAD,
-            min=0,
-        ),
-    ] = 0,
-    seeds: Annotated[
-        int,
-        typer.Option(
-            help="Simulate seeds --seed .. --seed+K-1 and report mean and spread (min-max); "
-            "the figure, timeline and --engine real use --seed.",
-            rich_help_panel=WORKLOAD,
-        ),
-    ] = 1,
-    trace: Annotated[
-        Path | None,
-        typer.Option(
-            help="Replay a CSV trace instead: column output_tokens, optional prompt_tokens "
-            "and arrival_step (replaces --requests, --median, --sigma, --max-output, "
-            "--arrival-rate).",
-            rich_help_panel=WORKLOAD,
-        ),
-    ] = None,
-    engine: Annotated[
-        EngineKind,
-        typer.Option(
-            help="sim: count steps (milliseconds); real: also run both policies on the model "
-            "and time them.",
-            case_sensitive=False,
-            rich_help_panel=BATCHING,
-        ),
-    ] = EngineKind.sim,
-    preset: c.PresetOpt = None,
-    config: c.ConfigOpt = None,
-    hidden: c.HiddenOpt = None,
-    layers: c.LayersOpt = None,
-    heads: c.HeadsOpt = None,
-    kv_heads: c.KvHeadsOpt = None,
-    intermediate: c.IntermediateOpt = None,
-    vocab: c.VocabOpt = None,
-    max_context: c.MaxContextOpt = None,
-    device: c.DeviceOpt = "auto",
-    dtype: c.DtypeOpt = None,
-    out: c.OutOpt = None,
-    force: c.ForceOpt = False,
-    json_out: c.JsonOpt = False,
+    opts: OccupancyOptions, workload: WorkloadOptions, model: ModelOptions, run: RunOptions
 ) -> None:
     """Static vs continuous batching: slot occupancy and total steps on one workload.
 
@@ -164,167 +62,74 @@ def occupancy(
 
     With --engine real both policies also run on the model (default preset: article on CUDA,
     cpu-small on CPU; the model, --device and --dtype options apply only then), and measured
-    time is compared with the
-    simulation. A notice estimates the duration first. On a CPU, try
-    `benchbatch occupancy --engine real --requests 64 --slots 8 --max-output 200`
-    (about a minute with cpu-small on 2 cores).
+    time is compared with the simulation. A notice estimates the duration first. On a CPU,
+    try `benchbatch occupancy --engine real --requests 64 --slots 8 --max-output 200` (about
+    a minute with cpu-small on 2 cores).
     """
-    _check(requests, slots, seeds, trace)
-    _check_arrivals(requests, arrival_rate, trace)
-    seed_list = list(range(seed, seed + seeds))
-    make = dict(
-        median=median,
-        sigma=sigma,
-        max_output=max_output,
-        prompt_len=prompt_len,
-        arrival_rate=arrival_rate,
-        trace=trace,
-    )
-    first = probe.workload(requests, seed=seed, **make)
-    _check_trace_arrivals(first, trace)
-    real = engine is EngineKind.real
-    model_opts = dict(
-        hidden=hidden,
-        layers=layers,
-        heads=heads,
-        kv_heads=kv_heads,
-        intermediate=intermediate,
-        vocab=vocab,
-        max_context=max_context,
-    )
-    if real:
-        target = c.resolve_target(device, dtype)
-        cfg, notes = _model_config(preset, config, target, model_opts)
-        _check_prompts(cfg.max_context, first, trace)
-        check_fits(cfg.max_context, first)
-        c.check_model_fits(cfg, target, c.model_option(preset, config, model_opts))
+    opts.check(workload)
+    requests = workload.draw(run.seed)
+    if opts.engine == "real":
+        check = lambda cfg: _check_real(cfg, requests, workload)  # noqa: E731
+        rec = c.open_model_run("occupancy", model, run, opts, workload, check=check)
     else:
-        notes = _ignored(preset, config, dtype, model_opts)
-        target, cfg = devices.Target(torch.device("cpu"), "fp32"), None
-    folder = results.run_dir(out, "occupancy", force)
-    for note in notes:  # every input is checked: a user error stays a single line
-        c.err_console.print(f"[yellow]note:[/] {note}")
-    options = dict(
-        requests=requests,
-        slots=slots,
-        median=median,
-        sigma=sigma,
-        max_output=max_output,
-        prompt_len=prompt_len,
-        arrival_rate=arrival_rate,
-        seed=seed,
-        seeds=seeds,
-        trace=trace,
-        engine=engine.value,
-    )
-    run = c.start_run(folder, "occupancy", target, cfg, options)
-    with c.recording(run, target):
-        sims = _simulate(run, first, seed_list, slots, requests, make)
-        if real:
-            _run_real(run, cfg, target, first, slots, seed, sims, json_out)
-    _report(run, json_out)
+        rec = Recorder.open("occupancy", run, None, None, record(opts, workload, run))
+        c.print_notes(_ignored(model, run))
+    with rec:
+        sims, rec.meta["summary"] = simulate_part(rec, requests, workload, opts.seeds, run.seed)
+        if opts.engine == "real":
+            _run_real(rec, model, run, requests, workload.slots, sims)
+    _report(rec, run.json_out)
 
 
-# Beyond these a simulation runs out of memory rather than saying anything new.
-MAX_REQUESTS = 10_000_000
-MAX_SLOTS = 1_000_000
-MAX_SEEDS = 10_000
+def _check_real(cfg, requests, workload: WorkloadOptions) -> None:
+    """A prompt alone longer than the model's context is the prompt's fault (or the trace's),
+    a prompt plus its output the output's."""
+    from benchbatch.engines.engine import check_fits
+    from benchbatch.errors import UserError
 
-
-def _check(requests: int, slots: int, seeds: int, trace: Path | None) -> None:
-    for option, value, most in (
-        ("--requests", requests, MAX_REQUESTS),
-        ("--slots", slots, MAX_SLOTS),
-        ("--seeds", seeds, MAX_SEEDS),
-    ):
-        if value < 1:
-            raise UserError(option, f"must be at least 1, got {value}")
-        if value > most:
-            raise UserError(option, f"must be at most {most:,}, got {value:,}")
-    if trace is not None and seeds > 1:
-        raise UserError("--seeds", "a --trace is fixed: there is no seed to vary")
-
-
-MAX_ARRIVAL_SPAN = 10_000_000  # steps: the timeline has a row for each
-
-
-def _check_arrivals(requests: int, rate: float | None, trace: Path | None) -> None:
-    if trace is None and rate is not None and rate > 0 and requests / rate > MAX_ARRIVAL_SPAN:
-        raise UserError(
-            "--arrival-rate",
-            f"{rate:g} spreads {requests:,} arrivals over about {requests / rate:.3g} steps "
-            f"(at most {MAX_ARRIVAL_SPAN:,}); raise it",
-        )
-
-
-def _check_trace_arrivals(requests: list[Request], trace: Path | None) -> None:
-    """A trace's last arrival bounds the steps simulated, one timeline row each."""
-    last = max(r.arrival_step for r in requests)
-    if trace is not None and last > MAX_ARRIVAL_SPAN:
-        raise UserError(
-            "--trace",
-            f"{trace}: a request arrives at step {last:,}, beyond the {MAX_ARRIVAL_SPAN:,} "
-            "steps a run may span",
-        )
-
-
-def _check_prompts(max_context: int, requests: list[Request], trace: Path | None) -> None:
-    """A prompt alone longer than the model's context is the prompt's fault, not the output's."""
     longest = max(r.prompt_tokens for r in requests)
-    if longest + 1 > max_context:
+    if longest + 1 > cfg.max_context:
         raise UserError(
-            "--trace" if trace is not None else "--prompt-len",
+            "trace" if workload.trace is not None else "prompt_len",
             f"a {longest:,}-token prompt and its first output token exceed the model's "
-            f"--max-context {max_context:,}",
+            f"--max-context {cfg.max_context:,}",
         )
+    check_fits(cfg.max_context, requests)
 
 
-def _model_config(preset, config, target, overrides: dict):
-    """The model's shape, and a note when the device chose the preset."""
-    default = "article" if target.device.type == "cuda" else "cpu-small"
-    notes = []
-    if preset is None and config is None:
-        notes.append(
-            f"using the {default} preset, the default on "
-            f"{'CUDA' if default == 'article' else 'CPU'} (article on CUDA, cpu-small on CPU); "
-            "pass --preset or --config to change it"
-        )
-    return c.build_config(preset, config, default=default, **overrides), notes
-
-
-def _ignored(preset, config, dtype, overrides: dict) -> list[str]:
-    given = [k for k, v in overrides.items() if v is not None]
-    given += [k for k, v in (("preset", preset), ("config", config), ("dtype", dtype)) if v]
-    if not given:
-        return []
-    names = ", ".join(f"--{k.replace('_', '-')}" for k in given)
-    return [f"{names} only apply with --engine real; ignored"]
+def _ignored(model: ModelOptions, run: RunOptions) -> str | None:
+    given = [f"--{k.replace('_', '-')}" for k in model.overrides()]
+    given += [f"--{k}" for k in ("preset", "config") if getattr(model, k) is not None]
+    given += ["--dtype"] if run.dtype is not None else []
+    return f"{', '.join(given)} only apply with --engine real; ignored" if given else None
 
 
 # --- simulation --------------------------------------------------------------------------------
 
 
-def _simulate(
-    run, first: list[Request], seed_list: list[int], slots: int, requests: int, make: dict
-) -> dict[str, SimResult]:
+def simulate_part(rec, first, workload: WorkloadOptions, seeds: int, seed: int):
     """occupancy.csv (every seed), occupancy_seeds.csv (spread), timeline.csv and the figure
-    (first seed). Returns the first seed's simulations."""
-    sims = probe.simulate(first, slots)
-    trace = make["trace"] is not None
-    rows = probe.occupancy(sims, None if trace else seed_list[0])
-    for s in seed_list[1:]:
-        rows += probe.occupancy(probe.simulate(probe.workload(requests, seed=s, **make), slots), s)
-    run.put("occupancy", rows)
-    if len(seed_list) > 1:
-        run.put("occupancy_seeds", probe.seed_spread(rows))
+    (first seed), for occupancy and reproduce. Returns the first seed's simulations and the
+    article's claim as they measure it."""
+    from benchbatch.engines.simulate import timeline_rows
+    from benchbatch.plots.occupancy import occupancy_figure
+    from benchbatch.probes import occupancy as probe
+
+    sims = probe.simulate(first, workload.slots)
+    rows = probe.occupancy(sims, None if workload.trace else seed)
+    for s in range(seed + 1, seed + seeds):
+        rows += probe.occupancy(probe.simulate(workload.draw(s), workload.slots), s)
+    rec.put("occupancy", rows)
+    if seeds > 1:
+        rec.put("occupancy_seeds", probe.seed_spread(rows))
     timeline = timeline_rows(sims)
-    run.put("timeline", timeline)
-    run.meta["summary"] = probe.summary(rows[:2])
-    occupancy_figure(timeline, rows[:2], run.folder / "occupancy.png", _sim_title(first, slots))
-    return sims
+    rec.put("timeline", timeline)
+    title = _sim_title(first, workload.slots)
+    occupancy_figure(timeline, rows[:2], rec.folder / "occupancy.png", title)
+    return sims, probe.summary(rows[:2])
 
 
-def _sim_title(requests: list[Request], slots: int) -> str:
+def _sim_title(requests, slots: int) -> str:
     outputs = sorted(r.output_tokens for r in requests)
     median = outputs[len(outputs) // 2]
     return (
@@ -336,67 +141,55 @@ def _sim_title(requests: list[Request], slots: int) -> str:
 # --- the real engine ---------------------------------------------------------------------------
 
 
-def _run_real(run, cfg, target, requests, slots, seed, sims, json_out: bool) -> None:
-    model = Transformer(cfg, target.device, target.dtype, seed)
-    estimate = probe.estimate(model, requests, slots, sims)
-    per_token = 2 * cfg.layers * cfg.kv_dim * DTYPE_BYTES[target.dtype_name]  # keys and values
-    estimate["kv_cache_bytes"] = per_token * slots * cache_len(requests)
-    run.meta["estimate"] = estimate
-    run.meta["sim_time_basis"] = probe.SIM_TIME_BASIS
-    _print_estimate(estimate, sims, cfg, target, slots)
-    steps: list[dict] = []
-    static_wall = None
-    with c.progress(json_out) as bar:
-        for policy in probe.POLICIES:
-            task = bar.add_task(f"{policy} (real)", total=sims[policy].total_steps)
-            eng = Engine(model, policy, slots, seed)
-            try:
-                result = eng.run(requests, on_step=lambda rec, t=task: _advance(bar, t, rec))
-            finally:  # interrupted or not, every measured step reaches the disk
-                run.put("engine_steps", steps + probe.step_rows(eng.result))
-            steps += probe.step_rows(result)
-            if policy == "static":
-                static_wall = result.wall_s
-            run.add("engine", probe.engine_row(result, sims[policy], static_wall))
-    rows = run.rows("engine")
-    run.meta["engine_summary"] = probe.engine_summary(rows, sims)
-    engine_figure(steps, rows, run.folder / "engine.png", _engine_title(cfg, target, slots))
+def _run_real(rec, model: ModelOptions, run: RunOptions, requests, slots: int, sims) -> None:
+    from benchbatch.plots.occupancy import engine_figure
+    from benchbatch.probes import occupancy as probe
+
+    net, cfg = model.build(rec.target, run.seed)
+    estimate = probe.estimate(net, rec.target.dtype_name, requests, slots, sims)
+    rec.meta.update(estimate=estimate, sim_time_basis=probe.SIM_TIME_BASIS)
+    if not run.json_out:
+        _print_estimate(estimate, sims, rec, slots)
+    engine_runs(rec, net, requests, slots, sims, run.seed)
+    rows = rec.rows("engine")
+    rec.meta["engine_summary"] = probe.engine_summary(rows, sims)
+    title = c.title(rec, f"{slots} slots: real engine")
+    engine_figure(rec.rows("engine_steps"), rows, rec.folder / "engine.png", title)
 
 
-def _advance(bar, task, record: StepRecord) -> None:
-    bar.advance(task)
+def engine_runs(rec, net, requests, slots: int, sims, seed: int) -> None:
+    """Static, then continuous batching on the model: engine_steps.csv as the steps end,
+    engine.csv a row per policy (occupancy and reproduce)."""
+    from benchbatch.probes import occupancy as probe
+
+    runs = [probe.EngineRun(p, slots, p, sim_steps=sims[p].total_steps) for p in probe.POLICIES]
+    walls: dict[str, float] = {}
+
+    def finished(spec, result) -> None:
+        walls[spec.name] = result.wall_s
+        rec.add("engine", probe.engine_row(result, sims[spec.name], walls.get("static")))
+
+    steps = probe.engine_steps(net, requests, runs, seed, finished)
+    total = sum(r.sim_steps for r in runs)
+    rec.record("engine_steps", steps, total=total, label="real engine", stream=True)
 
 
-def _engine_title(cfg, target, slots: int) -> str:
-    return (
-        f"{cfg.name}: hidden {cfg.hidden}, {cfg.layers} layers, {target.dtype_name}, "
-        f"{devices.device_name(target.device)}, {slots} slots: real engine"
-    )
-
-
-def _print_estimate(e: dict, sims: dict[str, SimResult], cfg, target, slots: int) -> None:
+def _print_estimate(e: dict, sims: dict, rec, slots: int) -> None:
+    cfg, target = rec.cfg, rec.target
     steps = " + ".join(f"{p} {s.total_steps:,}" for p, s in sims.items())
-    c.err_console.print(
+    render.err_console.print(
         f"real engine: {cfg.name} (hidden {cfg.hidden}, {cfg.layers} layers) "
         f"{target.dtype_name} on {target.device}, KV cache {e['kv_cache_bytes'] / 2**20:,.0f} "
         f"MiB; {e['simulated_steps']:,} steps to run ({steps}). Estimated duration: about "
-        f"{_duration(e['estimated_s'])} (a decode step of {slots} sequences at context "
+        f"{render.duration(e['estimated_s'])} (a decode step of {slots} sequences at context "
         f"{e['decode_context']:,} took {e['decode_step_ms']:.3g} ms here, a "
-        f"{e['prefill_tokens']}-token prefill {e['prefill_ms']:.3g} ms)."
+        f"{e['prefill_tokens']}-token prefill {e['prefill_ms']:.3g} ms).",
+        highlight=False,
     )
     if e["estimated_s"] > LONG_RUN_S and target.device.type == "cpu":
-        c.err_console.print(
-            f"[yellow]note:[/] that is long; for a quick look on a CPU try "
-            f"`benchbatch occupancy {CPU_HINT}`"
+        render.note(
+            f"that is long; for a quick look on a CPU try `benchbatch occupancy {CPU_HINT}`"
         )
-
-
-def _duration(seconds: float) -> str:
-    if seconds < 90:
-        return f"{seconds:.0f} s"
-    if seconds < 5400:
-        return f"{seconds / 60:.0f} min"
-    return f"{seconds / 3600:.1f} h"
 
 
 # --- report ------------------------------------------------------------------------------------
@@ -411,33 +204,29 @@ def _report(run, json_out: bool) -> None:
             doc["seeds"] = spread
         if engine:
             doc |= {"engine": engine, "engine_summary": run.meta.get("engine_summary", {})}
-        c.print_json(doc)
+        render.print_json(doc)
         return
     first = rows[:2]
-    _table([{**r, "occupancy_pct": 100 * r["occupancy"]} for r in first], SIM_COLUMNS, "simulated")
-    c.out_console.print(
+    render.table([{**r, "occupancy_pct": 100 * r["occupancy"]} for r in first], SIM_COLUMNS,
+                 "simulated")  # fmt: skip
+    render.out_console.print(
         f"continuous batching: {summary['speedup']:.2f}x fewer steps "
         f"(static {summary['static_occupancy']:.1%}, "
         f"continuous {summary['continuous_occupancy']:.1%} occupancy)"
     )
     if spread:
-        _table([_spread_display(r) for r in spread], SEED_COLUMNS, "over seeds")
-        c.out_console.print(_spread_line(spread))
+        render.table([_spread_display(r) for r in spread], SEED_COLUMNS, "over seeds")
+        render.out_console.print(_spread_line(spread))
     if engine:
         shown = [_engine_display(r) for r in engine]
-        _table(shown, ENGINE_COLUMNS, "real engine (sim s: simulated steps x median step)")
-        _table(shown, LATENCY_COLUMNS, "real engine: request latency and time to first token (s)")
+        render.table(shown, ENGINE_COLUMNS, "real engine (sim s: simulated steps x median step)")
+        render.table(shown, LATENCY_COLUMNS,
+                     "real engine: request latency and time to first token (s)")  # fmt: skip
         line = _engine_line(run.meta.get("engine_summary", {}))
         if line:
-            c.out_console.print(line)
+            render.out_console.print(line)
         _warn_noisy(engine)
-    c.out_console.print(f"results: {run.folder}")
-
-
-def _table(rows: list[dict], columns: dict[str, str], title: str) -> None:
-    table = rows_table(rows, columns, title=title)
-    table.box, table.pad_edge = box.SIMPLE_HEAD, False
-    c.out_console.print(table)
+    render.results_line(run.folder)
 
 
 def _spread_display(r: dict) -> dict:
@@ -471,11 +260,13 @@ def _engine_display(r: dict) -> dict:
 
 
 def _warn_noisy(engine: list[dict]) -> None:
+    from benchbatch.probes import occupancy as probe
+
     policies = probe.noisy(engine)
     if policies:
-        c.err_console.print(
-            f"[yellow]warning:[/] step times of {', '.join(policies)} spread wide (p90 over "
-            f"{probe.NOISY_P90_OVER_MEDIAN:g}x the median): something else may have used the "
+        render.warning(
+            f"step times of {', '.join(policies)} spread wide (p90 over "
+            f"{NOISY_P90_OVER_MEDIAN:g}x the median): something else may have used the "
             "device meanwhile, which inflates wall time and measured/simulated; see "
             "engine_steps.csv"
         )

@@ -2,20 +2,12 @@
 
 from __future__ import annotations
 
-from typing import Annotated
-
-import typer
-from rich import box
-
-from benchbatch import device as devices
-from benchbatch import peaks, results
+from benchbatch import render
 from benchbatch.commands import common as c
-from benchbatch.commands.render import fmt, rows_table
-from benchbatch.engines.model import Transformer
-from benchbatch.errors import UserError
-from benchbatch.plots.sweep import sweep_figure
-from benchbatch.probes import sweep as probe
-from benchbatch.roofline import Ceilings, annotate
+from benchbatch.commands.params import command
+from benchbatch.experiments import SweepOptions
+from benchbatch.options import ModelOptions, RunOptions
+from benchbatch.render import fmt
 
 # Short headers: nine columns fit an 80-column terminal (the CSV has every column).
 COLUMNS = {
@@ -31,134 +23,66 @@ COLUMNS = {
 }
 
 
-def sweep(
-    batch: Annotated[
-        str, typer.Option(help="Decode batch sizes (sequences per step), comma-separated.")
-    ] = "1,8,32,128,256",
-    context: Annotated[
-        str,
-        typer.Option(
-            help="Tokens already in each sequence's KV cache, comma-separated: one curve each."
-        ),
-    ] = "512",
-    knee_threshold: Annotated[
-        float,
-        typer.Option(
-            help="The knee is the first batch whose step time exceeds the smallest batch's "
-            "by more than this fraction (0.25: 25%)."
-        ),
-    ] = 0.25,
-    try_oom: Annotated[
-        bool,
-        typer.Option(
-            "--try-oom",
-            help="Also run batches over the predicted memory ceiling (out of memory is recorded "
-            "as oom; on a CPU the operating system may kill the process instead).",
-        ),
-    ] = False,
-    preset: c.PresetOpt = None,
-    config: c.ConfigOpt = None,
-    hidden: c.HiddenOpt = None,
-    layers: c.LayersOpt = None,
-    heads: c.HeadsOpt = None,
-    kv_heads: c.KvHeadsOpt = None,
-    intermediate: c.IntermediateOpt = None,
-    vocab: c.VocabOpt = None,
-    max_context: c.MaxContextOpt = None,
-    seed: c.SeedOpt = 0,
-    device: c.DeviceOpt = "auto",
-    dtype: c.DtypeOpt = None,
-    repeats: c.RepeatsOpt = 5,
-    min_time: c.MinTimeOpt = 0.2,
-    cuda_graphs: c.CudaGraphsOpt = True,
-    out: c.OutOpt = None,
-    force: c.ForceOpt = False,
-    ceilings: c.CeilingsOpt = None,
-    roofline: c.RooflineOpt = True,
-    json_out: c.JsonOpt = False,
-) -> None:
+@command(SweepOptions, ModelOptions, RunOptions)
+def sweep(opts: SweepOptions, model: ModelOptions, run: RunOptions) -> None:
     """Batch size vs decode throughput and step latency: the knee and the memory ceiling.
 
     A decode step reads every weight once whatever the batch, so batching raises throughput
     while each user's wait (the step time) barely grows, until compute takes over (the knee)
-    or the KV cache fills memory. Defaults are the article's: 12 layers, hidden 2048.
+    or the KV cache fills memory. Default model: the article's (12 layers, hidden 2048) on
+    CUDA, cpu-small on a CPU.
     """
-    model_opts = dict(
-        hidden=hidden,
-        layers=layers,
-        heads=heads,
-        kv_heads=kv_heads,
-        intermediate=intermediate,
-        vocab=vocab,
-        max_context=max_context,
-    )
-    cfg = c.build_config(preset, config, **model_opts)
-    batches = c.parse_int_list(batch, "--batch")
-    contexts = c.parse_int_list(context, "--context")
-    _check(cfg.max_context, contexts, knee_threshold)
-    opts = c.timing_options(repeats, min_time)
-    target = c.resolve_target(device, dtype)
-    c.check_model_fits(cfg, target, c.model_option(preset, config, model_opts))
-    given = c.load_ceilings(ceilings, target)
-    folder = results.run_dir(out, "sweep", force)
-    # Read before the model exists: max_batch subtracts the weights itself.
-    free_bytes = devices.free_memory_bytes(target.device)
-    ceiling = probe.ceilings(cfg, target.dtype_name, contexts, free_bytes)
-    if not json_out:
-        _print_ceiling(ceiling, free_bytes, target, try_oom)
-    steps = probe.plan(contexts, batches)
-    options = dict(
-        batch=batches,
-        context=contexts,
-        knee_threshold=knee_threshold,
-        try_oom=try_oom,
-        repeats=repeats,
-        min_time=min_time,
-        cuda_graphs=cuda_graphs,
-        seed=seed,
-    )
-    run = c.start_run(folder, "sweep", target, cfg, options)
-    with c.recording(run, target):
-        roof = c.device_ceilings(given, roofline, run, target)
-        ridge, ridge_source = _ridge(target, roof)
-        run.meta.update(
+    from benchbatch import device as devices
+    from benchbatch.probes import sweep as probe
+
+    rec = c.open_model_run("sweep", model, run, opts, check=opts.check)
+    with rec:
+        # Read before the model exists: max_batch subtracts the weights itself.
+        free_bytes = devices.free_memory_bytes(rec.target.device)
+        ceiling = probe.ceilings(rec.cfg, rec.target.dtype_name, opts.context, free_bytes)
+        if not run.json_out:
+            _print_ceiling(ceiling, free_bytes, rec.target, opts.try_oom)
+        roof = c.use_ceilings(rec, run)
+        ridge, ridge_source = _ridge(rec.target, roof)
+        rec.meta.update(
             free_memory_bytes_before_model=free_bytes,
             predicted_max_batch={str(k): v for k, v in ceiling.items()},
             ridge_flop_per_byte=ridge,
             ridge_source=ridge_source,
         )
-        model = Transformer(cfg, target.device, target.dtype, seed)
-        with c.progress(json_out) as bar, c.throttle_watch(target) as watch:
-            task = bar.add_task("sweep", total=len(steps))
-            rows = probe.run(model, target.dtype_name, steps, opts, ceiling, try_oom, cuda_graphs)
-            for row in rows:
-                row = {**row, "throttled": watch.throttled() and row["status"] == "ok"}
-                run.add("sweep", annotate(row, roof) if roof else row)
-                bar.advance(task)
-        rows = run.rows("sweep")
-        summary = probe.summarize(rows, cfg, target.dtype_name, ceiling, ridge, knee_threshold)
-        run.meta["knees"] = {str(s["context"]): _knees(s) for s in summary}
-        run.meta["summary"] = summary
-        run.meta["untrusted"] = c.untrusted(rows, _row_name)
-        if any(r["status"] == "ok" for r in rows):  # nothing to draw when all were skipped
-            sweep_figure(rows, summary, folder / "sweep.png", _title(cfg, target))
-            if roof:
-                c.roofline_plot(rows, "sweep", roof, target, folder, _title(cfg, target))
-    _report(rows, run, json_out)
+        net, _ = model.build(rec.target, run.seed)
+        rows, summary = measure(rec, net, opts, ceiling, ridge, run)
+        rec.meta["knees"] = {str(s["context"]): _knees(s) for s in summary}
+        rec.meta["summary"] = summary
+        rec.meta["untrusted"] = rec.untrusted("sweep", _row_name)
+        if roof and any(r["status"] == "ok" for r in rows):
+            c.roofline_plot(rec, rows, "sweep", c.title(rec, "roofline"))
+    _report(rec, run.json_out)
 
 
-def _check(max_context: int, contexts: list[int], knee_threshold: float) -> None:
-    if contexts[-1] + 1 > max_context:
-        raise UserError(
-            "--context", f"{contexts[-1]} + 1 new token exceeds --max-context {max_context}"
-        )
-    if not knee_threshold > 0:
-        raise UserError("--knee-threshold", f"must be more than 0, got {knee_threshold}")
+def measure(rec, net, opts: SweepOptions, ceiling: dict, ridge, run: RunOptions):
+    """sweep.csv as each step is measured, its summary per context and sweep.png (sweep and
+    reproduce). Batches over the memory ceiling are skipped unless --try-oom."""
+    from benchbatch.plots.sweep import sweep_figure
+    from benchbatch.probes import sweep as probe
+
+    dtype = rec.target.dtype_name
+    plan = probe.plan(opts.context, opts.batches(rec.target))
+    steps = probe.rows(net, dtype, plan, run.timing(), ceiling, opts.try_oom,
+                       run.graphs(rec.target))  # fmt: skip
+    rows = rec.record("sweep", steps, total=len(plan))
+    summary = probe.summarize(rows, net.cfg, dtype, ceiling, ridge, opts.knee_threshold)
+    if any(r["status"] == "ok" for r in rows):  # nothing to draw when all were skipped
+        sweep_figure(rows, summary, rec.folder / "sweep.png", c.title(rec, "decode batch sweep"))
+    return rows, summary
 
 
-def _ridge(target, measured: Ceilings | None) -> tuple[float | None, str]:
+def _ridge(target, measured) -> tuple[float | None, str]:
     """The ridge point: measured on this device when probed, else a known GPU's datasheet;
     a CPU or an unknown GPU without a probe gets no prediction."""
+    from benchbatch import device as devices
+    from benchbatch import peaks
+
     if measured is not None:
         return measured.ridge, (
             f"measured ({measured.tflops_source}, {measured.gbps_source}) {measured.dtype}"
@@ -175,37 +99,27 @@ def _knees(s: dict) -> dict:
     return {k: s[k] for k in keys} | {"matmul_knee": s["matmul_knee"]}
 
 
-def _title(cfg, target) -> str:
-    return (
-        f"{cfg.name}: hidden {cfg.hidden}, {cfg.layers} layers, {target.dtype_name}, "
-        f"{devices.device_name(target.device)}: decode batch sweep"
-    )
-
-
 def _print_ceiling(ceiling: dict[int, int], free_bytes: int, target, try_oom: bool) -> None:
     where = "free GPU memory" if target.device.type == "cuda" else "available RAM"
     fits = ", ".join(f"context {k:,}: {v:,}" for k, v in ceiling.items())
     over = "tried anyway (--try-oom)" if try_oom else "skipped"
-    c.out_console.print(
+    render.out_console.print(
         f"memory ceiling from {fmt(free_bytes / 2**30)} GiB {where} (weights, KV cache and "
         f"workspace, 10% held back): largest batch {fits}; batches above it are {over}."
     )
 
 
-def _report(rows: list[dict], run, json_out: bool) -> None:
-    summary = run.meta.get("summary", [])
+def _report(rec, json_out: bool) -> None:
+    rows, summary = rec.rows("sweep"), rec.meta.get("summary", [])
     if json_out:
-        c.print_json({"folder": str(run.folder), "summary": summary, "rows": rows})
-        return
+        return c.report_json(rec, summary=summary, rows=rows)
     shown = [{**r, "kv_cache_mib": r["kv_cache_bytes"] / 2**20} for r in rows]
-    table = rows_table(shown, COLUMNS, title="decode step vs batch size")
-    table.box, table.pad_edge = box.SIMPLE_HEAD, False
-    c.out_console.print(table)
+    render.table(shown, COLUMNS, "decode step vs batch size")
     for s in summary:
         for line in _summary_lines(s):
-            c.out_console.print(line)
-    c.warn_untrusted(run.meta["untrusted"])
-    c.out_console.print(f"results: {run.folder}")
+            render.out_console.print(line)
+    render.warn_untrusted(rec.meta["untrusted"])
+    render.results_line(rec.folder)
 
 
 def _row_name(r: dict) -> str:

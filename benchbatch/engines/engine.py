@@ -25,7 +25,7 @@ from __future__ import annotations
 
 import time
 from collections import defaultdict
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -156,9 +156,17 @@ class Engine:
         self.device = model.embed.weight.device
         self.result: EngineResult | None = None  # the run in progress, or the last one
 
-    @torch.no_grad()
     def run(self, requests: Sequence[Request], on_step: OnStep | None = None) -> EngineResult:
         """Every request to its last token. on_step sees each step's record as it ends."""
+        for record in self.steps(requests):
+            if on_step is not None:
+                on_step(record)
+        return self.result
+
+    @torch.no_grad()
+    def steps(self, requests: Sequence[Request]) -> Iterator[StepRecord]:
+        """Every request to its last token, one record per step as it ends. `self.result`
+        holds the run so far (an interrupted run keeps its steps); complete once exhausted."""
         requests = list(requests)
         check_fits(self.model.cfg.max_context, requests)
         sched = make_scheduler(self.policy, self.slots, **self.settings)
@@ -168,12 +176,10 @@ class Engine:
         while not sched.done:
             record = state.step(sched, result)
             result.steps.append(record)
-            if on_step is not None:
-                on_step(record)
+            yield record
         result.metrics = sched.recorder.metrics(result.step_end_times())
         result.metrics.unit = "s"
         result.complete = True
-        return result
 
 
 class _RunState:

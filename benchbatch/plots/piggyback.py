@@ -11,15 +11,15 @@ from benchbatch.plots import plt, save
 
 
 def piggyback_figure(
-    rows: list[dict], chunk_rows: list[dict], summary: dict, path: Path, title: str
+    rows: list[dict], chunk_rows: list[dict], summaries: list[dict], path: Path, title: str
 ) -> None:
     """Left: the mixed step against the decode-only step (and the threshold band) and against
-    decode and prefill run apart. Middle: a long prompt prefilled in chunks, over one prefill.
-    Right: one prefill step per length (e.g. 256 against 257)."""
+    decode and prefill run apart, one curve per decode batch and context. Middle: a long
+    prompt prefilled in chunks, over one prefill. Right: one prefill step per length."""
     fig, (mixed, chunked, tiles) = plt.subplots(
         1, 3, figsize=(15, 4.4), gridspec_kw={"width_ratios": [2, 1.3, 0.8]}
     )
-    _mixed_panel(mixed, rows, summary)
+    _mixed_panel(mixed, rows, summaries)
     _chunk_panel(chunked, [r for r in chunk_rows if r["kind"] == "chunked"])
     _tile_panel(tiles, [r for r in chunk_rows if r["kind"] == "tile"])
     fig.suptitle(title, fontsize=10)
@@ -27,42 +27,46 @@ def piggyback_figure(
     save(fig, path)
 
 
-def _mixed_panel(ax, rows: list[dict], s: dict) -> None:
-    p = [r["prefill_tokens"] for r in rows]
-    base = s["decode_only_ms"]
-    ax.plot(
-        p, [r["step_ms"] for r in rows], "o-", color="tab:blue", label="mixed step (one forward)"
-    )
-    ax.plot(
-        p,
-        [r["separate_ms"] for r in rows],
-        "s--",
-        color="tab:gray",
-        label="decode step + prefill alone",
-    )
-    ax.axhline(base, color="black", lw=0.8, label=f"decode-only ({s['decode_batch']} seqs)")
-    ax.axhspan(
-        base,
-        base * (1 + s["threshold"]),
-        color="tab:green",
-        alpha=0.15,
-        label=f"within {s['threshold']:.0%}",
-    )
-    if s["free_prefill_tokens"]:
-        ax.axvline(s["free_prefill_tokens"], color="tab:green", ls=":", lw=1)
+def _mixed_panel(ax, rows: list[dict], summaries: list[dict]) -> None:
+    if not summaries:
+        ax.text(0.5, 0.5, "nothing measured", ha="center", va="center", transform=ax.transAxes)
+        return
+    colors = plt.rcParams["axes.prop_cycle"].by_key()["color"]
+    for s, color in zip(summaries, colors * len(summaries), strict=False):
+        _curve(ax, rows, s, color, several=len(summaries) > 1)
+    ticks = sorted({r["prefill_tokens"] for r in rows})
     ax.set_xscale("symlog", linthresh=16)
     ax.set_xlim(left=0)
-    ax.set_xticks(p, [str(x) for x in p])
+    ax.set_xticks(ticks, [str(x) for x in ticks])
     ax.xaxis.set_minor_locator(ticker.NullLocator())
     ax.set_xlabel("prefill tokens riding on the decode step")
     ax.set_ylabel("step time (ms)")
-    ax.set_title(
-        f"{s['free_prefill_tokens']} prefill tokens ride nearly free "
-        f"({s['free_prefill_per_decode_token']:.3g} per decode token; paper: ~128)",
-        fontsize=9,
+    free = ", ".join(
+        f"{s['free_prefill_tokens']} at b={s['decode_batch']} "
+        f"({s['free_prefill_per_decode_token']:.3g}/decode token)"
+        for s in summaries
     )
+    ax.set_title(f"prefill tokens riding nearly free: {free}; paper: ~128 per decode token",
+                 fontsize=8)  # fmt: skip
     ax.grid(True, alpha=0.3)
     ax.legend(fontsize=7)
+
+
+def _curve(ax, rows: list[dict], s: dict, color, several: bool) -> None:
+    mine = [
+        r for r in rows if (r["decode_batch"], r["context"]) == (s["decode_batch"], s["context"])
+    ]
+    p = [r["prefill_tokens"] for r in mine]
+    tag = f"b={s['decode_batch']}, ctx {s['context']}" if several else f"{s['decode_batch']} seqs"
+    ax.plot(p, [r["step_ms"] for r in mine], "o-", color=color, label=f"mixed step ({tag})")
+    ax.plot(p, [r["separate_ms"] for r in mine], "s--", color=color, alpha=0.5,
+            label=f"decode + prefill alone ({tag})")  # fmt: skip
+    base = s["decode_only_ms"]
+    ax.axhline(base, color=color, lw=0.8)
+    ax.axhspan(base, base * (1 + s["threshold"]), color=color, alpha=0.12,
+               label=f"within {s['threshold']:.0%} of decode-only ({tag})")  # fmt: skip
+    if s["free_prefill_tokens"]:
+        ax.axvline(s["free_prefill_tokens"], color=color, ls=":", lw=1)
 
 
 def _chunk_panel(ax, rows: list[dict]) -> None:

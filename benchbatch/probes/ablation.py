@@ -16,22 +16,28 @@ Everything here returns rows (dicts, the CSV's shape) or plain results; nothing 
 from __future__ import annotations
 
 import math
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Iterable, Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import pandas as pd
 
-from benchbatch.engines.engine import EngineResult
-from benchbatch.engines.metrics import RequestMetrics, RunMetrics, StepClock, percentile
+from benchbatch.engines.metrics import RunMetrics, StepClock, percentile
 from benchbatch.engines.scheduler import Scheduler, SchedulerConfig, make_scheduler
 from benchbatch.engines.simulate import SimResult, StepCostModel, fit_step_cost, simulate
-from benchbatch.engines.workload import Request, lognormal_workload, read_trace
+from benchbatch.engines.workload import Request
 from benchbatch.errors import UserError
+from benchbatch.experiments import SCHEMES, SLO
+from benchbatch.experiments import AblationOptions as Options
+from benchbatch.noise import NOISY_P90_OVER_MEDIAN
 from benchbatch.probes.piggyback import MixedStep, time_mixed
 from benchbatch.timing import TimingOptions
 
-SCHEMES = ("mixed-only", "chunks-only", "both")
+if TYPE_CHECKING:
+    from benchbatch.engines.engine import EngineResult
+
+__all__ = ["Options", "SCHEMES", "SLO", "Budgets", "fit", "simulate_all", "summary_row"]
 LABELS = {
     "mixed-only": "mixed batching, no chunks",
     "chunks-only": "chunks, no mixed batching",
@@ -74,7 +80,7 @@ def make(scheme: str, b: Budgets, record_tokens: bool = True) -> Scheduler:
 def check_budgets(schemes: Sequence[str], b: Budgets, chunk_given: bool) -> None:
     """A UserError naming the option for any setting a scheme would refuse."""
     if b.max_num_seqs < 1:
-        raise UserError("--max-num-seqs", f"must be at least 1, got {b.max_num_seqs}")
+        raise UserError("slots", f"must be at least 1, got {b.max_num_seqs}")
     # The budget is checked even when only mixed-only runs (which ignores it): never silently.
     SchedulerConfig(
         b.max_num_seqs, max_num_seqs=b.max_num_seqs, max_num_batched_tokens=b.max_num_batched_tokens
@@ -82,53 +88,10 @@ def check_budgets(schemes: Sequence[str], b: Budgets, chunk_given: bool) -> None
     chunked = [s for s in schemes if s != "mixed-only"]
     if chunk_given and not chunked:
         raise UserError(
-            "--chunk-size", "only applies with chunked prefill (schemes chunks-only and both)"
+            "chunk_size", "only applies with chunked prefill (schemes chunks-only and both)"
         )
     for s in chunked:
         SchedulerConfig(b.max_num_seqs, **scheme_settings(s, b))
-
-
-def parse_schemes(text: str) -> list[str]:
-    names = [s.strip() for s in text.split(",") if s.strip()]
-    bad = [s for s in names if s not in SCHEMES]
-    if bad or not names:
-        raise UserError(
-            "--schemes",
-            f"unknown scheme {bad[0] if bad else text!r}; choose from {', '.join(SCHEMES)}",
-        )
-    return [s for s in SCHEMES if s in names]
-
-
-# --- the workload ---------------------------------------------------------------------------------
-
-
-def workload(
-    requests: int,
-    *,
-    median: float,
-    sigma: float,
-    max_output: int,
-    prompt_len: int,
-    arrival_rate: float | None,
-    long_prompt_fraction: float,
-    long_prompt_len: int,
-    seed: int,
-    trace: Path | None,
-) -> list[Request]:
-    """A trace when given, else lognormal outputs with a fraction of long prompts."""
-    if trace is not None:
-        return read_trace(trace, prompt_len)
-    return lognormal_workload(
-        requests,
-        median=median,
-        sigma=sigma,
-        max_output=max_output,
-        prompt_len=prompt_len,
-        arrival_rate=arrival_rate,
-        seed=seed,
-        long_prompt_fraction=long_prompt_fraction,
-        long_prompt_len=long_prompt_len,
-    )
 
 
 # --- the step-cost model ------------------------------------------------------------------------
@@ -159,18 +122,15 @@ def fit_points(b: Budgets, requests: Sequence[Request], max_context: int) -> lis
     return list(dict.fromkeys(fits))
 
 
-def measure_costs(
-    model,
-    points: Sequence[MixedStep],
-    opts: TimingOptions,
-    on_point: Callable[[], None] | None = None,
-) -> list[dict]:
-    """step_cost.csv's rows: every fit point timed through the shared harness."""
-    rows = []
+def cost_rows(
+    model, points: Sequence[MixedStep], opts: TimingOptions, cuda_graphs: bool = True
+) -> Iterator[dict]:
+    """step_cost.csv's rows: every fit point timed through the shared harness, yielded as
+    it is measured."""
     for p in points:
-        m = time_mixed(model, p, opts)
+        m = time_mixed(model, p, opts, cuda_graphs)
         d, n, c = p.features
-        rows.append(
+        yield (
             {
                 "source": "measured",
                 "label": p.label,
@@ -185,9 +145,6 @@ def measure_costs(
                 "noisy": m.noisy,
             }
         )
-        if on_point is not None:
-            on_point()
-    return rows
 
 
 def cost_rows_from_csv(paths: Iterable[Path]) -> list[dict]:
@@ -373,16 +330,6 @@ def simulate_all(
 # --- rows -----------------------------------------------------------------------------------------
 
 
-@dataclass(frozen=True)
-class SLO:
-    ttft_s: float
-    tbt_s: float
-
-    def met(self, m: RequestMetrics) -> bool:
-        """A request meets the SLOs: its TTFT and its own P99 time between tokens."""
-        return m.ttft <= self.ttft_s and m.tbt_p99 <= self.tbt_s
-
-
 def summary_row(run: SchemeRun, b: Budgets, slo: SLO | None = None) -> dict:
     """ablation.csv's row of one scheme and source."""
     s = run.metrics.summary()
@@ -476,26 +423,10 @@ def gap_rows(run: SchemeRun) -> list[dict]:
     return rows
 
 
-def step_rows(real: SchemeRun, sim: SchemeRun) -> list[dict]:
-    """steps.csv: each real step's time beside the cost model's price of the same step."""
-    rows, prev_real, prev_sim = [], 0.0, 0.0
-    for i, (end, sim_end) in enumerate(zip(real.step_end_times, sim.step_end_times, strict=True)):
-        decode, prefill = real.step_tokens[i]
-        rows.append(
-            {
-                "scheme": real.scheme,
-                "step": i,
-                "decode_tokens": decode,
-                "prefill_tokens": prefill,
-                "step_ms": 1e3 * (end - prev_real),
-                "sim_step_ms": 1e3 * (sim_end - prev_sim),
-            }
-        )
-        prev_real, prev_sim = end, sim_end
-    return rows
-
-
-NOISY_P90_OVER_MEDIAN = 2.0  # measured/priced step times of one scheme barely spread
+def step_costs(sim: SchemeRun) -> list[float]:
+    """The cost model's price of each simulated step, in seconds."""
+    ends = sim.step_end_times
+    return [end - start for start, end in zip([0.0, *ends[:-1]], ends, strict=True)]
 
 
 def noisy(steps: Sequence[dict]) -> list[str]:

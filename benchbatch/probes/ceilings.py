@@ -23,8 +23,13 @@ from dataclasses import dataclass
 import torch
 
 from benchbatch import device as devices
+from benchbatch.config import DTYPE_BYTES
+from benchbatch.errors import UserError
+from benchbatch.experiments import ProbeOptions as Options
 from benchbatch.roofline import Ceilings, ceilings_from_rows
 from benchbatch.timing import Measurement, TimingOptions, measure
+
+__all__ = ["Options", "plan", "plan_for", "run", "ceilings"]
 
 MiB = 2**20
 
@@ -62,6 +67,37 @@ def default_plan(dev: torch.device) -> list[Probe]:
     free = devices.free_memory_bytes(dev)
     buffer = min(BUFFER_BYTES[kind], max(free // 4, MiB) // MiB * MiB)
     return plan(MATMUL_SIZES[kind], buffer)
+
+
+def plan_for(target, opts: Options) -> list[Probe]:
+    """The probes of a run: the given sizes, else this kind of device's; refused when no
+    memory holds them (an n x n matmul keeps three matrices, a copy two buffers)."""
+    default = default_plan(target.device)
+    matmuls = opts.sizes or [p.size for p in default if p.kind == "matmul"]
+    buffer = opts.buffer_mb * MiB if opts.buffer_mb is not None else default[-1].size
+    free = devices.free_memory_bytes(target.device)
+    elem = DTYPE_BYTES[target.dtype_name]
+    n = max(matmuls)
+    if 3 * n**2 * elem > free:
+        raise UserError(
+            "sizes",
+            f"a {n:,} x {n:,} matmul needs {3 * n**2 * elem / 2**30:,.1f} GiB, more than the "
+            f"{free / 2**30:,.1f} GiB free",
+        )
+    if 2 * buffer > free:
+        raise UserError(
+            "buffer_mb",
+            f"two buffers of {buffer / MiB:,.0f} MiB exceed the {free / MiB:,.0f} MiB free",
+        )
+    return plan(matmuls, buffer)
+
+
+def ceilings(rows: list[dict], option: str = "sizes") -> Ceilings:
+    """The ceilings the rows give; a UserError when no matmul or memory row was measured."""
+    try:
+        return ceilings_from_rows(rows)
+    except ValueError as e:
+        raise UserError(option, f"no ceiling could be measured: {e}") from None
 
 
 def cost(probe: Probe, dtype: str) -> tuple[int, int]:

@@ -13,50 +13,22 @@ Everything here returns rows (dicts, the CSV's shape); nothing prints.
 from __future__ import annotations
 
 import statistics
-import time
-from collections.abc import Sequence
-from pathlib import Path
+from collections.abc import Callable, Iterator, Sequence
+from dataclasses import dataclass, field
 
-import torch
-
-from benchbatch.engines.engine import EngineResult
 from benchbatch.engines.metrics import percentile, summarize
-from benchbatch.engines.model import Transformer
 from benchbatch.engines.simulate import SimResult, occupancy_rows, run_policies
-from benchbatch.engines.workload import Request, lognormal_workload, read_trace
-from benchbatch.timing import synchronize
+from benchbatch.engines.workload import Request
+from benchbatch.experiments import OccupancyOptions as Options
+from benchbatch.noise import NOISY_P90_OVER_MEDIAN
+
+__all__ = ["Options", "simulate", "occupancy", "seed_spread", "summary", "EngineRun"]
 
 POLICIES = ("static", "continuous")
-NOISY_P90_OVER_MEDIAN = 2.0  # decode steps of one run barely differ; a wider spread is noise
 SIM_TIME_BASIS = "simulated steps x this policy's median measured step"
 
 
 # --- workload and simulation ----------------------------------------------------------------
-
-
-def workload(
-    requests: int,
-    *,
-    median: float,
-    sigma: float,
-    max_output: int,
-    prompt_len: int,
-    arrival_rate: float | None,
-    seed: int,
-    trace: Path | None,
-) -> list[Request]:
-    """The requests of one run: a trace when given, else the seeded lognormal generator."""
-    if trace is not None:
-        return read_trace(trace, prompt_len)
-    return lognormal_workload(
-        requests,
-        median=median,
-        sigma=sigma,
-        max_output=max_output,
-        prompt_len=prompt_len,
-        arrival_rate=arrival_rate,
-        seed=seed,
-    )
 
 
 def simulate(requests: Sequence[Request], slots: int) -> dict[str, SimResult]:
@@ -101,16 +73,56 @@ def summary(rows: list[dict]) -> dict:
 # --- the real engine --------------------------------------------------------------------------
 
 
+@dataclass
+class EngineRun:
+    """One run of the real engine: a policy (or an ablation scheme) on the workload.
+
+    name: what the rows call it (their `key` column); sim_step_s: the simulation's price of
+    each step, when a cost model priced them, set beside each measured step."""
+
+    name: str
+    slots: int
+    policy: str = "continuous"
+    settings: dict = field(default_factory=dict)
+    sim_steps: int = 0
+    key: str = "policy"
+    sim_step_s: Sequence[float] | None = None
+
+
+Finished = Callable[[EngineRun, object], None]
+
+
+def engine_steps(
+    model, requests: Sequence[Request], runs: Sequence[EngineRun], seed: int, finished: Finished
+) -> Iterator[dict]:
+    """The one loop of the real engine: every run in turn, a row per step as it ends
+    (engine_steps.csv); finished(run, EngineResult) once a run has served every request."""
+    from benchbatch.engines.engine import Engine
+
+    for run in runs:
+        engine = Engine(model, run.policy, run.slots, seed, **run.settings)
+        for record in engine.steps(requests):
+            row = {run.key: run.name, **record.row()}
+            if run.sim_step_s is not None:
+                row["sim_step_ms"] = 1e3 * run.sim_step_s[record.step]
+            yield row
+        finished(run, engine.result)
+
+
 def estimate(
-    model: Transformer, requests: Sequence[Request], slots: int, sims: dict[str, SimResult]
+    model, dtype: str, requests: Sequence[Request], slots: int, sims: dict[str, SimResult]
 ) -> dict:
     """A rough duration of the real run: every simulated step priced as one decode step of
     `slots` sequences at a typical context, plus one prefill per request and policy. Timing
-    these two steps also warms the model up before the measured run."""
+    these two steps (through the shared harness) also warms the model up."""
+    from benchbatch import accounting
+    from benchbatch.engines.engine import cache_len
+
     prompt = max(1, round(statistics.median(r.prompt_tokens for r in requests)))
     context = prompt + round(statistics.median(r.output_tokens for r in requests))
-    decode_s = _time_step(model, slots, context, 1)
-    prefill_s = _time_step(model, 1, 0, prompt)
+    context = min(context, model.cfg.max_context - 1)
+    decode_s = _fastest(model, "decode", slots, context)
+    prefill_s = _fastest(model, "prefill", 1, prompt)
     steps = sum(s.total_steps for s in sims.values())
     return {
         "decode_step_ms": decode_s * 1e3,
@@ -119,27 +131,21 @@ def estimate(
         "prefill_tokens": prompt,
         "simulated_steps": steps,
         "estimated_s": steps * decode_s + len(sims) * len(requests) * prefill_s,
+        "kv_cache_bytes": accounting.kv_cache_bytes(model.cfg, dtype, slots, cache_len(requests)),
     }
 
 
-@torch.no_grad()
-def _time_step(model: Transformer, batch: int, context: int, t: int, repeats: int = 3) -> float:
-    """Fastest of a few steps of `batch` sequences holding `context` tokens, `t` new each."""
-    dev = model.embed.weight.device
-    cache = model.new_cache(batch, context + t)
-    tokens = torch.randint(0, model.cfg.vocab, (batch, t), device=dev)
-    best = float("inf")
-    for _ in range(repeats + 1):  # the first call warms up
-        cache.lengths.fill_(context)
-        synchronize(dev)
-        start = time.perf_counter()
-        model.step(tokens, cache, slice(0, batch), kv_len=context + t)
-        synchronize(dev)
-        best = min(best, time.perf_counter() - start)
-    return best
+def _fastest(model, phase: str, batch: int, length: int) -> float:
+    """Seconds of the fastest of a few repeats of one step (decode: `length` tokens cached)."""
+    from benchbatch.probes import steps
+    from benchbatch.timing import TimingOptions
+
+    step = steps.decode(batch, length) if phase == "decode" else steps.prefill(batch, length)
+    quick = TimingOptions(min_repeats=3, min_time_s=0.0, warmup=1, warmup_s=0.0, l2_flush=False)
+    return steps.time_step(model, step, quick, cuda_graphs=False).min_ms / 1e3
 
 
-def engine_row(result: EngineResult, sim: SimResult, static_wall_s: float | None) -> dict:
+def engine_row(result, sim: SimResult, static_wall_s: float | None) -> dict:
     """engine.csv's row of one policy: wall time, throughput, latencies, occupancy, and the
     measured time over the simulation's steps priced at this run's median step."""
     median_step_s = statistics.median(s.step_s for s in result.steps)
@@ -177,11 +183,6 @@ def noisy(rows: list[dict]) -> list[str]:
     return [
         r["policy"] for r in rows if r["p90_step_ms"] > NOISY_P90_OVER_MEDIAN * r["median_step_ms"]
     ]
-
-
-def step_rows(result: EngineResult | None) -> list[dict]:
-    """engine_steps.csv's rows: every step measured so far (an interrupted run's too)."""
-    return [] if result is None else [s.row() for s in result.steps]
 
 
 def engine_summary(rows: list[dict], sims: dict[str, SimResult]) -> dict:

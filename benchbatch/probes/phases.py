@@ -10,26 +10,40 @@ from __future__ import annotations
 from collections.abc import Iterator
 
 from benchbatch.engines.model import Transformer
+from benchbatch.experiments import PhasesOptions as Options
 from benchbatch.probes import steps
 from benchbatch.timing import TimingOptions
 
-
-def plan(
-    prefill: list[int], decode_batch: list[int], context: int, prefill_batch: int = 1
-) -> list[steps.Step]:
-    """The steps phases measures: each prompt length, then each decode batch size."""
-    return [steps.prefill(prefill_batch, p) for p in prefill] + [
-        steps.decode(b, context) for b in decode_batch
-    ]
+__all__ = ["Options", "plan", "rows", "summary"]
 
 
-def run(
-    model: Transformer,
-    dtype: str,
-    plan: list[steps.Step],
-    opts: TimingOptions,
-    cuda_graphs: bool = True,
+def plan(opts: Options, prefill_batch: int = 1) -> list[steps.Step]:
+    """The steps phases measures: each prompt length, then each decode batch at each context."""
+    prefills = [steps.prefill(prefill_batch, p) for p in opts.prefill]
+    return prefills + [steps.decode(b, c) for c in opts.context for b in opts.decode_batch]
+
+
+def rows(
+    model: Transformer, dtype: str, opts: Options, timing: TimingOptions, cuda_graphs: bool = True
 ) -> Iterator[dict]:
     """One row per step, yielded as soon as it is measured."""
-    for step in plan:
-        yield steps.run_step(model, dtype, step, opts, cuda_graphs)
+    for step in plan(opts):
+        yield steps.run_step(model, dtype, step, timing, cuda_graphs)
+
+
+def summary(rows: list[dict]) -> dict:
+    """The article's two claims as measured: the TFLOP/s gap and the batching factor."""
+    ok = [r for r in rows if r["status"] == "ok"]
+    pre = [r for r in ok if r["phase"] == "prefill"]
+    dec = [r for r in ok if r["phase"] == "decode"]
+    first = min((r["context"] for r in dec), default=None)  # several contexts: the first
+    dec = sorted((r for r in dec if r["context"] == first), key=lambda r: r["batch"])
+    out: dict = {}
+    if pre and dec:
+        best = max(pre, key=lambda r: r["tflops"])
+        out["prefill_over_decode_tflops"] = best["tflops"] / dec[0]["tflops"]
+        out["prefill_label"], out["decode_label"] = best["label"], dec[0]["label"]
+    if len(dec) > 1:
+        out["decode_token_cost_ratio"] = dec[0]["us_per_token"] / dec[-1]["us_per_token"]
+        out["decode_batches"] = [dec[0]["batch"], dec[-1]["batch"]]
+    return out

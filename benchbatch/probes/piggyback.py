@@ -11,35 +11,27 @@ fall off the kernels' tiles (the paper: a 257-token chunk ran 32% slower than 25
 `time_mixed` is the one way a mixed step is timed (the ablation's cost fit uses it too):
 like steps.time_step, each step gets its own KV cache filled with random values and is
 repeated in place through the shared harness, the cache lengths reset inside the timed call.
-Everything else returns rows; nothing prints.
+`rows` times every step of the plan and yields one raw row per step as it is measured
+(steps.csv); the relative rows (piggyback.csv, chunks.csv) are derived from those at the end,
+so an interrupted run keeps every step it timed. Nothing here prints.
 """
 
 from __future__ import annotations
 
 import math
-from collections.abc import Callable, Sequence
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
-from typing import Protocol
 
 import torch
 
-from benchbatch import accounting, cuda
+from benchbatch import accounting, cuda, device
 from benchbatch.engines.model import Transformer
+from benchbatch.experiments import PiggybackOptions as Options
 from benchbatch.timing import Measurement, TimingOptions, measure
 
-DEFAULT_THRESHOLD = 0.10  # a step within 10% of the decode-only step counts as "nearly free"
+__all__ = ["Options", "MixedStep", "plan", "rows", "piggyback_rows", "chunk_rows", "tile_rows"]
+
 PAPER_PREFILL_PER_DECODE_TOKEN = 128  # Sarathi-Serve: linear layers, one decode ~ 128 prefill
-
-
-class Watch(Protocol):
-    """A telemetry.ThrottleWatch: did the GPU slow its clocks since the last look?"""
-
-    def throttled(self) -> bool: ...
-
-
-def _slowed(watch: Watch | None) -> bool:
-    """One look after each measurement: was that measurement throttled?"""
-    return watch is not None and bool(watch.throttled())
 
 
 @dataclass(frozen=True)
@@ -140,70 +132,125 @@ def time_chunked_prefill(
     return measure(run, dev, opts)
 
 
-# --- the piggyback curve ---------------------------------------------------------------------
+# --- the plan and its raw rows ---------------------------------------------------------------
 
 
-def piggyback_plan(batch: int, context: int, prefill: Sequence[int]) -> list[MixedStep]:
-    """A decode batch with 0, P1, P2, ... prefill tokens riding along, then each P alone."""
-    with_decodes = [MixedStep(batch, context, p) for p in sorted({0, *prefill})]
-    alone = [MixedStep(0, 0, p) for p in sorted(set(prefill)) if p]
-    return with_decodes + alone
+@dataclass(frozen=True)
+class Chunked:
+    """A `prompt`-token prompt prefilled as consecutive steps of `chunk` tokens."""
+
+    prompt: int
+    chunk: int
+
+    @property
+    def label(self) -> str:
+        return f"{self.prompt}-token prompt in chunks of {self.chunk}"
 
 
-def run_piggyback(
-    model: Transformer,
-    plan: Sequence[MixedStep],
-    opts: TimingOptions,
-    cuda_graphs: bool = False,
-    on_row: Callable[[], None] | None = None,
-    watch: Watch | None = None,
-) -> list[dict]:
-    """Time every step of the plan; rows of the mixed steps (and the decode-only one)."""
-    times, slowed = {}, {}
-    for step in plan:
-        times[step] = time_mixed(model, step, opts, cuda_graphs)
-        slowed[step] = _slowed(watch)
-        if on_row is not None:
-            on_row()
-    return piggyback_rows(times, slowed)
+@dataclass(frozen=True)
+class Timed:
+    """One timed step of the plan and the table it feeds: piggyback, chunked or tile."""
+
+    part: str
+    step: MixedStep | Chunked
 
 
-def piggyback_rows(
-    times: dict[MixedStep, Measurement], slowed: dict[MixedStep, bool] | None = None
-) -> list[dict]:
-    """piggyback.csv: per prefill size P, the mixed step against the decode-only step and
-    against running the decode step and the prefill alone, one after the other. A row is
-    throttled when any step its numbers come from was timed while the GPU slowed down."""
-    slowed = slowed or {}
-    decode_steps = [s for s in times if s.decode_batch]
-    base = next(s for s in decode_steps if s.prefill_tokens == 0)
-    base_ms = times[base].median_ms
-    alone = {s.prefill_tokens: times[s].median_ms for s in times if not s.decode_batch}
-    alone_slowed = {s.prefill_tokens: slowed.get(s, False) for s in times if not s.decode_batch}
-    rows = []
-    for step in sorted(decode_steps, key=lambda s: s.prefill_tokens):
-        m, p = times[step], step.prefill_tokens
-        separate = base_ms + alone[p] if p else base_ms
-        throttled = slowed.get(step, False) or slowed.get(base, False) or alone_slowed.get(p, False)
-        rows.append(
-            {
-                "decode_batch": step.decode_batch,
-                "context": step.context,
-                "prefill_tokens": p,
-                "prefill_per_decode_token": p / step.decode_batch,
-                "step_ms": m.median_ms,
-                "decode_only_ms": base_ms,
-                "over_decode": m.median_ms / base_ms,
-                "extra_ms": m.median_ms - base_ms,
-                "extra_us_per_prefill_token": 1e3 * (m.median_ms - base_ms) / p if p else math.nan,
-                "prefill_alone_ms": alone.get(p, 0.0),
-                "separate_ms": separate,
-                "saved_ms": separate - m.median_ms,
-                **_timing(m),
-                "throttled": throttled,
-            }
-        )
-    return rows
+def plan(opts: Options) -> list[Timed]:
+    """Per decode batch and context, the decode step with 0, P1, P2, ... prefill tokens riding
+    along; each P alone; the prompt in chunks of each size (and whole); each tile length."""
+    tokens = sorted(set(opts.piggyback_tokens))
+    out = [
+        Timed("piggyback", MixedStep(b, c, p))
+        for b in opts.decode_batch
+        for c in opts.context
+        for p in [0, *tokens]
+    ]
+    out += [Timed("piggyback", MixedStep(0, 0, p)) for p in tokens]
+    sizes = sorted({min(c, opts.chunk_prompt) for c in opts.chunks} | {opts.chunk_prompt})
+    out += [Timed("chunked", Chunked(opts.chunk_prompt, c)) for c in sizes]
+    return out + [Timed("tile", MixedStep(0, 0, t)) for t in sorted(set(opts.tiles))]
+
+
+def rows(
+    model: Transformer, opts: Options, timing: TimingOptions, cuda_graphs: bool = True
+) -> Iterator[dict]:
+    """steps.csv: one row per timed step, yielded as it is measured; a step too large for
+    memory is an oom row and the rest go on."""
+    dev = model.embed.weight.device
+    for item in plan(opts):
+        try:
+            m, status = _time(model, item, timing, cuda_graphs), "ok"
+        except (RuntimeError, MemoryError) as e:
+            if not device.is_out_of_memory(e):
+                raise
+            m, status = None, "oom"
+        finally:
+            device.release_memory(dev)
+        yield raw_row(item, m, status)
+
+
+def _time(model, item: Timed, timing: TimingOptions, cuda_graphs: bool) -> Measurement:
+    if isinstance(item.step, Chunked):
+        return time_chunked_prefill(model, item.step.prompt, item.step.chunk, timing)
+    return time_mixed(model, item.step, timing, cuda_graphs)
+
+
+def raw_row(item: Timed, m: Measurement | None, status: str = "ok") -> dict:
+    s = item.step
+    chunked = isinstance(s, Chunked)
+    return {
+        "part": item.part,
+        "label": s.label,
+        "decode_batch": 0 if chunked else s.decode_batch,
+        "context": 0 if chunked else s.context,
+        "prefill_tokens": s.prompt if chunked else s.prefill_tokens,
+        "prefill_start": 0 if chunked else s.prefill_start,
+        "chunk_tokens": s.chunk if chunked else s.prefill_tokens,
+        "step_ms": m.median_ms if m is not None else math.nan,
+        **_timing(m),
+        "status": status,
+    }
+
+
+# --- the piggyback curves ----------------------------------------------------------------------
+
+
+def piggyback_rows(raw: Sequence[dict]) -> list[dict]:
+    """piggyback.csv: per decode batch and context and per prefill size P, the mixed step
+    against the decode-only step and against running the decode step and the prefill alone,
+    one after the other. A row is throttled when any step its numbers come from was."""
+    steps = [r for r in raw if r["part"] == "piggyback" and r["status"] == "ok"]
+    alone = {r["prefill_tokens"]: r for r in steps if not r["decode_batch"]}
+    out = []
+    for key in dict.fromkeys((r["decode_batch"], r["context"]) for r in steps if r["decode_batch"]):
+        curve = [r for r in steps if (r["decode_batch"], r["context"]) == key]
+        base = next((r for r in curve if r["prefill_tokens"] == 0), None)
+        if base is not None:
+            out += [_curve_row(r, base, alone.get(r["prefill_tokens"])) for r in curve]
+    return out
+
+
+def _curve_row(r: dict, base: dict, alone: dict | None) -> dict:
+    p, base_ms, ms = r["prefill_tokens"], base["step_ms"], r["step_ms"]
+    alone_ms = alone["step_ms"] if alone else (0.0 if not p else math.nan)
+    separate = base_ms + alone_ms
+    flags = [r, base] + ([alone] if alone else [])
+    return {
+        "decode_batch": r["decode_batch"],
+        "context": r["context"],
+        "prefill_tokens": p,
+        "prefill_per_decode_token": p / r["decode_batch"],
+        "step_ms": ms,
+        "decode_only_ms": base_ms,
+        "over_decode": ms / base_ms,
+        "extra_ms": ms - base_ms,
+        "extra_us_per_prefill_token": 1e3 * (ms - base_ms) / p if p else math.nan,
+        "prefill_alone_ms": alone_ms,
+        "separate_ms": separate,
+        "saved_ms": separate - ms,
+        **{k: r[k] for k in TIMING_KEYS},
+        "throttled": any(x.get("throttled", False) for x in flags),
+    }
 
 
 def free_prefill_tokens(rows: Sequence[dict], threshold: float) -> int:
@@ -217,6 +264,15 @@ def free_prefill_tokens(rows: Sequence[dict], threshold: float) -> int:
     return free
 
 
+def summaries(rows: Sequence[dict], threshold: float) -> list[dict]:
+    """One summary per decode batch and context."""
+    keys = dict.fromkeys((r["decode_batch"], r["context"]) for r in rows)
+    return [
+        piggyback_summary([r for r in rows if (r["decode_batch"], r["context"]) == k], threshold)
+        for k in keys
+    ]
+
+
 def piggyback_summary(rows: Sequence[dict], threshold: float) -> dict:
     """How many prefill tokens ride free; what one decode step is worth in prefill tokens."""
     free = free_prefill_tokens(rows, threshold)
@@ -227,6 +283,7 @@ def piggyback_summary(rows: Sequence[dict], threshold: float) -> dict:
     return {
         "threshold": threshold,
         "decode_batch": batch,
+        "context": rows[0]["context"],
         "decode_only_ms": rows[0]["decode_only_ms"],
         "free_prefill_tokens": free,
         "free_prefill_per_decode_token": free / batch,
@@ -241,92 +298,73 @@ def piggyback_summary(rows: Sequence[dict], threshold: float) -> dict:
 # --- chunk sizes and tiles -----------------------------------------------------------------------
 
 
-def run_chunks(
-    model: Transformer,
-    dtype: str,
-    prompt: int,
-    chunks: Sequence[int],
-    opts: TimingOptions,
-    on_row: Callable[[], None] | None = None,
-    watch: Watch | None = None,
-) -> list[dict]:
+def chunk_rows(raw: Sequence[dict], cfg, dtype: str) -> list[dict]:
     """chunks.csv's 'chunked' rows: the prompt prefilled in chunks of C, against one prefill
-    (C >= prompt is the one-prefill row, always measured)."""
-    sizes = sorted({min(c, prompt) for c in chunks} | {prompt})
-    times, slowed = {}, {}
-    for c in sizes:
-        times[c] = time_chunked_prefill(model, prompt, c, opts)
-        slowed[c] = _slowed(watch)
-        if on_row is not None:
-            on_row()
-    whole_ms = times[prompt].median_ms
+    (C = the prompt is the one-prefill row); throttled with the one prefill too."""
+    steps = [r for r in raw if r["part"] == "chunked" and r["status"] == "ok"]
+    whole = next((r for r in steps if r["chunk_tokens"] == r["prefill_tokens"]), None)
+    if whole is None:
+        return []
     return [
         {
-            **_chunk_row(model, dtype, prompt, c, times[c], whole_ms),
-            "throttled": slowed[c] or slowed[prompt],  # the row is a ratio to one prefill
+            **_chunk_row(cfg, dtype, r, whole["step_ms"]),
+            "throttled": bool(r.get("throttled") or whole.get("throttled")),
         }
-        for c in sizes
+        for r in steps
     ]
 
 
-def _chunk_row(model, dtype: str, prompt: int, chunk: int, m: Measurement, whole_ms: float):
+def _chunk_row(cfg, dtype: str, r: dict, whole_ms: float) -> dict:
+    prompt, chunk, ms = r["prefill_tokens"], r["chunk_tokens"], r["step_ms"]
     starts = range(0, prompt, chunk)
-    costs = [accounting.step_cost(model.cfg, dtype, 1, min(chunk, prompt - s), s) for s in starts]
+    costs = [accounting.step_cost(cfg, dtype, 1, min(chunk, prompt - s), s) for s in starts]
     return {
         "kind": "chunked",
         "prompt_tokens": prompt,
         "chunk_tokens": chunk,
         "chunks": len(costs),
-        "total_ms": m.median_ms,
-        "ms_per_token": m.median_ms / prompt,
-        "over_one_prefill": m.median_ms / whole_ms,
-        "extra_pct": 100 * (m.median_ms / whole_ms - 1),
+        "total_ms": ms,
+        "ms_per_token": ms / prompt,
+        "over_one_prefill": ms / whole_ms,
+        "extra_pct": 100 * (ms / whole_ms - 1),
         # What the extra time pays for: the weights read once per chunk, and every chunk's
         # attention re-reading the keys and values of the chunks before it.
         "weight_bytes": sum(c.weight_bytes for c in costs),
         "kv_read_bytes": sum(c.kv_read_bytes for c in costs),
-        **_timing(m),
+        **{k: r[k] for k in TIMING_KEYS},
     }
 
 
-def run_tiles(
-    model: Transformer,
-    tiles: Sequence[int],
-    opts: TimingOptions,
-    on_row: Callable[[], None] | None = None,
-    watch: Watch | None = None,
-) -> list[dict]:
+def tile_rows(raw: Sequence[dict]) -> list[dict]:
     """chunks.csv's 'tile' rows: one prefill step of each length (e.g. 256 against 257): a
-    length just past a multiple of the kernels' tile pays for a mostly empty extra tile."""
-    rows, previous, previous_slowed = [], None, False
-    for t in sorted(set(tiles)):
-        m = time_mixed(model, MixedStep(0, 0, t), opts)
-        slowed = _slowed(watch)
-        if on_row is not None:
-            on_row()
-        rows.append(
+    length just past a multiple of the kernels' tile pays for a mostly empty extra tile.
+    Each row is a ratio to the previous length, and throttled if either was."""
+    out, previous = [], None
+    for r in (r for r in raw if r["part"] == "tile" and r["status"] == "ok"):
+        t, ms = r["prefill_tokens"], r["step_ms"]
+        out.append(
             {
                 "kind": "tile",
                 "prompt_tokens": t,
                 "chunk_tokens": t,
                 "chunks": 1,
-                "total_ms": m.median_ms,
-                "ms_per_token": m.median_ms / t,
-                "over_previous": m.median_ms / previous if previous else math.nan,
-                **_timing(m),
-                "throttled": slowed or previous_slowed,  # the row is a ratio to the previous
+                "total_ms": ms,
+                "ms_per_token": ms / t,
+                "over_previous": ms / previous["step_ms"] if previous else math.nan,
+                **{k: r[k] for k in TIMING_KEYS},
+                "throttled": bool(r.get("throttled") or (previous or {}).get("throttled")),
             }
         )
-        previous, previous_slowed = m.median_ms, slowed
-    return rows
+        previous = r
+    return out
 
 
-def _timing(m: Measurement) -> dict:
+TIMING_KEYS = ("step_ms_min", "step_ms_iqr", "cv", "repeats", "noisy")
+
+
+def _timing(m: Measurement | None) -> dict:
+    if m is None:
+        return {"step_ms_min": math.nan, "step_ms_iqr": math.nan, "cv": math.nan, "repeats": 0,
+                "noisy": False}  # fmt: skip
     s = m.summary()
-    return {
-        "step_ms_min": s["step_ms_min"],
-        "step_ms_iqr": s["step_ms_iqr"],
-        "cv": s["cv"],
-        "repeats": s["repeats"],
-        "noisy": s["noisy"],
-    }
+    return {k: s[k] for k in TIMING_KEYS}

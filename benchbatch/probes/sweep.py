@@ -18,12 +18,14 @@ from dataclasses import dataclass
 
 from benchbatch import accounting
 from benchbatch.config import DTYPE_BYTES, ModelConfig
-from benchbatch.engines.model import Transformer
+from benchbatch.experiments import SweepOptions as Options
 from benchbatch.probes import steps
 from benchbatch.timing import TimingOptions
 
+__all__ = ["Options", "plan", "ceilings", "rows", "summarize"]
 
-def plan(contexts: list[int], batches: list[int]) -> list[steps.Step]:
+
+def plan(contexts, batches) -> list[steps.Step]:
     """One decode step per (context, batch): context outer, so each curve is measured whole."""
     return [steps.decode(b, c) for c in contexts for b in batches]
 
@@ -37,11 +39,11 @@ def ceilings(cfg: ModelConfig, dtype: str, contexts: list[int], free_bytes: int)
     return {c: accounting.max_batch(cfg, dtype, c + 1, free_bytes) for c in contexts}
 
 
-def run(
-    model: Transformer,
+def rows(
+    model,
     dtype: str,
     plan: list[steps.Step],
-    opts: TimingOptions,
+    timing: TimingOptions,
     ceiling: dict[int, int],
     try_oom: bool = False,
     cuda_graphs: bool = True,
@@ -54,7 +56,7 @@ def run(
         if step.batch > limit and not try_oom:
             row = {**steps.step_row(model, dtype, step, None), "status": "skipped"}
         else:
-            row = steps.run_step(model, dtype, step, opts, cuda_graphs)
+            row = steps.run_step(model, dtype, step, timing, cuda_graphs)
         kv = accounting.kv_cache_bytes(model.cfg, dtype, step.batch, step.context + 1)
         yield {**row, "kv_cache_bytes": kv, "predicted_max_batch": limit}
 

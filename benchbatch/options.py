@@ -1,0 +1,421 @@
+"""Options as data: the model, the run and the workload, each one dataclass.
+
+No typer and no torch here. A command's options objects are what its run's metadata records
+(`asdict`), what `reproduce` builds from its own sizes, and what the command line is made
+from: benchbatch/commands/params.py turns each field into an option, with the help text, help
+panel, flag and hidden aliases written in the field's metadata below. So an option is
+declared once, with one name, type, default and help group for every command.
+
+Values are checked here, where they enter, with the same rules on every path; a bad value is
+a UserError naming the field (the command line names the flag).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from benchbatch.errors import UserError
+
+MODEL, RUN, OUTPUT, WORKLOAD, BATCHING = "Model", "Run", "Output", "Workload", "Batching"
+
+
+def opt(
+    default: Any,
+    help: str,
+    *,
+    panel: str | None = None,
+    flag: str | None = None,
+    aliases: tuple[str, ...] = (),
+    hidden: bool = False,
+    parse: str | None = None,
+    choices: tuple[str, ...] | None = None,
+    argument: bool = False,
+    metavar: str | None = None,
+) -> Any:
+    """A dataclass field that knows how it appears on the command line.
+
+    flag: the option's name (default --field-name); aliases: old spellings that still work,
+    hidden from --help; parse "ints": a comma-separated list given as text, held as a tuple
+    of positive integers ("ints0": zero allowed); choices: the allowed values of a str.
+    """
+    meta = dict(help=help, panel=panel, flag=flag, aliases=aliases, hidden=hidden)
+    meta |= dict(parse=parse, choices=choices, argument=argument, metavar=metavar)
+    if isinstance(default, list):
+        return field(default_factory=lambda: list(default), metadata=meta)
+    return field(default=default, metadata=meta)
+
+
+def flag_of(f: dataclasses.Field) -> str:
+    return f.metadata.get("flag") or "--" + f.name.replace("_", "-")
+
+
+def record(*objects) -> dict:
+    """The options of a run as metadata records them: every field, paths as text."""
+    out: dict = {}
+    for obj in objects:
+        for k, v in dataclasses.asdict(obj).items():
+            out[k] = _plain(v)
+    return out
+
+
+def _plain(value):
+    if isinstance(value, Path):
+        return str(value)
+    if isinstance(value, tuple | list):
+        return [_plain(v) for v in value]
+    return value
+
+
+# --- checks shared by every options object ------------------------------------------------
+
+INT_MAX = 2**63 - 1  # every integer ends in Python ints, torch sizes or numpy seeds
+
+
+def require(ok: bool, name: str, message: str) -> None:
+    if not ok:
+        raise UserError(name, message)
+
+
+def check_count(name: str, value: int, least: int = 1, most: int = INT_MAX) -> None:
+    """An integer option within [least, most]."""
+    require(value >= least, name, f"must be at least {least:,}, got {value:,}")
+    require(value <= most, name, f"must be at most {most:,}, got {value:,}")
+
+
+def check_number(name: str, value: float, least: float = 0.0, *, open_low: bool = False) -> None:
+    """A finite real option; open_low: strictly above `least`."""
+    require(math.isfinite(value), name, f"must be a finite number, got {value}")
+    ok = value > least if open_low else value >= least
+    word = "more than" if open_low else "at least"
+    require(ok, name, f"must be {word} {least:g}, got {value:g}")
+
+
+# --- the model ---------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class ModelOptions:
+    """Which model: a preset or a config.json, with any size overridden. Weights are random."""
+
+    preset: str | None = opt(
+        None,
+        "Named model shape (article, cpu-small, tiny, qwen3-0.6b, llama3.2-1b, llama2-7b, "
+        "llama3-8b); other model options override it.",
+        panel=MODEL,
+    )
+    config: Path | None = opt(
+        None,
+        "A Hugging Face config.json to take the shapes from (no weights are read).",
+        panel=MODEL,
+    )
+    hidden: int | None = opt(None, "Hidden size (model width).", panel=MODEL)
+    layers: int | None = opt(None, "Transformer layers.", panel=MODEL)
+    heads: int | None = opt(None, "Attention (query) heads.", panel=MODEL)
+    kv_heads: int | None = opt(
+        None,
+        "Key/value heads (grouped-query attention); must divide --heads. Default: --heads.",
+        panel=MODEL,
+    )
+    intermediate: int | None = opt(
+        None, "SwiGLU MLP width. Default: 8/3 x hidden rounded up to a multiple of 256.",
+        panel=MODEL,
+    )  # fmt: skip
+    vocab: int | None = opt(None, "Vocabulary size (LM head width).", panel=MODEL)
+    max_context: int | None = opt(
+        None, "Longest sequence the model accepts (rotary table size).", panel=MODEL
+    )
+
+    SIZES = ("hidden", "layers", "heads", "kv_heads", "intermediate", "vocab", "max_context")
+
+    def __post_init__(self) -> None:
+        require(
+            self.preset is None or self.config is None,
+            "config",
+            "give either --preset or --config, not both",
+        )
+
+    def overrides(self) -> dict:
+        return {k: getattr(self, k) for k in self.SIZES if getattr(self, k) is not None}
+
+    def chosen(self) -> bool:
+        """Did the user say which model (rather than leave it to the command's default)?"""
+        return self.preset is not None or self.config is not None
+
+    def source(self) -> str:
+        """The option(s) that made the model's shape, for errors about its size."""
+        given = [f"--{k.replace('_', '-')}" for k in self.overrides()]
+        return ", ".join(given) or ("--config" if self.config is not None else "--preset")
+
+    def shape(self, default_preset: str = "article"):
+        """The ModelConfig: a preset (or the command's default) or a config.json, then sizes."""
+        from benchbatch import config as configs
+
+        base = (
+            configs.from_hf_config(self.config)
+            if self.config
+            else configs.preset(self.preset or default_preset)
+        )
+        changes = self.overrides()
+        return base.replace(**changes) if changes else base
+
+    def build(self, target, seed: int = 0):
+        """The model on the target device and dtype, and its config (checked to fit first).
+        With no preset or config named, the device's default (see device_preset)."""
+        from benchbatch.engines.model import Transformer
+
+        cfg = self.shape(device_preset(target))
+        check_fits(cfg, target, self.source())
+        return Transformer(cfg, target.device, target.dtype, seed), cfg
+
+
+def check_fits(cfg, target, option: str) -> None:
+    """Refuse, before building it, a model whose weights (and rotary tables, built in
+    float64) exceed the memory free on the device: the allocator would crash or swap."""
+    from benchbatch import accounting, device
+
+    need = accounting.weight_bytes(cfg, target.dtype_name) + 16 * cfg.max_context * cfg.head_dim
+    free = device.free_memory_bytes(target.device)
+    if need > free:
+        where = "free on the GPU" if target.device.type == "cuda" else "of available RAM"
+        raise UserError(
+            option,
+            f"the model ({cfg.name}: hidden {cfg.hidden}, {cfg.layers} layers, max context "
+            f"{cfg.max_context:,}) needs {need / 2**30:,.1f} GiB, more than the "
+            f"{free / 2**30:,.1f} GiB {where}",
+        )
+
+
+def device_preset(target) -> str:
+    """The model a command builds when none is named: the article's on CUDA, a CPU-sized one
+    on a CPU (the article's model runs minutes per command there)."""
+    return "article" if target.device.type == "cuda" else "cpu-small"
+
+
+def preset_note(model: ModelOptions, target) -> str | None:
+    if model.chosen():
+        return None
+    name = device_preset(target)
+    where = "CUDA" if name == "article" else "CPU"
+    return (
+        f"using the {name} preset, the default on {where} (article on CUDA, cpu-small on CPU); "
+        "pass --preset or --config to change it"
+    )
+
+
+# --- the run -----------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class RunOptions:
+    """Where and how steps are timed, and where the results go."""
+
+    device: str = opt("auto", "auto (CUDA when present), cpu, cuda or cuda:N.", panel=RUN)
+    dtype: str | None = opt(
+        None,
+        "Default fp16 on CUDA, fp32 on CPU (CPUs run fp16 matmuls hundreds of times slower).",
+        panel=RUN,
+        choices=("fp16", "bf16", "fp32"),
+    )
+    seed: int = opt(0, "Seed of the random weights, inputs and workload.", panel=RUN)
+    repeats: int = opt(
+        5, "Minimum timed repeats of each step (more if --min-time is not reached).", panel=RUN
+    )
+    min_time: float = opt(0.2, "Minimum seconds of timed repeats per step.", panel=RUN)
+    warmup: int = opt(2, "Untimed calls of each step before its repeats.", panel=RUN)
+    threads: int | None = opt(
+        None, "CPU threads torch may use (default: torch's choice, one per core).", panel=RUN
+    )
+    cuda_graphs: bool = opt(
+        True,
+        "Replay timed steps from CUDA graphs (CUDA only): launch overhead must not hide the "
+        "GPU work.",
+        panel=RUN,
+        flag="--cuda-graphs/--no-cuda-graphs",
+    )
+    roofline: bool = opt(
+        True,
+        "Measure the device's matmul and memory ceilings first (seconds) and add mfu, mbu and "
+        "bound to every row, with roofline.png.",
+        panel=RUN,
+        flag="--roofline/--no-roofline",
+    )
+    ceilings: Path | None = opt(
+        None,
+        "A probe.csv (from `benchbatch probe` or `reproduce`) to place rows on the roofline, "
+        "instead of measuring the device's ceilings first.",
+        panel=RUN,
+    )
+    out: Path | None = opt(
+        None,
+        "Folder for the CSV, plots and metadata. Default: a new results/TIME-COMMAND folder (UTC).",
+        panel=OUTPUT,
+    )
+    force: bool = opt(False, "Allow writing into a non-empty --out folder.", panel=OUTPUT)
+    json_out: bool = opt(
+        False,
+        "Print one JSON document with every row at the end (for scripts).",
+        panel=OUTPUT,
+        flag="--json",
+    )
+
+    MAX_REPEATS = 1000
+
+    def __post_init__(self) -> None:
+        check_count("seed", self.seed, 0)
+        check_count("repeats", self.repeats, 1, self.MAX_REPEATS)
+        check_number("min_time", self.min_time)
+        require(self.min_time <= 3600, "min_time", f"must be at most 3600 s, got {self.min_time}")
+        check_count("warmup", self.warmup, 0, self.MAX_REPEATS)
+        if self.threads is not None:
+            check_count("threads", self.threads, 1, 4096)
+
+    def target(self):
+        """The device (auto: CUDA when present) and dtype (fp16 on CUDA, fp32 on CPU)."""
+        from benchbatch import device
+
+        return device.resolve(self.device, self.dtype)
+
+    def timing(self):
+        from benchbatch.timing import TimingOptions
+
+        return TimingOptions(
+            min_repeats=self.repeats,
+            min_time_s=self.min_time,
+            warmup=self.warmup,
+            max_repeats=max(self.MAX_REPEATS, self.repeats),
+        )
+
+    def graphs(self, target) -> bool:
+        """CUDA graphs as they apply: never on a CPU, whatever the flag says."""
+        return self.cuda_graphs and target.device.type == "cuda"
+
+
+# --- the workload ------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class WorkloadOptions:
+    """The requests to serve: lognormal output lengths (the article's), or a trace."""
+
+    requests: int = opt(600, "Requests in the generated workload.", panel=WORKLOAD)
+    slots: int = opt(
+        32,
+        "Sequences served at once (KV-cache slots; vLLM's max_num_seqs).",
+        panel=BATCHING,
+        aliases=("--max-num-seqs",),
+    )
+    median: float = opt(70.0, "Median output length (tokens).", panel=WORKLOAD)
+    sigma: float = opt(0.9, "Lognormal sigma of the output lengths.", panel=WORKLOAD)
+    max_output: int = opt(2000, "Output lengths are clipped to this (tokens).", panel=WORKLOAD)
+    prompt_len: int = opt(
+        64,
+        "Prompt tokens of a request (with --trace: where prompt_tokens is missing).",
+        panel=WORKLOAD,
+    )
+    long_prompt_fraction: float = opt(
+        0.0,
+        "Fraction of requests with a long prompt (their prefill makes the stalls).",
+        panel=WORKLOAD,
+    )
+    long_prompt_len: int = opt(1024, "Tokens of a long prompt.", panel=WORKLOAD)
+    arrival_rate: float | None = opt(
+        None,
+        "Poisson arrivals, requests per scheduler step. Default: every request waits at step 0.",
+        panel=WORKLOAD,
+    )
+    trace: Path | None = opt(
+        None,
+        "Replay a CSV trace instead: column output_tokens, optional prompt_tokens and "
+        "arrival_step (replaces --requests, --median, --sigma, --max-output, --arrival-rate).",
+        panel=WORKLOAD,
+    )
+
+    # Beyond these a run says nothing new and runs out of memory or time first.
+    MAX_REQUESTS = 10_000_000
+    MAX_SLOTS = 1_000_000
+    MAX_TOKENS = 10_000_000  # one prompt or one output
+    MAX_ARRIVAL_SPAN = 10_000_000  # steps over which arrivals may spread
+
+    def __post_init__(self) -> None:
+        check_count("requests", self.requests, 1, self.MAX_REQUESTS)
+        check_count("slots", self.slots, 1, self.MAX_SLOTS)
+        check_number("median", self.median, 0, open_low=True)
+        check_number("sigma", self.sigma)
+        check_count("max_output", self.max_output, 1, self.MAX_TOKENS)
+        check_count("prompt_len", self.prompt_len, 1, self.MAX_TOKENS)
+        check_number("long_prompt_fraction", self.long_prompt_fraction)
+        require(
+            self.long_prompt_fraction <= 1,
+            "long_prompt_fraction",
+            f"must be at most 1, got {self.long_prompt_fraction:g}",
+        )
+        check_count("long_prompt_len", self.long_prompt_len, 1, self.MAX_TOKENS)
+        if self.arrival_rate is not None:
+            self._check_rate(self.arrival_rate)
+
+    def _check_rate(self, rate: float) -> None:
+        check_number("arrival_rate", rate, 0, open_low=True)
+        span = self.requests / rate
+        if self.trace is None and span > self.MAX_ARRIVAL_SPAN:
+            raise UserError(
+                "arrival_rate",
+                f"{rate:g} spreads {self.requests:,} arrivals over about {span:.3g} steps "
+                f"(at most {self.MAX_ARRIVAL_SPAN:,}); raise it",
+            )
+
+    def draw(self, seed: int = 0):
+        """The requests of one run: the trace when given, else the seeded generator."""
+        from benchbatch.engines.workload import lognormal_workload, read_trace
+
+        if self.trace is not None:
+            return self._checked_trace(read_trace(self.trace, self.prompt_len))
+        return lognormal_workload(
+            self.requests,
+            median=self.median,
+            sigma=self.sigma,
+            max_output=self.max_output,
+            prompt_len=self.prompt_len,
+            arrival_rate=self.arrival_rate,
+            seed=seed,
+            long_prompt_fraction=self.long_prompt_fraction,
+            long_prompt_len=self.long_prompt_len,
+        )
+
+    def _checked_trace(self, requests):
+        """A trace's size, lengths and arrivals within the same limits as generated ones."""
+        where = str(self.trace)
+        require(
+            len(requests) <= self.MAX_REQUESTS,
+            "trace",
+            f"{where}: {len(requests):,} requests (at most {self.MAX_REQUESTS:,})",
+        )
+        longest = max(max(r.prompt_tokens, r.output_tokens) for r in requests)
+        require(
+            longest <= self.MAX_TOKENS,
+            "trace",
+            f"{where}: a request of {longest:,} tokens (at most {self.MAX_TOKENS:,} a prompt "
+            "or an output)",
+        )
+        last = max(r.arrival_step for r in requests)
+        require(
+            last <= self.MAX_ARRIVAL_SPAN,
+            "trace",
+            f"{where}: a request arrives at step {last:,}, beyond the "
+            f"{self.MAX_ARRIVAL_SPAN:,} steps a run may span",
+        )
+        return requests
+
+
+def engine_field(help_real: str, aliases: tuple[str, ...] = ()) -> Any:
+    """--engine, declared alike wherever a command can also run its plan on the model."""
+    return opt(
+        "sim",
+        f"sim: simulate (fast, no model); real: {help_real}",
+        panel=BATCHING,
+        choices=("sim", "real"),
+        aliases=aliases,
+    )

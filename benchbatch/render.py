@@ -1,0 +1,103 @@
+"""The terminal's view of a run: rich tables of result rows, notes, warnings, JSON.
+
+Probes never print; commands and the report print through these helpers. stdout carries
+the results (tables, the folder); stderr the notes, warnings and progress.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+
+from rich import box
+from rich.console import Console
+from rich.table import Table
+
+out_console = Console()
+err_console = Console(stderr=True)
+
+NOISY_HINT = "try more --repeats or --min-time"
+
+
+def fmt(value) -> str:
+    """Numbers to 3 significant figures; big counts with thousands separators."""
+    if isinstance(value, bool) or value is None:
+        return {True: "yes", False: "", None: "-"}[value]
+    if isinstance(value, int):
+        return f"{value:,}"
+    if isinstance(value, float):
+        if math.isnan(value):
+            return "-"
+        if abs(value) >= 1e3:
+            return f"{value:,.0f}"
+        return f"{value:.3g}"
+    return str(value)
+
+
+def rows_table(rows: list[dict], columns: dict[str, str], title: str | None = None) -> Table:
+    """columns maps a row key to its header; numbers are right-aligned."""
+    table = Table(
+        title=title,
+        title_justify="left",
+        box=box.SIMPLE_HEAD,
+        pad_edge=False,
+        collapse_padding=True,
+    )
+    first = rows[0] if rows else {}
+    for i, (key, header) in enumerate(columns.items()):
+        numeric = isinstance(first.get(key), int | float) and not isinstance(first.get(key), bool)
+        table.add_column(header, justify="right" if numeric else "left", no_wrap=i == 0)
+    for row in rows:
+        table.add_row(*(fmt(row.get(key)) for key in columns))
+    return table
+
+
+def table(rows: list[dict], columns: dict[str, str], title: str) -> None:
+    """Print rows as a table with the given columns (key -> header)."""
+    t = rows_table(rows, columns, title=title)
+    t.box, t.pad_edge = box.SIMPLE_HEAD, False
+    out_console.print(t)
+
+
+def note(text: str) -> None:
+    err_console.print(f"[yellow]note:[/] {text}", highlight=False)
+
+
+def warning(text: str) -> None:
+    err_console.print(f"[yellow]warning:[/] {text}", highlight=False)
+
+
+def results_line(folder) -> None:
+    out_console.print(f"results: {folder}", highlight=False)
+
+
+def print_json(document: dict) -> None:
+    from benchbatch.results import json_safe
+
+    out_console.out(json.dumps(json_safe(document), indent=2), highlight=False)
+
+
+def warn_untrusted(flagged: dict[str, list[str]]) -> None:
+    """Say which rows are noisy or throttled, and what to try."""
+    from benchbatch.noise import DEFAULT_CV_THRESHOLD
+
+    if flagged.get("noisy"):
+        warning(
+            f"noisy (CV over {DEFAULT_CV_THRESHOLD:.0%}): {', '.join(flagged['noisy'])}; "
+            f"something else may be using the device: {NOISY_HINT}."
+        )
+    if flagged.get("throttled"):
+        warning(
+            "the GPU slowed its clocks (thermal or power limit) during: "
+            f"{', '.join(flagged['throttled'])}; those times are pessimistic: let it cool or "
+            "check its power limit (nvidia-smi -q -d PERFORMANCE) and rerun, with more "
+            "--repeats or --min-time."
+        )
+
+
+def duration(seconds: float) -> str:
+    if seconds < 90:
+        return f"{seconds:.0f} s"
+    if seconds < 5400:
+        return f"{seconds / 60:.0f} min"
+    return f"{seconds / 3600:.1f} h"
