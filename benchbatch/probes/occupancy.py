@@ -16,15 +16,20 @@ import statistics
 import time
 from collections.abc import Sequence
 from pathlib import Path
+from typing import TYPE_CHECKING
 
+import numpy as np
 import torch
 
 from benchbatch.engines.engine import EngineResult
 from benchbatch.engines.metrics import percentile, summarize
 from benchbatch.engines.model import Transformer
-from benchbatch.engines.simulate import SimResult, occupancy_rows, run_policies
-from benchbatch.engines.workload import Request, lognormal_workload, read_trace
+from benchbatch.engines.simulate import SimResult, occupancy_rows, run_policies, timeline_table
+from benchbatch.engines.workload import Request, Workload, lognormal_columns, read_trace_columns
 from benchbatch.timing import synchronize
+
+if TYPE_CHECKING:
+    import pandas as pd
 
 POLICIES = ("static", "continuous")
 NOISY_P90_OVER_MEDIAN = 2.0  # decode steps of one run barely differ; a wider spread is noise
@@ -46,9 +51,33 @@ def workload(
     trace: Path | None,
 ) -> list[Request]:
     """The requests of one run: a trace when given, else the seeded lognormal generator."""
+    return workload_columns(
+        requests,
+        median=median,
+        sigma=sigma,
+        max_output=max_output,
+        prompt_len=prompt_len,
+        arrival_rate=arrival_rate,
+        seed=seed,
+        trace=trace,
+    ).to_requests()
+
+
+def workload_columns(
+    requests: int,
+    *,
+    median: float,
+    sigma: float,
+    max_output: int,
+    prompt_len: int,
+    arrival_rate: float | None,
+    seed: int,
+    trace: Path | None,
+) -> Workload:
+    """workload() as columns (the same requests): what simulate() reads without converting."""
     if trace is not None:
-        return read_trace(trace, prompt_len)
-    return lognormal_workload(
+        return read_trace_columns(trace, prompt_len)
+    return lognormal_columns(
         requests,
         median=median,
         sigma=sigma,
@@ -59,9 +88,24 @@ def workload(
     )
 
 
-def simulate(requests: Sequence[Request], slots: int) -> dict[str, SimResult]:
+def simulate(requests: Sequence[Request] | Workload, slots: int) -> dict[str, SimResult]:
     """Both policies on the same requests (the article's rule: one decode per slot-step)."""
     return run_policies(requests, slots, POLICIES)
+
+
+def timeline(results: dict[str, SimResult]) -> pd.DataFrame:
+    """timeline.csv in run-length form: (policy, step, steps, active_slots), one row per
+    step where a policy's active-slot count changes (simulate.timeline_table)."""
+    return timeline_table(results)
+
+
+def title(requests: Workload, slots: int) -> str:
+    """The occupancy figure's title: the workload's output lengths and the slots."""
+    outputs = np.sort(requests.output_tokens)
+    return (
+        f"{len(requests):,} requests (output tokens: median {outputs[len(outputs) // 2]:,}, "
+        f"max {outputs[-1]:,}), {slots} slots: active slots per step"
+    )
 
 
 def occupancy(results: dict[str, SimResult], seed: int | None) -> list[dict]:
