@@ -11,6 +11,7 @@ numbers (tests/test_simulate.py checks both against brute-force references).
 from __future__ import annotations
 
 import heapq
+from array import array
 from bisect import bisect_right
 from collections import Counter
 
@@ -24,18 +25,20 @@ POLICIES = ("static", "continuous")
 
 def admission_steps(policy: str, workload: Workload, slots: int) -> np.ndarray:
     """The step at which each request (in workload order) takes its slot."""
-    order = fcfs_order(workload.arrival_step)
-    arrivals, outputs = workload.arrival_step[order], workload.output_tokens[order]
-    starts = np.empty(len(workload), np.int64)
     pass_ = _continuous if policy == "continuous" else _static
-    starts[order] = pass_(arrivals, outputs, slots)
+    order = fcfs_order(workload.arrival_step)
+    if order is None:  # already first come, first served
+        return pass_(workload.arrival_step, workload.output_tokens, slots)
+    starts = np.empty(len(workload), np.int64)
+    starts[order] = pass_(workload.arrival_step[order], workload.output_tokens[order], slots)
     return starts
 
 
-def fcfs_order(arrivals: np.ndarray) -> np.ndarray:
-    """First come, first served: by arrival step, then workload order (the queue's order)."""
+def fcfs_order(arrivals: np.ndarray) -> np.ndarray | None:
+    """First come, first served: by arrival step, then workload order (the queue's order);
+    None when that is the workload's order."""
     if arrivals.size < 2 or (arrivals[1:] >= arrivals[:-1]).all():
-        return np.arange(arrivals.size)
+        return None
     return np.argsort(arrivals, kind="stable")
 
 
@@ -55,22 +58,27 @@ def _continuous(arrivals: np.ndarray, outputs: np.ndarray, slots: int) -> np.nda
         rest = _earliest_free(free, rest_outputs)
     else:
         rest = _earliest_free_after(free, arrivals[head:].tolist(), rest_outputs, int(first[-1]))
-    return np.concatenate((first, np.asarray(rest, np.int64)))
+    return np.concatenate((first, np.frombuffer(rest, np.int64)))
 
 
-def _earliest_free(free: list[int], outputs: list[int]) -> list[int]:
-    starts, take = [], heapq.heapreplace
+# Starts go to an array of int64 rather than a list: 8 bytes each, not an int object.
+
+
+def _earliest_free(free: list[int], outputs: list[int]) -> array:
+    starts = array("q")
+    take, keep = heapq.heapreplace, starts.append
     for n in outputs:
         start = free[0]
         take(free, start + n)
-        starts.append(start)
+        keep(start)
     return starts
 
 
 def _earliest_free_after(
     free: list[int], arrivals: list[int], outputs: list[int], previous: int
-) -> list[int]:
-    starts, take = [], heapq.heapreplace
+) -> array:
+    starts = array("q")
+    take, keep = heapq.heapreplace, starts.append
     for a, n in zip(arrivals, outputs, strict=True):
         start = free[0]
         if start < a:
@@ -78,7 +86,7 @@ def _earliest_free_after(
         if start < previous:
             start = previous
         take(free, start + n)
-        starts.append(start)
+        keep(start)
         previous = start
     return starts
 

@@ -46,11 +46,12 @@ class RunLengths:
         """Each interval [start, end) holds one slot for its steps; steps are counted from 0."""
         if starts.size == 0:
             return cls.empty()
-        points, where = np.unique(np.concatenate((starts, ends)), return_inverse=True)
-        n = starts.size
-        delta = np.bincount(where[:n], minlength=points.size) - np.bincount(
-            where[n:], minlength=points.size
-        )
+        up_at, ups = _counts(np.sort(starts))
+        down_at, downs = _counts(np.sort(ends))
+        points = np.union1d(up_at, down_at)
+        delta = np.zeros(points.size, np.int64)
+        delta[np.searchsorted(points, up_at)] += ups
+        delta[np.searchsorted(points, down_at)] -= downs
         changed = delta != 0  # an end and a start at the same step change nothing
         points, active = points[changed], np.cumsum(delta[changed])
         # The last change is the last end (0 active from then on): it is total_steps.
@@ -86,6 +87,12 @@ class RunLengths:
     __hash__ = None  # type: ignore[assignment]
 
 
+def _counts(ordered: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """The distinct values of a sorted array and how often each occurs."""
+    first = np.flatnonzero(np.diff(ordered, prepend=ordered[0] - 1))
+    return ordered[first], np.diff(first, append=ordered.size)
+
+
 @dataclass
 class Timeline:
     """Per step, column-wise: what the step-by-step scheduler path records."""
@@ -119,13 +126,15 @@ class EventTimeline:
         cls, starts: np.ndarray, outputs: np.ndarray, prompts: np.ndarray
     ) -> EventTimeline:
         """starts: admission step of each request (n output tokens hold a slot n steps)."""
-        order = np.argsort(starts, kind="stable")
-        ordered = starts[order]
-        first = np.flatnonzero(np.diff(ordered, prepend=-1)) if ordered.size else ordered
-        counts = np.diff(first, append=ordered.size)
-        prefill = np.add.reduceat(prompts[order], first) if first.size else first
         runs = RunLengths.from_intervals(starts, starts + outputs)
-        return cls(runs, ordered[first], counts, prefill)
+        if starts.size == 0:
+            return cls(runs, starts, starts, starts)
+        if not (starts[1:] >= starts[:-1]).all():  # (starts are sorted when arrivals are)
+            order = np.argsort(starts, kind="stable")
+            starts, prompts = starts[order], prompts[order]
+        step, counts = _counts(starts)
+        first = np.concatenate(([0], np.cumsum(counts)[:-1]))
+        return cls(runs, step, counts, np.add.reduceat(prompts, first))
 
     def run_lengths(self) -> RunLengths:
         return self.runs
