@@ -129,6 +129,7 @@ def test_read_trace_with_defaults_and_optional_columns(tmp_path):
         ("output_tokens\n5.5\n", "line 2: output_tokens '5.5' is not an integer"),
         ("output_tokens\n\n3\nabc\n", "line 4: output_tokens 'abc' is not an integer"),
         ("output_tokens,arrival_step\n5,-1\n", "line 2: arrival_step must be zero or more"),
+        ("output_tokens\n5\n" + "9" * 30 + "\n", "line 3: output_tokens is more than"),
         ("", "is empty"),
         ("output_tokens\n", "no requests"),
     ],

@@ -158,6 +158,11 @@ def timeline_rows(results: dict[str, SimResult]) -> list[dict]:
 
 
 TIMELINE_COLUMNS = ("policy", "step", "steps", "active_slots")
+# The rule of the run-length file, for a run's metadata beside timeline.csv.
+TIMELINE_FORM = (
+    "run-length: one row per step where a policy's active-slot count changes; steps step .. "
+    "step + steps - 1 each had active_slots slots doing useful work"
+)
 
 
 def timeline_table(results: dict[str, SimResult]):

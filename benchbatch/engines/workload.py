@@ -238,6 +238,7 @@ def _require(ok: bool, option: str, message: str) -> None:
 # --- traces -------------------------------------------------------------------------------
 
 TRACE_OPTION = "--trace"
+INT64_MAX = 2**63 - 1
 
 
 def read_trace(path: str | Path, prompt_tokens: int = 64) -> list[Request]:
@@ -322,6 +323,8 @@ def _int_field(
         raise UserError(TRACE_OPTION, f"{where}: {column} {text!r} is not an integer") from None
     kind = "positive" if minimum == 1 else "zero or more"
     _require(value >= minimum, TRACE_OPTION, f"{where}: {column} must be {kind}, got {value}")
+    # Requests are held as int64 columns; no run could get anywhere near this anyway.
+    _require(value <= INT64_MAX, TRACE_OPTION, f"{where}: {column} is more than {INT64_MAX:,}")
     return value
 
 
