@@ -368,12 +368,13 @@ class WorkloadOptions:
             )
 
     def draw(self, seed: int = 0):
-        """The requests of one run: the trace when given, else the seeded generator."""
-        from benchbatch.engines.workload import lognormal_workload, read_trace
+        """The requests of one run (a Workload: columns that read as a list of Requests):
+        the trace when given, else the seeded generator."""
+        from benchbatch.engines.workload import lognormal_columns, read_trace_columns
 
         if self.trace is not None:
-            return self._checked_trace(read_trace(self.trace, self.prompt_len))
-        return lognormal_workload(
+            return self._checked_trace(read_trace_columns(self.trace, self.prompt_len))
+        return lognormal_columns(
             self.requests,
             median=self.median,
             sigma=self.sigma,
@@ -393,14 +394,14 @@ class WorkloadOptions:
             "trace",
             f"{where}: {len(requests):,} requests (at most {self.MAX_REQUESTS:,})",
         )
-        longest = max(max(r.prompt_tokens, r.output_tokens) for r in requests)
+        longest = int(max(requests.prompt_tokens.max(), requests.output_tokens.max()))
         require(
             longest <= self.MAX_TOKENS,
             "trace",
             f"{where}: a request of {longest:,} tokens (at most {self.MAX_TOKENS:,} a prompt "
             "or an output)",
         )
-        last = max(r.arrival_step for r in requests)
+        last = int(requests.arrival_step.max())
         require(
             last <= self.MAX_ARRIVAL_SPAN,
             "trace",

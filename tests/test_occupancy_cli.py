@@ -9,6 +9,7 @@ import pandas as pd
 import pytest
 
 from benchbatch.cli import app
+from benchbatch.engines.simulate import expand_timeline
 
 OCCUPANCY_COLUMNS = [
     "policy",
@@ -53,8 +54,10 @@ def test_default_run_reproduces_the_article(runner, tmp_path):
     assert (df["useful_slot_steps"] + df["idle_slot_steps"] == slot_steps).all()
     assert (df["occupancy"] - df["useful_slot_steps"] / slot_steps).abs().max() < 1e-12
 
-    timeline = pd.read_csv(tmp_path / "run" / "timeline.csv")
-    assert list(timeline.columns) == ["policy", "step", "active_slots"]
+    compact = pd.read_csv(tmp_path / "run" / "timeline.csv")
+    assert list(compact.columns) == ["policy", "step", "steps", "active_slots"]
+    assert len(compact) < df["total_steps"].sum() / 5  # a row where the count changes
+    timeline = expand_timeline(compact)
     counts = timeline.groupby("policy").size()
     assert counts["static"] == df.loc["static", "total_steps"]
     assert counts["continuous"] == df.loc["continuous", "total_steps"]
@@ -80,7 +83,7 @@ def test_seeds_report_mean_and_spread(runner, tmp_path):
             assert spread.loc[policy, f"{key}_min"] == mine[key].min()
             assert spread.loc[policy, f"{key}_max"] == mine[key].max()
     # The figure and the timeline are the first seed's.
-    timeline = pd.read_csv(tmp_path / "run" / "timeline.csv")
+    timeline = expand_timeline(pd.read_csv(tmp_path / "run" / "timeline.csv"))
     first = per_seed[per_seed["seed"] == 1].set_index("policy")
     assert len(timeline) == first["total_steps"].sum()
     assert "over 3 seeds" in result.stdout

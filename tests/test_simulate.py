@@ -12,6 +12,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from benchbatch.engines.metrics import (
+    ColumnarRunMetrics,
     TokenRecorder,
     counts_percentile,
     percentile,
@@ -26,7 +27,7 @@ from benchbatch.engines.simulate import (
     simulate,
     timeline_rows,
 )
-from benchbatch.engines.workload import Request, lognormal_workload
+from benchbatch.engines.workload import Request, Workload, lognormal_columns, lognormal_workload
 
 # --- brute-force references, written independently of the scheduler -------------------------
 
@@ -125,6 +126,73 @@ def test_fast_path_equals_generic_scheduler(outputs, slots, rng):
         fast = simulate(requests, make_scheduler(policy, slots))
         slow = simulate(requests, make_scheduler(policy, slots), fast=False)
         assert fast == slow, policy  # steps, timeline (active, decode, prefill), metrics
+
+
+def reference_run(requests: list[Request], slots: int, policy: str):
+    """reference_steps() keeping what it saw: each request's admission step (by id) and the
+    active slots of every step."""
+    queue = deque(sorted(requests, key=lambda r: r.arrival_step))
+    left, starts, active = [0] * slots, {}, []
+    while queue or any(left):
+        group_over = not any(left)
+        for k in range(slots):
+            arrived = queue and queue[0].arrival_step <= len(active)
+            if left[k] == 0 and arrived and (policy == "continuous" or group_over):
+                r = queue.popleft()
+                left[k], starts[r.id] = r.output_tokens, len(active)
+        active.append(sum(n > 0 for n in left))
+        left = [max(0, n - 1) for n in left]
+    return starts, active
+
+
+def random_trace(rng: random.Random, size: int, spread: int) -> list[Request]:
+    """size requests with long-tailed outputs; arrivals uniform over [0, spread] steps."""
+    return [
+        Request(i, rng.randint(1, 9), min(300, int(rng.lognormvariate(2.5, 1.0)) + 1), a)
+        for i, a in enumerate(rng.randint(0, spread) if spread else 0 for _ in range(size))
+    ]
+
+
+@pytest.mark.parametrize("size", [1, 7, 64, 257, 1000, 3000])
+def test_columns_fast_path_equals_references_at_many_sizes(size):
+    rng = random.Random(size)
+    for spread in (0, size // 4, size * 3):
+        requests = random_trace(rng, size, spread)
+        slots = rng.choice([1, 3, 16, 64, 256])
+        for policy in ("static", "continuous"):
+            starts, active = reference_run(requests, slots, policy)
+            fast = simulate(Workload.of(requests), make_scheduler(policy, slots))
+            assert fast.total_steps == len(active), (policy, spread)
+            assert fast.timeline.run_lengths().expand().tolist() == active
+            columns = fast.metrics.columns
+            assert (columns.first_token - 1).tolist() == [starts[r.id] for r in requests]
+            if size <= 1000:  # the step-by-step scheduler: everything, bit for bit
+                slow = simulate(requests, make_scheduler(policy, slots), fast=False)
+                assert fast == slow and slow == fast
+                assert fast.metrics.summary() == slow.metrics.summary()
+
+
+@settings(max_examples=100, deadline=None)
+@given(outputs_st, st.integers(1, 8), st.randoms(use_true_random=False))
+def test_columnar_metrics_equal_the_recorders(outputs, slots, rng):
+    requests = make_requests(outputs, [rng.randint(0, 40) for _ in outputs])
+    for policy in ("static", "continuous"):
+        fast = simulate(requests, make_scheduler(policy, slots)).metrics
+        slow = simulate(requests, make_scheduler(policy, slots), fast=False).metrics
+        assert isinstance(fast, ColumnarRunMetrics)
+        assert fast.requests == slow.requests and fast.tbt_counts == slow.tbt_counts
+        assert fast.summary() == slow.summary()  # identical floats, nan where both are nan
+
+
+def test_workload_columns_and_request_lists_simulate_alike():
+    columns = lognormal_columns(2000, seed=4, arrival_rate=3.0)
+    listed = lognormal_workload(2000, seed=4, arrival_rate=3.0)
+    assert columns == Workload.of(listed) and columns.to_requests() == listed
+    assert run_policies(columns, 32) == run_policies(listed, 32)
+    assert [row["total_steps"] for row in occupancy_table(lognormal_columns(600, seed=3), 32)] == [
+        10089,
+        2576,
+    ]
 
 
 # --- the article's experiment C --------------------------------------------------------------
@@ -267,6 +335,21 @@ def test_percentiles_match_numpy():
         "p50": 2.5,
         "p99": pytest.approx(9.79),
     }
+
+
+@settings(max_examples=200, deadline=None)
+@given(
+    st.lists(st.integers(0, 10**6) | st.floats(0, 1e3, allow_nan=False), min_size=1, max_size=80),
+    st.sampled_from([0, 1, 12.5, 50, 90, 99, 99.9, 100]),
+)
+def test_array_percentiles_are_the_counts_definition_bit_for_bit(values, q):
+    expected = counts_percentile(Counter(values), q)
+    assert percentile(values, q) == expected
+    assert percentile(np.array(values, dtype=np.float64), q) == expected
+    assert summarize(np.array(values)) == summarize(values)
+    ints = [int(v) for v in values]
+    # An integer array (the fast path's steps) sums exactly: the same mean as the list's.
+    assert summarize(np.array(ints, dtype=np.int64)) == summarize([float(v) for v in ints])
 
 
 def test_recorder_converts_steps_to_seconds():

@@ -5,9 +5,21 @@ from __future__ import annotations
 import statistics
 from pathlib import Path
 
+import numpy as np
 import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
 
-from benchbatch.engines.workload import Request, lognormal_workload, read_trace
+from benchbatch.engines.workload import (
+    Request,
+    Workload,
+    _read_trace_rows,
+    lognormal_columns,
+    lognormal_workload,
+    plain_trace,
+    read_trace,
+    read_trace_columns,
+)
 from benchbatch.errors import UserError
 
 
@@ -117,6 +129,7 @@ def test_read_trace_with_defaults_and_optional_columns(tmp_path):
         ("output_tokens\n5.5\n", "line 2: output_tokens '5.5' is not an integer"),
         ("output_tokens\n\n3\nabc\n", "line 4: output_tokens 'abc' is not an integer"),
         ("output_tokens,arrival_step\n5,-1\n", "line 2: arrival_step must be zero or more"),
+        ("output_tokens\n5\n" + "9" * 30 + "\n", "line 3: output_tokens is more than"),
         ("", "is empty"),
         ("output_tokens\n", "no requests"),
     ],
@@ -143,3 +156,98 @@ def test_unreadable_paths_raise_user_error(tmp_path):
 
 def test_arrival_zero_is_allowed(tmp_path):
     assert read_trace(write(tmp_path, "output_tokens,arrival_step\n2,0\n"))[0].arrival_step == 0
+
+
+# --- columns ------------------------------------------------------------------------------
+
+
+def test_lognormal_columns_are_the_same_requests_as_the_list():
+    options = dict(arrival_rate=0.7, long_prompt_fraction=0.25, long_prompt_len=500, seed=9)
+    columns = lognormal_columns(4000, **options)
+    assert columns.to_requests() == lognormal_workload(4000, **options)
+    assert list(columns) == columns.to_requests() and len(columns) == 4000
+    assert columns[17] == lognormal_workload(4000, **options)[17]
+    assert columns[10:20].to_requests() == columns.to_requests()[10:20]
+    assert Workload.of(columns.to_requests()) == columns and Workload.of(columns) is columns
+    assert columns.output_tokens.dtype == np.int64
+    # The seed shared/reference.md quotes keeps its longest request.
+    assert lognormal_columns(600, seed=3).output_tokens.max() == 1393
+
+
+def test_workload_rejects_impossible_lengths_as_request_does():
+    with pytest.raises(ValueError):
+        Workload(np.arange(2), np.array([1, 1]), np.array([1, 0]), np.array([0, 0]))
+    with pytest.raises(ValueError):
+        Workload(np.arange(2), np.array([1, 1]), np.array([1]), np.array([0, 0]))
+
+
+# --- traces: the plain fast reader against the row-by-row one -------------------------------
+
+
+def rows_reader(path: Path, prompt_tokens: int):
+    """The csv-module reader alone: its requests, or the UserError it raises."""
+    try:
+        return Workload.of(_read_trace_rows(path, prompt_tokens))
+    except UserError as e:
+        return e.message
+
+
+def test_a_large_plain_trace_is_read_at_once_and_equals_the_row_reader(tmp_path):
+    rng = np.random.default_rng(0)
+    n = 20_000
+    outputs, prompts = rng.integers(1, 3000, n), rng.integers(1, 900, n)
+    arrivals = np.cumsum(rng.integers(0, 3, n))
+    text = "arrival_step,output_tokens,x,prompt_tokens\r\n" + "".join(
+        f"{a},{o},{i},{'' if i % 5 == 0 else p}\r\n"
+        for i, (a, o, p) in enumerate(zip(arrivals, outputs, prompts, strict=True))
+    )
+    path = tmp_path / "trace.csv"
+    path.write_text(text, newline="")
+    fast = plain_trace(path, prompt_tokens=33)
+    assert fast is not None and fast == rows_reader(path, 33)
+    assert (fast.prompt_tokens[::5] == 33).all() and fast.arrival_step.tolist() == arrivals.tolist()
+    assert read_trace_columns(path, 33) == fast and read_trace(path, 33) == fast.to_requests()
+
+
+ODD_CELLS = ["", "0", "007", "9" * 17, "9" * 30, " 3", "+4", "1_0", "-1", "1.0", '"5"', "a"]
+
+
+@st.composite
+def near_plain_traces(draw) -> bytes:
+    """Plain traces, half of them with one oddity: a value, a field too many or too few, a
+    blank line, a lone \r, a header without output_tokens or with a name twice."""
+    extra = draw(st.lists(st.sampled_from(["prompt_tokens", "arrival_step", "id", " x "])))
+    header = draw(st.permutations(["output_tokens", *dict.fromkeys(extra)]))
+    cells = st.integers(0, 3000).map(str) | st.sampled_from(["", "1"])
+    row = st.lists(cells, min_size=len(header), max_size=len(header))
+    rows = [*draw(st.lists(row, min_size=1, max_size=8))]
+    rows = [[r[0] or "1", *r[1:]] if header[0] == "output_tokens" else r for r in rows]
+    ending = draw(st.sampled_from(["\n", "\r\n"]))
+    odd = draw(st.sampled_from(["none", "cell", "wider", "narrower", "blank", "cr", "header"]))
+    k, j = draw(st.integers(0, len(rows) - 1)), draw(st.integers(0, len(header) - 1))
+    if odd == "cell":
+        rows[k][j] = draw(st.sampled_from(ODD_CELLS))
+    elif odd in ("wider", "narrower"):
+        rows[k] = rows[k] + ["5"] if odd == "wider" else rows[k][:-1]
+    elif odd == "blank":
+        rows.insert(k, [])
+    elif odd == "header":
+        header = [*header[:j], *header[j + 1 :], draw(st.sampled_from(["x", header[-1]]))]
+    lines = [",".join(header), *(",".join(r) for r in rows)]
+    text = ending.join(lines) + draw(st.sampled_from(["", ending]))
+    return (text.replace("\n", "\r", 1) if odd == "cr" else text).encode()
+
+
+@settings(
+    max_examples=400, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture]
+)
+@given(near_plain_traces())
+def test_plain_reader_accepts_only_what_the_row_reader_reads_the_same(tmp_path, content):
+    path = tmp_path / "trace.csv"
+    path.write_bytes(content)
+    expected = rows_reader(path, 7)
+    fast = plain_trace(path, 7)
+    if fast is not None:  # the fast reader never accepts a file the row reader refuses
+        assert fast == expected
+    got = read_trace_columns(path, 7) if isinstance(expected, Workload) else None
+    assert got == (expected if isinstance(expected, Workload) else None)

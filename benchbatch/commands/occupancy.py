@@ -108,10 +108,10 @@ def _ignored(model: ModelOptions, run: RunOptions) -> str | None:
 
 
 def simulate_part(rec, first, workload: WorkloadOptions, seeds: int, seed: int):
-    """occupancy.csv (every seed), occupancy_seeds.csv (spread), timeline.csv and the figure
-    (first seed), for occupancy and reproduce. Returns the first seed's simulations and the
-    article's claim as they measure it."""
-    from benchbatch.engines.simulate import timeline_rows
+    """occupancy.csv (every seed), occupancy_seeds.csv (spread), timeline.csv (run-length
+    form) and the figure (first seed), for occupancy and reproduce. Returns the first seed's
+    simulations and the article's claim as they measure it."""
+    from benchbatch.engines.simulate import TIMELINE_FORM
     from benchbatch.plots.occupancy import occupancy_figure
     from benchbatch.probes import occupancy as probe
 
@@ -122,20 +122,12 @@ def simulate_part(rec, first, workload: WorkloadOptions, seeds: int, seed: int):
     rec.put("occupancy", rows)
     if seeds > 1:
         rec.put("occupancy_seeds", probe.seed_spread(rows))
-    timeline = timeline_rows(sims)
+    timeline = probe.timeline(sims)
     rec.put("timeline", timeline)
-    title = _sim_title(first, workload.slots)
+    rec.meta["timeline_form"] = TIMELINE_FORM
+    title = probe.title(first, workload.slots)
     occupancy_figure(timeline, rows[:2], rec.folder / "occupancy.png", title)
     return sims, probe.summary(rows[:2])
-
-
-def _sim_title(requests, slots: int) -> str:
-    outputs = sorted(r.output_tokens for r in requests)
-    median = outputs[len(outputs) // 2]
-    return (
-        f"{len(requests):,} requests (output tokens: median {median:,}, max {outputs[-1]:,}), "
-        f"{slots} slots: active slots per step"
-    )
 
 
 # --- the real engine ---------------------------------------------------------------------------

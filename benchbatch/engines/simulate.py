@@ -6,31 +6,18 @@ measured one differ only in what a step costs.
 
 from __future__ import annotations
 
-import heapq
-from collections import Counter
 from collections.abc import Callable, Iterable, Sequence
-from dataclasses import dataclass, field
-from itertools import accumulate
+from dataclasses import dataclass
 
-from benchbatch.engines.metrics import RequestMetrics, RunMetrics
+import numpy as np
+
+from benchbatch.engines import article
+from benchbatch.engines.metrics import RunMetrics
 from benchbatch.engines.scheduler import Scheduler, StepPlan, make_scheduler
-from benchbatch.engines.workload import Request
+from benchbatch.engines.timeline import EventTimeline, RunLengths, Timeline
+from benchbatch.engines.workload import Request, Workload
 
 StepCost = Callable[[StepPlan], float]
-
-
-@dataclass
-class Timeline:
-    """Per step, column-wise (a long static run has millions of steps)."""
-
-    active_slots: list[int] = field(default_factory=list)  # slots doing useful work
-    decode_tokens: list[int] = field(default_factory=list)
-    prefill_tokens: list[int] = field(default_factory=list)
-
-    def append(self, plan: StepPlan) -> None:
-        self.active_slots.append(plan.num_active)
-        self.decode_tokens.append(plan.num_decode_tokens)
-        self.prefill_tokens.append(plan.num_prefill_tokens)
 
 
 @dataclass
@@ -41,7 +28,7 @@ class SimResult:
     total_steps: int
     useful_slot_steps: int  # sum of output tokens: one slot-step per token
     total_time: float  # in steps without a cost model, else seconds
-    timeline: Timeline
+    timeline: Timeline | EventTimeline  # per step, or (fast path) runs and admissions
     metrics: RunMetrics | None
     step_end_times: list[float] | None = None  # only with a cost model
 
@@ -55,7 +42,7 @@ class SimResult:
 
 
 def simulate(
-    requests: Iterable[Request],
+    requests: Iterable[Request] | Workload,
     scheduler: Scheduler,
     step_cost: StepCost | None = None,
     *,
@@ -65,16 +52,16 @@ def simulate(
     """Run every request to completion on a fresh scheduler.
 
     With the article's rule (default settings, no cost model) static and continuous runs
-    take an event-driven fast path that never builds step plans: it gives the same steps,
-    timeline and metrics (tested) and leaves `scheduler` untouched.
+    take an event-driven fast path over arrays (engines/article.py) that never builds step
+    plans: it gives the same steps, timeline and metrics (tested) and leaves `scheduler`
+    untouched. A Workload (columns) goes straight to it; a list of requests is converted.
     """
-    requests = list(requests)
     assert scheduler.done and scheduler.step == 0, "simulate() needs a fresh scheduler"
-    fast_path = _FAST_PATHS.get(scheduler.policy)
-    if fast and step_cost is None and scheduler.config.article_rule and fast_path:
-        slots = scheduler.config.slots
-        starts = fast_path(requests, slots)
-        return _fast_result(scheduler.policy, requests, starts, slots, with_metrics)
+    article_rule = scheduler.config.article_rule and scheduler.policy in article.POLICIES
+    if fast and step_cost is None and article_rule:
+        workload = Workload.of(requests)
+        return _article_result(scheduler.policy, workload, scheduler.config.slots, with_metrics)
+    requests = requests.to_requests() if isinstance(requests, Workload) else list(requests)
     return _simulate_steps(requests, scheduler, step_cost, with_metrics)
 
 
@@ -108,113 +95,37 @@ def _simulate_steps(
     )
 
 
-# --- fast paths (article rule: n output tokens hold a slot for exactly n steps) -------------
-
-
-def _fcfs(requests: list[Request]) -> list[int]:
-    """Indices in first-come-first-served order (arrival, then list order), as the queue."""
-    return sorted(range(len(requests)), key=lambda i: requests[i].arrival_step)
-
-
-def _continuous_starts(requests: list[Request], slots: int) -> list[int]:
-    """Admission step of each request: the earliest free slot, never before an earlier
-    request (FCFS) nor before arrival; a slot freed at the end of step t is free at t + 1."""
-    free_at = [0] * slots  # a heap of the steps at which each slot is next free
-    starts, previous = [0] * len(requests), 0
-    for i in _fcfs(requests):
-        r = requests[i]
-        start = max(r.arrival_step, free_at[0], previous)
-        heapq.heapreplace(free_at, start + r.output_tokens)
-        starts[i] = previous = start
-    return starts
-
-
-def _static_starts(requests: list[Request], slots: int) -> list[int]:
-    """Groups of up to `slots` arrived requests; the next group starts when the longest
-    request of this one ends (or when the next request arrives, if later)."""
-    order, starts = _fcfs(requests), [0] * len(requests)
-    i, now = 0, 0
-    while i < len(order):
-        now = max(now, requests[order[i]].arrival_step)
-        j = i
-        while j < len(order) and j - i < slots and requests[order[j]].arrival_step <= now:
-            starts[order[j]] = now
-            j += 1
-        now += max(requests[k].output_tokens for k in order[i:j])
-        i = j
-    return starts
-
-
-_FAST_PATHS: dict[str, Callable[[list[Request], int], list[int]]] = {
-    "continuous": _continuous_starts,
-    "static": _static_starts,
-}
-
-
-def _fast_result(
-    policy: str, requests: list[Request], starts: list[int], slots: int, with_metrics: bool
-) -> SimResult:
-    ends = (s + r.output_tokens for r, s in zip(requests, starts, strict=True))
-    total_steps = max(ends, default=0)
-    timeline = _fast_timeline(requests, starts, total_steps)
-    metrics = _fast_metrics(requests, starts) if with_metrics else None
-    useful = sum(r.output_tokens for r in requests)
+def _article_result(policy: str, workload: Workload, slots: int, with_metrics: bool) -> SimResult:
+    starts = article.admission_steps(policy, workload, slots)
+    outputs = workload.output_tokens
+    total_steps = int((starts + outputs).max()) if len(workload) else 0
+    timeline = EventTimeline.from_requests(starts, outputs, workload.prompt_tokens)
+    metrics = article.metrics(workload, starts) if with_metrics else None
+    useful = int(outputs.sum())
     return SimResult(
-        policy, slots, len(requests), total_steps, useful, float(total_steps), timeline, metrics
+        policy, slots, len(workload), total_steps, useful, float(total_steps), timeline, metrics
     )
-
-
-def _fast_timeline(requests: list[Request], starts: list[int], total_steps: int) -> Timeline:
-    delta, admitted, prefill = [0] * (total_steps + 1), [0] * total_steps, [0] * total_steps
-    for r, s in zip(requests, starts, strict=True):
-        delta[s] += 1
-        delta[s + r.output_tokens] -= 1
-        admitted[s] += 1
-        prefill[s] += r.prompt_tokens
-    active = list(accumulate(delta[:total_steps]))
-    decode = [a - n for a, n in zip(active, admitted, strict=True)]
-    return Timeline(active, decode, prefill)
-
-
-def _fast_metrics(requests: list[Request], starts: list[int]) -> RunMetrics:
-    """Token k of a request admitted at step s comes at the end of step s + k - 1."""
-    run = RunMetrics([], Counter({1.0: sum(r.output_tokens - 1 for r in requests)}))
-    for r, s in zip(requests, starts, strict=True):
-        tbt = 1.0 if r.output_tokens > 1 else 0.0
-        run.requests.append(
-            RequestMetrics(
-                r.id,
-                float(r.arrival_step),
-                float(s + 1),
-                float(s + r.output_tokens),
-                r.output_tokens,
-                tbt,
-                tbt,
-                tbt,
-            )
-        )
-    if not run.tbt_counts[1.0]:
-        del run.tbt_counts[1.0]
-    return run
 
 
 # --- tables for the occupancy command ------------------------------------------------------
 
 
 def run_policies(
-    requests: Sequence[Request],
+    requests: Sequence[Request] | Workload,
     slots: int,
     policies: Sequence[str] = ("static", "continuous"),
     step_cost: StepCost | None = None,
     **settings,
 ) -> dict[str, SimResult]:
-    """Simulate the same requests under each policy."""
+    """Simulate the same requests under each policy (a list is made columns once)."""
+    if step_cost is None:
+        requests = Workload.of(requests)
     return {
         p: simulate(requests, make_scheduler(p, slots, **settings), step_cost) for p in policies
     }
 
 
-def occupancy_table(requests: Sequence[Request], slots: int) -> list[dict]:
+def occupancy_table(requests: Sequence[Request] | Workload, slots: int) -> list[dict]:
     """One row per policy: steps, slot-steps, occupancy (fraction) and speedup vs static."""
     return occupancy_rows(run_policies(requests, slots))
 
@@ -237,12 +148,73 @@ def occupancy_rows(results: dict[str, SimResult]) -> list[dict]:
 
 
 def timeline_rows(results: dict[str, SimResult]) -> list[dict]:
-    """(policy, step, active_slots) for every step of every policy: the article's figure."""
+    """(policy, step, active_slots) for every step of every policy: the article's figure.
+    One dict per step: for long runs use timeline_table() (compact) instead."""
     return [
         {"policy": policy, "step": step, "active_slots": active}
         for policy, r in results.items()
         for step, active in enumerate(r.timeline.active_slots)
     ]
+
+
+TIMELINE_COLUMNS = ("policy", "step", "steps", "active_slots")
+# The rule of the run-length file, for a run's metadata beside timeline.csv.
+TIMELINE_FORM = (
+    "run-length: one row per step where a policy's active-slot count changes; steps step .. "
+    "step + steps - 1 each had active_slots slots doing useful work"
+)
+
+
+def timeline_table(results: dict[str, SimResult]):
+    """The timeline in run-length form, a pandas DataFrame built from columns: one row per
+    run of steps with the same active-slot count, i.e. per step where the count changes.
+    Row (policy, step, steps, active_slots): steps step .. step + steps - 1 of that policy
+    each had active_slots slots doing useful work. expand_timeline() gives every step back."""
+    runs = {policy: r.timeline.run_lengths() for policy, r in results.items()}
+    return _frame(
+        runs,
+        {
+            "step": [rl.step for rl in runs.values()],
+            "steps": [rl.lengths for rl in runs.values()],
+            "active_slots": [rl.active for rl in runs.values()],
+        },
+    )
+
+
+def timeline_runs(table) -> dict[str, RunLengths]:
+    """Each policy's RunLengths from a timeline_table() (or the CSV written from it)."""
+    out = {}
+    for policy, rows in table.groupby("policy", sort=False):
+        step, steps = rows["step"].to_numpy(np.int64), rows["steps"].to_numpy(np.int64)
+        total = int(step[-1] + steps[-1])
+        out[policy] = RunLengths(step, rows["active_slots"].to_numpy(np.int64), total)
+    return out
+
+
+def expand_timeline(table):
+    """A timeline_table() back to one row per step: (policy, step, active_slots), the
+    rows of timeline_rows() as a DataFrame."""
+    runs = timeline_runs(table)
+    return _frame(
+        runs,
+        {
+            "step": [np.arange(rl.total_steps) for rl in runs.values()],
+            "active_slots": [rl.expand() for rl in runs.values()],
+        },
+    )
+
+
+def _frame(runs: dict[str, RunLengths], columns: dict[str, list[np.ndarray]]):
+    """A DataFrame of a policy column and these columns, each the policies' arrays joined."""
+    import pandas as pd  # not at import time: the simulator itself needs no pandas
+
+    sizes = [len(arrays[0]) for arrays in zip(*columns.values(), strict=True)]
+    joined = {
+        name: np.concatenate(arrays) if arrays else np.zeros(0, np.int64)
+        for name, arrays in columns.items()
+    }
+    policy = np.repeat(np.array(list(runs), dtype=object), sizes) if runs else []
+    return pd.DataFrame({"policy": policy, **joined})
 
 
 # --- step cost -------------------------------------------------------------------------------

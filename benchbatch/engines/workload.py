@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import csv
 import math
+from collections.abc import Iterable, Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -34,6 +35,74 @@ class Request:
             raise ValueError(f"invalid request: {self}")
 
 
+WORKLOAD_COLUMNS = ("id", "prompt_tokens", "output_tokens", "arrival_step")
+
+
+@dataclass(frozen=True, eq=False)
+class Workload(Sequence[Request]):
+    """Many requests as columns (int64 arrays, one entry per request), Request's fields.
+
+    The simulator's fast path reads the columns directly; as a Sequence of Request it also
+    goes wherever a list of requests does (an item is built when read).
+    """
+
+    id: np.ndarray
+    prompt_tokens: np.ndarray
+    output_tokens: np.ndarray
+    arrival_step: np.ndarray
+
+    def __post_init__(self) -> None:
+        for name in WORKLOAD_COLUMNS:
+            object.__setattr__(self, name, np.ascontiguousarray(getattr(self, name), np.int64))
+        if len({getattr(self, name).shape for name in WORKLOAD_COLUMNS}) != 1:
+            raise ValueError("workload columns differ in length")
+        bad = (self.prompt_tokens < 1) | (self.output_tokens < 1) | (self.arrival_step < 0)
+        if bad.any():  # as Request: bad values are a bug here, users are told where they enter
+            i = int(np.argmax(bad))
+            values = {name: int(getattr(self, name)[i]) for name in WORKLOAD_COLUMNS}
+            raise ValueError(f"invalid request: {values}")
+
+    @classmethod
+    def of(cls, requests: Iterable[Request]) -> Workload:
+        """A Workload of these requests (itself if it is one)."""
+        if isinstance(requests, Workload):
+            return requests
+        requests = list(requests)
+        return cls(
+            *(
+                np.fromiter((getattr(r, name) for r in requests), np.int64, len(requests))
+                for name in WORKLOAD_COLUMNS
+            )
+        )
+
+    def __len__(self) -> int:
+        return int(self.id.size)
+
+    def __getitem__(self, i):
+        if isinstance(i, slice):
+            return Workload(*(getattr(self, name)[i] for name in WORKLOAD_COLUMNS))
+        return Request(*(int(getattr(self, name)[i]) for name in WORKLOAD_COLUMNS))
+
+    def __iter__(self) -> Iterator[Request]:
+        return iter(self.to_requests())
+
+    def to_requests(self) -> list[Request]:
+        columns = (getattr(self, name).tolist() for name in WORKLOAD_COLUMNS)
+        return [Request(*values) for values in zip(*columns, strict=True)]
+
+    def __eq__(self, other: object) -> bool:
+        if not isinstance(other, Workload):
+            return NotImplemented
+        return all(
+            np.array_equal(getattr(self, name), getattr(other, name)) for name in WORKLOAD_COLUMNS
+        )
+
+    __hash__ = None  # type: ignore[assignment]
+
+    def __repr__(self) -> str:
+        return f"Workload({len(self)} requests)"
+
+
 def lognormal_workload(
     requests: int,
     *,
@@ -51,6 +120,32 @@ def lognormal_workload(
     Median 70 and sigma 0.9 reproduce the article's 600-request trace. Every request
     waits at step 0 unless arrival_rate (Poisson, requests per step) is given.
     """
+    return lognormal_columns(
+        requests,
+        median=median,
+        sigma=sigma,
+        max_output=max_output,
+        prompt_len=prompt_len,
+        arrival_rate=arrival_rate,
+        seed=seed,
+        long_prompt_fraction=long_prompt_fraction,
+        long_prompt_len=long_prompt_len,
+    ).to_requests()
+
+
+def lognormal_columns(
+    requests: int,
+    *,
+    median: float = 70,
+    sigma: float = 0.9,
+    max_output: int = 2000,
+    prompt_len: int = 64,
+    arrival_rate: float | None = None,
+    seed: int = 0,
+    long_prompt_fraction: float = 0.0,
+    long_prompt_len: int = 0,
+) -> Workload:
+    """lognormal_workload() as columns: the same requests for the same seed, drawn at once."""
     _check_workload_options(
         requests,
         median,
@@ -61,37 +156,54 @@ def lognormal_workload(
         long_prompt_fraction,
         long_prompt_len,
     )
-    outputs = output_lengths(requests, median, sigma, max_output, seed)
-    arrivals = poisson_arrivals(requests, arrival_rate, seed) if arrival_rate else [0] * requests
-    prompts = prompt_lengths(requests, prompt_len, long_prompt_fraction, long_prompt_len, seed)
-    return [Request(i, prompts[i], outputs[i], arrivals[i]) for i in range(requests)]
+    return Workload(
+        np.arange(requests, dtype=np.int64),
+        prompt_array(requests, prompt_len, long_prompt_fraction, long_prompt_len, seed),
+        output_array(requests, median, sigma, max_output, seed),
+        arrival_array(requests, arrival_rate, seed) if arrival_rate else np.zeros(requests, int),
+    )
 
 
 def output_lengths(
     requests: int, median: float, sigma: float, max_output: int, seed: int
 ) -> list[int]:
+    return output_array(requests, median, sigma, max_output, seed).tolist()
+
+
+def output_array(
+    requests: int, median: float, sigma: float, max_output: int, seed: int
+) -> np.ndarray:
     # numpy's default_rng, not `random`: with it seed 3 gives 10,089 static against 2,576
     # continuous steps on 32 slots (20.4% vs 79.9% occupancy, the article's 3.92x), and seeds
     # 0-4 static 19-24%, continuous 77-95%, as the article's experiment C spreads.
     draws = np.random.default_rng(seed).lognormal(math.log(median), sigma, requests)
-    return [int(n) for n in np.clip(np.rint(draws), 1, max_output)]
+    return np.clip(np.rint(draws), 1, max_output).astype(np.int64)
 
 
 def poisson_arrivals(requests: int, rate: float, seed: int) -> list[int]:
+    return arrival_array(requests, rate, seed).tolist()
+
+
+def arrival_array(requests: int, rate: float, seed: int) -> np.ndarray:
     """Poisson process: exponential gaps (mean 1/rate steps), floored to whole steps."""
     # A separate stream, so adding arrivals does not change the output lengths of a seed.
     gaps = np.random.default_rng([seed, 1]).exponential(1 / rate, requests)
-    return [int(t) for t in np.floor(np.cumsum(gaps))]
+    return np.floor(np.cumsum(gaps)).astype(np.int64)
 
 
 def prompt_lengths(
     requests: int, prompt_len: int, long_fraction: float, long_len: int, seed: int
 ) -> list[int]:
+    return prompt_array(requests, prompt_len, long_fraction, long_len, seed).tolist()
+
+
+def prompt_array(
+    requests: int, prompt_len: int, long_fraction: float, long_len: int, seed: int
+) -> np.ndarray:
     """prompt_len for all, except round(long_fraction x requests) chosen at random."""
-    prompts = [prompt_len] * requests
+    prompts = np.full(requests, prompt_len, dtype=np.int64)
     rng = np.random.default_rng([seed, 2])
-    for i in rng.choice(requests, size=round(long_fraction * requests), replace=False):
-        prompts[int(i)] = long_len
+    prompts[rng.choice(requests, size=round(long_fraction * requests), replace=False)] = long_len
     return prompts
 
 
@@ -127,6 +239,7 @@ def _require(ok: bool, option: str, message: str) -> None:
 # --- traces -------------------------------------------------------------------------------
 
 TRACE_OPTION = "--trace"
+INT64_MAX = 2**63 - 1
 
 
 def read_trace(path: str | Path, prompt_tokens: int = 64) -> list[Request]:
@@ -135,7 +248,19 @@ def read_trace(path: str | Path, prompt_tokens: int = 64) -> list[Request]:
     Request ids are the row order (0, 1, ...). Any problem is a UserError naming the file
     and, for a bad value, its line.
     """
+    return read_trace_columns(path, prompt_tokens).to_requests()
+
+
+def read_trace_columns(path: str | Path, prompt_tokens: int = 64) -> Workload:
+    """read_trace() as columns. A plain trace (digits, commas and newlines after the header,
+    every value valid) is parsed by pandas at once; anything else, or any doubt, goes to the
+    row-by-row reader, which accepts the same files and names the line of a bad value."""
     _require(prompt_tokens >= 1, "--prompt-len", f"must be at least 1, got {prompt_tokens}")
+    fast = plain_trace(Path(path), prompt_tokens)
+    return fast if fast is not None else Workload.of(_read_trace_rows(path, prompt_tokens))
+
+
+def _read_trace_rows(path: str | Path, prompt_tokens: int) -> list[Request]:
     rows, line_numbers = _read_rows(Path(path))
     return [
         _trace_request(i, row, line, path, prompt_tokens)
@@ -199,4 +324,100 @@ def _int_field(
         raise UserError(TRACE_OPTION, f"{where}: {column} {text!r} is not an integer") from None
     kind = "positive" if minimum == 1 else "zero or more"
     _require(value >= minimum, TRACE_OPTION, f"{where}: {column} must be {kind}, got {value}")
+    # Requests are held as int64 columns; no run could get anywhere near this anyway.
+    _require(value <= INT64_MAX, TRACE_OPTION, f"{where}: {column} is more than {INT64_MAX:,}")
     return value
+
+
+# --- plain traces, parsed at once -----------------------------------------------------------
+
+TRACE_COLUMNS = ("output_tokens", "prompt_tokens", "arrival_step")
+_NOT_PLAIN = b"0123456789,\r\n"  # what a plain trace's body may hold
+_EXACT = 2**53  # integers parsed through float64 are exact below this
+
+
+def plain_trace(path: Path, prompt_tokens: int) -> Workload | None:
+    """The trace's requests if the file is plain and valid, else None (read it row by row).
+
+    Plain: a UTF-8 header of distinct names with output_tokens and no quotes, then lines of
+    digits and commas, each empty (skipped, as csv skips it) or with the header's number of
+    fields; line ends \n or \r\n. Every such file means the same to the csv module.
+    """
+    try:
+        data = path.read_bytes()
+    except OSError:
+        return None
+    header, _, body = data.partition(b"\n")
+    names = _plain_header(header)
+    if names is None or not body.strip(b"\r\n") or body.translate(None, _NOT_PLAIN):
+        return None
+    if not _same_field_counts(body, names):
+        return None
+    columns = _parse_plain(body, names, {"prompt_tokens": prompt_tokens, "arrival_step": 0})
+    if columns is None or (columns["output_tokens"] < 1).any():
+        return None
+    n = columns["output_tokens"].size
+    prompts = columns.get("prompt_tokens", np.full(n, prompt_tokens, np.int64))
+    if (prompts < 1).any():
+        return None
+    arrivals = columns.get("arrival_step", np.zeros(n, np.int64))
+    return Workload(np.arange(n, dtype=np.int64), prompts, columns["output_tokens"], arrivals)
+
+
+def _plain_header(header: bytes) -> list[str] | None:
+    if header.endswith(b"\r"):
+        header = header[:-1]
+    if not header or any(c in header for c in b'"\r\x00'):
+        return None
+    try:
+        names = [name.strip() for name in header.decode("utf-8").split(",")]
+    except UnicodeDecodeError:
+        return None
+    if len(set(names)) != len(names) or "output_tokens" not in names:
+        return None
+    return names
+
+
+def _same_field_counts(body: bytes, names: list[str]) -> bool:
+    """Every line empty or with len(names) - 1 commas; a \r only before a \n."""
+    if body.count(b"\r") != body.count(b"\r\n"):
+        return False
+    text = np.frombuffer(body, np.uint8)
+    ends = np.flatnonzero(text == ord("\n"))
+    if not body.endswith(b"\n"):
+        ends = np.append(ends, text.size)
+    commas = np.flatnonzero(text == ord(","))
+    per_line = np.diff(np.searchsorted(commas, ends), prepend=0)
+    starts = np.concatenate(([0], ends[:-1] + 1))
+    lengths = ends - starts - (text[np.maximum(ends - 1, 0)] == ord("\r"))
+    return bool(np.all((per_line == len(names) - 1) | ((lengths <= 0) & (per_line == 0))))
+
+
+def _parse_plain(
+    body: bytes, names: list[str], defaults: dict[str, int]
+) -> dict[str, np.ndarray] | None:
+    """The trace's columns as int64, an empty value taking its default; None where an
+    output_tokens is missing or a value too large to be exact."""
+    import io
+
+    import pandas as pd
+
+    wanted = [i for i, name in enumerate(names) if name in TRACE_COLUMNS]
+    try:
+        frame = pd.read_csv(
+            io.BytesIO(body), header=None, names=range(len(names)), usecols=wanted, dtype=float
+        )
+    except ValueError:  # pandas' parser errors are ValueErrors: let the csv reader say why
+        return None
+    columns = {}
+    for i in wanted:
+        values = frame[i].to_numpy()
+        missing = np.isnan(values)
+        if (values[~missing] >= _EXACT).any():
+            return None
+        if missing.any():
+            if names[i] not in defaults:
+                return None
+            values = np.where(missing, defaults[names[i]], values)
+        columns[names[i]] = values.astype(np.int64)
+    return columns

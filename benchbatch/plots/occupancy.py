@@ -8,24 +8,30 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 
+from benchbatch.engines.simulate import timeline_runs
+from benchbatch.engines.timeline import RunLengths
 from benchbatch.plots import plt, save
 
 COLORS = {"static": "tab:red", "continuous": "tab:blue"}
-MAX_POINTS = 20_000  # longer timelines are drawn as bin means (the CSV keeps every step)
+MAX_POINTS = 20_000  # longer timelines are drawn as bin means (the CSV keeps every change)
 
 
-def occupancy_figure(timeline: list[dict], rows: list[dict], path: Path, title: str) -> None:
+def occupancy_figure(
+    timeline: pd.DataFrame | list[dict], rows: list[dict], path: Path, title: str
+) -> None:
     """Active slots per step, one panel per policy, sharing the step axis so the shorter
-    continuous run shows how many steps it saves; occupancy and steps in each title."""
-    df = pd.DataFrame(timeline)
+    continuous run shows how many steps it saves; occupancy and steps in each title.
+
+    timeline: simulate.timeline_table() (run-length form, columns step, steps and
+    active_slots) or timeline_rows() (one row per step); both draw the same figure."""
+    runs = _runs(timeline)
     by = {r["policy"]: r for r in rows}
     policies = [p for p in COLORS if p in by]
     fig, axes = plt.subplots(len(policies), 1, figsize=(11, 2.6 * len(policies)), sharex=True)
     axes = np.atleast_1d(axes)
     for ax, policy in zip(axes, policies, strict=True):
         r = by[policy]
-        active = df.loc[df["policy"] == policy, "active_slots"].to_numpy()
-        _active_panel(ax, active, r["slots"], COLORS[policy])
+        _active_panel(ax, runs.get(policy, RunLengths.empty()), r["slots"], COLORS[policy])
         ax.set_title(
             f"{policy} batching: {r['total_steps']:,} steps, slot occupancy {r['occupancy']:.1%}",
             fontsize=10,
@@ -38,8 +44,20 @@ def occupancy_figure(timeline: list[dict], rows: list[dict], path: Path, title: 
     save(fig, path)
 
 
-def _active_panel(ax, active: np.ndarray, slots: int, color: str) -> None:
-    steps, values, binned = _downsample(active)
+def _runs(timeline: pd.DataFrame | list[dict]) -> dict[str, RunLengths]:
+    df = timeline if isinstance(timeline, pd.DataFrame) else pd.DataFrame(timeline)
+    if not len(df):
+        return {}
+    if "steps" in df.columns:
+        return timeline_runs(df)
+    return {
+        policy: RunLengths.from_per_step(rows["active_slots"].to_numpy())
+        for policy, rows in df.groupby("policy", sort=False)
+    }
+
+
+def _active_panel(ax, runs: RunLengths, slots: int, color: str) -> None:
+    steps, values, binned = _downsample(runs)
     ax.fill_between(steps, values, step="post", color=color, alpha=0.35, lw=0)
     ax.step(steps, values, where="post", color=color, lw=0.6)
     ax.axhline(slots, color="black", ls="--", lw=0.8)
@@ -48,13 +66,16 @@ def _active_panel(ax, active: np.ndarray, slots: int, color: str) -> None:
     ax.grid(True, alpha=0.3)
 
 
-def _downsample(active: np.ndarray) -> tuple[np.ndarray, np.ndarray, bool]:
-    """Step starts and values; bin means when there are too many steps to draw one by one."""
-    n = len(active)
+def _downsample(runs: RunLengths) -> tuple[np.ndarray, np.ndarray, bool]:
+    """Step starts and values to draw with step="post": each run's first step and count
+    (the same picture as every step), or bin means when there are too many steps to draw
+    one by one (exact: summed over runs, not over expanded steps)."""
+    n = runs.total_steps
     if n <= MAX_POINTS:
-        return np.arange(n + 1), np.append(active, active[-1] if n else 0), False
+        last = runs.active[-1] if n else 0
+        return np.append(runs.step, n), np.append(runs.active, last), False
     edges = np.linspace(0, n, MAX_POINTS // 4 + 1).astype(int)
-    means = np.add.reduceat(active, edges[:-1]) / np.diff(edges)
+    means = runs.sums(edges) / np.diff(edges)
     return edges, np.append(means, means[-1]), True
 
 

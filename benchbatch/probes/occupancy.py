@@ -15,14 +15,20 @@ from __future__ import annotations
 import statistics
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
+
+import numpy as np
 
 from benchbatch.engines.metrics import percentile, summarize
-from benchbatch.engines.simulate import SimResult, occupancy_rows, run_policies
-from benchbatch.engines.workload import Request
+from benchbatch.engines.simulate import SimResult, occupancy_rows, run_policies, timeline_table
+from benchbatch.engines.workload import Request, Workload
 from benchbatch.experiments import OccupancyOptions as Options
 from benchbatch.noise import NOISY_P90_OVER_MEDIAN
 
 __all__ = ["Options", "simulate", "occupancy", "seed_spread", "summary", "EngineRun"]
+
+if TYPE_CHECKING:
+    import pandas as pd
 
 POLICIES = ("static", "continuous")
 SIM_TIME_BASIS = "simulated steps x this policy's median measured step"
@@ -31,9 +37,24 @@ SIM_TIME_BASIS = "simulated steps x this policy's median measured step"
 # --- workload and simulation ----------------------------------------------------------------
 
 
-def simulate(requests: Sequence[Request], slots: int) -> dict[str, SimResult]:
+def simulate(requests: Sequence[Request] | Workload, slots: int) -> dict[str, SimResult]:
     """Both policies on the same requests (the article's rule: one decode per slot-step)."""
     return run_policies(requests, slots, POLICIES)
+
+
+def timeline(results: dict[str, SimResult]) -> pd.DataFrame:
+    """timeline.csv in run-length form: (policy, step, steps, active_slots), one row per
+    step where a policy's active-slot count changes (simulate.timeline_table)."""
+    return timeline_table(results)
+
+
+def title(requests: Workload, slots: int) -> str:
+    """The occupancy figure's title: the workload's output lengths and the slots."""
+    outputs = np.sort(requests.output_tokens)
+    return (
+        f"{len(requests):,} requests (output tokens: median {outputs[len(outputs) // 2]:,}, "
+        f"max {outputs[-1]:,}), {slots} slots: active slots per step"
+    )
 
 
 def occupancy(results: dict[str, SimResult], seed: int | None) -> list[dict]:
