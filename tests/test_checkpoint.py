@@ -279,3 +279,49 @@ def test_end_of_sequence_ids(tmp_path, saved):
 
 def test_stored_dtype(saved):
     assert checkpoint.stored_dtype(saved) == "fp32"
+
+
+# --- on a GPU (skipped without CUDA) -------------------------------------------------------
+
+
+@pytest.mark.gpu
+@torch.no_grad()
+@pytest.mark.parametrize(
+    "dtype,tol",
+    [(torch.float32, dict(rtol=1e-4, atol=1e-4)), (torch.bfloat16, dict(rtol=0.05, atol=0.1))],
+)
+def test_loads_on_cuda_and_matches_transformers(tmp_path, dtype, tol):
+    hf = hf_model("qwen3")
+    folder = save(hf, tmp_path / "m", max_shard_size="40KB")
+    ours, _ = checkpoint.load(folder, "cuda", dtype)
+    assert ours.embed.weight.device.type == "cuda" and ours.embed.weight.dtype == dtype
+    hf = hf.to("cuda", dtype)
+    prompts = PROMPTS.cuda()
+    ref = hf(prompts).logits.float()
+    # bf16: rounding differs with the order of operations (about 0.05 on CPU)
+    torch.testing.assert_close(ours(prompts).float(), ref, **tol)
+
+
+@pytest.mark.gpu
+def test_rotary_tables_on_cuda_equal_transformers():
+    cfg = preset("llama3.2-1b")
+    s = cfg.rope_scaling
+    config = transformers.LlamaConfig(
+        hidden_size=cfg.hidden,
+        num_attention_heads=cfg.heads,
+        head_dim=cfg.head_dim,
+        max_position_embeddings=cfg.max_context,
+        rope_parameters=dict(
+            rope_type="llama3",
+            rope_theta=cfg.rope_theta,
+            factor=s.factor,
+            low_freq_factor=s.low_freq_factor,
+            high_freq_factor=s.high_freq_factor,
+            original_max_position_embeddings=s.original_max_context,
+        ),
+    )
+    embedding = transformers.models.llama.modeling_llama.LlamaRotaryEmbedding(config).cuda()
+    positions = torch.tensor([[0, 1, 7, 1000, 8191, cfg.max_context - 1]], device="cuda")
+    cos, _ = embedding(torch.zeros(1, device="cuda", dtype=torch.bfloat16), positions)
+    ours, _ = rotary_tables(cfg, "cuda", torch.bfloat16)
+    assert torch.equal(ours[positions[0]], cos[0, :, : cfg.head_dim // 2])
