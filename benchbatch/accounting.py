@@ -13,6 +13,15 @@ A step processes `tokens` new tokens for each of `batch` sequences that already 
 - bytes: each weight read once per step, the KV cache read (every key and value the step
   attends to) and written (the new tokens), and activations (each matmul, norm and
   elementwise op reads its inputs and writes its outputs once: no fusion assumed).
+
+FLOPs are the matmuls' (what a roofline sets against the tensor-core peak, and what torch's
+FlopCounterMode counts). Elementwise work (norms, Qwen3's q/k norm, biases, rotary, SiLU,
+softmax) is memory-bound: it is counted in bytes (its parameters and activations), not FLOPs.
+
+Buffers: the rotary cos and sin tables ([max_context, head_dim / 2] each, in the model's
+dtype) are resident (weight_bytes counts them whole: 16 MiB for llama3.2-1b in bf16), but a
+step gathers only the rows of its tokens' positions, so a step reads head_dim values per new
+token from them, as it reads one row of an untied embedding table per token.
 """
 
 from __future__ import annotations
@@ -29,6 +38,15 @@ def layer_linear_params(cfg: ModelConfig) -> int:
     return attention + mlp
 
 
+def layer_vector_params(cfg: ModelConfig) -> int:
+    """One layer's other parameters: norm weights (Qwen3's q/k norm too) and biases."""
+    norms = 2 * cfg.hidden + (2 * cfg.head_dim if cfg.qk_norm else 0)
+    qkv_bias = cfg.q_dim + 2 * cfg.kv_dim if cfg.qkv_bias else 0
+    o_bias = cfg.hidden if cfg.o_bias else 0
+    mlp_bias = 2 * cfg.intermediate + cfg.hidden if cfg.mlp_bias else 0
+    return norms + qkv_bias + o_bias + mlp_bias
+
+
 def linear_params(cfg: ModelConfig) -> int:
     """Weights that every token multiplies, LM head excluded."""
     return cfg.layers * layer_linear_params(cfg)
@@ -36,13 +54,19 @@ def linear_params(cfg: ModelConfig) -> int:
 
 def total_params(cfg: ModelConfig) -> int:
     """Every parameter the model holds (embedding and LM head shared when tied)."""
-    norms = (2 * cfg.layers + 1) * cfg.hidden
+    final_norm = cfg.hidden
     embeddings = cfg.vocab * cfg.hidden * (1 if cfg.tie_embeddings else 2)
-    return linear_params(cfg) + norms + embeddings
+    return linear_params(cfg) + cfg.layers * layer_vector_params(cfg) + final_norm + embeddings
+
+
+def rotary_table_bytes(cfg: ModelConfig, dtype: str) -> int:
+    """The cos and sin tables, [max_context, head_dim / 2] each: resident beside the weights."""
+    return cfg.max_context * cfg.head_dim * DTYPE_BYTES[dtype]
 
 
 def weight_bytes(cfg: ModelConfig, dtype: str) -> int:
-    return total_params(cfg) * DTYPE_BYTES[dtype]
+    """What the model holds in memory: its parameters and its rotary tables."""
+    return total_params(cfg) * DTYPE_BYTES[dtype] + rotary_table_bytes(cfg, dtype)
 
 
 def kv_bytes_per_token(cfg: ModelConfig, dtype: str) -> int:
@@ -63,12 +87,13 @@ def _activation_elements_per_token(cfg: ModelConfig) -> int:
     """Elements read plus written per token per layer, one pass per op (no fusion)."""
     h, q, kv, inter = cfg.hidden, cfg.q_dim, cfg.kv_dim, cfg.intermediate
     norms = 2 * (h + h)  # two RMSNorms: read x, write normed x
+    qk_norm = 2 * (q + kv) if cfg.qk_norm else 0  # read and write q and k once more
     projections = (h + q + 2 * kv) + (q + h) + (h + 2 * inter) + (inter + h)
     attention_io = q + q  # read the queries, write the attention output
-    rotary = 2 * (q + kv)  # read and write q and k
+    rotary = 2 * (q + kv) + 2 * cfg.head_dim  # read and write q and k; read cos, sin twice
     swiglu = 2 * inter + inter  # read gate and up, write their product
     residuals = 2 * 3 * h  # two adds: read two, write one
-    return norms + projections + attention_io + rotary + swiglu + residuals
+    return norms + qk_norm + projections + attention_io + rotary + swiglu + residuals
 
 
 @dataclass(frozen=True)
@@ -132,15 +157,21 @@ def step_cost(
         linear_flops=2 * new * linear_params(cfg),
         lm_head_flops=2 * logit_rows * cfg.hidden * cfg.vocab,
         attention_flops=cfg.layers * 4 * cfg.q_dim * pairs,
-        weight_bytes=(total_params(cfg) - _unread_embedding(cfg)) * b + new * cfg.hidden * b,
+        weight_bytes=(total_params(cfg) - _unread_embedding(cfg)) * b + new * _gathered(cfg) * b,
         kv_read_bytes=batch * (context + tokens) * kv_bytes_per_token(cfg, dtype),
         kv_write_bytes=new * kv_bytes_per_token(cfg, dtype),
         activation_bytes=b
         * (
-            new * cfg.layers * _activation_elements_per_token(cfg)
+            new * (cfg.layers * _activation_elements_per_token(cfg) + cfg.head_dim)
             + logit_rows * (cfg.hidden + cfg.vocab)
         ),
     )
+
+
+def _gathered(cfg: ModelConfig) -> int:
+    """Table values a new token reads: its embedding row and its position's cos and sin rows
+    (written out once as the step's cos and sin: head_dim activation values per token)."""
+    return cfg.hidden + cfg.head_dim
 
 
 def _unread_embedding(cfg: ModelConfig) -> int:

@@ -1,13 +1,13 @@
-"""The model's shape: one dataclass, named presets, and a reader for Hugging Face config.json.
+"""The model's shape and computation: one dataclass, named presets, a config.json reader.
 
-Only shapes matter to benchbatch: weights are random, so a config.json is read for its sizes
-and nothing is downloaded.
+A ModelConfig says everything that changes what the model computes (sizes, q/k norm, biases,
+rotary frequencies), so that a preset or a Hugging Face config.json builds the same model as
+transformers does. Weights are random unless a checkpoint is loaded (benchbatch.checkpoint).
 """
 
 from __future__ import annotations
 
 import dataclasses
-import json
 import math
 from dataclasses import dataclass
 from pathlib import Path
@@ -23,6 +23,34 @@ def swiglu_intermediate(hidden: int) -> int:
 
 
 @dataclass(frozen=True)
+class RopeScaling:
+    """Rotary frequencies rescaled for long contexts, as transformers computes them.
+
+    linear: every frequency divided by factor. llama3 (Llama 3.1 and 3.2): frequencies whose
+    wavelength exceeds original_max_context / low_freq_factor divided by factor, those below
+    original_max_context / high_freq_factor kept, the band between interpolated.
+    """
+
+    type: str  # "linear" or "llama3"
+    factor: float
+    low_freq_factor: float | None = None  # llama3 only
+    high_freq_factor: float | None = None  # llama3 only
+    original_max_context: int | None = None  # llama3 only
+
+    def __post_init__(self) -> None:
+        # Values are checked where they are read (config.json): a bad one here is a bug.
+        llama3 = (self.low_freq_factor, self.high_freq_factor, self.original_max_context)
+        if self.type == "linear":
+            ok = all(v is None for v in llama3)
+        elif self.type == "llama3":
+            ok = None not in llama3 and self.high_freq_factor > self.low_freq_factor > 0
+        else:
+            ok = False
+        if not ok or not (math.isfinite(self.factor) and self.factor > 0):
+            raise ValueError(f"invalid rope scaling: {self}")
+
+
+@dataclass(frozen=True)
 class ModelConfig:
     hidden: int = 2048
     layers: int = 12
@@ -35,12 +63,20 @@ class ModelConfig:
     rope_theta: float = 10000.0
     norm_eps: float = 1e-5
     tie_embeddings: bool = False
+    qk_norm: bool = False  # Qwen3: RMSNorm over each head's queries and keys, before rotary
+    qkv_bias: bool = False  # Qwen2: the q, k and v projections add a bias
+    o_bias: bool = False  # the output projection adds a bias (Llama's attention_bias)
+    mlp_bias: bool = False  # gate, up and down add a bias (Llama's mlp_bias)
+    rope_scaling: RopeScaling | None = None
+    sliding_window: int | None = None  # keys a query sees; max_context may not pass it
     name: str = "custom"
 
     def __post_init__(self) -> None:
         for field in ("hidden", "layers", "heads", "vocab", "max_context"):
             if getattr(self, field) <= 0:
                 raise UserError(f"--{field.replace('_', '-')}", "must be a positive integer")
+        if isinstance(self.rope_scaling, dict):  # from asdict() in replace()
+            object.__setattr__(self, "rope_scaling", RopeScaling(**self.rope_scaling))
         if self.kv_heads is None:
             object.__setattr__(self, "kv_heads", self.heads)
         if self.intermediate is None:
@@ -52,16 +88,33 @@ class ModelConfig:
                 )
             object.__setattr__(self, "head_dim", self.hidden // self.heads)
         self._check_derived()
+        self._check_window()
+        for field in ("rope_theta", "norm_eps"):  # read and checked from config.json
+            value = getattr(self, field)
+            if not (math.isfinite(value) and value > 0):
+                raise ValueError(f"{field} must be a positive finite number, got {value}")
 
     def _check_derived(self) -> None:
-        if self.kv_heads <= 0 or self.intermediate <= 0 or self.head_dim <= 0:
-            raise UserError("--kv-heads", "kv_heads, intermediate and head_dim must be positive")
+        for field, option in (("kv_heads", "--kv-heads"), ("intermediate", "--intermediate")):
+            if getattr(self, field) <= 0:
+                raise UserError(option, "must be a positive integer")
+        if self.head_dim <= 0:
+            raise UserError("--heads", f"head_dim must be positive, got {self.head_dim}")
         if self.heads % self.kv_heads:
             raise UserError(
                 "--kv-heads", f"heads {self.heads} is not divisible by kv_heads {self.kv_heads}"
             )
         if self.head_dim % 2:
             raise UserError("--heads", f"head_dim {self.head_dim} must be even for rotary")
+
+    def _check_window(self) -> None:
+        window = self.sliding_window
+        if window is not None and self.max_context > window:
+            raise UserError(
+                "--max-context",
+                f"{self.max_context:,} is more than the model's sliding window of {window:,} "
+                "tokens (past it attention is windowed, which benchbatch does not model)",
+            )
 
     @property
     def q_dim(self) -> int:
@@ -92,8 +145,9 @@ def _was_derived(cfg: ModelConfig, field: str) -> bool:
     return cfg.head_dim * cfg.heads == cfg.hidden
 
 
-# Published sizes of real models (their config.json), plus the articles' 12 x 2048 and a
-# tiny one for tests. Only shapes: the weights are random.
+# Real models exactly as their published config.json describes them (tests/test_config.py
+# reads a copy of each through from_hf_config and compares), plus the articles' 12 x 2048
+# and a tiny one for tests.
 PRESETS: dict[str, ModelConfig] = {
     "article": ModelConfig(hidden=2048, layers=12, heads=16, name="article"),
     "cpu-small": ModelConfig(hidden=512, layers=4, heads=8, max_context=4096, name="cpu-small"),
@@ -119,6 +173,7 @@ PRESETS: dict[str, ModelConfig] = {
         rope_theta=1e6,
         norm_eps=1e-6,
         tie_embeddings=True,
+        qk_norm=True,
         name="qwen3-0.6b",
     ),
     "llama3.2-1b": ModelConfig(
@@ -130,6 +185,13 @@ PRESETS: dict[str, ModelConfig] = {
         vocab=128256,
         max_context=131072,
         rope_theta=500000.0,
+        rope_scaling=RopeScaling(
+            "llama3",
+            factor=32.0,
+            low_freq_factor=1.0,
+            high_freq_factor=4.0,
+            original_max_context=8192,
+        ),
         tie_embeddings=True,
         name="llama3.2-1b",
     ),
@@ -165,51 +227,8 @@ def preset(name: str) -> ModelConfig:
         raise UserError("--preset", f"unknown preset {name!r} (known: {known})") from None
 
 
-# Hugging Face config.json keys -> ModelConfig fields.
-HF_KEYS = {
-    "hidden_size": "hidden",
-    "num_hidden_layers": "layers",
-    "num_attention_heads": "heads",
-    "num_key_value_heads": "kv_heads",
-    "intermediate_size": "intermediate",
-    "vocab_size": "vocab",
-    "max_position_embeddings": "max_context",
-    "head_dim": "head_dim",
-    "rope_theta": "rope_theta",
-    "rms_norm_eps": "norm_eps",
-    "tie_word_embeddings": "tie_embeddings",
-}
+def from_hf_config(path: str | Path, option: str = "--config") -> ModelConfig:
+    """The model a Hugging Face config.json describes (benchbatch.hfconfig reads it)."""
+    from benchbatch.hfconfig import read_config  # it builds ModelConfigs: import it late
 
-
-def from_hf_config(path: str | Path) -> ModelConfig:
-    """Shapes from a Hugging Face config.json (weights are never loaded)."""
-    path = Path(path)
-    try:
-        raw = json.loads(path.read_text())
-    except OSError as e:
-        raise UserError("--config", f"cannot read {path}: {e.strerror or e}") from None
-    except (json.JSONDecodeError, UnicodeDecodeError) as e:
-        raise UserError("--config", f"{path} is not valid JSON: {e}") from None
-    if not isinstance(raw, dict):
-        raise UserError("--config", f"{path} does not hold a JSON object")
-    raw = raw.get("text_config", raw)  # multimodal configs nest the language model
-    missing = [
-        k for k in ("hidden_size", "num_hidden_layers", "num_attention_heads") if k not in raw
-    ]
-    if missing:
-        raise UserError("--config", f"{path} lacks {', '.join(missing)}")
-    fields = {f: raw[k] for k, f in HF_KEYS.items() if raw.get(k) is not None}
-    _check_types(path, fields)
-    return ModelConfig(name=raw.get("model_type", path.stem), **fields)
-
-
-def _check_types(path: Path, fields: dict) -> None:
-    for field, value in fields.items():
-        if field == "tie_embeddings":
-            ok = isinstance(value, bool)
-        elif field in ("rope_theta", "norm_eps"):
-            ok = isinstance(value, (int, float)) and not isinstance(value, bool)
-        else:
-            ok = isinstance(value, int) and not isinstance(value, bool)
-        if not ok:
-            raise UserError("--config", f"{path}: {field} = {value!r} has the wrong type")
+    return read_config(Path(path), option)

@@ -1,8 +1,9 @@
 """Benchmark: benchbatch's model and engine against Hugging Face transformers, side by side.
 
-The peer is transformers' LlamaForCausalLM built from a LlamaConfig of the same shapes
-(random weights, nothing downloaded, attn_implementation='sdpa'), on the same device and
-dtype. Measured in one run, with benchbatch's timing harness:
+The peer is transformers' LlamaForCausalLM (Qwen3's or Qwen2's for a config with q/k norm
+or q/k/v bias) built from a config of the same model (random weights, nothing downloaded,
+attn_implementation='sdpa'), on the same device and dtype. Measured in one run, with
+benchbatch's timing harness:
 
 - one decode step at batch 1 and 32 over a KV cache of --context tokens: the peer's cache
   is filled by a prefill first, then one step is timed (and cropped back after each
@@ -47,16 +48,37 @@ from benchbatch.timing import Measurement, TimingOptions, measure, synchronize
 
 try:
     import transformers
-    from transformers import DynamicCache, LlamaConfig, LlamaForCausalLM, StaticCache
+    from transformers import DynamicCache, StaticCache
 except ImportError:  # the optional extra
     transformers = None
 
 PAD = 0
 
 
+def peer_family(cfg: ModelConfig) -> str:
+    """The transformers family that computes what cfg describes: Qwen3 has q/k norm, Qwen2
+    a bias on q, k, v only; the rest is Llama (attention_bias, mlp_bias and all)."""
+    if cfg.qk_norm:
+        return "Qwen3"
+    if cfg.qkv_bias and not cfg.o_bias:
+        return "Qwen2"
+    return "Llama"
+
+
 def peer_model(cfg: ModelConfig, dev: torch.device, dtype: torch.dtype, seed: int):
-    """LlamaForCausalLM of exactly benchbatch's shapes, random weights, sdpa attention."""
-    config = LlamaConfig(
+    """The transformers model of exactly benchbatch's config, random weights, sdpa attention."""
+    family = peer_family(cfg)
+    bias = {} if family == "Qwen2" else {"attention_bias": cfg.qkv_bias}
+    if family == "Llama":
+        bias["mlp_bias"] = cfg.mlp_bias
+    scaling = None
+    if cfg.rope_scaling is not None:  # rope_scaling beside rope_theta: read by 4.x and 5.x
+        s = cfg.rope_scaling
+        scaling = {"rope_type": s.type, "factor": s.factor}
+        if s.type == "llama3":
+            scaling.update(low_freq_factor=s.low_freq_factor, high_freq_factor=s.high_freq_factor)
+            scaling["original_max_position_embeddings"] = s.original_max_context
+    config = getattr(transformers, f"{family}Config")(
         hidden_size=cfg.hidden,
         intermediate_size=cfg.intermediate,
         num_hidden_layers=cfg.layers,
@@ -66,15 +88,16 @@ def peer_model(cfg: ModelConfig, dev: torch.device, dtype: torch.dtype, seed: in
         vocab_size=cfg.vocab,
         max_position_embeddings=cfg.max_context,
         rope_theta=cfg.rope_theta,
+        rope_scaling=scaling,
         rms_norm_eps=cfg.norm_eps,
         tie_word_embeddings=cfg.tie_embeddings,
-        attention_bias=False,
-        mlp_bias=False,
         attn_implementation="sdpa",
         pad_token_id=PAD,
+        **bias,
     )
     torch.manual_seed(seed)
-    model = LlamaForCausalLM(config).to(device=dev, dtype=dtype).eval()
+    causal_lm = getattr(transformers, f"{family}ForCausalLM")
+    model = causal_lm(config).to(device=dev, dtype=dtype).eval()
     return model, config
 
 
@@ -232,7 +255,8 @@ def main() -> int:
 
 def header(cfg: ModelConfig, target, args) -> str:
     return (
-        f"benchbatch vs transformers {transformers.__version__} LlamaForCausalLM (sdpa): "
+        f"benchbatch vs transformers {transformers.__version__} {peer_family(cfg)}ForCausalLM "
+        "(sdpa): "
         f"{cfg.name} (hidden {cfg.hidden}, {cfg.layers} layers, {cfg.heads} heads, "
         f"{cfg.kv_heads} KV heads, MLP {cfg.intermediate}, vocab {cfg.vocab:,}), "
         f"{target.dtype_name}, {devices.device_name(target.device)} ({target.device}, "

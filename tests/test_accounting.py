@@ -5,7 +5,7 @@ import torch
 from torch.utils.flop_counter import FlopCounterMode
 
 from benchbatch import accounting as acc
-from benchbatch.config import ModelConfig, preset
+from benchbatch.config import ModelConfig, RopeScaling, preset
 from benchbatch.engines.model import Transformer
 
 SHAPES = [
@@ -23,8 +23,24 @@ SHAPES = [
         vocab=128,
         max_context=128,
         tie_embeddings=True,
-    ),  # Qwen3-style head_dim, tied
+        qk_norm=True,
+    ),  # Qwen3: head_dim apart from hidden, q/k norm, tied
+    ModelConfig(
+        hidden=64, layers=2, heads=4, kv_heads=1, vocab=128, max_context=128, qkv_bias=True
+    ),  # Qwen2: q/k/v bias
+    ModelConfig(
+        hidden=64,
+        layers=2,
+        heads=4,
+        vocab=128,
+        max_context=128,
+        qkv_bias=True,
+        o_bias=True,
+        mlp_bias=True,
+        rope_scaling=RopeScaling("linear", 2.0),
+    ),  # Llama with attention_bias and mlp_bias
 ]
+IDS = ["gqa", "mha", "mqa", "qwen3", "qwen2", "llama-bias"]
 
 
 def counted(fn) -> int:
@@ -33,7 +49,7 @@ def counted(fn) -> int:
     return counter.get_total_flops()
 
 
-@pytest.mark.parametrize("cfg", SHAPES, ids=lambda c: f"h{c.hidden}q{c.heads}kv{c.kv_heads}")
+@pytest.mark.parametrize("cfg", SHAPES, ids=IDS)
 def test_matmul_flops_equal_torch_counter_on_full_forward(cfg):
     model = Transformer(cfg)
     tokens = torch.randint(0, cfg.vocab, (3, 17))
@@ -42,7 +58,7 @@ def test_matmul_flops_equal_torch_counter_on_full_forward(cfg):
     assert counted(lambda: model(tokens)) == cost.linear_flops + cost.lm_head_flops
 
 
-@pytest.mark.parametrize("cfg", SHAPES, ids=lambda c: f"h{c.hidden}q{c.heads}kv{c.kv_heads}")
+@pytest.mark.parametrize("cfg", SHAPES, ids=IDS)
 @pytest.mark.parametrize("batch,tokens,context", [(1, 1, 9), (4, 1, 30), (2, 12, 0), (2, 5, 7)])
 def test_matmul_flops_equal_torch_counter_on_cached_steps(cfg, batch, tokens, context):
     model = Transformer(cfg)
@@ -89,8 +105,21 @@ def test_dense_attention_counts_the_masked_half_too():
 def test_published_parameter_counts():
     assert acc.total_params(preset("llama2-7b")) == 6_738_415_616
     assert acc.total_params(preset("llama3-8b")) == 8_030_261_248
-    # Qwen3-0.6B: 596,049,920 published, of which 28 x 2 x 128 are QK-norm weights we omit.
-    assert acc.total_params(preset("qwen3-0.6b")) == 596_049_920 - 28 * 2 * 128
+    # Qwen3-0.6B as published, its 28 x 2 x 128 q/k norm weights included.
+    assert acc.total_params(preset("qwen3-0.6b")) == 596_049_920
+    # Qwen2.5-0.5B: 494,032,768 published, q/k/v biases included (no preset: by hand).
+    qwen25 = ModelConfig(
+        hidden=896,
+        layers=24,
+        heads=14,
+        kv_heads=2,
+        intermediate=4864,
+        vocab=151936,
+        tie_embeddings=True,
+        qkv_bias=True,
+    )
+    assert acc.total_params(qwen25) == 494_032_768
+    assert acc.total_params(preset("llama3.2-1b")) == 1_235_814_400
 
 
 def test_parameters_match_the_model():
@@ -99,16 +128,33 @@ def test_parameters_match_the_model():
         assert sum(p.numel() for p in model.parameters()) == acc.total_params(cfg)
 
 
+def test_rotary_tables_are_resident_but_a_step_reads_its_rows():
+    cfg = preset("llama3.2-1b")  # 131,072 positions x 32 angles, cos and sin, 2 bytes each
+    assert acc.rotary_table_bytes(cfg, "bf16") == 16 * 2**20
+    assert acc.weight_bytes(cfg, "bf16") == 2 * 1_235_814_400 + 16 * 2**20
+    small = acc.step_cost(cfg.replace(max_context=1024), "bf16", 3, 5, 7)
+    big = acc.step_cost(cfg, "bf16", 3, 5, 7)
+    assert big == small  # the step gathers 15 rows, whatever the table's length
+
+
+def test_rotary_tables_bytes_match_the_model_buffers():
+    for cfg in SHAPES:
+        model = Transformer(cfg)
+        buffers = model.rope_cos.nbytes + model.rope_sin.nbytes
+        assert buffers == acc.rotary_table_bytes(cfg, "fp32")
+
+
 def test_decode_bytes_are_weights_plus_kv_cache():
     cfg = preset("article")
     cost = acc.decode_cost(cfg, "fp16", batch=1, context=512)
     per_token_kv = cfg.layers * 2 * cfg.kv_dim * 2
     assert cost.kv_read_bytes == 513 * per_token_kv
     assert cost.kv_write_bytes == per_token_kv
-    # every matmul weight and norm once; of the embedding table only the token's row
+    # every matmul weight and norm once; of the embedding table only the token's row, of
+    # the rotary tables only its position's cos and sin rows (head_dim / 2 values each)
     matmul_weights = acc.linear_params(cfg) + cfg.vocab * cfg.hidden
     norms = (2 * cfg.layers + 1) * cfg.hidden
-    assert cost.weight_bytes == (matmul_weights + norms + cfg.hidden) * 2
+    assert cost.weight_bytes == (matmul_weights + norms + cfg.hidden + cfg.head_dim) * 2
     assert cost.arithmetic_intensity < 1.5  # decode at batch 1: about 1 FLOP per byte
 
 

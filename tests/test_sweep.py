@@ -17,6 +17,7 @@ FAST = ["--preset", "tiny", "--repeats", "1", "--min-time", "0", "--device", "cp
 # The tiny preset by hand: hidden 64, 2 layers, 4 heads of 16, 2 KV heads (kv_dim 32),
 # intermediate 128, vocab 256, untied embeddings.
 TINY_PARAMS = 2 * (64 * (64 + 2 * 32) + 64 * 64 + 3 * 64 * 128) + 5 * 64 + 2 * 256 * 64
+TINY_ROTARY_FP32 = 2 * 256 * 8 * 4  # cos and sin, max context 256 x head_dim / 2, 4 bytes
 TINY_KV_PER_TOKEN_FP32 = 2 * 2 * 32 * 4  # layers x (k, v) x kv_dim x 4 bytes = 512
 # A step's workspace for one sequence: widest activations (2*64 + 64 + 2*32 + 3*128 = 640
 # values) plus its fp32 logits (256 x 4 bytes).
@@ -92,13 +93,13 @@ def test_out_of_memory_is_recorded_and_earlier_rows_stay_on_disk(runner, tmp_pat
 
 def test_predicted_max_batch_matches_hand_arithmetic():
     cfg = preset("tiny")
-    weights = TINY_PARAMS * 4
-    assert weights == 427_264 == accounting.weight_bytes(cfg, "fp32")
+    weights = TINY_PARAMS * 4 + TINY_ROTARY_FP32
+    assert weights == 427_264 + 16_384 == accounting.weight_bytes(cfg, "fp32")
     # Context 127: the decode step holds 128 tokens per sequence.
     per_seq = 128 * TINY_KV_PER_TOKEN_FP32 + TINY_WORKSPACE_FP32  # 65,536 + 3,584
     usable = 9_000_000 - weights  # 10 MB free, 10% held back
-    assert usable // per_seq == 124
-    assert probe.ceilings(cfg, "fp32", [127], 10_000_000) == {127: 124}
+    assert usable // per_seq == 123
+    assert probe.ceilings(cfg, "fp32", [127], 10_000_000) == {127: 123}
     # fp16 halves weights, KV and activations; the logits stay fp32.
     per_seq16 = 128 * TINY_KV_PER_TOKEN_FP32 // 2 + 640 * 2 + 256 * 4
     assert (9_000_000 - weights // 2) // per_seq16 == 250
@@ -111,7 +112,7 @@ def test_batches_over_the_ceiling_are_skipped_unless_try_oom(runner, tmp_path, m
     from benchbatch.probes import steps
 
     # Context 8: 9 tokens x 512 B + 3,584 B workspace = 8,192 B a sequence; room for 3.5.
-    free = math.ceil((TINY_PARAMS * 4 + 3.5 * 8192) / 0.9)
+    free = math.ceil((TINY_PARAMS * 4 + TINY_ROTARY_FP32 + 3.5 * 8192) / 0.9)
     monkeypatch.setattr(device, "free_memory_bytes", lambda dev: free)
     timed, real = [], steps.time_step
 

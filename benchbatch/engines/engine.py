@@ -11,9 +11,13 @@ assumed. One engine serves both policies:
   group's longest request ends, as Transformers' generate() does for a padded batch. That
   work is real (it is timed) but its outputs are thrown away.
 
-Output lengths are forced by the scheduler (end-of-sequence is ignored); prompts are random
-token ids seeded per request, so the same request gets the same prompt in any engine and in
-the one-request-at-a-time reference. Generation is greedy (argmax).
+Output lengths are forced by the scheduler (end-of-sequence is ignored), unless the engine
+is given stop tokens (a checkpoint's end-of-sequence ids): then a request ends at the first
+one it generates, its forced length a cap, and the lengths that came out are recorded
+(observed_requests) for the simulator to replay. Prompts are a request's real token ids
+when it carries them (workload.with_prompts), else random ids seeded per request, so the
+same request gets the same prompt in any engine and in the one-request-at-a-time reference.
+Generation is greedy (argmax).
 
 Timing: each step is timed on the host clock with a device synchronize before each reading;
 model_s is the time of the model's forward and the greedy pick of the next tokens; the rest
@@ -23,9 +27,10 @@ scheduling overhead.
 
 from __future__ import annotations
 
+import dataclasses
 import time
 from collections import defaultdict
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Collection, Iterator, Sequence
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -101,6 +106,11 @@ class EngineResult:
         return sum(len(t) for t in self.tokens.values())
 
     @property
+    def output_lengths(self) -> dict[int, int]:
+        """Tokens each request generated (its forced length, or fewer if it stopped)."""
+        return {rid: len(t) for rid, t in self.tokens.items()}
+
+    @property
     def occupancy(self) -> float:
         steps = self.total_steps
         return self.useful_slot_steps / (steps * self.slots) if steps else float("nan")
@@ -123,9 +133,35 @@ OnStep = Callable[[StepRecord], None]
 
 
 def prompt_ids(request: Request, vocab: int, seed: int = 0) -> torch.Tensor:
-    """The request's prompt: random token ids seeded by (seed, request id), on the CPU."""
+    """The request's prompt on the CPU: its own token ids, or random ones seeded by
+    (seed, request id)."""
+    if request.prompt_ids is not None:
+        return torch.tensor(request.prompt_ids, dtype=torch.long)
     rng = np.random.default_rng([seed, request.id])
     return torch.from_numpy(rng.integers(0, vocab, request.prompt_tokens, dtype=np.int64))
+
+
+def check_prompt_ids(vocab: int, requests: Sequence[Request]) -> None:
+    """A user error if a real prompt holds a token the model has no embedding for (a
+    tokenizer from another model)."""
+    for r in requests:
+        if r.prompt_ids is not None and (max(r.prompt_ids) >= vocab or min(r.prompt_ids) < 0):
+            bad = max(r.prompt_ids) if max(r.prompt_ids) >= vocab else min(r.prompt_ids)
+            raise UserError(
+                "--prompts",
+                f"prompt {r.id} holds token id {bad}, outside the model's vocabulary of "
+                f"{vocab:,}: is the tokenizer the checkpoint's?",
+            )
+
+
+def observed_requests(requests: Sequence[Request], result: EngineResult) -> list[Request]:
+    """The requests with the output lengths the run produced (with stop tokens, the real
+    distribution): workload.write_trace saves them for `occupancy --trace` to replay."""
+    lengths = result.output_lengths
+    missing = [r.id for r in requests if not lengths.get(r.id)]
+    if missing:
+        raise ValueError(f"requests {missing[:5]} produced no tokens: the run did not finish")
+    return [dataclasses.replace(r, output_tokens=lengths[r.id]) for r in requests]
 
 
 def cache_len(requests: Sequence[Request]) -> int:
@@ -149,9 +185,18 @@ class Engine:
     """Runs requests to completion under one policy, on one model and a per-slot KV cache."""
 
     def __init__(
-        self, model: Transformer, policy: str, slots: int, seed: int = 0, **settings
+        self,
+        model: Transformer,
+        policy: str,
+        slots: int,
+        seed: int = 0,
+        stop_tokens: Collection[int] | None = None,
+        **settings,
     ) -> None:
+        """stop_tokens: end a request at the first of these it generates (the checkpoint's
+        end-of-sequence ids); None forces every request to its output_tokens."""
         self.model, self.policy, self.slots, self.seed = model, policy, slots, seed
+        self.stop_tokens = frozenset(stop_tokens or ())
         self.settings = settings
         self.device = model.embed.weight.device
         self.result: EngineResult | None = None  # the run in progress, or the last one
@@ -169,6 +214,7 @@ class Engine:
         holds the run so far (an interrupted run keeps its steps); complete once exhausted."""
         requests = list(requests)
         check_fits(self.model.cfg.max_context, requests)
+        check_prompt_ids(self.model.cfg.vocab, requests)
         sched = make_scheduler(self.policy, self.slots, **self.settings)
         sched.add_requests(requests)
         state = _RunState(self, requests)
@@ -188,6 +234,7 @@ class _RunState:
     def __init__(self, engine: Engine, requests: list[Request]) -> None:
         model, dev = engine.model, engine.device
         self.model, self.device, self.policy = model, dev, engine.policy
+        self.stop_tokens = engine.stop_tokens
         self.cache = model.new_cache(engine.slots, cache_len(requests))
         self.next_token = torch.full((engine.slots,), PAD_TOKEN, dtype=torch.long, device=dev)
         self.lengths = [0] * engine.slots  # host copy of cache.lengths: no device reads
@@ -205,8 +252,8 @@ class _RunState:
         chosen = self._forward(calls)
         synchronize(self.device)
         model_s = time.perf_counter() - model_start
-        self._collect(plan, calls, chosen, result)
-        sched.update(plan)
+        stopped = self._collect(plan, calls, chosen, result)
+        sched.update(plan, stopped)
         step_s = time.perf_counter() - start
         return StepRecord(
             self.policy,
@@ -274,8 +321,11 @@ class _RunState:
         logits = self.model.mixed_step(self.cache, parts)
         return torch.cat([part[:, -1].argmax(-1) for part in logits])
 
-    def _collect(self, plan: StepPlan, calls: list[_Call], chosen, result: EngineResult) -> None:
-        """Greedy next tokens: recorded per request and fed back as the slots' next inputs."""
+    def _collect(
+        self, plan: StepPlan, calls: list[_Call], chosen, result: EngineResult
+    ) -> list[int]:
+        """Greedy next tokens: recorded per request and fed back as the slots' next inputs.
+        Returns the requests that generated a stop token before their forced length."""
         slot_request = {d.slot: d.request_id for d in plan.decodes}
         emitted: list[tuple[int, int | None]] = []  # (slot, request id or None if padded)
         for call in calls:
@@ -285,26 +335,30 @@ class _RunState:
                 ]
             else:
                 emitted += [(s, slot_request.get(s)) for s in call.slot_list]
-        if emitted:
-            self._emit(emitted, chosen.tolist(), result)
+        stopped = self._emit(emitted, chosen.tolist(), result) if emitted else []
         for chunk in plan.prefills:
             if chunk.completes_prompt:
                 del self.prompts[chunk.request_id]
+        return stopped
 
-    def _emit(self, emitted: list[tuple[int, int | None]], chosen: list[int], result) -> None:
+    def _emit(self, emitted: list[tuple[int, int | None]], chosen: list[int], result) -> list[int]:
         """A finished request's slot is fed PAD_TOKEN from now on (static keeps computing it);
-        a padded slot's output is discarded."""
-        slots, feeds = [], []
+        a padded slot's output is discarded. Returns the requests a stop token ended early."""
+        slots, feeds, stopped = [], [], []
         for (slot, rid), token in zip(emitted, chosen, strict=True):
             if rid is None:
                 continue
             result.tokens[rid].append(token)
             finished = len(result.tokens[rid]) == self.output_tokens[rid]
+            if not finished and token in self.stop_tokens:
+                stopped.append(rid)
+                finished = True
             slots.append(slot)
             feeds.append(PAD_TOKEN if finished else token)
         if slots:
             feed = torch.tensor(feeds, dtype=torch.long).to(self.device, non_blocking=True)
             self.next_token[self._index(slots)] = feed
+        return stopped
 
 
 @dataclass
@@ -326,7 +380,9 @@ def _groups(chunks: Sequence[PrefillChunk]) -> list[list[PrefillChunk]]:
     return list(by_len.values())
 
 
-def run_alone(model: Transformer, request: Request, seed: int = 0) -> list[int]:
+def run_alone(
+    model: Transformer, request: Request, seed: int = 0, stop_tokens: Collection[int] = ()
+) -> list[int]:
     """The reference: one request through a 1-slot cache, no batching at all."""
     with torch.no_grad():
         dev = model.embed.weight.device
@@ -334,7 +390,7 @@ def run_alone(model: Transformer, request: Request, seed: int = 0) -> list[int]:
         prompt = prompt_ids(request, model.cfg.vocab, seed).to(dev)[None]
         token = model.step(prompt, cache, slice(0, 1))[:, -1].argmax(-1)
         out = [int(token)]
-        while len(out) < request.output_tokens:
+        while len(out) < request.output_tokens and out[-1] not in stop_tokens:
             token = model.step(token[:, None], cache, slice(0, 1))[:, -1].argmax(-1)
             out.append(int(token))
         return out

@@ -1,10 +1,12 @@
-"""A Llama-style decoder-only transformer in plain PyTorch, with random seeded weights.
+"""A Llama-style decoder-only transformer in plain PyTorch, random or checkpoint weights.
 
 Embedding; per layer RMSNorm, attention (rotary positions, grouped-query heads, torch's
 scaled_dot_product_attention) and residual, then RMSNorm, SwiGLU MLP and residual; final
-norm; LM head. `forward(tokens)` is the plain causal forward pass (the reference);
-`step(tokens, cache, slots)` appends the tokens to the slots' KV cache and attends through
-it: a prefill when the slots are empty, a decode step when tokens has one column.
+norm; LM head. What sets the families apart is in the config: Qwen3's per-head q/k RMSNorm,
+Qwen2's q/k/v bias, Llama 3's rescaled rotary frequencies. `forward(tokens)` is the plain
+causal forward pass (the reference); `step(tokens, cache, slots)` appends the tokens to the
+slots' KV cache and attends through it: a prefill when the slots are empty, a decode step
+when tokens has one column.
 
 Projections are fused ([q | k | v] and [gate | up]) so a step launches fewer kernels; for
 tensor parallelism each block splits by heads (columns) and wo / w2 by rows.
@@ -12,22 +14,55 @@ tensor parallelism each block splits by heads (columns) and wo / w2 by rows.
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 
 import torch
 import torch.nn.functional as F
 from torch import nn
 
-from benchbatch.config import ModelConfig
+from benchbatch.config import ModelConfig, RopeScaling
 from benchbatch.engines.kvcache import KVCache, Slots
 
 
 def rotary_tables(cfg: ModelConfig, device, dtype) -> tuple[torch.Tensor, torch.Tensor]:
-    """cos and sin of every position's rotation angles, [max_context, head_dim / 2]."""
-    half = cfg.head_dim // 2
-    freqs = cfg.rope_theta ** (-torch.arange(half, dtype=torch.float64, device=device) / half)
-    angles = torch.outer(torch.arange(cfg.max_context, dtype=torch.float64, device=device), freqs)
+    """cos and sin of every position's rotation angles, [max_context, head_dim / 2].
+
+    Computed in float32 the way transformers does (as Meta's reference and vLLM do too), then
+    cast: the tables equal the ones the checkpoint was trained and is served with, bit for bit
+    on the same device, where float64 would differ in the last bits at long positions.
+    """
+    inv_freq = inverse_frequencies(cfg).to(device)
+    positions = torch.arange(cfg.max_context, device=device).float()
+    angles = torch.outer(positions, inv_freq)
     return angles.cos().to(dtype), angles.sin().to(dtype)
+
+
+def inverse_frequencies(cfg: ModelConfig) -> torch.Tensor:
+    """Radians per position of each rotated pair, float32 on the CPU (transformers' order)."""
+    dim = cfg.head_dim
+    inv_freq = 1.0 / (cfg.rope_theta ** (torch.arange(0, dim, 2, dtype=torch.int64).float() / dim))
+    scaling = cfg.rope_scaling
+    if scaling is None:
+        return inv_freq
+    if scaling.type == "linear":
+        return inv_freq / scaling.factor
+    return _llama3_frequencies(inv_freq, scaling)
+
+
+def _llama3_frequencies(inv_freq: torch.Tensor, s: RopeScaling) -> torch.Tensor:
+    """Llama 3.1's rule, operation for operation as transformers' _compute_llama3_parameters:
+    long wavelengths slowed by factor, short ones kept, the band between blended."""
+    low_freq_wavelen = s.original_max_context / s.low_freq_factor
+    high_freq_wavelen = s.original_max_context / s.high_freq_factor
+    wavelen = 2 * math.pi / inv_freq
+    scaled = torch.where(wavelen > low_freq_wavelen, inv_freq / s.factor, inv_freq)
+    smooth = (s.original_max_context / wavelen - s.low_freq_factor) / (
+        s.high_freq_factor - s.low_freq_factor
+    )
+    smoothed = (1 - smooth) * scaled / s.factor + smooth * scaled
+    is_medium = ~(wavelen < high_freq_wavelen) * ~(wavelen > low_freq_wavelen)
+    return torch.where(is_medium, smoothed, scaled)
 
 
 def apply_rotary(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
@@ -79,15 +114,21 @@ class Attention(nn.Module):
     def __init__(self, cfg: ModelConfig, **factory):
         super().__init__()
         self.cfg = cfg
-        self.wqkv = nn.Linear(cfg.hidden, cfg.q_dim + 2 * cfg.kv_dim, bias=False, **factory)
-        self.wo = nn.Linear(cfg.q_dim, cfg.hidden, bias=False, **factory)
+        qkv = cfg.q_dim + 2 * cfg.kv_dim
+        self.wqkv = nn.Linear(cfg.hidden, qkv, bias=cfg.qkv_bias, **factory)
+        self.wo = nn.Linear(cfg.q_dim, cfg.hidden, bias=cfg.o_bias, **factory)
+        if cfg.qk_norm:  # Qwen3: each head's queries and keys normalized before rotary
+            self.q_norm = RMSNorm(cfg.head_dim, cfg.norm_eps, **factory)
+            self.k_norm = RMSNorm(cfg.head_dim, cfg.norm_eps, **factory)
 
     def forward(self, x, cos, sin, cache: KVCache | None, layer: int, segments: list[Segment]):
         c = self.cfg
         n = x.shape[0]
         q, k, v = self.wqkv(x).split((c.q_dim, c.kv_dim, c.kv_dim), dim=-1)
-        q = apply_rotary(q.view(n, c.heads, c.head_dim), cos, sin)
-        k = apply_rotary(k.view(n, c.kv_heads, c.head_dim), cos, sin)
+        q, k = q.view(n, c.heads, c.head_dim), k.view(n, c.kv_heads, c.head_dim)
+        if c.qk_norm:
+            q, k = self.q_norm(q), self.k_norm(k)
+        q, k = apply_rotary(q, cos, sin), apply_rotary(k, cos, sin)
         v = v.view(n, c.kv_heads, c.head_dim)
         outs = [self._attend(q, k, v, cache, layer, seg) for seg in segments]
         return self.wo(outs[0] if len(outs) == 1 else torch.cat(outs))
@@ -133,8 +174,8 @@ class MLP(nn.Module):
     def __init__(self, cfg: ModelConfig, **factory):
         super().__init__()
         self.inter = cfg.intermediate
-        self.w13 = nn.Linear(cfg.hidden, 2 * cfg.intermediate, bias=False, **factory)
-        self.w2 = nn.Linear(cfg.intermediate, cfg.hidden, bias=False, **factory)
+        self.w13 = nn.Linear(cfg.hidden, 2 * cfg.intermediate, bias=cfg.mlp_bias, **factory)
+        self.w2 = nn.Linear(cfg.intermediate, cfg.hidden, bias=cfg.mlp_bias, **factory)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         gate, up = self.w13(x).split(self.inter, dim=-1)
@@ -155,20 +196,34 @@ class Block(nn.Module):
 
 
 class Transformer(nn.Module):
-    def __init__(self, cfg: ModelConfig, device="cpu", dtype=torch.float32, seed: int = 0):
+    def __init__(
+        self,
+        cfg: ModelConfig,
+        device="cpu",
+        dtype=torch.float32,
+        seed: int = 0,
+        init: bool = True,
+    ):
+        """init=False leaves the weights uninitialized for a checkpoint to fill: the modules are
+        built on the meta device and then given memory, so nothing is drawn and overwritten."""
         super().__init__()
         self.cfg = cfg
-        factory = {"device": device, "dtype": dtype}
+        factory = {"device": device if init else "meta", "dtype": dtype}
         self.embed = nn.Embedding(cfg.vocab, cfg.hidden, **factory)
         self.blocks = nn.ModuleList(Block(cfg, **factory) for _ in range(cfg.layers))
         self.norm = RMSNorm(cfg.hidden, cfg.norm_eps, **factory)
         self.lm_head = nn.Linear(cfg.hidden, cfg.vocab, bias=False, **factory)
+        if not init:
+            for child in (self.embed, self.blocks, self.norm, self.lm_head):
+                if not (cfg.tie_embeddings and child is self.lm_head):  # it takes embed's
+                    child.to_empty(device=device)
         if cfg.tie_embeddings:
             self.lm_head.weight = self.embed.weight
         cos, sin = rotary_tables(cfg, device, dtype)
         self.register_buffer("rope_cos", cos, persistent=False)
         self.register_buffer("rope_sin", sin, persistent=False)
-        self.randomize(seed)
+        if init:
+            self.randomize(seed)
 
     @torch.no_grad()
     def randomize(self, seed: int) -> None:

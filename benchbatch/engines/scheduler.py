@@ -3,8 +3,9 @@
 Contract (vLLM v1 style): ``plan = sched.schedule()`` says what the next step computes;
 the driver runs it (or only prices it, in simulation) and calls ``sched.update(plan)``,
 which records the tokens produced, frees finished slots and returns the finished ids.
-The scheduler knows each request's forced output length, so drivers never decide when
-a request ends.
+The scheduler knows each request's forced output length, so the simulator never decides
+when a request ends; the real engine may end one sooner, at the model's end-of-sequence
+token, by naming it in ``update(plan, stopped=...)``: the forced length is then a cap.
 
 A request owns a slot (a KV-cache row in the real engine) from admission to its last
 token. With the default settings (unlimited token budget, no chunking, mixed steps) this
@@ -34,7 +35,7 @@ from __future__ import annotations
 import heapq
 import sys
 from collections import deque
-from collections.abc import Iterable
+from collections.abc import Collection, Iterable
 from dataclasses import dataclass, field
 from functools import cached_property
 from itertools import pairwise
@@ -277,14 +278,19 @@ class Scheduler:
         self._planned = plan
         return plan
 
-    def update(self, plan: StepPlan) -> list[int]:
-        """Apply a step that ran: record its tokens, free finished slots, advance the step."""
+    def update(self, plan: StepPlan, stopped: Collection[int] = ()) -> list[int]:
+        """Apply a step that ran: record its tokens, free finished slots, advance the step.
+
+        stopped: requests whose token of this step ends them before their forced length
+        (an end-of-sequence token); each must have produced a token in this plan.
+        """
         assert plan is self._planned, "update() must get the plan of the last schedule()"
         finished: list[int] = []
         for d in plan.decodes:
-            self._emit(self._decoding[d.slot], finished)
+            self._emit(self._decoding[d.slot], finished, d.request_id in stopped)
         for c in plan.prefills:
-            self._advance_prefill(c, finished)
+            self._advance_prefill(c, finished, c.request_id in stopped)
+        assert all(rid in finished for rid in stopped), f"{stopped} stopped without a token"
         self._planned = None
         self.step += 1
         return finished
@@ -354,7 +360,7 @@ class Scheduler:
 
     # --- progress -----------------------------------------------------------------------
 
-    def _advance_prefill(self, chunk: PrefillChunk, finished: list[int]) -> None:
+    def _advance_prefill(self, chunk: PrefillChunk, finished: list[int], stop: bool) -> None:
         seq = self._prefilling[chunk.slot]
         assert seq.request.id == chunk.request_id and seq.prefilled == chunk.start
         seq.prefilled += chunk.num_tokens
@@ -362,15 +368,15 @@ class Scheduler:
             assert seq.prompt_left == 0
             del self._prefilling[chunk.slot]
             self._decoding[chunk.slot] = seq
-            self._emit(seq, finished)
+            self._emit(seq, finished, stop)
 
-    def _emit(self, seq: _Seq, finished: list[int]) -> None:
-        """seq produced a token this step; retire it after its last one."""
+    def _emit(self, seq: _Seq, finished: list[int], stop: bool = False) -> None:
+        """seq produced a token this step; retire it after its last one (or a stop token)."""
         seq.generated += 1
         rid = seq.request.id
         if self.recorder is not None:
             self.recorder.record(rid, self.step)
-        if seq.generated == seq.request.output_tokens:
+        if stop or seq.generated == seq.request.output_tokens:
             assert rid not in self._finished_ids, f"request {rid} finished twice"
             self._finished_ids.add(rid)
             self.finished.append(rid)

@@ -6,9 +6,11 @@ No torch: the simulator and the real engine read the same request lists.
 from __future__ import annotations
 
 import csv
+import dataclasses
 import math
+import os
 from collections.abc import Iterable, Iterator, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
 import numpy as np
@@ -21,18 +23,23 @@ class Request:
     """One request: its prompt, how many tokens it will generate, and when it arrives.
 
     output_tokens is forced (generation ignores end-of-sequence), so simulated and real
-    runs schedule exactly the same steps.
+    runs schedule exactly the same steps; a real engine told to stop at end-of-sequence
+    takes it as a cap. prompt_ids: the prompt's real token ids (a tokenized prompt), or
+    None for random ids the engine draws per request.
     """
 
     id: int
     prompt_tokens: int
     output_tokens: int
     arrival_step: int = 0
+    prompt_ids: tuple[int, ...] | None = field(default=None, repr=False)
 
     def __post_init__(self) -> None:
         # Inputs are validated where they enter (options, traces): a bad Request is a bug.
         if self.prompt_tokens < 1 or self.output_tokens < 1 or self.arrival_step < 0:
             raise ValueError(f"invalid request: {self}")
+        if self.prompt_ids is not None and len(self.prompt_ids) != self.prompt_tokens:
+            raise ValueError(f"request {self.id}: {len(self.prompt_ids)} prompt ids")
 
 
 WORKLOAD_COLUMNS = ("id", "prompt_tokens", "output_tokens", "arrival_step")
@@ -162,6 +169,28 @@ def lognormal_columns(
         output_array(requests, median, sigma, max_output, seed),
         arrival_array(requests, arrival_rate, seed) if arrival_rate else np.zeros(requests, int),
     )
+
+
+def with_prompts(
+    requests: Sequence[Request], prompts: Sequence[Sequence[int]], output_tokens: int | None = None
+) -> list[Request]:
+    """The requests with real prompts: request i gets prompts[i % len(prompts)] (token ids),
+    its length as prompt_tokens; arrivals are kept, and output lengths too unless
+    output_tokens is given (with end-of-sequence stopping, the cap every request shares)."""
+    if not prompts:
+        raise UserError("--prompts", "no prompts to serve")
+    out = []
+    for i, r in enumerate(requests):
+        ids = tuple(prompts[i % len(prompts)])
+        out.append(
+            dataclasses.replace(
+                r,
+                prompt_tokens=len(ids),
+                prompt_ids=ids,
+                output_tokens=output_tokens or r.output_tokens,
+            )
+        )
+    return out
 
 
 def output_lengths(
@@ -421,3 +450,25 @@ def _parse_plain(
             values = np.where(missing, defaults[names[i]], values)
         columns[names[i]] = values.astype(np.int64)
     return columns
+
+
+# --- traces written -----------------------------------------------------------------------
+
+WRITTEN_COLUMNS = ("prompt_tokens", "output_tokens", "arrival_step")
+
+
+def trace_rows(requests: Sequence[Request]) -> list[dict]:
+    """The requests as read_trace reads them back (row order gives the ids)."""
+    return [{c: getattr(r, c) for c in WRITTEN_COLUMNS} for r in requests]
+
+
+def write_trace(path: str | Path, requests: Sequence[Request]) -> None:
+    """A CSV trace of the requests (e.g. the output lengths a real run produced), written
+    whole or not at all, for `occupancy --trace` to replay."""
+    path = Path(path)
+    tmp = path.with_name(path.name + ".tmp")
+    with tmp.open("w", newline="", encoding="utf-8") as f:
+        writer = csv.DictWriter(f, fieldnames=WRITTEN_COLUMNS)
+        writer.writeheader()
+        writer.writerows(trace_rows(requests))
+    os.replace(tmp, path)

@@ -1,0 +1,291 @@
+"""The user's own model: a local Hugging Face folder (config.json + safetensors weights).
+
+Llama, Mistral, Qwen2 and Qwen3 checkpoints map onto benchbatch's fused layout (wqkv is
+[q | k | v] by rows, w13 is [gate | up]); anything else is refused by name. Nothing is
+downloaded. The weights are read with safetensors, memory-mapped, one tensor at a time,
+copied straight into the model's parameters on the device and in the run's dtype, so a
+sharded checkpoint is never held whole in host memory; the model is built without random
+initialization (Transformer(init=False)) so no time goes into weights that are overwritten.
+Every problem (no such folder, a Hub id, missing, extra or misshapen tensors, a dtype the
+device cannot run) is one line naming --model.
+"""
+
+from __future__ import annotations
+
+import re
+from pathlib import Path
+from typing import NoReturn
+
+import torch
+
+from benchbatch import hfconfig
+from benchbatch.config import ModelConfig
+from benchbatch.engines.model import Transformer
+from benchbatch.errors import UserError
+
+OPTION = "--model"
+ARCHITECTURES = {
+    "LlamaForCausalLM": "llama",
+    "MistralForCausalLM": "mistral",
+    "Qwen2ForCausalLM": "qwen2",
+    "Qwen3ForCausalLM": "qwen3",
+}
+STORED_DTYPES = {"F32": torch.float32, "F16": torch.float16, "BF16": torch.bfloat16}
+CONFIG_DTYPES = {"float32": "fp32", "float16": "fp16", "bfloat16": "bf16"}
+# Old checkpoints saved the rotary frequencies; transformers recomputes them from the config
+# and so does benchbatch.
+IGNORED = re.compile(r"model\.layers\.\d+\.self_attn\.rotary_emb\.inv_freq")
+HUB_ID = re.compile(r"[A-Za-z0-9][\w.-]*/[\w.-]+")
+
+
+def fail(message: str) -> NoReturn:
+    raise UserError(OPTION, message)
+
+
+def folder(path: str | Path) -> Path:
+    """The checkpoint folder, or a UserError saying what is wrong and how to get one."""
+    p = Path(path).expanduser()
+    if p.is_dir():
+        if not (p / "config.json").is_file():
+            fail(f"{p} has no config.json (give the folder of a Hugging Face checkpoint)")
+        return p
+    if p.exists():
+        fail(f"{p} is a file; give the folder that holds config.json and the .safetensors")
+    text = str(path)
+    if HUB_ID.fullmatch(text):
+        local = text.split("/")[-1]
+        fail(
+            f"no folder {text!r} here, and benchbatch downloads nothing; fetch it first with "
+            f"`hf download {text} --local-dir {local}`, then pass --model {local}"
+        )
+    fail(f"no such folder: {p}")
+
+
+def read_config(path: str | Path) -> ModelConfig:
+    """The checkpoint's model (its config.json), without touching the weights."""
+    p = folder(path)
+    raw = hfconfig.load_json(p / "config.json", OPTION)
+    _check_architecture(raw, p / "config.json")
+    return hfconfig.read_config(p / "config.json", OPTION, name=p.resolve().name)
+
+
+def _check_architecture(raw: dict, path: Path) -> None:
+    fields = hfconfig.Fields(raw, path, OPTION)
+    known = ", ".join(ARCHITECTURES)
+    archs = raw.get("architectures")
+    if archs is None:  # older configs: model_type alone says the family
+        if raw.get("model_type") not in ARCHITECTURES.values():
+            fields.fail("model_type", f"{raw.get('model_type')!r} is not one of {known}")
+        return
+    if not isinstance(archs, list) or len(archs) != 1:
+        fields.fail("architectures", f"expected one architecture, got {archs!r}")
+    if archs[0] not in ARCHITECTURES:
+        fields.fail("architectures", f"{archs[0]!r} is not one benchbatch loads ({known})")
+    if raw.get("model_type") != ARCHITECTURES[archs[0]]:
+        fields.fail("model_type", f"{raw.get('model_type')!r} does not match {archs[0]}")
+
+
+def stored_dtype(path: str | Path) -> str | None:
+    """The dtype config.json says the weights are in (fp32, fp16, bf16), or None."""
+    raw = hfconfig.load_json(folder(path) / "config.json", OPTION)
+    return CONFIG_DTYPES.get(raw.get("torch_dtype") or raw.get("dtype"))
+
+
+def load(
+    path: str | Path,
+    device: torch.device | str,
+    dtype: torch.dtype,
+    max_context: int | None = None,
+) -> tuple[Transformer, ModelConfig]:
+    """The checkpoint's model on `device` in `dtype`. max_context (at most the config's)
+    shortens the rotary tables: positions past it are never used."""
+    cfg = read_config(path)
+    if max_context is not None and max_context != cfg.max_context:
+        if max_context > cfg.max_context:
+            raise UserError(
+                "--max-context",
+                f"{max_context:,} is more than the checkpoint's {cfg.max_context:,} positions",
+            )
+        cfg = cfg.replace(max_context=max_context)
+    _check_device_dtype(torch.device(device), dtype)
+    shards = _shards(folder(path))
+    tensors = _inventory(shards)
+    model = Transformer(cfg, device, dtype, init=False)
+    targets = destinations(model)
+    _check_tensors(tensors, targets, cfg)
+    with torch.no_grad():
+        _copy(shards, tensors, targets, dtype)
+    return model.eval(), cfg
+
+
+def _check_device_dtype(device: torch.device, dtype: torch.dtype) -> None:
+    if device.type == "cuda" and dtype == torch.bfloat16:
+        if not torch.cuda.is_bf16_supported(including_emulation=False):
+            name = torch.cuda.get_device_name(device)
+            fail(f"{name} cannot run bf16; load the weights in fp16 or fp32 (--dtype)")
+
+
+# --- the files -----------------------------------------------------------------------------
+
+
+def _shards(p: Path) -> list[Path]:
+    """The safetensors files: the index's shards, or the single model.safetensors."""
+    index = p / "model.safetensors.index.json"
+    if index.is_file():
+        raw = hfconfig.load_json(index, OPTION)
+        weight_map = raw.get("weight_map")
+        if not isinstance(weight_map, dict) or not weight_map:
+            fail(f"{index}: weight_map must be an object naming each tensor's file")
+        names = sorted({str(v) for v in weight_map.values()})
+        for name in names:
+            if Path(name).name != name or not (p / name).is_file():
+                fail(f"{index} names a shard {name!r} that is not in {p}")
+        return [p / name for name in names]
+    single = p / "model.safetensors"
+    if single.is_file():
+        return [single]
+    if any(p.glob("*.bin")) or any(p.glob("*.pt")):
+        fail(
+            f"{p} holds PyTorch .bin weights; benchbatch reads safetensors only (save_pretrained"
+            " writes them; transformers can convert a folder with safe_serialization=True)"
+        )
+    fail(f"{p} has no model.safetensors nor model.safetensors.index.json")
+
+
+def _inventory(shards: list[Path]) -> dict[str, tuple[Path, list[int], str]]:
+    """Each stored tensor's file, shape and dtype, read from the headers only."""
+    from safetensors import safe_open
+
+    tensors: dict[str, tuple[Path, list[int], str]] = {}
+    for shard in shards:
+        try:
+            with safe_open(shard, framework="pt") as f:
+                for name in f.keys():
+                    if name in tensors:
+                        fail(f"{name} is stored twice ({tensors[name][0].name}, {shard.name})")
+                    s = f.get_slice(name)
+                    tensors[name] = (shard, list(s.get_shape()), s.get_dtype())
+        except (OSError, RuntimeError, ValueError) as e:  # safetensors' header errors
+            fail(f"cannot read {shard}: {str(e).splitlines()[0]}")
+    return tensors
+
+
+# --- the mapping ---------------------------------------------------------------------------
+
+
+def destinations(model: Transformer) -> dict[str, torch.Tensor]:
+    """Hugging Face tensor name -> the part of benchbatch's parameter it fills (a view)."""
+    cfg = model.cfg
+    out = {"model.embed_tokens.weight": model.embed.weight, "model.norm.weight": model.norm.weight}
+    if not cfg.tie_embeddings:
+        out["lm_head.weight"] = model.lm_head.weight
+    q, kv, inter = cfg.q_dim, cfg.kv_dim, cfg.intermediate
+    qkv_rows = {"q_proj": (0, q), "k_proj": (q, q + kv), "v_proj": (q + kv, q + 2 * kv)}
+    mlp_rows = {"gate_proj": (0, inter), "up_proj": (inter, 2 * inter)}
+    for i, block in enumerate(model.blocks):
+        attn, mlp, pre = block.attention, block.mlp, f"model.layers.{i}."
+        out[pre + "input_layernorm.weight"] = block.attention_norm.weight
+        out[pre + "post_attention_layernorm.weight"] = block.mlp_norm.weight
+        out |= _linear(pre + "self_attn.", attn.wqkv, qkv_rows)
+        out |= _linear(pre + "self_attn.", attn.wo, {"o_proj": None})
+        out |= _linear(pre + "mlp.", mlp.w13, mlp_rows)
+        out |= _linear(pre + "mlp.", mlp.w2, {"down_proj": None})
+        if cfg.qk_norm:
+            out[pre + "self_attn.q_norm.weight"] = attn.q_norm.weight
+            out[pre + "self_attn.k_norm.weight"] = attn.k_norm.weight
+    return out
+
+
+def _linear(prefix: str, layer: torch.nn.Linear, rows: dict) -> dict[str, torch.Tensor]:
+    """Weights (and biases, when the layer has them) of projections fused by rows."""
+    out = {}
+    for name, span in rows.items():
+        for kind in ("weight", "bias"):
+            param = getattr(layer, kind)
+            if param is not None:
+                out[f"{prefix}{name}.{kind}"] = param if span is None else param[slice(*span)]
+    return out
+
+
+def _check_tensors(tensors: dict, targets: dict[str, torch.Tensor], cfg: ModelConfig) -> None:
+    stored = {n for n in tensors if not IGNORED.fullmatch(n)}
+    tied_head = cfg.tie_embeddings and "lm_head.weight" in stored
+    extra = sorted(stored - set(targets) - ({"lm_head.weight"} if tied_head else set()))
+    missing = sorted(set(targets) - stored)
+    if missing:
+        fail(f"the checkpoint lacks {_few(missing)}, which the config's model needs")
+    if extra:
+        fail(f"the checkpoint holds {_few(extra)}, which the config's model has no place for")
+    for name, (shard, shape, dtype) in tensors.items():
+        if name not in stored:
+            continue
+        dest = targets.get(name)
+        if dest is None:  # a tied checkpoint's lm_head: it must fit the embedding
+            dest = targets["model.embed_tokens.weight"]
+        want = list(dest.shape)
+        if shape != want:
+            fail(f"{name} in {shard.name} has shape {shape}, the config says {want}")
+        if dtype not in STORED_DTYPES:
+            fail(f"{name} is stored as {dtype}; benchbatch loads F32, F16 and BF16 weights")
+
+
+def _few(names: list[str]) -> str:
+    shown = ", ".join(names[:3])
+    return shown + (f" and {len(names) - 3} more" if len(names) > 3 else "")
+
+
+def _copy(shards: list[Path], tensors: dict, targets: dict, dtype: torch.dtype) -> None:
+    """Each tensor from its memory-mapped file into its place, converted on the way."""
+    from safetensors import safe_open
+
+    for shard in shards:
+        with safe_open(shard, framework="pt") as f:
+            for name in (n for n, (s, _, _) in tensors.items() if s == shard):
+                if name not in targets:  # ignored, or a tied head (checked once embed is in)
+                    continue
+                target = targets[name]
+                target.copy_(f.get_tensor(name))
+                if dtype == torch.float16 and not torch.isfinite(target).all():
+                    fail(
+                        f"{name} holds values beyond fp16's range; load it in bf16 or fp32 "
+                        "(--dtype)"
+                    )
+    if "lm_head.weight" in tensors and "lm_head.weight" not in targets:
+        with safe_open(tensors["lm_head.weight"][0], framework="pt") as f:
+            _check_tied_head(f.get_tensor("lm_head.weight"), targets["model.embed_tokens.weight"])
+
+
+def _check_tied_head(head: torch.Tensor, embed: torch.Tensor) -> None:
+    """A tied checkpoint that also stores lm_head.weight: transformers uses the embedding for
+    both; benchbatch accepts the extra tensor only if nothing is lost that way."""
+    if not torch.equal(head.to(embed.device, embed.dtype), embed):
+        fail(
+            "lm_head.weight differs from model.embed_tokens.weight, yet tie_word_embeddings "
+            "is true: the model would not be the checkpoint's"
+        )
+
+
+def eos_token_ids(path: str | Path) -> frozenset[int]:
+    """The ids that end a generation: generation_config.json's, else config.json's."""
+    p = folder(path)
+    for name in ("generation_config.json", "config.json"):
+        file = p / name
+        if not file.is_file():
+            continue
+        raw = hfconfig.load_json(file, OPTION)
+        value = raw.get("eos_token_id")
+        if value is None and name == "config.json":
+            value = hfconfig.language_model(raw, file, OPTION).get("eos_token_id")
+        if value is None:
+            continue
+        ids = value if isinstance(value, list) else [value]
+        if not ids or not all(
+            isinstance(i, int) and not isinstance(i, bool) and i >= 0 for i in ids
+        ):
+            hfconfig.Fields(raw, file, OPTION).fail("eos_token_id", f"not token ids: {value!r}")
+        return frozenset(ids)
+    raise UserError(
+        "--stop-at-eos",
+        f"{p}: no eos_token_id in generation_config.json or "
+        "config.json, so there is no end-of-sequence token to stop at",
+    )
