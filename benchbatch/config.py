@@ -74,7 +74,7 @@ class ModelConfig:
     def __post_init__(self) -> None:
         for field in ("hidden", "layers", "heads", "vocab", "max_context"):
             if getattr(self, field) <= 0:
-                raise UserError(f"--{field.replace('_', '-')}", "must be a positive integer")
+                raise UserError(field, "must be a positive integer")
         if isinstance(self.rope_scaling, dict):  # from asdict() in replace()
             object.__setattr__(self, "rope_scaling", RopeScaling(**self.rope_scaling))
         if self.kv_heads is None:
@@ -84,7 +84,7 @@ class ModelConfig:
         if self.head_dim is None:
             if self.hidden % self.heads:
                 raise UserError(
-                    "--heads", f"hidden {self.hidden} is not divisible by heads {self.heads}"
+                    "heads", f"hidden {self.hidden} is not divisible by heads {self.heads}"
                 )
             object.__setattr__(self, "head_dim", self.hidden // self.heads)
         self._check_derived()
@@ -95,23 +95,23 @@ class ModelConfig:
                 raise ValueError(f"{field} must be a positive finite number, got {value}")
 
     def _check_derived(self) -> None:
-        for field, option in (("kv_heads", "--kv-heads"), ("intermediate", "--intermediate")):
+        for field, option in (("kv_heads", "kv_heads"), ("intermediate", "intermediate")):
             if getattr(self, field) <= 0:
                 raise UserError(option, "must be a positive integer")
         if self.head_dim <= 0:
-            raise UserError("--heads", f"head_dim must be positive, got {self.head_dim}")
+            raise UserError("heads", f"head_dim must be positive, got {self.head_dim}")
         if self.heads % self.kv_heads:
             raise UserError(
-                "--kv-heads", f"heads {self.heads} is not divisible by kv_heads {self.kv_heads}"
+                "kv_heads", f"heads {self.heads} is not divisible by kv_heads {self.kv_heads}"
             )
         if self.head_dim % 2:
-            raise UserError("--heads", f"head_dim {self.head_dim} must be even for rotary")
+            raise UserError("heads", f"head_dim {self.head_dim} must be even for rotary")
 
     def _check_window(self) -> None:
         window = self.sliding_window
         if window is not None and self.max_context > window:
             raise UserError(
-                "--max-context",
+                "max_context",
                 f"{self.max_context:,} is more than the model's sliding window of {window:,} "
                 "tokens (past it attention is windowed, which benchbatch does not model)",
             )
@@ -224,7 +224,7 @@ def preset(name: str) -> ModelConfig:
         return PRESETS[name]
     except KeyError:
         known = ", ".join(PRESETS)
-        raise UserError("--preset", f"unknown preset {name!r} (known: {known})") from None
+        raise UserError("preset", f"unknown preset {name!r} (known: {known})") from None
 
 
 def from_hf_config(path: str | Path, option: str = "--config") -> ModelConfig:

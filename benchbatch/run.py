@@ -112,6 +112,7 @@ class Run:
 
     def finish(self, status: str = "complete", **extra) -> None:
         self.meta.update(extra, status=status, finished_utc=now_utc())
+        self.meta["load_average_after"] = machine.load_average()
         self.write_meta()
 
 
@@ -119,6 +120,10 @@ class Recorder(Run):
     """A Run with the machinery around it: signals, progress, throttle watch, ceilings."""
 
     def __init__(self, folder: Path, command: str, meta: dict, target=None, quiet=False):
+        if target is not None:
+            from benchbatch import telemetry
+
+            meta = {**meta, "telemetry_before": telemetry.snapshot(target.device)}
         super().__init__(folder, command, meta)
         self.target = target
         self.quiet = quiet
@@ -129,14 +134,12 @@ class Recorder(Run):
     @classmethod
     def open(cls, command: str, run, target, cfg, options: dict) -> Recorder:
         """The run folder (--out, or a new one) and its first metadata.json."""
-        from benchbatch import telemetry
-
         folder = results.run_dir(run.out, command, run.force)
         meta = {
             "config": cfg.to_dict() if cfg is not None else None,
             "options": options,
             "environment": environment(target),
-            "telemetry_before": telemetry.snapshot(target.device) if target else None,
+            "telemetry_before": None,
         }
         return cls(folder, command, meta, target, quiet=run.json_out)
 
@@ -172,9 +175,11 @@ class Recorder(Run):
         return False
 
     def _telemetry(self) -> dict | None:
+        if self.target is None:
+            return None
         from benchbatch import telemetry
 
-        return telemetry.snapshot(self.target.device) if self.target is not None else None
+        return telemetry.snapshot(self.target.device)
 
     # --- rows -----------------------------------------------------------------------------
 

@@ -1,3 +1,6 @@
+"""Shared fixtures: CLI runner, one torch thread for tiny models, tiny models and workloads,
+quick timing; GPU tests skip themselves without CUDA."""
+
 import pytest
 import torch
 
@@ -9,6 +12,41 @@ def runner():
     from typer.testing import CliRunner
 
     return CliRunner()
+
+
+@pytest.fixture(scope="module")
+def one_thread():
+    """One intra-op thread: a tiny model's ops take microseconds, and with two threads each
+    op waits for the second whenever another process holds a core (2-core machines)."""
+    before = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(before)
+
+
+@pytest.fixture(scope="module")
+def tiny_model():
+    """The tiny preset (hidden 64, 2 layers, GQA) with seeded random weights, fp32 on CPU."""
+    from benchbatch.config import preset
+    from benchbatch.engines.model import Transformer
+
+    return Transformer(preset("tiny"), seed=1)
+
+
+@pytest.fixture
+def quick_timing():
+    """Two repeats, no time floor, one warm-up: enough to exercise the harness."""
+    from benchbatch.timing import TimingOptions
+
+    return TimingOptions(min_repeats=2, min_time_s=0.0, warmup=1, warmup_s=0.0)
+
+
+@pytest.fixture
+def tiny_workload():
+    """Twelve requests with short prompts and outputs, all queued at step 0."""
+    from benchbatch.options import WorkloadOptions
+
+    return WorkloadOptions(requests=12, median=6, max_output=12, prompt_len=8).draw(seed=1)
 
 
 def pytest_collection_modifyitems(config, items):

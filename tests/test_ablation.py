@@ -9,7 +9,6 @@ import random
 
 import pandas as pd
 import pytest
-import torch
 
 from benchbatch.cli import app
 from benchbatch.engines.simulate import StepCostModel
@@ -32,14 +31,7 @@ def workload(requests: int, seed: int):
 BUDGETS = probe.Budgets(8, 256, 128)
 
 
-@pytest.fixture(autouse=True, scope="module")
-def one_thread():
-    """One intra-op thread: a tiny model's ops take microseconds, and with two threads each
-    op waits for the second whenever another process holds a core (2-core machines)."""
-    before = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(before)
+pytestmark = pytest.mark.usefixtures("one_thread")
 
 
 def cost_rows(truth: StepCostModel, points, noise=None) -> list[dict]:
@@ -293,3 +285,20 @@ def test_wide_step_spread_against_the_cost_model_is_flagged():
     spiky = [{"scheme": "mixed-only", "step_ms": 10.0, "sim_step_ms": 10.0} for _ in range(50)]
     spiky += [{"scheme": "mixed-only", "step_ms": 80.0, "sim_step_ms": 10.0} for _ in range(10)]
     assert probe.noisy(steady + spiky) == ["mixed-only"]
+
+
+def test_noise_that_hides_every_token_cost_gives_a_flat_model_and_says_so():
+    """Steps measured here whose times fall as tokens grow (noise larger than the cost):
+    a flat model, with decode and prefill reported unmeasured; from a file, refused."""
+    rows = [
+        dict(decode_tokens=d, prefill_tokens=p, context_tokens=0, step_ms=9.0 - 0.01 * (d + p))
+        for d, p in ((1, 0), (8, 0), (0, 64), (0, 256), (8, 64))
+    ]
+    model, fitted = probe.fit(rows, "repeats", measured=True)
+    assert (model.per_decode_token_s, model.per_prefill_token_s) == (0, 0)
+    assert model.base_s == pytest.approx(0.0087, rel=0.05)
+    summary = probe.cost_summary(model, fitted)
+    assert summary["per_token_costs_unmeasured"] == ["decode_tokens", "prefill_tokens"]
+    with pytest.raises(UserError) as e:
+        probe.fit(rows)
+    assert e.value.option == "--step-costs"

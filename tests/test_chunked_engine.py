@@ -5,7 +5,6 @@ scheduler's (simulated) steps under each of the ablation's schemes."""
 from __future__ import annotations
 
 import pytest
-import torch
 
 from benchbatch.config import preset
 from benchbatch.engines.engine import Engine, run_alone
@@ -20,14 +19,7 @@ SCHEME_SETTINGS = {  # chunk 5 divides no prompt below: every prompt ends in a s
 }
 
 
-@pytest.fixture(autouse=True, scope="module")
-def one_thread():
-    """One intra-op thread: a tiny model's ops take microseconds, and with two threads each
-    op waits for the second whenever another process holds a core (2-core machines)."""
-    before = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(before)
+pytestmark = pytest.mark.usefixtures("one_thread")
 
 
 @pytest.fixture(scope="module")

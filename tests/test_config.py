@@ -34,11 +34,11 @@ def test_overrides_derive_dependent_sizes_again():
 @pytest.mark.parametrize(
     "kwargs,option",
     [
-        (dict(hidden=100, heads=3), "--heads"),
-        (dict(hidden=64, heads=4, kv_heads=3), "--kv-heads"),
-        (dict(hidden=0), "--hidden"),
-        (dict(layers=-1), "--layers"),
-        (dict(vocab=0), "--vocab"),
+        (dict(hidden=100, heads=3), "heads"),
+        (dict(hidden=64, heads=4, kv_heads=3), "kv_heads"),
+        (dict(hidden=0), "hidden"),
+        (dict(layers=-1), "layers"),
+        (dict(vocab=0), "vocab"),
     ],
 )
 def test_bad_shapes_name_the_option(kwargs, option):
@@ -277,7 +277,7 @@ def test_sliding_window_caps_the_context(tmp_path):
     assert (cfg.max_context, cfg.sliding_window) == (4096, 4096)
     with pytest.raises(UserError, match="sliding window of 4,096") as err:
         cfg.replace(max_context=8192)
-    assert err.value.option == "--max-context"
+    assert err.value.option == "max_context"
     none = from_hf_config(write_config(tmp_path, {**mistral, "sliding_window": None}))
     assert (none.max_context, none.sliding_window) == (32768, None)
 

@@ -318,7 +318,7 @@ def test_read_trace_gives_requests_or_names_the_option(tmp_path, content):
     try:
         requests = read_trace(path, prompt_tokens=7)
     except UserError as e:
-        assert e.option == "--trace" and str(path) in e.message
+        assert e.option == "trace" and str(path) in e.message
         return
     assert requests and all(isinstance(r, Request) for r in requests)
     assert [r.id for r in requests] == list(range(len(requests)))

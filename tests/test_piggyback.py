@@ -9,11 +9,9 @@ from dataclasses import replace
 
 import pandas as pd
 import pytest
-import torch
 
 from benchbatch.cli import app
 from benchbatch.config import preset
-from benchbatch.engines.model import Transformer
 from benchbatch.experiments import PiggybackOptions
 from benchbatch.probes import piggyback as probe
 from benchbatch.timing import Measurement, TimingOptions
@@ -41,19 +39,7 @@ ROW_COLUMNS = {
 }
 
 
-@pytest.fixture(autouse=True, scope="module")
-def one_thread():
-    """One intra-op thread: a tiny model's ops take microseconds, and with two threads each
-    op waits for the second whenever another process holds a core (2-core machines)."""
-    before = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(before)
-
-
-@pytest.fixture(scope="module")
-def model():
-    return Transformer(preset("tiny"), seed=1)
+pytestmark = pytest.mark.usefixtures("one_thread")
 
 
 def test_mixed_step_features_match_the_scheduler_counts():
@@ -82,9 +68,9 @@ def test_plan_times_each_step_of_each_table_in_order():
     assert [s.prefill_tokens for part, s in steps if part == "tile"] == [64, 65]
 
 
-def test_piggyback_rows_have_the_columns_and_positive_times(model):
+def test_piggyback_rows_have_the_columns_and_positive_times(tiny_model):
     opts = replace(OPTS, chunks=(100,), tiles=(8,))
-    raw = list(probe.rows(model, opts, QUICK, cuda_graphs=False))
+    raw = list(probe.rows(tiny_model, opts, QUICK, cuda_graphs=False))
     assert len(raw) == len(probe.plan(opts)) and {r["status"] for r in raw} == {"ok"}
     rows = probe.piggyback_rows(raw)
     assert [r["prefill_tokens"] for r in rows] == [0, 8, 32]
@@ -141,10 +127,10 @@ def test_one_curve_per_decode_batch_and_context():
     assert [r["over_decode"] for r in rows] == pytest.approx([1.0, 1.5, 1.0, 1.5])
 
 
-def test_chunk_sweep_and_tiles(model):
+def test_chunk_sweep_and_tiles(tiny_model):
     opts = replace(OPTS, piggyback_tokens=(4,), decode_batch=(1,), context=(8,))
-    steps = list(probe.rows(model, opts, QUICK, cuda_graphs=False))
-    rows = probe.chunk_rows(steps, model.cfg, "fp32")
+    steps = list(probe.rows(tiny_model, opts, QUICK, cuda_graphs=False))
+    rows = probe.chunk_rows(steps, tiny_model.cfg, "fp32")
     assert [(r["chunk_tokens"], r["chunks"]) for r in rows] == [(16, 7), (64, 2), (100, 1)]
     whole = rows[-1]
     assert whole["over_one_prefill"] == 1.0 and whole["extra_pct"] == 0.0
@@ -157,21 +143,21 @@ def test_chunk_sweep_and_tiles(model):
     assert math.isnan(tiles[0]["over_previous"]) and tiles[1]["over_previous"] > 0
 
 
-def test_an_oom_step_is_a_row_and_the_others_go_on(model, monkeypatch):
+def test_an_oom_step_is_a_row_and_the_others_go_on(tiny_model, monkeypatch):
     def out_of_memory(*args, **kwargs):
         raise RuntimeError("CUDA out of memory. Tried to allocate 2.00 GiB")
 
     monkeypatch.setattr(probe, "time_chunked_prefill", out_of_memory)
-    steps = list(probe.rows(model, replace(OPTS, tiles=(8,)), QUICK, cuda_graphs=False))
+    steps = list(probe.rows(tiny_model, replace(OPTS, tiles=(8,)), QUICK, cuda_graphs=False))
     assert {r["status"] for r in steps if r["part"] == "chunked"} == {"oom"}
     assert {r["status"] for r in steps if r["part"] != "chunked"} == {"ok"}
-    assert probe.chunk_rows(steps, model.cfg, "fp32") == []
+    assert probe.chunk_rows(steps, tiny_model.cfg, "fp32") == []
     assert len(probe.piggyback_rows(steps)) == 3
 
 
-def test_timed_mixed_step_leaves_the_model_unchanged(model):
+def test_timed_mixed_step_leaves_the_model_unchanged(tiny_model):
     """Timing replays the step in place: the cache lengths are reset inside every call."""
-    m = probe.time_mixed(model, probe.MixedStep(2, 10, 6, 3), QUICK)
+    m = probe.time_mixed(tiny_model, probe.MixedStep(2, 10, 6, 3), QUICK)
     assert m.repeats >= 2 and min(m.times_ms) > 0
 
 

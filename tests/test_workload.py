@@ -74,15 +74,15 @@ def test_long_prompt_fraction_is_exact():
 @pytest.mark.parametrize(
     ("kwargs", "option"),
     [
-        ({"requests": 0}, "--requests"),
-        ({"requests": -3}, "--requests"),
-        ({"median": 0}, "--median"),
-        ({"sigma": -1}, "--sigma"),
-        ({"max_output": 0}, "--max-output"),
-        ({"prompt_len": 0}, "--prompt-len"),
-        ({"arrival_rate": 0}, "--arrival-rate"),
-        ({"long_prompt_fraction": 1.5, "long_prompt_len": 10}, "--long-prompt-fraction"),
-        ({"long_prompt_fraction": 0.5}, "--long-prompt-len"),
+        ({"requests": 0}, "requests"),
+        ({"requests": -3}, "requests"),
+        ({"median": 0}, "median"),
+        ({"sigma": -1}, "sigma"),
+        ({"max_output": 0}, "max_output"),
+        ({"prompt_len": 0}, "prompt_len"),
+        ({"arrival_rate": 0}, "arrival_rate"),
+        ({"long_prompt_fraction": 1.5, "long_prompt_len": 10}, "long_prompt_fraction"),
+        ({"long_prompt_fraction": 0.5}, "long_prompt_len"),
     ],
 )
 def test_bad_options_raise_user_error_naming_the_option(kwargs, option):
@@ -139,7 +139,7 @@ def test_bad_traces_raise_one_line_naming_file_and_line(tmp_path, text, expected
     with pytest.raises(UserError) as e:
         read_trace(path)
     message = str(e.value)
-    assert e.value.option == "--trace"
+    assert e.value.option == "trace"
     assert str(path) in message and expected in message and "\n" not in message
 
 
@@ -147,7 +147,7 @@ def test_unreadable_paths_raise_user_error(tmp_path):
     for path in (tmp_path / "missing.csv", tmp_path):
         with pytest.raises(UserError) as e:
             read_trace(path)
-        assert e.value.option == "--trace" and str(path) in str(e.value)
+        assert e.value.option == "trace" and str(path) in str(e.value)
     binary = tmp_path / "binary.csv"
     binary.write_bytes(b"output_tokens\n\xff\xfe\n")
     with pytest.raises(UserError, match="cannot read"):

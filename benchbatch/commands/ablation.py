@@ -99,7 +99,7 @@ def _cost_model(rec, net, budgets, requests, given, run: RunOptions):
         measured = rec.record(
             "step_cost", rows, total=len(points), label="timing steps for the cost model"
         )
-        given = probe.fit(measured, "repeats")
+        given = probe.fit(measured, "repeats", measured=True)
     cost, fitted = given
     summary = probe.cost_summary(cost, fitted)
     rec.put("step_cost", fitted)
@@ -218,6 +218,13 @@ def _report(run, json_out: bool) -> None:
         render.print_json(doc)
         return
     render.out_console.print(_cost_line(meta["step_cost"]))
+    lost = meta["step_cost"]["per_token_costs_unmeasured"]
+    if lost:
+        render.warning(
+            f"the cost of {' and '.join(lost)} could not be measured (every step timed about "
+            f"the same: timing noise hides it), so the simulation prices them at 0: "
+            f"{render.NOISY_HINT}, or a larger model"
+        )
     paper = [
         {
             "label": r["label"],

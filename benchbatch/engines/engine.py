@@ -148,7 +148,7 @@ def check_prompt_ids(vocab: int, requests: Sequence[Request]) -> None:
         if r.prompt_ids is not None and (max(r.prompt_ids) >= vocab or min(r.prompt_ids) < 0):
             bad = max(r.prompt_ids) if max(r.prompt_ids) >= vocab else min(r.prompt_ids)
             raise UserError(
-                "--prompts",
+                "prompts",
                 f"prompt {r.id} holds token id {bad}, outside the model's vocabulary of "
                 f"{vocab:,}: is the tokenizer the checkpoint's?",
             )
@@ -175,7 +175,7 @@ def check_fits(max_context: int, requests: Sequence[Request]) -> None:
     need = cache_len(requests)
     if need > max_context:
         raise UserError(
-            "--max-output",
+            "max_output",
             f"the longest prompt plus the longest output is {need:,} tokens, more than the "
             f"model's --max-context {max_context:,}",
         )

@@ -59,11 +59,13 @@ class SchedulerConfig:
     mixed: bool = True
 
     def __post_init__(self) -> None:
-        _require(self.slots >= 1, "--slots", f"must be at least 1, got {self.slots}")
+        _require(self.slots >= 1, "slots", f"must be at least 1, got {self.slots}")
         seqs = self.max_num_seqs
         if seqs is not None:
-            _require(seqs >= 1, "--max-num-seqs", f"must be at least 1, got {seqs}")
-            _require(seqs <= self.slots, "--max-num-seqs", f"{seqs} is more than --slots")
+            _require(seqs >= 1, "max_num_seqs", f"must be at least 1, got {seqs}")
+            _require(
+                seqs <= self.slots, "max_num_seqs", f"{seqs} is more than the {self.slots} slots"
+            )
         self._check_budget()
         self._check_chunk()
 
@@ -71,11 +73,11 @@ class SchedulerConfig:
         budget = self.max_num_batched_tokens
         if budget is None:
             return
-        _require(budget >= 1, "--max-num-batched-tokens", f"must be at least 1, got {budget}")
+        _require(budget >= 1, "max_num_batched_tokens", f"must be at least 1, got {budget}")
         # Every running sequence must be able to decode each step (vLLM asks the same).
         _require(
             budget >= self.seqs,
-            "--max-num-batched-tokens",
+            "max_num_batched_tokens",
             f"{budget} is less than --max-num-seqs {self.seqs}: running decodes would starve",
         )
 
@@ -83,10 +85,10 @@ class SchedulerConfig:
         chunk, budget = self.chunk_size, self.max_num_batched_tokens
         if chunk is None:
             return
-        _require(self.chunked_prefill, "--chunk-size", "only applies with --chunked-prefill")
-        _require(chunk >= 1, "--chunk-size", f"must be at least 1, got {chunk}")
+        _require(self.chunked_prefill, "chunk_size", "only applies with chunked prefill")
+        _require(chunk >= 1, "chunk_size", f"must be at least 1, got {chunk}")
         if budget is not None:
-            _require(chunk <= budget, "--chunk-size", f"{chunk} is more than the token budget")
+            _require(chunk <= budget, "chunk_size", f"{chunk} is more than the token budget")
 
     @property
     def seqs(self) -> int:
@@ -393,7 +395,7 @@ class Scheduler:
         budget = self.config.max_num_batched_tokens
         if budget is not None and not self.config.chunked_prefill and r.prompt_tokens > budget:
             raise UserError(
-                "--max-num-batched-tokens",
+                "max_num_batched_tokens",
                 f"request {r.id} has a {r.prompt_tokens}-token prompt, more than the budget "
                 f"{budget}; raise the budget or use --chunked-prefill",
             )
@@ -473,6 +475,6 @@ POLICIES: dict[str, type[Scheduler]] = {
 
 def make_scheduler(policy: str, slots: int, record_tokens: bool = True, **settings) -> Scheduler:
     """A scheduler by policy name; settings are SchedulerConfig's fields."""
-    if policy not in POLICIES:
-        raise UserError("--policy", f"unknown policy {policy!r}; choose from {', '.join(POLICIES)}")
+    if policy not in POLICIES:  # the commands choose policies themselves: a bug, not input
+        raise ValueError(f"unknown policy {policy!r}; choose from {', '.join(POLICIES)}")
     return POLICIES[policy](slots, record_tokens, **settings)

@@ -178,7 +178,7 @@ def with_prompts(
     its length as prompt_tokens; arrivals are kept, and output lengths too unless
     output_tokens is given (with end-of-sequence stopping, the cap every request shares)."""
     if not prompts:
-        raise UserError("--prompts", "no prompts to serve")
+        raise UserError("prompts", "no prompts to serve")
     out = []
     for i, r in enumerate(requests):
         ids = tuple(prompts[i % len(prompts)])
@@ -246,18 +246,18 @@ def _check_workload_options(
     long_fraction: float,
     long_len: int,
 ) -> None:
-    _require(requests >= 1, "--requests", f"must be at least 1, got {requests}")
-    _require(median > 0, "--median", f"must be positive, got {median}")
-    _require(sigma >= 0, "--sigma", f"must not be negative, got {sigma}")
-    _require(max_output >= 1, "--max-output", f"must be at least 1, got {max_output}")
-    _require(prompt_len >= 1, "--prompt-len", f"must be at least 1, got {prompt_len}")
+    _require(requests >= 1, "requests", f"must be at least 1, got {requests}")
+    _require(median > 0, "median", f"must be positive, got {median}")
+    _require(sigma >= 0, "sigma", f"must not be negative, got {sigma}")
+    _require(max_output >= 1, "max_output", f"must be at least 1, got {max_output}")
+    _require(prompt_len >= 1, "prompt_len", f"must be at least 1, got {prompt_len}")
     if arrival_rate is not None:
-        _require(arrival_rate > 0, "--arrival-rate", f"must be positive, got {arrival_rate}")
+        _require(arrival_rate > 0, "arrival_rate", f"must be positive, got {arrival_rate}")
     _require(
-        0 <= long_fraction <= 1, "--long-prompt-fraction", f"must be in [0, 1], got {long_fraction}"
+        0 <= long_fraction <= 1, "long_prompt_fraction", f"must be in [0, 1], got {long_fraction}"
     )
     if long_fraction > 0:
-        _require(long_len >= 1, "--long-prompt-len", f"must be at least 1, got {long_len}")
+        _require(long_len >= 1, "long_prompt_len", f"must be at least 1, got {long_len}")
 
 
 def _require(ok: bool, option: str, message: str) -> None:
@@ -267,7 +267,7 @@ def _require(ok: bool, option: str, message: str) -> None:
 
 # --- traces -------------------------------------------------------------------------------
 
-TRACE_OPTION = "--trace"
+TRACE_OPTION = "trace"
 INT64_MAX = 2**63 - 1
 
 
@@ -284,7 +284,7 @@ def read_trace_columns(path: str | Path, prompt_tokens: int = 64) -> Workload:
     """read_trace() as columns. A plain trace (digits, commas and newlines after the header,
     every value valid) is parsed by pandas at once; anything else, or any doubt, goes to the
     row-by-row reader, which accepts the same files and names the line of a bad value."""
-    _require(prompt_tokens >= 1, "--prompt-len", f"must be at least 1, got {prompt_tokens}")
+    _require(prompt_tokens >= 1, "prompt_len", f"must be at least 1, got {prompt_tokens}")
     fast = plain_trace(Path(path), prompt_tokens)
     return fast if fast is not None else Workload.of(_read_trace_rows(path, prompt_tokens))
 

@@ -189,19 +189,25 @@ def _csv_cost_rows(path: Path) -> list[dict]:
     return out.to_dict("records")
 
 
-def fit(rows: list[dict], option: str = STEP_COSTS_OPTION) -> tuple[StepCostModel, list[dict]]:
+def fit(
+    rows: list[dict], option: str = STEP_COSTS_OPTION, measured: bool = False
+) -> tuple[StepCostModel, list[dict]]:
     """The linear step-cost model, least squares on relative error (each step counts alike,
     so the short decode steps that make up TBT are fitted as well as the long prefills).
     A per-token cost never comes out negative: a feature whose coefficient would (noise, or
     samples that cannot separate it, e.g. one context only) is left out and the rest refitted.
-    Returns the model and the rows with its prediction beside each measurement."""
-    model = _fit_nonnegative(rows, option)
+    Steps measured here (`measured`) always give a model, a flat one if timing noise hides
+    every per-token cost (cost_summary says which were left out); a file that cannot
+    determine one is refused. Returns the model and the rows with its prediction beside
+    each measurement."""
+    model = _fit_nonnegative(rows, option, measured)
     # A busy device only ever slows a step down: a measurement far above the first fit is
     # noise (another process had the cores), so it is left out of a second fit.
     used = [predict(model, r) * 1e3 * (1 + OUTLIER) >= r["step_ms"] for r in rows]
     if not all(used):
+        kept = [r for r, u in zip(rows, used, strict=True) if u]
         try:
-            model = _fit_nonnegative([r for r, u in zip(rows, used, strict=True) if u], option)
+            model = _fit_nonnegative(kept, option, measured)
         except UserError:
             used = [True] * len(rows)
     fitted = []
@@ -211,7 +217,7 @@ def fit(rows: list[dict], option: str = STEP_COSTS_OPTION) -> tuple[StepCostMode
     return model, fitted
 
 
-def _fit_nonnegative(rows: list[dict], option: str) -> StepCostModel:
+def _fit_nonnegative(rows: list[dict], option: str, flat_ok: bool = False) -> StepCostModel:
     samples = [
         (r["decode_tokens"], r["prefill_tokens"], r["context_tokens"], r["step_ms"] / 1e3)
         for r in rows
@@ -228,7 +234,8 @@ def _fit_nonnegative(rows: list[dict], option: str) -> StepCostModel:
         bad = [j for j in (2, 0, 1) if j not in left_out and (model is None or coefs[j] < 0)]
         if not bad:
             break
-        if len(left_out) == 2 or (model is None and 2 in left_out):
+        stuck = len(left_out) == 2 or (model is None and 2 in left_out)
+        if stuck and not (flat_ok and rows):
             raise UserError(
                 option,
                 "the step times do not determine a cost model: they need decode steps of "
@@ -236,6 +243,17 @@ def _fit_nonnegative(rows: list[dict], option: str) -> StepCostModel:
             )
         left_out.add(bad[0])
     return model
+
+
+def unmeasured(model: StepCostModel, rows: list[dict]) -> list[str]:
+    """Per-token costs the samples held but the fit left at 0: decode or prefill tokens that
+    did not make any step measurably slower (timing noise larger than their cost)."""
+    names = ("decode_tokens", "prefill_tokens")
+    return [
+        name
+        for name, coef in zip(names, _per_token(model)[:2], strict=False)
+        if coef == 0 and any(r[name] for r in rows)
+    ]
 
 
 def _per_token(model: StepCostModel) -> tuple[float, float, float]:
@@ -255,6 +273,7 @@ def cost_summary(model: StepCostModel, fitted: list[dict]) -> dict:
     """step_cost.json: the coefficients, and how well they fit (median and largest |error|)."""
     errors = [abs(r["error"]) for r in fitted if r["used"]]
     return {
+        "per_token_costs_unmeasured": unmeasured(model, fitted),
         "base_ms": model.base_s * 1e3,
         "per_decode_token_ms": model.per_decode_token_s * 1e3,
         "per_prefill_token_ms": model.per_prefill_token_s * 1e3,
