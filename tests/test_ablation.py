@@ -296,7 +296,8 @@ def test_noise_that_hides_every_token_cost_gives_a_flat_model_and_says_so():
     ]
     model, fitted = probe.fit(rows, "repeats", measured=True)
     assert (model.per_decode_token_s, model.per_prefill_token_s) == (0, 0)
-    assert model.base_s == pytest.approx(0.0087, rel=0.05)
+    times = [r["step_ms"] / 1e3 for r in rows]
+    assert min(times) <= model.base_s <= max(times)  # one price for every step
     summary = probe.cost_summary(model, fitted)
     assert summary["per_token_costs_unmeasured"] == ["decode_tokens", "prefill_tokens"]
     with pytest.raises(UserError) as e:
