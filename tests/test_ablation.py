@@ -288,18 +288,15 @@ def test_wide_step_spread_against_the_cost_model_is_flagged():
 
 
 def test_noise_that_hides_every_token_cost_gives_a_flat_model_and_says_so():
-    """Steps measured here whose times fall as tokens grow (noise larger than the cost):
-    a flat model, with decode and prefill reported unmeasured; from a file, refused."""
+    """Steps whose times fall as tokens grow (noise larger than the cost): a flat model,
+    with decode and prefill reported unmeasured, never an error after the timing."""
     rows = [
         dict(decode_tokens=d, prefill_tokens=p, context_tokens=0, step_ms=9.0 - 0.01 * (d + p))
         for d, p in ((1, 0), (8, 0), (0, 64), (0, 256), (8, 64))
     ]
-    model, fitted = probe.fit(rows, "repeats", measured=True)
+    model, fitted = probe.fit(rows, "repeats")
     assert (model.per_decode_token_s, model.per_prefill_token_s) == (0, 0)
     times = [r["step_ms"] / 1e3 for r in rows]
     assert min(times) <= model.base_s <= max(times)  # one price for every step
     summary = probe.cost_summary(model, fitted)
     assert summary["per_token_costs_unmeasured"] == ["decode_tokens", "prefill_tokens"]
-    with pytest.raises(UserError) as e:
-        probe.fit(rows)
-    assert e.value.option == "--step-costs"

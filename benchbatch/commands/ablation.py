@@ -99,7 +99,7 @@ def _cost_model(rec, net, budgets, requests, given, run: RunOptions):
         measured = rec.record(
             "step_cost", rows, total=len(points), label="timing steps for the cost model"
         )
-        given = probe.fit(measured, "repeats", measured=True)
+        given = probe.fit(measured, "repeats")
     cost, fitted = given
     summary = probe.cost_summary(cost, fitted)
     rec.put("step_cost", fitted)

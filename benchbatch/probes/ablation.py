@@ -189,25 +189,22 @@ def _csv_cost_rows(path: Path) -> list[dict]:
     return out.to_dict("records")
 
 
-def fit(
-    rows: list[dict], option: str = STEP_COSTS_OPTION, measured: bool = False
-) -> tuple[StepCostModel, list[dict]]:
+def fit(rows: list[dict], option: str = STEP_COSTS_OPTION) -> tuple[StepCostModel, list[dict]]:
     """The linear step-cost model, least squares on relative error (each step counts alike,
     so the short decode steps that make up TBT are fitted as well as the long prefills).
     A per-token cost never comes out negative: a feature whose coefficient would (noise, or
     samples that cannot separate it, e.g. one context only) is left out and the rest refitted.
-    Steps measured here (`measured`) always give a model, a flat one if timing noise hides
-    every per-token cost (cost_summary says which were left out); a file that cannot
-    determine one is refused. Returns the model and the rows with its prediction beside
-    each measurement."""
-    model = _fit_nonnegative(rows, option, measured)
+    When timing noise hides every per-token cost the model is flat (cost_summary says which
+    costs were left unmeasured); samples too few to determine one are refused. Returns the
+    model and the rows with its prediction beside each measurement."""
+    model = _fit_nonnegative(rows, option)
     # A busy device only ever slows a step down: a measurement far above the first fit is
     # noise (another process had the cores), so it is left out of a second fit.
     used = [predict(model, r) * 1e3 * (1 + OUTLIER) >= r["step_ms"] for r in rows]
     if not all(used):
         kept = [r for r, u in zip(rows, used, strict=True) if u]
         try:
-            model = _fit_nonnegative(kept, option, measured)
+            model = _fit_nonnegative(kept, option)
         except UserError:
             used = [True] * len(rows)
     fitted = []
@@ -217,7 +214,10 @@ def fit(
     return model, fitted
 
 
-def _fit_nonnegative(rows: list[dict], option: str, flat_ok: bool = False) -> StepCostModel:
+def _fit_nonnegative(rows: list[dict], option: str) -> StepCostModel:
+    """Least squares, leaving out a feature whose cost comes out negative (noise: down to a
+    flat model if need be) or that the samples cannot separate (the context, first); samples
+    that determine nothing even then are refused."""
     samples = [
         (r["decode_tokens"], r["prefill_tokens"], r["context_tokens"], r["step_ms"] / 1e3)
         for r in rows
@@ -229,20 +229,18 @@ def _fit_nonnegative(rows: list[dict], option: str, flat_ok: bool = False) -> St
         try:
             model = fit_step_cost(kept, weights)
         except ValueError:
-            model = None
-        coefs = () if model is None else _per_token(model)
-        bad = [j for j in (2, 0, 1) if j not in left_out and (model is None or coefs[j] < 0)]
+            if 2 in left_out:
+                raise UserError(
+                    option,
+                    "the step times do not determine a cost model: they need decode steps of "
+                    "two batch sizes or more and, for prefills, two prompt lengths or more",
+                ) from None
+            left_out.add(2)
+            continue
+        bad = [j for j in (2, 0, 1) if j not in left_out and _per_token(model)[j] < 0]
         if not bad:
-            break
-        stuck = len(left_out) == 2 or (model is None and 2 in left_out)
-        if stuck and not (flat_ok and rows):
-            raise UserError(
-                option,
-                "the step times do not determine a cost model: they need decode steps of "
-                "two batch sizes or more and, for prefills, two prompt lengths or more",
-            )
+            return model
         left_out.add(bad[0])
-    return model
 
 
 def unmeasured(model: StepCostModel, rows: list[dict]) -> list[str]:
