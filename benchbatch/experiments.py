@@ -122,15 +122,28 @@ class OccupancyOptions:
         "also run both policies on the model and time them (default model: article on CUDA, "
         "cpu-small on CPU; the model options apply only then)."
     )
+    stop_at_eos: bool = opt(
+        False,
+        "With --engine real and --model: end a request at the model's end-of-sequence token "
+        "(--max-output is the cap) and write the lengths that came out to trace_POLICY.csv, "
+        "for --trace to replay.",
+        panel=BATCHING,
+    )
 
     MAX_SEEDS = 10_000
 
     def __post_init__(self) -> None:
         check_count("seeds", self.seeds, 1, self.MAX_SEEDS)
 
-    def check(self, workload) -> None:
+    def check(self, workload, model) -> None:
+        """Options that need others: a fixed trace has no seeds; real prompts and stopping
+        at end-of-sequence need the real engine and a checkpoint."""
         if workload.trace is not None and self.seeds > 1:
             raise UserError("seeds", "a --trace is fixed: there is no seed to vary")
+        for name, given in (("prompts", workload.prompts is not None),
+                            ("stop_at_eos", self.stop_at_eos)):  # fmt: skip
+            if given and (self.engine != "real" or model.model is None):
+                raise UserError(name, "needs --engine real and --model (a checkpoint)")
 
 
 SCHEMES = ("mixed-only", "chunks-only", "both")

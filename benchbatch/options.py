@@ -99,8 +99,15 @@ def check_number(name: str, value: float, least: float = 0.0, *, open_low: bool 
 
 @dataclass(frozen=True)
 class ModelOptions:
-    """Which model: a preset or a config.json, with any size overridden. Weights are random."""
+    """Which model: a local checkpoint with its weights, or a preset or config.json with
+    random weights and any size overridden."""
 
+    model: Path | None = opt(
+        None,
+        "A local Hugging Face checkpoint folder (config.json and .safetensors weights; Llama, "
+        "Mistral, Qwen2, Qwen3): the model you serve, with its weights. Nothing is downloaded.",
+        panel=MODEL,
+    )
     preset: str | None = opt(
         None,
         "Named model shape (article, cpu-small, tiny, qwen3-0.6b, llama3.2-1b, llama2-7b, "
@@ -137,16 +144,27 @@ class ModelOptions:
             "config",
             "give either --preset or --config, not both",
         )
+        if self.model is not None:
+            given = [f"--{k.replace('_', '-')}" for k in self.overrides() if k != "max_context"]
+            given += [f"--{k}" for k in ("preset", "config") if getattr(self, k) is not None]
+            require(
+                not given,
+                "model",
+                f"a checkpoint is its own shape: {', '.join(given)} cannot change it "
+                "(only a smaller --max-context)",
+            )
 
     def overrides(self) -> dict:
         return {k: getattr(self, k) for k in self.SIZES if getattr(self, k) is not None}
 
     def chosen(self) -> bool:
         """Did the user say which model (rather than leave it to the command's default)?"""
-        return self.preset is not None or self.config is not None
+        return any(x is not None for x in (self.model, self.preset, self.config))
 
     def source(self) -> str:
         """The option(s) that made the model's shape, for errors about its size."""
+        if self.model is not None:
+            return "--model"
         given = [f"--{k.replace('_', '-')}" for k in self.overrides()]
         return ", ".join(given) or ("--config" if self.config is not None else "--preset")
 
@@ -154,6 +172,8 @@ class ModelOptions:
         """The ModelConfig: a preset (or the command's default) or a config.json, then sizes."""
         from benchbatch import config as configs
 
+        if self.model is not None:
+            return self._checkpoint_shape()
         base = (
             configs.from_hf_config(self.config)
             if self.config
@@ -162,12 +182,31 @@ class ModelOptions:
         changes = self.overrides()
         return base.replace(**changes) if changes else base
 
+    def _checkpoint_shape(self):
+        from benchbatch import checkpoint
+
+        cfg = checkpoint.read_config(self.model)
+        if self.max_context is None or self.max_context == cfg.max_context:
+            return cfg
+        require(
+            self.max_context < cfg.max_context,
+            "max_context",
+            f"{self.max_context:,} is more than the checkpoint's {cfg.max_context:,} positions",
+        )
+        return cfg.replace(max_context=self.max_context)
+
     def build(self, target, seed: int = 0):
-        """The model on the target device and dtype, and its config (checked to fit first).
-        With no preset or config named, the device's default (see device_preset)."""
+        """The model on the target device and dtype, and its config (checked to fit first):
+        the checkpoint's weights, or seeded random ones. With no model named, the device's
+        default preset (see device_preset)."""
         from benchbatch.engines.model import Transformer
 
         cfg = self.shape(device_preset(target))
+        if self.model is not None:
+            from benchbatch import checkpoint
+
+            check_fits(cfg, target, "--model")
+            return checkpoint.load(self.model, target.device, target.dtype, cfg.max_context)
         check_fits(cfg, target, self.source())
         return Transformer(cfg, target.device, target.dtype, seed), cfg
 
@@ -331,6 +370,13 @@ class WorkloadOptions:
         None,
         "Replay a CSV trace instead: column output_tokens, optional prompt_tokens and "
         "arrival_step (replaces --requests, --median, --sigma, --max-output, --arrival-rate).",
+        panel=WORKLOAD,
+    )
+    prompts: Path | None = opt(
+        None,
+        "Real prompts for --engine real with --model: a JSONL file (a prompt or text field) "
+        "or one prompt per line, tokenized with the checkpoint's tokenizer.json; request i "
+        "gets prompt i (cycling).",
         panel=WORKLOAD,
     )
 

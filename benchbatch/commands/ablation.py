@@ -32,7 +32,10 @@ SLO_COLUMNS = {
 
 
 @command(
-    AblationOptions, use(WorkloadOptions, defaults=ABLATION_WORKLOAD), ModelOptions, RunOptions
+    AblationOptions,
+    use(WorkloadOptions, skip=("prompts",), defaults=ABLATION_WORKLOAD),
+    ModelOptions,
+    RunOptions,
 )
 def ablation(
     opts: AblationOptions, workload: WorkloadOptions, model: ModelOptions, run: RunOptions

@@ -66,8 +66,8 @@ def occupancy(
     try `benchbatch occupancy --engine real --requests 64 --slots 8 --max-output 200` (about
     a minute with cpu-small on 2 cores).
     """
-    opts.check(workload)
-    requests = workload.draw(run.seed)
+    opts.check(workload, model)
+    requests = _served(workload.draw(run.seed), workload, model, opts.stop_at_eos)
     if opts.engine == "real":
         check = lambda cfg: _check_real(cfg, requests, workload)  # noqa: E731
         rec = c.open_model_run("occupancy", model, run, opts, workload, check=check)
@@ -77,16 +77,39 @@ def occupancy(
     with rec:
         sims, rec.meta["summary"] = simulate_part(rec, requests, workload, opts.seeds, run.seed)
         if opts.engine == "real":
-            _run_real(rec, model, run, requests, workload.slots, sims)
+            stop = _stop_tokens(model) if opts.stop_at_eos else frozenset()
+            _run_real(rec, model, run, requests, workload.slots, sims, stop)
     _report(rec, run.json_out)
 
+
+def _served(requests, workload: WorkloadOptions, model: ModelOptions, stop_at_eos: bool):
+    """The requests as the real engine serves them: real prompts (--prompts), and with
+    --stop-at-eos every output capped at --max-output instead of forced to its drawn length."""
+    import dataclasses
+
+    cap = workload.max_output if stop_at_eos else None
+    if workload.prompts is not None:
+        from benchbatch.engines.workload import with_prompts
+        from benchbatch.prompts import prompt_token_ids
+
+        return with_prompts(requests, prompt_token_ids(workload.prompts, model.model), cap)
+    if cap is not None:
+        return [dataclasses.replace(r, output_tokens=cap) for r in requests]
+    return requests
+
+
+def _stop_tokens(model: ModelOptions) -> frozenset[int]:
+    from benchbatch.checkpoint import eos_token_ids
+
+    return eos_token_ids(model.model)
 
 def _check_real(cfg, requests, workload: WorkloadOptions) -> None:
     """A prompt alone longer than the model's context is the prompt's fault (or the trace's),
     a prompt plus its output the output's."""
-    from benchbatch.engines.engine import check_fits
+    from benchbatch.engines.engine import check_fits, check_prompt_ids
     from benchbatch.errors import UserError
 
+    check_prompt_ids(cfg.vocab, requests)
     longest = max(r.prompt_tokens for r in requests)
     if longest + 1 > cfg.max_context:
         raise UserError(
@@ -133,7 +156,7 @@ def simulate_part(rec, first, workload: WorkloadOptions, seeds: int, seed: int):
 # --- the real engine ---------------------------------------------------------------------------
 
 
-def _run_real(rec, model: ModelOptions, run: RunOptions, requests, slots: int, sims) -> None:
+def _run_real(rec, model: ModelOptions, run: RunOptions, requests, slots: int, sims, stop) -> None:
     from benchbatch.plots.occupancy import engine_figure
     from benchbatch.probes import occupancy as probe
 
@@ -142,28 +165,46 @@ def _run_real(rec, model: ModelOptions, run: RunOptions, requests, slots: int, s
     rec.meta.update(estimate=estimate, sim_time_basis=probe.SIM_TIME_BASIS)
     if not run.json_out:
         _print_estimate(estimate, sims, rec, slots)
-    engine_runs(rec, net, requests, slots, sims, run.seed)
+    engine_runs(rec, net, requests, slots, sims, run.seed, stop)
     rows = rec.rows("engine")
     rec.meta["engine_summary"] = probe.engine_summary(rows, sims)
     title = c.title(rec, f"{slots} slots: real engine")
     engine_figure(rec.rows("engine_steps"), rows, rec.folder / "engine.png", title)
 
 
-def engine_runs(rec, net, requests, slots: int, sims, seed: int) -> None:
+def engine_runs(rec, net, requests, slots: int, sims, seed: int, stop=frozenset()) -> None:
     """Static, then continuous batching on the model: engine_steps.csv as the steps end,
-    engine.csv a row per policy (occupancy and reproduce)."""
+    engine.csv a row per policy (occupancy and reproduce). With stop tokens the lengths that
+    came out go to trace_POLICY.csv, and the run is set beside their own simulation."""
     from benchbatch.probes import occupancy as probe
 
-    runs = [probe.EngineRun(p, slots, p, sim_steps=sims[p].total_steps) for p in probe.POLICIES]
+    runs = [
+        probe.EngineRun(p, slots, p, sim_steps=sims[p].total_steps, stop_tokens=stop)
+        for p in probe.POLICIES
+    ]
     walls: dict[str, float] = {}
 
     def finished(spec, result) -> None:
         walls[spec.name] = result.wall_s
-        rec.add("engine", probe.engine_row(result, sims[spec.name], walls.get("static")))
+        sim = sims[spec.name] if not stop else _observed_sim(rec, requests, result, spec.name)
+        rec.add("engine", probe.engine_row(result, sim, walls.get("static")))
 
     steps = probe.engine_steps(net, requests, runs, seed, finished)
     total = sum(r.sim_steps for r in runs)
     rec.record("engine_steps", steps, total=total, label="real engine", stream=True)
+
+
+def _observed_sim(rec, requests, result, policy: str):
+    """The lengths a run stopping at end-of-sequence produced: trace_POLICY.csv, and the
+    simulation of exactly those requests (the one the run is compared with)."""
+    from benchbatch.engines.engine import observed_requests
+    from benchbatch.engines.workload import write_trace
+    from benchbatch.probes import occupancy as probe
+
+    observed = observed_requests(requests, result)
+    write_trace(rec.folder / f"trace_{policy}.csv", observed)
+    rec.meta.setdefault("traces", []).append(f"trace_{policy}.csv")
+    return probe.simulate(observed, result.slots)[policy]
 
 
 def _print_estimate(e: dict, sims: dict, rec, slots: int) -> None:

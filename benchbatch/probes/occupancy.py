@@ -48,9 +48,9 @@ def timeline(results: dict[str, SimResult]) -> pd.DataFrame:
     return timeline_table(results)
 
 
-def title(requests: Workload, slots: int) -> str:
+def title(requests: Sequence[Request] | Workload, slots: int) -> str:
     """The occupancy figure's title: the workload's output lengths and the slots."""
-    outputs = np.sort(requests.output_tokens)
+    outputs = np.sort(Workload.of(requests).output_tokens)
     return (
         f"{len(requests):,} requests (output tokens: median {outputs[len(outputs) // 2]:,}, "
         f"max {outputs[-1]:,}), {slots} slots: active slots per step"
@@ -108,6 +108,7 @@ class EngineRun:
     sim_steps: int = 0
     key: str = "policy"
     sim_step_s: Sequence[float] | None = None
+    stop_tokens: frozenset[int] = frozenset()  # end a request at one (end-of-sequence)
 
 
 Finished = Callable[[EngineRun, object], None]
@@ -121,7 +122,7 @@ def engine_steps(
     from benchbatch.engines.engine import Engine
 
     for run in runs:
-        engine = Engine(model, run.policy, run.slots, seed, **run.settings)
+        engine = Engine(model, run.policy, run.slots, seed, run.stop_tokens, **run.settings)
         for record in engine.steps(requests):
             row = {run.key: run.name, **record.row()}
             if run.sim_step_s is not None:
