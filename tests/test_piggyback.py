@@ -35,7 +35,10 @@ ROW_COLUMNS = {
     "cv",
     "repeats",
     "noisy",
+    "host_ms",
+    "launch_bound",
     "throttled",
+    "power_capped",
 }
 
 

@@ -11,7 +11,9 @@ fall off the kernels' tiles (the paper: a 257-token chunk ran 32% slower than 25
 `time_mixed` is the one way a mixed step is timed (the ablation's cost fit uses it too):
 like steps.time_step, each step gets its own KV cache filled with random values and is
 repeated in place through the shared harness, the cache lengths reset inside the timed call.
-Everything else returns rows; nothing prints.
+On CUDA every timed step (mixed steps, the whole chunked-prefill loop, the tiles) replays a
+CUDA graph unless cuda_graphs is False: "nearly free" must compare GPU work, not launch
+overhead. Everything else returns rows; nothing prints.
 """
 
 from __future__ import annotations
@@ -23,8 +25,9 @@ from typing import Protocol
 
 import torch
 
-from benchbatch import accounting, cuda
+from benchbatch import accounting, backend, timing
 from benchbatch.engines.model import Transformer
+from benchbatch.telemetry import Slowdown
 from benchbatch.timing import Measurement, TimingOptions, measure
 
 DEFAULT_THRESHOLD = 0.10  # a step within 10% of the decode-only step counts as "nearly free"
@@ -32,14 +35,30 @@ PAPER_PREFILL_PER_DECODE_TOKEN = 128  # Sarathi-Serve: linear layers, one decode
 
 
 class Watch(Protocol):
-    """A telemetry.ThrottleWatch: did the GPU slow its clocks since the last look?"""
+    """A telemetry.ThrottleWatch: did the GPU slow its clocks since the last look? (Its
+    look() tells power capping apart; a watch with throttled() alone is taken as is.)"""
 
     def throttled(self) -> bool: ...
 
 
-def _slowed(watch: Watch | None) -> bool:
-    """One look after each measurement: was that measurement throttled?"""
-    return watch is not None and bool(watch.throttled())
+def _slowed(watch: Watch | None) -> Slowdown:
+    """One look after each measurement: was that measurement throttled or power-capped?"""
+    if watch is None:
+        return Slowdown()
+    look = getattr(watch, "look", None)
+    return look() if look is not None else Slowdown(throttled=bool(watch.throttled()))
+
+
+def _slowdown(value: Slowdown | bool) -> Slowdown:
+    return value if isinstance(value, Slowdown) else Slowdown(throttled=bool(value))
+
+
+def _flags(*looks: Slowdown | bool) -> dict:
+    """A row's flags: slowed if any step its numbers come from was."""
+    s = Slowdown()
+    for look in looks:
+        s = s | _slowdown(look)
+    return {"throttled": s.throttled, "power_capped": s.power_capped}
 
 
 @dataclass(frozen=True)
@@ -90,13 +109,14 @@ def time_mixed(
     model: Transformer,
     step: MixedStep,
     opts: TimingOptions,
-    cuda_graphs: bool = False,
+    cuda_graphs: bool = True,
     seed: int = 0,
 ) -> Measurement:
     """Median-of-repeats time of one mixed step (one model.mixed_step, as the engine runs it:
     the prefill chunk's part first, then the decode batch). On CUDA the step can be replayed
     from a CUDA graph (shapes are static: every kv_len is given)."""
     dev = model.embed.weight.device
+    timing.prepare(dev, opts)
     gen = torch.Generator(device=dev).manual_seed(seed)
     b, p, start = step.decode_batch, step.prefill_tokens, step.prefill_start
     cache = model.new_cache(b + (1 if p else 0), max(step.context + 1, start + p))
@@ -116,16 +136,22 @@ def time_mixed(
         cache.lengths[b:].fill_(start)
         model.mixed_step(cache, parts)
 
-    fn = cuda.capture_graph(run, dev) if dev.type == "cuda" and cuda_graphs else run
-    return measure(fn, dev, opts)
+    return _measure(run, dev, opts, cuda_graphs)
 
 
 def time_chunked_prefill(
-    model: Transformer, prompt: int, chunk: int, opts: TimingOptions, seed: int = 0
+    model: Transformer,
+    prompt: int,
+    chunk: int,
+    opts: TimingOptions,
+    seed: int = 0,
+    cuda_graphs: bool = True,
 ) -> Measurement:
     """Time to prefill one `prompt`-token prompt as consecutive steps of `chunk` tokens (the
-    last may be shorter), each attending to the earlier chunks through the KV cache."""
+    last may be shorter), each attending to the earlier chunks through the KV cache. On
+    CUDA the whole loop is one graph: the chunks' launches would otherwise be timed too."""
     dev = model.embed.weight.device
+    timing.prepare(dev, opts)
     gen = torch.Generator(device=dev).manual_seed(seed)
     cache = model.new_cache(1, prompt)
     tokens = torch.randint(0, model.cfg.vocab, (1, prompt), device=dev, generator=gen)
@@ -137,7 +163,12 @@ def time_chunked_prefill(
         for s, e in bounds:
             model.step(tokens[:, s:e], cache, slice(0, 1), kv_len=e)
 
-    return measure(run, dev, opts)
+    return _measure(run, dev, opts, cuda_graphs)
+
+
+def _measure(run, dev: torch.device, opts: TimingOptions, cuda_graphs: bool) -> Measurement:
+    b = backend.of(dev)
+    return measure(b.capture(run) if cuda_graphs and b.graphs else run, dev, opts)
 
 
 # --- the piggyback curve ---------------------------------------------------------------------
@@ -154,7 +185,7 @@ def run_piggyback(
     model: Transformer,
     plan: Sequence[MixedStep],
     opts: TimingOptions,
-    cuda_graphs: bool = False,
+    cuda_graphs: bool = True,
     on_row: Callable[[], None] | None = None,
     watch: Watch | None = None,
 ) -> list[dict]:
@@ -169,11 +200,13 @@ def run_piggyback(
 
 
 def piggyback_rows(
-    times: dict[MixedStep, Measurement], slowed: dict[MixedStep, bool] | None = None
+    times: dict[MixedStep, Measurement],
+    slowed: dict[MixedStep, Slowdown | bool] | None = None,
 ) -> list[dict]:
     """piggyback.csv: per prefill size P, the mixed step against the decode-only step and
     against running the decode step and the prefill alone, one after the other. A row is
-    throttled when any step its numbers come from was timed while the GPU slowed down."""
+    throttled (power-capped) when any step its numbers come from was timed while the GPU
+    slowed down (capped its power)."""
     slowed = slowed or {}
     decode_steps = [s for s in times if s.decode_batch]
     base = next(s for s in decode_steps if s.prefill_tokens == 0)
@@ -184,7 +217,7 @@ def piggyback_rows(
     for step in sorted(decode_steps, key=lambda s: s.prefill_tokens):
         m, p = times[step], step.prefill_tokens
         separate = base_ms + alone[p] if p else base_ms
-        throttled = slowed.get(step, False) or slowed.get(base, False) or alone_slowed.get(p, False)
+        flags = _flags(slowed.get(step, False), slowed.get(base, False), alone_slowed.get(p, False))
         rows.append(
             {
                 "decode_batch": step.decode_batch,
@@ -200,7 +233,7 @@ def piggyback_rows(
                 "separate_ms": separate,
                 "saved_ms": separate - m.median_ms,
                 **_timing(m),
-                "throttled": throttled,
+                **flags,
             }
         )
     return rows
@@ -249,13 +282,14 @@ def run_chunks(
     opts: TimingOptions,
     on_row: Callable[[], None] | None = None,
     watch: Watch | None = None,
+    cuda_graphs: bool = True,
 ) -> list[dict]:
     """chunks.csv's 'chunked' rows: the prompt prefilled in chunks of C, against one prefill
     (C >= prompt is the one-prefill row, always measured)."""
     sizes = sorted({min(c, prompt) for c in chunks} | {prompt})
     times, slowed = {}, {}
     for c in sizes:
-        times[c] = time_chunked_prefill(model, prompt, c, opts)
+        times[c] = time_chunked_prefill(model, prompt, c, opts, cuda_graphs=cuda_graphs)
         slowed[c] = _slowed(watch)
         if on_row is not None:
             on_row()
@@ -263,7 +297,7 @@ def run_chunks(
     return [
         {
             **_chunk_row(model, dtype, prompt, c, times[c], whole_ms),
-            "throttled": slowed[c] or slowed[prompt],  # the row is a ratio to one prefill
+            **_flags(slowed[c], slowed[prompt]),  # the row is a ratio to one prefill
         }
         for c in sizes
     ]
@@ -295,12 +329,13 @@ def run_tiles(
     opts: TimingOptions,
     on_row: Callable[[], None] | None = None,
     watch: Watch | None = None,
+    cuda_graphs: bool = True,
 ) -> list[dict]:
     """chunks.csv's 'tile' rows: one prefill step of each length (e.g. 256 against 257): a
     length just past a multiple of the kernels' tile pays for a mostly empty extra tile."""
-    rows, previous, previous_slowed = [], None, False
+    rows, previous, previous_slowed = [], None, Slowdown()
     for t in sorted(set(tiles)):
-        m = time_mixed(model, MixedStep(0, 0, t), opts)
+        m = time_mixed(model, MixedStep(0, 0, t), opts, cuda_graphs)
         slowed = _slowed(watch)
         if on_row is not None:
             on_row()
@@ -314,7 +349,7 @@ def run_tiles(
                 "ms_per_token": m.median_ms / t,
                 "over_previous": m.median_ms / previous if previous else math.nan,
                 **_timing(m),
-                "throttled": slowed or previous_slowed,  # the row is a ratio to the previous
+                **_flags(slowed, previous_slowed),  # the row is a ratio to the previous
             }
         )
         previous, previous_slowed = m.median_ms, slowed
@@ -329,4 +364,6 @@ def _timing(m: Measurement) -> dict:
         "cv": s["cv"],
         "repeats": s["repeats"],
         "noisy": s["noisy"],
+        "host_ms": s["host_ms"],
+        "launch_bound": s["launch_bound"],
     }
