@@ -18,8 +18,6 @@ from typing import Protocol
 
 import torch
 
-from benchbatch.cuda import CudaBackend
-
 
 class Timer(Protocol):
     count: int
@@ -59,6 +57,9 @@ def of(device: torch.device) -> Backend:
     if device.type == "cuda":
         device = torch.device("cuda", _current_index() if device.index is None else device.index)
     if device not in _backends:
+        # Imported here: benchbatch.cuda imports benchbatch.device, which imports this module.
+        from benchbatch.cuda import CudaBackend
+
         _backends[device] = CudaBackend(device) if device.type == "cuda" else CpuBackend(device)
     return _backends[device]
 
