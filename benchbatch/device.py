@@ -2,14 +2,14 @@
 
 from __future__ import annotations
 
-import gc
 import os
 from dataclasses import dataclass
 
 import torch
 
+from benchbatch import backend
 from benchbatch.errors import UserError
-from benchbatch.machine import available_ram_bytes, cpu_model
+from benchbatch.machine import cpu_model
 
 DTYPES = {"fp32": torch.float32, "fp16": torch.float16, "bf16": torch.bfloat16}
 
@@ -57,6 +57,9 @@ def resolve_device(spec: str) -> torch.device:
         raise UserError("--device", f"unsupported device {spec!r} (auto, cpu, cuda or cuda:N)")
     if dev.type == "cuda":
         _check_cuda(dev)
+        # Libraries and torch defaults (events, graphs, synchronize, empty_cache) follow
+        # the current device: make it this one, not device 0.
+        backend.of(dev).make_current()
     return dev
 
 
@@ -85,10 +88,7 @@ def cpu_info() -> dict:
 
 def free_memory_bytes(dev: torch.device) -> int:
     """Memory a run could still take: free GPU memory, or available RAM on the CPU."""
-    if dev.type == "cuda":
-        free, _total = torch.cuda.mem_get_info(dev)
-        return int(free)
-    return available_ram_bytes()
+    return backend.of(dev).free_memory()
 
 
 OUT_OF_MEMORY_TEXTS = (
@@ -98,15 +98,21 @@ OUT_OF_MEMORY_TEXTS = (
 )
 
 
-def is_out_of_memory(error: BaseException) -> bool:
-    """CUDA's OutOfMemoryError, the CPU allocator's failure, or a size no memory holds."""
-    if isinstance(error, torch.cuda.OutOfMemoryError | MemoryError):
-        return True
-    return any(text in str(error) for text in OUT_OF_MEMORY_TEXTS)
+def is_out_of_memory(error: BaseException | None) -> bool:
+    """CUDA's OutOfMemoryError, the CPU allocator's failure, or a size no memory holds;
+    also an error raised while handling one (a graph capture that ran out of memory fails
+    again when it is closed, and that second error is the one raised)."""
+    seen = set()
+    while error is not None and id(error) not in seen:
+        seen.add(id(error))
+        if isinstance(error, torch.cuda.OutOfMemoryError | MemoryError):
+            return True
+        if any(text in str(error) for text in OUT_OF_MEMORY_TEXTS):
+            return True
+        error = error.__cause__ or error.__context__
+    return False
 
 
 def release_memory(dev: torch.device) -> None:
     """Give back what a failed or finished step held, so the next one starts clean."""
-    gc.collect()
-    if dev.type == "cuda":
-        torch.cuda.empty_cache()
+    backend.of(dev).release()

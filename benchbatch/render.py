@@ -93,6 +93,12 @@ def warn_untrusted(flagged: dict[str, list[str]]) -> None:
             "check its power limit (nvidia-smi -q -d PERFORMANCE) and rerun, with more "
             "--repeats or --min-time."
         )
+    if flagged.get("power_capped"):
+        note(
+            "the GPU held its power limit during: "
+            f"{', '.join(flagged['power_capped'])} (routine under heavy matmul load on big "
+            "GPUs): those times are what this board's power limit allows."
+        )
 
 
 def duration(seconds: float) -> str:

@@ -207,7 +207,12 @@ class Recorder(Run):
         from benchbatch.roofline import annotate
 
         measured = row.get("status", "ok") == "ok"
-        row = {**row, "throttled": bool(self._watch and self._watch.throttled()) and measured}
+        look = self._watch.look() if self._watch is not None else None
+        row = {
+            **row,
+            "throttled": bool(look and look.throttled) and measured,
+            "power_capped": bool(look and look.power_capped) and measured,
+        }
         if self.ceilings is not None and "arithmetic_intensity" in row:
             row = annotate(row, self.ceilings)
         return row
@@ -221,7 +226,7 @@ class Recorder(Run):
         return {flag: [name(r) for r in rows if r.get(flag) is True] for flag in NOT_TRUSTED}
 
 
-NOT_TRUSTED = ("noisy", "throttled")
+NOT_TRUSTED = ("noisy", "throttled", "power_capped")
 
 
 # --- signals -----------------------------------------------------------------------------

@@ -1,12 +1,20 @@
-"""The one timing harness: warm-up, repeats bounded by a count and a time, raw times kept.
+"""The one timing harness: warm-up, repeats sized from the device's own time, raw times kept.
 
-Every probe times through `measure`. On CUDA each repeat is bracketed by CUDA events (the
-host clock would time the launch, not the work) and, when asked, preceded by an L2 flush
-outside the timed region; on CPU the host clock is the device clock.
+Every probe times through `measure`, on the device's backend (benchbatch/backend.py): on
+CUDA each repeat is bracketed by CUDA events on the device's stream and preceded by an L2
+flush outside the timed region; on CPU the host clock is the device clock.
+
+The repeat count comes from the warm-up, as triton's do_bench sizes it: each warm-up call
+is synchronised and timed on the device, and min_time / (one call's device time) repeats
+follow. Counting min_time on the host clock instead would be wrong on a GPU: the host only
+enqueues, runs far ahead of the device, and would queue hundreds of repeats. The warm-up
+calls (queue empty) also give the host's time to enqueue one call: a step whose host time
+is at least its device time is launch-bound (the GPU waits for launches).
 """
 
 from __future__ import annotations
 
+import math
 import statistics
 import time
 from collections.abc import Callable
@@ -14,7 +22,7 @@ from dataclasses import dataclass, field
 
 import torch
 
-from benchbatch import cuda
+from benchbatch import backend
 from benchbatch.noise import DEFAULT_CV_THRESHOLD
 
 
@@ -29,10 +37,17 @@ class TimingOptions:
     cv_threshold: float = DEFAULT_CV_THRESHOLD
 
 
+MAX_WARMUP_CALLS = 100
+
+
 @dataclass
 class Measurement:
+    """Device times of the repeats; `host_times_ms` is the host's time to enqueue one call
+    (None where the host runs the work itself, as on a CPU: there it is the device time)."""
+
     times_ms: list[float] = field(repr=False)
     cv_threshold: float = DEFAULT_CV_THRESHOLD
+    host_times_ms: list[float] | None = field(default=None, repr=False)
 
     @property
     def repeats(self) -> int:
@@ -56,13 +71,26 @@ class Measurement:
     @property
     def cv(self) -> float:
         """Coefficient of variation: standard deviation over mean."""
-        if len(self.times_ms) < 2:
+        mean = statistics.fmean(self.times_ms)
+        if len(self.times_ms) < 2 or mean <= 0:
             return 0.0
-        return statistics.stdev(self.times_ms) / statistics.fmean(self.times_ms)
+        return statistics.stdev(self.times_ms) / mean
 
     @property
     def noisy(self) -> bool:
         return self.cv > self.cv_threshold
+
+    @property
+    def host_ms(self) -> float:
+        if not self.host_times_ms:
+            return self.median_ms
+        return statistics.median(self.host_times_ms)
+
+    @property
+    def launch_bound(self) -> bool:
+        """The host took at least as long to enqueue a call as the device took to run it:
+        the device time is launch gaps as much as work (capture a graph, or batch more)."""
+        return bool(self.host_times_ms) and self.host_ms >= self.median_ms
 
     def summary(self) -> dict:
         return {
@@ -72,55 +100,76 @@ class Measurement:
             "cv": self.cv,
             "repeats": self.repeats,
             "noisy": self.noisy,
+            "host_ms": self.host_ms,
+            "launch_bound": self.launch_bound,
         }
 
 
+def unmeasured() -> dict:
+    """summary()'s columns for a row that was not measured (out of memory, skipped)."""
+    nan = math.nan
+    return {
+        "step_ms": nan,
+        "step_ms_min": nan,
+        "step_ms_iqr": nan,
+        "cv": nan,
+        "repeats": 0,
+        "noisy": False,
+        "host_ms": nan,
+        "launch_bound": False,
+    }
+
+
+def prepare(device: torch.device, opts: TimingOptions) -> None:
+    """Allocate what timing needs (the L2-flush buffer, once per device) before a step
+    allocates its own tensors, so the buffer can never be what runs the step out of memory.
+    """
+    if opts.l2_flush:
+        backend.of(device).flusher()
+
+
 def measure(fn: Callable[[], object], device: torch.device, opts: TimingOptions) -> Measurement:
-    """Time fn: warm up, then repeat until both min_repeats and min_time_s are reached."""
-    _warm_up(fn, device, opts)
-    timer = cuda.EventTimer() if device.type == "cuda" else HostTimer()
-    flush = cuda.l2_flusher(device) if device.type == "cuda" and opts.l2_flush else None
+    """Time fn: warm up (synchronised, timed), then as many repeats as min_time_s of the
+    device's time needs, at least min_repeats and at most max_repeats."""
+    b = backend.of(device)
+    with b.activate():
+        flush = b.flusher() if opts.l2_flush else None
+        warm_ms, warm_host_ms = _warm_up(fn, b, opts)
+        timer = b.timer()
+        for _ in range(repeat_count(warm_ms, opts)):
+            if flush is not None:
+                flush()
+            timer.time(fn)
+        times_ms, _queued_host_ms = timer.read()  # host times of a running-ahead queue: unused
+    return Measurement(times_ms, opts.cv_threshold, warm_host_ms if b.queued else None)
+
+
+def repeat_count(call_ms: list[float], opts: TimingOptions) -> int:
+    """min_time_s over one call's device time (the median of the timed warm-up calls)."""
+    one = statistics.median(call_ms)
+    wanted = math.ceil(opts.min_time_s * 1e3 / one) if one > 0 else opts.max_repeats
+    return min(opts.max_repeats, max(opts.min_repeats, wanted))
+
+
+def _warm_up(fn, b, opts: TimingOptions) -> tuple[list[float], list[float]]:
+    """Keep first-call costs (allocation, autotuning, lazy init) out of the measurement.
+    Each call is timed alone and waited for, so the queue is empty when the next one is
+    enqueued: (device ms, host enqueue ms) of each call after the first."""
+    device_ms: list[float] = []
+    host_ms: list[float] = []
     start = time.perf_counter()
-    while timer.count < opts.max_repeats and (
-        timer.count < opts.min_repeats or time.perf_counter() - start < opts.min_time_s
-    ):
-        if flush is not None:
-            flush()
+    while len(device_ms) < max(1, opts.warmup) or time.perf_counter() - start < opts.warmup_s:
+        timer = b.timer()
         timer.time(fn)
-    return Measurement(timer.elapsed_ms(), opts.cv_threshold)
-
-
-def _warm_up(fn, device: torch.device, opts: TimingOptions) -> None:
-    """Keep first-call costs (allocation, autotuning, lazy init) out of the measurement."""
-    start = time.perf_counter()
-    done = 0
-    while done < opts.warmup or time.perf_counter() - start < opts.warmup_s:
-        fn()
-        done += 1
-        synchronize(device)
-        if done >= 100:
+        d, h = timer.read()
+        device_ms += d
+        host_ms += h
+        if len(device_ms) >= MAX_WARMUP_CALLS:
             break
+    first = 1 if len(device_ms) > 1 else 0
+    return device_ms[first:], host_ms[first:]
 
 
 def synchronize(device: torch.device) -> None:
-    if device.type == "cuda":
-        torch.cuda.synchronize(device)
-
-
-class HostTimer:
-    """perf_counter around each call: right where the host runs the work itself (CPU)."""
-
-    def __init__(self):
-        self._ms: list[float] = []
-
-    @property
-    def count(self) -> int:
-        return len(self._ms)
-
-    def time(self, fn) -> None:
-        t0 = time.perf_counter()
-        fn()
-        self._ms.append((time.perf_counter() - t0) * 1e3)
-
-    def elapsed_ms(self) -> list[float]:
-        return list(self._ms)
+    """Wait until the device has run everything queued so far (a no-op on a CPU)."""
+    backend.of(device).synchronize()

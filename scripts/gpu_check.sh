@@ -1,35 +1,104 @@
 #!/usr/bin/env bash
-# The GPU checks, from a checkout (no install), in under 6 minutes on one NVIDIA GPU:
-#   scripts/gpu_check.sh OUTDIR
-# Runs the GPU tests, then the article's measurements. Everything lands in OUTDIR, and
-# OUTDIR/gpu-results.tgz packs it (the device tool brings back only a few files).
+# The GPU checks, from a checkout (no install), on one NVIDIA GPU, in under 6 minutes:
+#   [PYTHON=python3] scripts/gpu_check.sh OUTDIR
+# Runs tests/test_gpu.py, then the article's measurements. Each step runs under its own
+# timeout, and the timeouts plus the grace each step gets to exit add up to under 360 s:
+# the script checks that sum before it starts and prints it. A step that times out keeps
+# the rows it measured (benchbatch stops cleanly on SIGTERM). One verdict line per step.
+# Everything lands in OUTDIR, and OUTDIR/gpu-results.tgz packs it (the device tool brings
+# back only a few files). A relative OUTDIR is taken from where the script is called;
+# inside this checkout it must be under results/ (anywhere else git would pick it up).
 set -uo pipefail
-out=${1:?usage: scripts/gpu_check.sh OUTDIR}
-cd "$(dirname "$0")/.."
-mkdir -p "$out"
-out=$(cd "$out" && pwd)
-export PYTHONPATH=$PWD${PYTHONPATH:+:$PYTHONPATH} PYTHONUNBUFFERED=1 MPLBACKEND=Agg
-bb() { timeout "$1" python -m benchbatch "${@:2}" 2>&1 | tee -a "$out/log.txt"; }
-step() { echo "== $(date -u +%H:%M:%S) $*" | tee -a "$out/log.txt"; }
 
-step "machine"
-{ nvidia-smi; python -c "import torch; print(torch.__version__, torch.version.cuda, torch.cuda.get_device_name())"; } \
-  >"$out/machine.txt" 2>&1
-step "GPU tests"
-timeout 60 python -m pytest -q -m gpu tests 2>&1 | tee "$out/gpu-tests.txt" | tail -3
-step "reproduce: probe, phases (table B), sweep (table A), occupancy (C) + report"
-bb 120 reproduce --out "$out/reproduce" --force
-step "phases without CUDA graphs (launch overhead visible), on the reproduce run's ceilings"
-bb 30 phases --no-cuda-graphs --ceilings "$out/reproduce/probe.csv" --out "$out/phases-eager" --force
-step "sweep: context grid (the KV cache read grows with context)"
-bb 45 sweep --context 128,512,2048 --ceilings "$out/reproduce/probe.csv" --out "$out/sweep-contexts" --force
-step "occupancy on the real engine (article model, 200 requests, 32 slots)"
-bb 45 occupancy --engine real --requests 200 --out "$out/occupancy-real" --force
-step "chunked prefill: the three Sarathi-Serve schemes, simulated and on the model"
-bb 45 ablation --engine real --requests 60 --long-prompt-len 2048 --max-num-batched-tokens 512 \
-  --chunk-size 256 --max-num-seqs 16 --out "$out/ablation" --force
-step "piggyback: prefill tokens riding on a decode step"
-bb 20 piggyback --decode-batch 32 --out "$out/piggyback" --force
-step "pack"
-tar czf "$out/gpu-results.tgz" -C "$out" --exclude gpu-results.tgz . 2>/dev/null
-step "done"
+LIMIT=360  # seconds the whole script may take
+GRACE=3    # seconds a step gets after SIGTERM before SIGKILL
+PY=${PYTHON:-python3}
+
+# name, timeout (s): the only place the timeouts are set.
+STEPS=(
+  "machine 10"
+  "gpu-tests 40"
+  "reproduce 110"
+  "phases-eager 20"
+  "sweep-contexts 25"
+  "occupancy-real 30"
+  "ablation 30"
+  "piggyback 50"
+  "pack 5"
+)
+
+out=${1:?usage: scripts/gpu_check.sh OUTDIR}
+repo=$(cd "$(dirname "$0")/.." && pwd -P)
+out=$(realpath -m -- "$out")  # relative to the caller's directory, not the repo's
+case "$out/" in
+  "$repo"/results/*) ;;
+  "$repo"/*)
+    echo "Error: OUTDIR: $out is inside the checkout $repo; use a folder outside it, or" \
+      "results/<gpu-name>" >&2
+    exit 2
+    ;;
+esac
+
+budget=0
+declare -A timeout_of
+for s in "${STEPS[@]}"; do
+  read -r name t <<<"$s"
+  timeout_of[$name]=$t
+  budget=$((budget + t + GRACE))
+done
+if ((budget >= LIMIT)); then
+  echo "Error: the step timeouts add up to $budget s, not under $LIMIT s" >&2
+  exit 2
+fi
+
+mkdir -p "$out" || exit 2
+cd "$repo" || exit 2
+export PYTHONPATH=$repo${PYTHONPATH:+:$PYTHONPATH} PYTHONUNBUFFERED=1 MPLBACKEND=Agg
+log=$out/log.txt
+say() { echo "$*" | tee -a "$log"; }
+started=$SECONDS
+say "gpu_check: ${#STEPS[@]} steps, timeouts + ${GRACE} s grace each = $budget s" \
+  "(under $LIMIT s); python: $PY; out: $out"
+
+# step NAME CMD...: run CMD under NAME's timeout, its output to $to (default: the log),
+# then one verdict line (with $detail, if set).
+step() {
+  local name=$1 t=${timeout_of[$1]} begin=$SECONDS file=${to:-$log} rc verdict
+  shift
+  echo "== $(date -u +%H:%M:%S) $name (timeout $t s): $*" >>"$log"
+  timeout -k "$GRACE" "$t" "$@" >>"$file" 2>&1
+  rc=$?
+  case $rc in
+    0) verdict="ok" ;;
+    124 | 137) verdict="TIMED OUT after $t s (rows measured so far are kept)" ;;
+    *) verdict="FAILED (exit $rc)" ;;
+  esac
+  ((rc == 0)) || failed=$((failed + 1))
+  [[ $file != "$log" ]] && detail="$(tail -n 1 "$file")${detail:+; $detail}"
+  say "$(printf '%-15s %s [%d s]' "$name" "$verdict" $((SECONDS - begin)))${detail:+: $detail}"
+  detail=""
+}
+bb() { step "$1" "$PY" -m benchbatch "${@:2}"; }
+
+detail="" failed=0
+machine='import torch; print("torch", torch.__version__, "CUDA", torch.version.cuda, \
+torch.cuda.get_device_name())'
+to=$out/machine.txt step machine bash -c 'nvidia-smi; "$1" -c "$2"' _ "$PY" "$machine"
+to=$out/gpu-tests.txt step gpu-tests "$PY" -m pytest -q -p no:cacheprovider tests/test_gpu.py
+
+bb reproduce reproduce --out "$out/reproduce" --force
+bb phases-eager phases --no-cuda-graphs --ceilings "$out/reproduce/probe.csv" \
+  --out "$out/phases-eager" --force
+bb sweep-contexts sweep --context 128,512,2048 --ceilings "$out/reproduce/probe.csv" \
+  --out "$out/sweep-contexts" --force
+bb occupancy-real occupancy --engine real --requests 200 --out "$out/occupancy-real" --force
+bb ablation ablation --engine real --requests 60 --long-prompt-len 2048 \
+  --max-num-batched-tokens 512 --chunk-size 256 --max-num-seqs 16 --out "$out/ablation" --force
+bb piggyback piggyback --decode-batch 32 --cuda-graphs --out "$out/piggyback" --force
+
+# Packed beside, then moved in: a tar of the folder it is writing into fails.
+tgz=$(mktemp --suffix=.tgz)
+step pack bash -c \
+  'tar czf "$1" -C "$2" --exclude gpu-results.tgz . && mv "$1" "$2/gpu-results.tgz"' _ "$tgz" "$out"
+say "done in $((SECONDS - started)) s; $failed step(s) not ok"
+((failed == 0))

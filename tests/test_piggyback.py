@@ -35,7 +35,10 @@ ROW_COLUMNS = {
     "cv",
     "repeats",
     "noisy",
+    "host_ms",
+    "launch_bound",
     "throttled",
+    "power_capped",
 }
 
 
@@ -212,9 +215,11 @@ class SlowsAt:
     def __init__(self, device):
         self.looks = 0
 
-    def throttled(self) -> bool:
+    def look(self):
+        from benchbatch.telemetry import Slowdown
+
         self.looks += 1
-        return self.looks in self.looks_throttled
+        return Slowdown(throttled=self.looks in self.looks_throttled)
 
     def __enter__(self):
         return self

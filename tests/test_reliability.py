@@ -323,9 +323,11 @@ class FakeWatch:
     def __init__(self, device):
         self.looks = 0
 
-    def throttled(self) -> bool:
+    def look(self):
+        from benchbatch.telemetry import Slowdown
+
         self.looks += 1
-        return self.looks == 2
+        return Slowdown(throttled=self.looks == 2)
 
     def __enter__(self):
         return self
@@ -421,8 +423,15 @@ def test_throttle_watch_reads_slowdown_counters(monkeypatch):
         assert watch.throttled() is False  # the counter did not move again
         nvml.reasons = 0x1  # gpu_idle is no slowdown
         assert watch.throttled() is False
-        nvml.reasons = 0x4  # sw_power_cap holds right now
-        assert watch.throttled() is True
+        nvml.reasons = 0x4  # sw_power_cap holds right now: routine power capping, no throttling
+        assert watch.throttled() is False
+        assert watch.look() == telemetry.Slowdown(throttled=False, power_capped=True)
+        nvml.reasons = 0x40  # hw_thermal_slowdown holds right now
+        assert watch.look() == telemetry.Slowdown(throttled=True, power_capped=False)
+        nvml.reasons = 0
+        nvml.ns[0] += 1_000_000  # the power-cap counter grew during this row
+        assert watch.look() == telemetry.Slowdown(throttled=False, power_capped=True)
+        assert watch.look() == telemetry.Slowdown()
     assert nvml.open == 0
 
 

@@ -28,4 +28,9 @@ def test_count_bound_when_calls_are_slow():
     opts = TimingOptions(min_repeats=3, min_time_s=0.0, warmup=1, warmup_s=0.0)
     m = measure(lambda: time.sleep(0.002), torch.device("cpu"), opts)
     assert m.repeats == 3
-    assert set(m.summary()) == {"step_ms", "step_ms_min", "step_ms_iqr", "cv", "repeats", "noisy"}
+    assert set(m.summary()) == {
+        *("step_ms", "step_ms_min", "step_ms_iqr", "cv", "repeats", "noisy"),
+        *("host_ms", "launch_bound"),
+    }
+    # On a CPU the host runs the work: its time is the device time, and nothing is queued.
+    assert m.summary()["host_ms"] == m.median_ms and m.summary()["launch_bound"] is False

@@ -7,6 +7,7 @@ from benchbatch.commands import common as c
 from benchbatch.commands.params import command
 from benchbatch.experiments import PiggybackOptions
 from benchbatch.options import ModelOptions, RunOptions
+from benchbatch.run import NOT_TRUSTED
 
 COLUMNS = {
     "decode_batch": "decode b",
@@ -66,7 +67,7 @@ def piggyback(opts: PiggybackOptions, model: ModelOptions, run: RunOptions) -> N
 def _untrusted(rows: list[dict], chunk_rows: list[dict]) -> dict[str, list[str]]:
     """Noisy and throttled rows of both tables, by the names the terminal shows."""
     named = [(_row_name(r), r) for r in rows] + [(_chunk_name(r), r) for r in chunk_rows]
-    return {flag: [n for n, r in named if r.get(flag) is True] for flag in ("noisy", "throttled")}
+    return {flag: [n for n, r in named if r.get(flag) is True] for flag in NOT_TRUSTED}
 
 
 def _row_name(r: dict) -> str:

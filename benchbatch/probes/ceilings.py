@@ -16,13 +16,13 @@ so the memory rows time DRAM/HBM and not a cache.
 
 from __future__ import annotations
 
-import math
 from collections.abc import Iterator
 from dataclasses import dataclass
 
 import torch
 
 from benchbatch import device as devices
+from benchbatch import timing
 from benchbatch.config import DTYPE_BYTES
 from benchbatch.errors import UserError
 from benchbatch.experiments import ProbeOptions as Options
@@ -139,6 +139,7 @@ def _random_buffer(numel: int, dev, dt, gen, block: int = 2**20) -> torch.Tensor
 
 
 def time_probe(probe: Probe, dev: torch.device, dtype: str, opts: TimingOptions) -> Measurement:
+    timing.prepare(dev, opts)  # the L2-flush buffer first: it must not be what runs out
     with torch.inference_mode():
         return measure(work(probe, dev, dtype), dev, opts)
 
@@ -146,8 +147,8 @@ def time_probe(probe: Probe, dev: torch.device, dtype: str, opts: TimingOptions)
 def probe_row(probe: Probe, dtype: str, m: Measurement | None, status: str = "ok") -> dict:
     """One row: time, counted work and the rates it implies (median time)."""
     flops, nbytes = cost(probe, dtype)
-    timing = m.summary() if m is not None else _unmeasured()
-    seconds = timing.pop("step_ms") / 1e3
+    stats = m.summary() if m is not None else timing.unmeasured()
+    seconds = stats.pop("step_ms") / 1e3
     return {
         "kind": probe.kind,
         "label": probe.label,
@@ -159,20 +160,8 @@ def probe_row(probe: Probe, dtype: str, m: Measurement | None, status: str = "ok
         "flops": flops,
         "bytes": nbytes,
         "arithmetic_intensity": flops / nbytes,
-        **timing,
+        **stats,
         "status": status,
-    }
-
-
-def _unmeasured() -> dict:
-    nan = math.nan
-    return {
-        "step_ms": nan,
-        "step_ms_min": nan,
-        "step_ms_iqr": nan,
-        "cv": nan,
-        "repeats": 0,
-        "noisy": False,
     }
 
 

@@ -13,7 +13,9 @@ like steps.time_step, each step gets its own KV cache filled with random values 
 repeated in place through the shared harness, the cache lengths reset inside the timed call.
 `rows` times every step of the plan and yields one raw row per step as it is measured
 (steps.csv); the relative rows (piggyback.csv, chunks.csv) are derived from those at the end,
-so an interrupted run keeps every step it timed. Nothing here prints.
+so an interrupted run keeps every step it timed. On CUDA every timed step (mixed steps, the
+whole chunked-prefill loop, the tiles) replays a CUDA graph unless cuda_graphs is False:
+"nearly free" must compare GPU work, not launch overhead. Nothing here prints.
 """
 
 from __future__ import annotations
@@ -24,7 +26,7 @@ from dataclasses import dataclass
 
 import torch
 
-from benchbatch import accounting, cuda, device
+from benchbatch import accounting, backend, device, timing
 from benchbatch.engines.model import Transformer
 from benchbatch.experiments import PiggybackOptions as Options
 from benchbatch.timing import Measurement, TimingOptions, measure
@@ -82,13 +84,14 @@ def time_mixed(
     model: Transformer,
     step: MixedStep,
     opts: TimingOptions,
-    cuda_graphs: bool = False,
+    cuda_graphs: bool = True,
     seed: int = 0,
 ) -> Measurement:
     """Median-of-repeats time of one mixed step (one model.mixed_step, as the engine runs it:
     the prefill chunk's part first, then the decode batch). On CUDA the step can be replayed
     from a CUDA graph (shapes are static: every kv_len is given)."""
     dev = model.embed.weight.device
+    timing.prepare(dev, opts)
     gen = torch.Generator(device=dev).manual_seed(seed)
     b, p, start = step.decode_batch, step.prefill_tokens, step.prefill_start
     cache = model.new_cache(b + (1 if p else 0), max(step.context + 1, start + p))
@@ -108,16 +111,22 @@ def time_mixed(
         cache.lengths[b:].fill_(start)
         model.mixed_step(cache, parts)
 
-    fn = cuda.capture_graph(run, dev) if dev.type == "cuda" and cuda_graphs else run
-    return measure(fn, dev, opts)
+    return _measure(run, dev, opts, cuda_graphs)
 
 
 def time_chunked_prefill(
-    model: Transformer, prompt: int, chunk: int, opts: TimingOptions, seed: int = 0
+    model: Transformer,
+    prompt: int,
+    chunk: int,
+    opts: TimingOptions,
+    seed: int = 0,
+    cuda_graphs: bool = True,
 ) -> Measurement:
     """Time to prefill one `prompt`-token prompt as consecutive steps of `chunk` tokens (the
-    last may be shorter), each attending to the earlier chunks through the KV cache."""
+    last may be shorter), each attending to the earlier chunks through the KV cache. On
+    CUDA the whole loop is one graph: the chunks' launches would otherwise be timed too."""
     dev = model.embed.weight.device
+    timing.prepare(dev, opts)
     gen = torch.Generator(device=dev).manual_seed(seed)
     cache = model.new_cache(1, prompt)
     tokens = torch.randint(0, model.cfg.vocab, (1, prompt), device=dev, generator=gen)
@@ -129,7 +138,12 @@ def time_chunked_prefill(
         for s, e in bounds:
             model.step(tokens[:, s:e], cache, slice(0, 1), kv_len=e)
 
-    return measure(run, dev, opts)
+    return _measure(run, dev, opts, cuda_graphs)
+
+
+def _measure(run, dev: torch.device, opts: TimingOptions, cuda_graphs: bool) -> Measurement:
+    b = backend.of(dev)
+    return measure(b.capture(run) if cuda_graphs and b.graphs else run, dev, opts)
 
 
 # --- the plan and its raw rows ---------------------------------------------------------------
@@ -172,14 +186,14 @@ def plan(opts: Options) -> list[Timed]:
 
 
 def rows(
-    model: Transformer, opts: Options, timing: TimingOptions, cuda_graphs: bool = True
+    model: Transformer, opts: Options, timed: TimingOptions, cuda_graphs: bool = True
 ) -> Iterator[dict]:
     """steps.csv: one row per timed step, yielded as it is measured; a step too large for
     memory is an oom row and the rest go on."""
     dev = model.embed.weight.device
     for item in plan(opts):
         try:
-            m, status = _time(model, item, timing, cuda_graphs), "ok"
+            m, status = _time(model, item, timed, cuda_graphs), "ok"
         except (RuntimeError, MemoryError) as e:
             if not device.is_out_of_memory(e):
                 raise
@@ -189,10 +203,11 @@ def rows(
         yield raw_row(item, m, status)
 
 
-def _time(model, item: Timed, timing: TimingOptions, cuda_graphs: bool) -> Measurement:
+def _time(model, item: Timed, opts: TimingOptions, cuda_graphs: bool) -> Measurement:
     if isinstance(item.step, Chunked):
-        return time_chunked_prefill(model, item.step.prompt, item.step.chunk, timing)
-    return time_mixed(model, item.step, timing, cuda_graphs)
+        step = item.step
+        return time_chunked_prefill(model, step.prompt, step.chunk, opts, cuda_graphs=cuda_graphs)
+    return time_mixed(model, item.step, opts, cuda_graphs)
 
 
 def raw_row(item: Timed, m: Measurement | None, status: str = "ok") -> dict:
@@ -249,7 +264,7 @@ def _curve_row(r: dict, base: dict, alone: dict | None) -> dict:
         "separate_ms": separate,
         "saved_ms": separate - ms,
         **{k: r[k] for k in TIMING_KEYS},
-        "throttled": any(x.get("throttled", False) for x in flags),
+        **_flags(*flags),
     }
 
 
@@ -308,7 +323,7 @@ def chunk_rows(raw: Sequence[dict], cfg, dtype: str) -> list[dict]:
     return [
         {
             **_chunk_row(cfg, dtype, r, whole["step_ms"]),
-            "throttled": bool(r.get("throttled") or whole.get("throttled")),
+            **_flags(r, whole),
         }
         for r in steps
     ]
@@ -352,19 +367,22 @@ def tile_rows(raw: Sequence[dict]) -> list[dict]:
                 "ms_per_token": ms / t,
                 "over_previous": ms / previous["step_ms"] if previous else math.nan,
                 **{k: r[k] for k in TIMING_KEYS},
-                "throttled": bool(r.get("throttled") or (previous or {}).get("throttled")),
+                **_flags(r, previous),
             }
         )
         previous = r
     return out
 
 
-TIMING_KEYS = ("step_ms_min", "step_ms_iqr", "cv", "repeats", "noisy")
+TIMING_KEYS = ("step_ms_min", "step_ms_iqr", "cv", "repeats", "noisy", "host_ms", "launch_bound")
+FLAGS = ("throttled", "power_capped")  # the recorder's look at the GPU after each step
 
 
 def _timing(m: Measurement | None) -> dict:
-    if m is None:
-        return {"step_ms_min": math.nan, "step_ms_iqr": math.nan, "cv": math.nan, "repeats": 0,
-                "noisy": False}  # fmt: skip
-    s = m.summary()
+    s = m.summary() if m is not None else timing.unmeasured()
     return {k: s[k] for k in TIMING_KEYS}
+
+
+def _flags(*steps: dict | None) -> dict:
+    """A derived row is slowed if any step its numbers come from was."""
+    return {f: any(bool(r and r.get(f)) for r in steps) for f in FLAGS}

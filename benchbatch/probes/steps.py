@@ -4,17 +4,21 @@ Shared by every probe that times model steps (phases, sweep, ...). A step is
 (batch, tokens, context): `tokens` new tokens for each of `batch` sequences that already
 hold `context` tokens. Each step gets its own KV cache, sized to the step and filled with
 random values (never time on zeros), and is repeated in place: the cache lengths are reset
-inside the timed call, so every repeat does exactly the same work.
+inside the timed call, so every repeat (and every replay of its CUDA graph) does exactly
+the same work.
+
+On CUDA both phases replay a CUDA graph by default: a prefill step of a 1-2 ms GPU workload
+takes a few ms of host launches, so an eager prefill would time the launch gaps. Every row
+keeps the host's enqueue time (`host_ms`) beside the device time and flags `launch_bound`.
 """
 
 from __future__ import annotations
 
-import math
 from dataclasses import dataclass
 
 import torch
 
-from benchbatch import accounting, cuda, device
+from benchbatch import accounting, backend, device, timing
 from benchbatch.engines.model import Transformer
 from benchbatch.timing import Measurement, TimingOptions, measure
 
@@ -44,8 +48,10 @@ def decode(batch: int, context: int) -> Step:
 def time_step(
     model: Transformer, step: Step, opts: TimingOptions, cuda_graphs: bool = True, seed: int = 0
 ) -> Measurement:
-    """Median-of-repeats time of one step; decode steps replay a CUDA graph when asked."""
+    """Median-of-repeats time of one step; on CUDA it replays a CUDA graph when asked (the
+    graph is captured for this step's shape and dropped with it)."""
     dev = model.embed.weight.device
+    timing.prepare(dev, opts)
     gen = torch.Generator(device=dev).manual_seed(seed)
     cache = model.new_cache(step.batch, step.context + step.tokens)
     cache.k.normal_(generator=gen)
@@ -58,17 +64,15 @@ def time_step(
         cache.lengths.fill_(step.context)
         model.step(tokens, cache, slots, kv_len=kv_len)
 
-    fn = run
-    if dev.type == "cuda" and cuda_graphs and step.phase == "decode":
-        fn = cuda.capture_graph(run, dev)
-    return measure(fn, dev, opts)
+    b = backend.of(dev)
+    return measure(b.capture(run) if cuda_graphs and b.graphs else run, dev, opts)
 
 
 def step_row(model: Transformer, dtype: str, step: Step, m: Measurement | None) -> dict:
     """Everything a table, CSV or plot needs about one step: time, FLOPs, bytes, rates."""
     cost = accounting.step_cost(model.cfg, dtype, step.batch, step.tokens, step.context)
-    timing = m.summary() if m is not None else _unmeasured()
-    seconds = timing.pop("step_ms") / 1e3
+    stats = m.summary() if m is not None else timing.unmeasured()
+    seconds = stats.pop("step_ms") / 1e3
     new_tokens = step.batch * step.tokens
     detail = {k: v for k, v in cost.to_dict().items() if k not in ("batch", "tokens", "context")}
     return {
@@ -83,19 +87,7 @@ def step_row(model: Transformer, dtype: str, step: Step, m: Measurement | None) 
         "tflops": cost.flops / seconds / 1e12,
         "gbps": cost.bytes / seconds / 1e9,
         **detail,
-        **timing,
-    }
-
-
-def _unmeasured() -> dict:
-    nan = math.nan
-    return {
-        "step_ms": nan,
-        "step_ms_min": nan,
-        "step_ms_iqr": nan,
-        "cv": nan,
-        "repeats": 0,
-        "noisy": False,
+        **stats,
     }
 
 

@@ -1,0 +1,278 @@
+"""A fake torch.cuda for CPU tests of benchbatch's CUDA backend (benchbatch/cuda.py).
+
+It runs no GPU code, but keeps torch's documented semantics for every call the backend
+makes, and records which device and stream each call used:
+
+- a current device (device(i) sets it inside a block, set_device for good) and a current
+  stream per device; Stream(None), Event.record(None), synchronize(None) and the side
+  stream torch.cuda.graph makes when given none all follow the *current* device;
+- each device has a clock (ms of work it has run); `launch(ms, device)` is a kernel on
+  that device, whatever device is current (torch runs a tensor's kernels on its own
+  device), and inside `kernels_on(device, ms)` every aten op the CPU runs is a kernel of
+  `ms` on that device (the model's work, as the GPU would see it); an event reads the
+  clock of the device it was recorded on, and elapsed_time refuses events that device
+  has not been synchronized past ("device not ready");
+- graph capture records the aten ops the captured call runs (a TorchDispatchMode), refuses
+  host reads of device values while capturing, and a replay runs the recorded ops again
+  on the same tensors, with every Python-side value frozen, as a CUDA graph replays its
+  kernels. Unlike a real capture, the capture pass also runs the ops once.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import itertools
+from types import SimpleNamespace
+
+import torch
+from torch.utils._python_dispatch import TorchDispatchMode
+from torch.utils._pytree import tree_leaves
+
+aten = torch.ops.aten
+# Ops that read a device value on the host: a CUDA stream being captured refuses them.
+HOST_READS = {
+    aten.item.default,
+    aten._local_scalar_dense.default,
+    aten.is_nonzero.default,
+    aten.equal.default,
+    aten.nonzero.default,
+}
+
+
+class FakeCuda:
+    OutOfMemoryError = torch.cuda.OutOfMemoryError
+
+    def __init__(self, devices: int = 2, l2_bytes: int = 1 << 20, uuids=None):
+        self.count, self.l2_bytes = devices, l2_bytes
+        self.uuids = uuids or [f"{i:08x}-0000-0000-0000-000000000000" for i in range(devices)]
+        self.free_bytes, self.total_bytes = 3 << 30, 4 << 30
+        self.calls: list[tuple] = []  # (call, device index, stream name)
+        self.clock = [0.0] * devices
+        self.replay_ms = 0.0  # device time one replay takes
+        self.fail_captures: set[int] = set()  # capture numbers (1 = first) that run out
+        self.captures: list[SimpleNamespace] = []  # number, device, ops: no tensors kept
+        self._current = 0
+        self._names = itertools.count(1)
+        self._streams = [FakeStream(i, f"default{i}") for i in range(devices)]
+        self._capture_stream: FakeStream | None = None  # torch.cuda.graph's own, made once
+        self._recorded = [0] * devices
+        self._done = [0] * devices
+
+    # --- devices and streams ---------------------------------------------------------------
+
+    def _index(self, device) -> int:
+        if device is None:
+            return self._current
+        if isinstance(device, str):
+            device = torch.device(device)
+        if isinstance(device, torch.device):
+            return self._current if device.index is None else device.index
+        return int(device)
+
+    def current_device(self) -> int:
+        return self._current
+
+    def set_device(self, device) -> None:
+        self._current = self._index(device)
+        self.calls.append(("set_device", self._current, None))
+
+    @contextlib.contextmanager
+    def device(self, device):
+        previous, self._current = self._current, self._index(device)
+        self.calls.append(("device", self._current, None))
+        try:
+            yield
+        finally:
+            self._current = previous
+
+    def current_stream(self, device=None) -> FakeStream:
+        return self._streams[self._index(device)]
+
+    def Stream(self, device=None, priority: int = 0) -> FakeStream:  # noqa: N802 (torch's name)
+        s = FakeStream(self._index(device), f"side{next(self._names)}")
+        self.calls.append(("Stream", s.index, s.name))
+        return s
+
+    @contextlib.contextmanager
+    def stream(self, s: FakeStream):
+        """torch.cuda.stream: s is its device's current stream, and its device current."""
+        previous_device, previous_stream = self._current, self._streams[s.index]
+        self._current, self._streams[s.index] = s.index, s
+        self.calls.append(("stream", s.index, s.name))
+        try:
+            yield
+        finally:
+            self._current, self._streams[s.index] = previous_device, previous_stream
+
+    def synchronize(self, device=None) -> None:
+        i = self._index(device)
+        self._done[i] = self._recorded[i]
+        self.calls.append(("synchronize", i, None))
+
+    # --- events, graphs, memory ------------------------------------------------------------
+
+    def Event(self, enable_timing: bool = False, **kwargs) -> FakeEvent:  # noqa: N802
+        return FakeEvent(self, enable_timing)
+
+    def CUDAGraph(self) -> FakeGraph:  # noqa: N802
+        return FakeGraph(self)
+
+    def graph(self, cuda_graph, pool=None, stream=None, capture_error_mode="global"):
+        return FakeCapture(self, cuda_graph, stream)
+
+    def mem_get_info(self, device=None) -> tuple[int, int]:
+        self.calls.append(("mem_get_info", self._index(device), None))
+        return self.free_bytes, self.total_bytes
+
+    def get_device_properties(self, device):
+        i = self._index(device)
+        return SimpleNamespace(
+            name=f"Fake GPU {i}", L2_cache_size=self.l2_bytes, uuid=self.uuids[i]
+        )
+
+    def empty_cache(self) -> None:
+        self.calls.append(("empty_cache", self._current, None))
+
+    # --- work ------------------------------------------------------------------------------
+
+    def launch(self, ms: float, device: int) -> None:
+        """A kernel running `ms` on `device`."""
+        self.clock[device] += ms
+
+    @contextlib.contextmanager
+    def kernels_on(self, device: int, ms: float):
+        """Every aten op run inside the block is a kernel of `ms` on `device`."""
+        with _OpClock(self, device, ms):
+            yield
+
+    def called(self, name: str) -> list[tuple]:
+        return [c for c in self.calls if c[0] == name]
+
+
+class FakeStream:
+    def __init__(self, index: int, name: str):
+        self.index, self.name = index, name
+        self.device = torch.device("cuda", index)
+        self.waited_for: list[str] = []
+
+    def wait_stream(self, other: FakeStream) -> None:
+        self.waited_for.append(other.name)
+
+
+class FakeEvent:
+    def __init__(self, api: FakeCuda, enable_timing: bool):
+        self.api, self.enable_timing = api, enable_timing
+        self.stream: FakeStream | None = None
+
+    def record(self, stream: FakeStream | None = None) -> None:
+        api = self.api
+        stream = stream if stream is not None else api.current_stream()
+        if self.stream is not None and self.stream.index != stream.index:
+            raise RuntimeError("an event is recorded by streams of one device only")
+        api._recorded[stream.index] += 1
+        self.stream, self.seq = stream, api._recorded[stream.index]
+        self.at = api.clock[stream.index]
+        api.calls.append(("record", stream.index, stream.name))
+
+    def elapsed_time(self, end: FakeEvent) -> float:
+        if not (self.enable_timing and end.enable_timing):
+            raise RuntimeError("events were created without enable_timing")
+        if self.stream is None or end.stream is None:
+            raise RuntimeError("an event was not recorded")
+        if self.stream.index != end.stream.index:
+            raise RuntimeError("events of two devices")
+        if self.api._done[end.stream.index] < max(self.seq, end.seq):
+            raise RuntimeError("CUDA error: device not ready")
+        return end.at - self.at
+
+
+class FakeGraph:
+    def __init__(self, api: FakeCuda):
+        self.api, self.ops, self.number, self.index = api, [], None, None
+
+    def replay(self) -> None:
+        if self.number is None:
+            raise RuntimeError("replay of a graph that was never captured")
+        self.api.calls.append(("replay", self.index, f"graph{self.number}"))
+        with torch.inference_mode():
+            for func, args, kwargs, out in self.ops:
+                _write_back(out, func(*args, **kwargs), tree_leaves((args, kwargs)))
+        self.api.clock[self.index] += self.api.replay_ms
+
+
+def _write_back(recorded, fresh, inputs) -> None:
+    """Put a replayed op's results where the capture's outputs live (a graph's outputs stay
+    at their addresses); views and in-place results are already there."""
+    for old, new in zip(tree_leaves(recorded), tree_leaves(fresh), strict=True):
+        if not isinstance(old, torch.Tensor):
+            continue
+        storage = old.untyped_storage().data_ptr()
+        if not any(
+            isinstance(t, torch.Tensor) and t.untyped_storage().data_ptr() == storage
+            for t in inputs
+        ):
+            old.copy_(new)
+
+
+class _OpClock(TorchDispatchMode):
+    def __init__(self, api: FakeCuda, device: int, ms: float):
+        super().__init__()
+        self.api, self.device, self.ms = api, device, ms
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        self.api.clock[self.device] += self.ms
+        return func(*args, **(kwargs or {}))
+
+
+class _Recorder(TorchDispatchMode):
+    def __init__(self):
+        super().__init__()
+        self.ops: list[tuple] = []
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        kwargs = kwargs or {}
+        if func in HOST_READS:
+            raise RuntimeError("operation not permitted when stream is capturing")
+        out = func(*args, **kwargs)
+        self.ops.append((func, args, kwargs, out))
+        return out
+
+
+class FakeCapture:
+    """torch.cuda.graph(g, stream=...): synchronize, empty the cache, capture on `stream`
+    (or on a side stream made once on the current device)."""
+
+    def __init__(self, api: FakeCuda, graph: FakeGraph, stream: FakeStream | None):
+        if stream is None:
+            if api._capture_stream is None:
+                api._capture_stream = api.Stream()
+            stream = api._capture_stream
+        self.api, self.graph, self.stream = api, graph, stream
+
+    def __enter__(self):
+        api = self.api
+        api.synchronize()
+        api.empty_cache()
+        self._stream = api.stream(self.stream)
+        self._stream.__enter__()
+        self.graph.number, self.graph.index = len(api.captures) + 1, self.stream.index
+        api.captures.append(SimpleNamespace(number=self.graph.number, device=self.graph.index))
+        api.calls.append(("capture", self.stream.index, self.stream.name))
+        self._recorder = _Recorder()
+        self._recorder.__enter__()
+
+    def __exit__(self, *exc):
+        self._recorder.__exit__(*exc)
+        self._stream.__exit__(*exc)
+        self.graph.ops = self._recorder.ops
+        self.api.captures[-1].ops = len(self.graph.ops)
+        if exc[0] is None and self.graph.number in self.api.fail_captures:
+            # A capture that runs out of memory fails again when it ends; that second
+            # error is the one torch raises.
+            try:
+                raise torch.cuda.OutOfMemoryError("CUDA out of memory. Tried to allocate 2 GiB")
+            except torch.cuda.OutOfMemoryError:
+                raise RuntimeError(  # noqa: B904 (the chain is what torch gives)
+                    "CUDA error: operation failed due to a previous error during capture"
+                )
+        return False
