@@ -11,12 +11,13 @@ from __future__ import annotations
 
 import contextlib
 import gc
-import os
 import time
 from collections.abc import Callable, Iterator
 from typing import Protocol
 
 import torch
+
+from benchbatch.machine import available_ram_bytes
 
 
 class Timer(Protocol):
@@ -114,14 +115,7 @@ class CpuBackend:
 
     def free_memory(self) -> int:
         """Available RAM."""
-        try:
-            with open("/proc/meminfo") as f:
-                for line in f:
-                    if line.startswith("MemAvailable:"):
-                        return int(line.split()[1]) * 1024
-        except OSError:
-            pass
-        return os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_AVPHYS_PAGES")
+        return available_ram_bytes()
 
     def release(self) -> None:
         gc.collect()

@@ -113,6 +113,19 @@ def is_out_of_memory(error: BaseException | None) -> bool:
     return False
 
 
+def measured_or_oom(measure, dev: torch.device):
+    """(measure(), "ok"), or (None, "oom") when the step does not fit in memory: running out
+    is a row's status, not a crash; whatever the step held is given back either way."""
+    try:
+        return measure(), "ok"
+    except (RuntimeError, MemoryError) as e:
+        if not is_out_of_memory(e):
+            raise
+        return None, "oom"
+    finally:
+        release_memory(dev)
+
+
 def release_memory(dev: torch.device) -> None:
     """Give back what a failed or finished step held, so the next one starts clean."""
     backend.of(dev).release()

@@ -168,14 +168,8 @@ def probe_row(probe: Probe, dtype: str, m: Measurement | None, status: str = "ok
 def run(probes: list[Probe], dev: torch.device, dtype: str, opts: TimingOptions) -> Iterator[dict]:
     """One row per probe, yielded as soon as it is measured; out of memory is a row."""
     for probe in probes:
-        try:
-            m, status = time_probe(probe, dev, dtype, opts), "ok"
-        except (RuntimeError, MemoryError) as e:
-            if not devices.is_out_of_memory(e):
-                raise
-            m, status = None, "oom"
-        finally:
-            devices.release_memory(dev)
+        timed = lambda p=probe: time_probe(p, dev, dtype, opts)  # noqa: E731
+        m, status = devices.measured_or_oom(timed, dev)
         yield probe_row(probe, dtype, m, status)
 
 

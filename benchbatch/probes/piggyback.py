@@ -20,6 +20,7 @@ whole chunked-prefill loop, the tiles) replays a CUDA graph unless cuda_graphs i
 
 from __future__ import annotations
 
+import functools
 import math
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
@@ -192,14 +193,8 @@ def rows(
     memory is an oom row and the rest go on."""
     dev = model.embed.weight.device
     for item in plan(opts):
-        try:
-            m, status = _time(model, item, timed, cuda_graphs), "ok"
-        except (RuntimeError, MemoryError) as e:
-            if not device.is_out_of_memory(e):
-                raise
-            m, status = None, "oom"
-        finally:
-            device.release_memory(dev)
+        measure = functools.partial(_time, model, item, timed, cuda_graphs)
+        m, status = device.measured_or_oom(measure, dev)
         yield raw_row(item, m, status)
 
 

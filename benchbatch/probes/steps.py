@@ -95,14 +95,6 @@ def run_step(
     model: Transformer, dtype: str, step: Step, opts: TimingOptions, cuda_graphs: bool = True
 ) -> dict:
     """Time a step and return its row; out of memory is recorded as such, not raised."""
-    dev = model.embed.weight.device
-    try:
-        m = time_step(model, step, opts, cuda_graphs)
-        status = "ok"
-    except (RuntimeError, MemoryError) as e:
-        if not device.is_out_of_memory(e):
-            raise
-        m, status = None, "oom"
-    finally:
-        device.release_memory(dev)
+    timed = lambda: time_step(model, step, opts, cuda_graphs)  # noqa: E731
+    m, status = device.measured_or_oom(timed, model.embed.weight.device)
     return {**step_row(model, dtype, step, m), "status": status}
