@@ -58,10 +58,14 @@ def time_step(
         cache.lengths.fill_(step.context)
         model.step(tokens, cache, slots, kv_len=kv_len)
 
-    fn = run
-    if dev.type == "cuda" and cuda_graphs and step.phase == "decode":
-        fn = cuda.capture_graph(run, dev)
+    fn = cuda.capture_graph(run, dev) if replays_graph(dev, step, cuda_graphs) else run
     return measure(fn, dev, opts)
+
+
+def replays_graph(dev: torch.device, step: Step, cuda_graphs: bool) -> bool:
+    """Decode steps on CUDA, when asked: a decode step is many small kernels whose launches
+    would otherwise be timed; a prefill step's kernels are long enough to hide them."""
+    return dev.type == "cuda" and cuda_graphs and step.phase == "decode"
 
 
 def step_row(model: Transformer, dtype: str, step: Step, m: Measurement | None) -> dict:
