@@ -1,7 +1,11 @@
+import matplotlib.font_manager  # noqa: F401
 import pytest
 import torch
 
 torch.set_num_threads(min(2, torch.get_num_threads()))
+# Imported above for its side effect: matplotlib builds its font cache on its first run on a
+# machine and, when that takes over 5 s (a loaded machine), says so on stderr. Built here, it
+# happens before any test reads what a command printed.
 
 
 @pytest.fixture
