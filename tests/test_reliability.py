@@ -300,7 +300,9 @@ def test_every_command_is_listed():
 
 
 @pytest.mark.parametrize("command", [*EVERY_COMMAND, "compare"])
-def test_every_command_writes_a_schema_version(runner, tmp_path, command):
+def test_every_command_writes_a_schema_version(runner, tmp_path, request, command):
+    if command == "ablation":
+        request.getfixturevalue("linear_step_costs")
     assert command in registered(), f"{command} is not a command (renamed? update this test)"
     if command == "compare":
         for name in ("a", "b"):
