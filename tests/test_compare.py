@@ -39,20 +39,36 @@ def invoke(*args):
     return CliRunner().invoke(app, [str(a) for a in args])
 
 
+RUNS = {
+    "fp32": PHASES,
+    "bf16": [*PHASES, "--dtype", "bf16"],
+    "sweep": SWEEP,
+    "repro-a": REPRODUCE,
+}
+
+
+class Runs:
+    """Result folders, each made the first time a test asks for it (`runs / "fp32"`): two
+    phases runs (fp32 and bf16), a sweep run and two reproduce runs (repro-b a copy of
+    repro-a). A test pays only for the runs it compares."""
+
+    def __init__(self, root):
+        self.root = root
+
+    def __truediv__(self, name: str):
+        folder = self.root / name
+        if not folder.exists():
+            if name == "repro-b":
+                shutil.copytree(self / "repro-a", folder)
+            else:
+                result = invoke(*RUNS[name], "--out", folder)
+                assert result.exit_code == 0, result.output
+        return folder
+
+
 @pytest.fixture(scope="module")
 def runs(tmp_path_factory):
-    """Two phases runs (fp32 and bf16), a sweep run and two reproduce runs."""
-    root = tmp_path_factory.mktemp("runs")
-    for args, name in (
-        (PHASES, "fp32"),
-        ([*PHASES, "--dtype", "bf16"], "bf16"),
-        (SWEEP, "sweep"),
-        (REPRODUCE, "repro-a"),
-    ):
-        result = invoke(*args, "--out", root / name)
-        assert result.exit_code == 0, result.output
-    shutil.copytree(root / "repro-a", root / "repro-b")
-    return root
+    return Runs(tmp_path_factory.mktemp("runs"))
 
 
 def refused(result, *names: str) -> str:
