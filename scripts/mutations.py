@@ -348,7 +348,7 @@ def baseline(base: Path, breaks: list[Break], timeout: float) -> bool:
     targets = tuple(dict.fromkeys(t for b in breaks for t in b.tests))
     started = time.monotonic()
     code, detail = run_tests(base, targets, timeout)
-    print(f"baseline ({len(targets)} test files, {time.monotonic() - started:.0f} s): ", end="")
+    print(f"baseline ({len(targets)} test targets, {time.monotonic() - started:.0f} s): ", end="")
     print("pass" if code == 0 else f"FAILS ({detail})", flush=True)
     return code == 0
 
