@@ -200,7 +200,7 @@ def ablation(runner, out, *extra):
     return runner.invoke(app, ["ablation", "--out", str(out), *extra])
 
 
-def test_real_engine_run_writes_every_file(runner, tmp_path):
+def test_real_engine_run_writes_every_file(runner, tmp_path, linear_step_costs):
     out = tmp_path / "run"
     slo = ["--slo-ttft", "0.5", "--slo-tbt", "0.2"]
     result = ablation(runner, out, *TINY, *SMALL, *slo, "--engine", "real")
@@ -220,7 +220,11 @@ def test_real_engine_run_writes_every_file(runner, tmp_path):
     steps = steps[steps["scheme"] != "mixed-only"]  # no token budget without chunks
     assert (steps["decode_tokens"] + steps["prefill_tokens"] <= 24).all()
     cost = json.loads((out / "step_cost.json").read_text())
-    assert cost["samples"] >= 4 and cost["per_prefill_token_ms"] >= 0
+    assert cost["samples"] >= 4 and cost["left_out_as_noise"] == 0
+    # The steps cost 1 ms + 0.05 per decode, 0.01 per prefill, 0.0005 per context token.
+    fitted = (cost["base_ms"], cost["per_decode_token_ms"], cost["per_prefill_token_ms"])
+    assert fitted == pytest.approx((1.0, 0.05, 0.01), rel=1e-6)
+    assert cost["per_context_token_us"] == pytest.approx(0.5, rel=1e-6)
     assert {"fitted_ms", "error", "used"} <= set(pd.read_csv(out / "step_cost.csv"))
     assert len(pd.read_csv(out / "slo.csv")) > 1
     for png in ("ablation_tbt.png", "ablation_latency.png", "slo.png"):

@@ -4,6 +4,8 @@ with one line naming the bad file (exit code 2)."""
 from __future__ import annotations
 
 import json
+import math
+import re
 import shutil
 
 import pandas as pd
@@ -37,20 +39,36 @@ def invoke(*args):
     return CliRunner().invoke(app, [str(a) for a in args])
 
 
+RUNS = {
+    "fp32": PHASES,
+    "bf16": [*PHASES, "--dtype", "bf16"],
+    "sweep": SWEEP,
+    "repro-a": REPRODUCE,
+}
+
+
+class Runs:
+    """Result folders, each made the first time a test asks for it (`runs / "fp32"`): two
+    phases runs (fp32 and bf16), a sweep run and two reproduce runs (repro-b a copy of
+    repro-a). A test pays only for the runs it compares."""
+
+    def __init__(self, root):
+        self.root = root
+
+    def __truediv__(self, name: str):
+        folder = self.root / name
+        if not folder.exists():
+            if name == "repro-b":
+                shutil.copytree(self / "repro-a", folder)
+            else:
+                result = invoke(*RUNS[name], "--out", folder)
+                assert result.exit_code == 0, result.output
+        return folder
+
+
 @pytest.fixture(scope="module")
 def runs(tmp_path_factory):
-    """Two phases runs (fp32 and bf16), a sweep run and two reproduce runs."""
-    root = tmp_path_factory.mktemp("runs")
-    for args, name in (
-        (PHASES, "fp32"),
-        ([*PHASES, "--dtype", "bf16"], "bf16"),
-        (SWEEP, "sweep"),
-        (REPRODUCE, "repro-a"),
-    ):
-        result = invoke(*args, "--out", root / name)
-        assert result.exit_code == 0, result.output
-    shutil.copytree(root / "repro-a", root / "repro-b")
-    return root
+    return Runs(tmp_path_factory.mktemp("runs"))
 
 
 def refused(result, *names: str) -> str:
@@ -102,6 +120,113 @@ def test_json_has_every_row(runs, tmp_path):
     result = invoke("compare", runs / "fp32", runs / "bf16", "--json", "--out", tmp_path / "c")
     doc = json.loads(result.stdout)
     assert len(doc["rows"]["phases"]) == 8 and len(doc["runs"]) == 2
+
+
+def assert_rows_of(merged: pd.DataFrame, run: str, own: pd.DataFrame) -> None:
+    """One run's rows of a merged table are exactly that run's own CSV (columns only other
+    runs have are empty in its rows)."""
+    mine = merged[merged["run"] == run].drop(columns="run").reset_index(drop=True)
+    others = [c for c in mine.columns if c not in own.columns]
+    assert mine[others].isna().all().all(), others
+    pd.testing.assert_frame_equal(mine[list(own.columns)], own, check_exact=True)
+
+
+@pytest.mark.parametrize(
+    ("labels", "names"), [(None, ["fp32", "bf16"]), ("a,b", ["a", "b"])], ids=["folders", "labels"]
+)
+def test_each_run_rows_in_the_merged_csv_are_its_own_csv(runs, tmp_path, labels, names):
+    extra = [] if labels is None else ["--label", labels]
+    result = invoke("compare", runs / "fp32", runs / "bf16", *extra, "--out", tmp_path / "c")
+    assert result.exit_code == 0, result.output
+    merged = pd.read_csv(tmp_path / "c" / "compare-phases.csv")
+    assert list(merged["run"]) == [names[0]] * 4 + [names[1]] * 4
+    own = {
+        name: pd.read_csv(runs / folder / "phases.csv")
+        for folder, name in zip(("fp32", "bf16"), names, strict=True)
+    }
+    for name in names:
+        assert_rows_of(merged, name, own[name])
+    # The two runs differ (bf16 weights are half the bytes): a swap could not pass.
+    assert (own[names[0]]["weight_bytes"] == 2 * own[names[1]]["weight_bytes"]).all()
+
+
+def test_every_table_of_reproduce_runs_keeps_its_rows(runs, tmp_path):
+    result = invoke("compare", runs / "repro-a", runs / "repro-b", "--out", tmp_path / "c")
+    assert result.exit_code == 0, result.output
+    for table in ("probe", "phases", "sweep", "occupancy"):
+        merged = pd.read_csv(tmp_path / "c" / f"compare-{table}.csv")
+        for run in ("repro-a", "repro-b"):
+            assert_rows_of(merged, run, pd.read_csv(runs / run / f"{table}.csv"))
+
+
+def printed_row(stdout: str, title: str, key: str) -> list[str]:
+    """The cells of the row starting with `key` in the terminal table titled `title`."""
+    lines = stdout.splitlines()
+    start = next(i for i, line in enumerate(lines) if line.startswith(title))
+    for line in lines[start:]:
+        cells = re.split(r"\s{2,}", line.strip())
+        if cells[0] == key:
+            return cells
+    raise AssertionError(f"no row {key!r} under {title!r}:\n{stdout}")
+
+
+def test_the_printed_ratio_is_the_second_run_over_the_first(runs, tmp_path):
+    """A copy of the fp32 run with each step made 2, 3, 4 and 5 times slower."""
+    slow = tmp_path / "slow"
+    shutil.copytree(runs / "fp32", slow)
+    df = pd.read_csv(slow / "phases.csv")
+    factors = {"prefill 8": 2, "prefill 16": 3, "decode b=1": 4, "decode b=2": 5}
+    df["step_ms"] = df["step_ms"] * df["label"].map(factors)
+    df.to_csv(slow / "phases.csv", index=False)
+    result = invoke("compare", runs / "fp32", slow, "--out", tmp_path / "c")
+    assert result.exit_code == 0, result.output
+    assert printed_row(result.stdout, "phases: step ms", "label")[-1] == "slow / fp32"
+    for label, factor in factors.items():
+        assert printed_row(result.stdout, "phases: step ms", label)[-1] == f"x{factor}", label
+    result = invoke("compare", slow, runs / "fp32", "--out", tmp_path / "d")
+    assert printed_row(result.stdout, "phases: step ms", "decode b=1")[-1] == "x0.25"
+
+
+def test_ratio():
+    assert merging.ratio(2.0, 6.0) == 3.0 and merging.ratio(6.0, 2.0) == 1 / 3
+    for a, b in ((0.0, 1.0), (None, 1.0), (1.0, None), (math.nan, 1.0), (1.0, math.inf)):
+        assert math.isnan(merging.ratio(a, b)), (a, b)
+
+
+def test_first_seed_keeps_each_run_first_seed_only():
+    def rows(run: str, seeds: list) -> list[dict]:
+        return [
+            {"run": run, "seed": s, "policy": p, "occupancy": 0.1 * i + 0.01 * j}
+            for i, s in enumerate(seeds)
+            for j, p in enumerate(("static", "continuous"))
+        ]
+
+    a, b, trace = rows("a", [3, 4, 5]), rows("b", [9, 2]), rows("t", [None])
+    merged = pd.DataFrame(a + b + trace)
+    kept = merging.first_seed(merged)
+    expected = pd.DataFrame(a[:2] + b[:2] + trace)  # a trace run has no seed: all its rows
+    pd.testing.assert_frame_equal(kept.reset_index(drop=True), expected)
+    no_seeds = merged.drop(columns="seed")
+    pd.testing.assert_frame_equal(merging.first_seed(no_seeds), no_seeds)
+
+
+def test_compare_of_seeded_occupancy_runs_shows_the_first_seed(tmp_path):
+    """Two runs of three seeds each: the terminal shows each run's first seed."""
+    folders = {}
+    for name, seed in (("s0", 0), ("s7", 7)):
+        folders[name] = tmp_path / name
+        args = ["occupancy", "--requests", "30", "--seed", seed, "--seeds", "3"]
+        assert invoke(*args, "--out", folders[name]).exit_code == 0
+    result = invoke("compare", folders["s0"], folders["s7"], "--out", tmp_path / "c")
+    assert result.exit_code == 0, result.output
+    merged = pd.read_csv(tmp_path / "c" / "compare-occupancy.csv")
+    assert sorted(set(merged["seed"])) == [0, 1, 2, 7, 8, 9]  # every seed is kept in the CSV
+    for policy in ("static", "continuous"):
+        cells = printed_row(result.stdout, "occupancy:", policy)
+        for name, seed, cell in zip(folders, (0, 7), cells[1:3], strict=True):
+            own = pd.read_csv(folders[name] / "occupancy.csv")
+            value = own[(own["seed"] == seed) & (own["policy"] == policy)]["occupancy"]
+            assert cell == f"{value.item():.1%}", (name, policy)
 
 
 # --- interrupted or failed while writing ------------------------------------------------------

@@ -73,6 +73,51 @@ def test_static_computes_padding_and_continuous_does_not(result, requests):
     assert padded == sum(len(g) * max(g) - sum(g) for g in groups)
 
 
+@pytest.fixture
+def fed(monkeypatch):
+    """The shapes of the token tensors each forward was fed: one list of (rows, tokens) per
+    step, one pair per part."""
+    steps = []
+    real = Transformer.mixed_step
+
+    def spy(self, cache, parts):
+        steps.append([tuple(tokens.shape) for tokens, _, _ in parts])
+        return real(self, cache, parts)
+
+    monkeypatch.setattr(Transformer, "mixed_step", spy)
+    return steps
+
+
+@pytest.mark.parametrize("policy", ["static", "continuous"])
+def test_step_records_count_what_the_model_was_fed(model, requests, fed, policy):
+    result = Engine(model, policy, SLOTS, seed=2).run(requests)
+    assert len(fed) == result.total_steps  # every request is queued at step 0: no idle step
+    for parts, s in zip(fed, result.steps, strict=True):
+        assert sum(rows for rows, _ in parts) == s.active + s.padded, s
+        assert sum(rows * t for rows, t in parts) == s.prefill_tokens + s.decode_tokens + s.padded
+
+
+def test_static_decode_batch_is_the_active_plus_the_padded_slots(model, requests, fed):
+    """Static, all queued: groups of SLOTS requests in order, each lasting its longest
+    request; every step of a group feeds all its slots, finished ones with padding."""
+    expected = []  # (active, decode tokens, prefill tokens, padded) per step, by hand
+    for i in range(0, len(requests), SLOTS):
+        group = requests[i : i + SLOTS]
+        outputs = [r.output_tokens for r in group]
+        expected.append((len(group), 0, sum(r.prompt_tokens for r in group), 0))
+        for k in range(1, max(outputs)):  # token k + 1 of each request still running
+            running = sum(n > k for n in outputs)
+            expected.append((running, running, 0, len(group) - running))
+    result = Engine(model, "static", SLOTS, seed=2).run(requests)
+    got = [(s.active, s.decode_tokens, s.prefill_tokens, s.padded) for s in result.steps]
+    assert got == expected
+    groups = [min(SLOTS, len(requests) - i) for i in range(0, len(requests), SLOTS)]
+    rows_fed = [sum(rows for rows, _ in parts) for parts in fed]
+    assert rows_fed == [a + p for a, _, _, p in expected]
+    assert set(rows_fed) == set(groups)
+    assert sum(p for *_, p in expected) > 0  # the workload does pad
+
+
 def test_times_and_metrics_are_in_seconds(result, requests):
     assert all(s.step_s >= s.model_s > 0 for s in result.steps)
     assert 0 <= result.overhead < 1

@@ -132,9 +132,13 @@ def registered() -> set[str]:
     return set(typer.main.get_command(app).commands)
 
 
+def test_every_command_has_a_shape():
+    """A renamed or new command fails here, rather than skipping its cases."""
+    assert set(SHAPES) == registered()
+
+
 def invoke(runner, command: str, args: list[str], tmp_path):
-    if command not in registered():
-        pytest.skip(f"{command} is not a command yet")
+    assert command in registered(), f"{command} is not a command (renamed? update this test)"
     shape = SHAPES[command]
     if "--config" in args:  # a config.json replaces the preset
         shape = [a for a in shape if a not in ("--preset", "tiny")]
@@ -281,6 +285,29 @@ def test_parse_int_list_gives_a_sorted_list_or_names_the_option(text):
     assert values == sorted({int(item) for item in text.split(",")})
 
 
+SPACE = st.sampled_from(["", " ", "  "])
+
+
+@settings(max_examples=200, deadline=None)
+@given(
+    st.lists(
+        st.tuples(st.integers(1, LIST_MAX), st.sampled_from(["", "+"]), SPACE, SPACE),
+        min_size=1,
+        max_size=12,
+    )
+)
+def test_parse_int_list_parses_every_list_of_positive_integers(items):
+    """The positive case: a parser that refused everything would fail here."""
+    text = ",".join(f"{before}{sign}{v}{after}" for v, sign, before, after in items)
+    assert parse_int_list(text, "--batch") == sorted({v for v, *_ in items})
+
+
+def test_parse_int_list_examples():
+    assert parse_int_list("512,2048", "--prefill") == [512, 2048]
+    assert parse_int_list(" 32, 1,8,8 ,+4", "--batch") == [1, 4, 8, 32]
+    assert parse_int_list(str(LIST_MAX), "--batch") == [LIST_MAX]
+
+
 CELLS = st.one_of(
     st.integers(-3, 10**6).map(str),
     st.text(max_size=6),
@@ -324,6 +351,46 @@ def test_read_trace_gives_requests_or_names_the_option(tmp_path, content):
     assert [r.id for r in requests] == list(range(len(requests)))
     assert all(r.prompt_tokens >= 1 and r.output_tokens >= 1 for r in requests)
     assert all(r.arrival_step >= 0 for r in requests)
+
+
+@st.composite
+def valid_traces(draw) -> tuple[bytes, list[tuple[int, int, int]]]:
+    """A well-formed trace and the (prompt, output, arrival) of each of its requests."""
+    columns = draw(st.permutations(["output_tokens", "prompt_tokens", "arrival_step"]))
+    columns = [c for c in columns if c == "output_tokens" or draw(st.booleans())]
+    n = draw(st.integers(1, 8))
+    rows, expected = [], []
+    for _ in range(n):
+        out = draw(st.integers(1, 10**6))
+        prompt = draw(st.one_of(st.none(), st.integers(1, 10**4)))
+        arrival = draw(st.one_of(st.none(), st.integers(0, 10**6)))
+        cells = {"output_tokens": str(out), "prompt_tokens": "", "arrival_step": ""}
+        if "prompt_tokens" in columns and prompt is not None:
+            cells["prompt_tokens"] = f" {prompt} " if draw(st.booleans()) else str(prompt)
+        if "arrival_step" in columns and arrival is not None:
+            cells["arrival_step"] = str(arrival)
+        rows.append([cells[c] for c in columns])
+        given_prompt = prompt if cells["prompt_tokens"] else None
+        given_arrival = arrival if cells["arrival_step"] else None
+        expected.append((given_prompt or 7, out, given_arrival or 0))
+    buffer = io.StringIO()
+    writer = csv.writer(buffer, lineterminator=draw(st.sampled_from(["\n", "\r\n"])))
+    writer.writerows([columns, *rows])
+    return buffer.getvalue().encode(), expected
+
+
+@settings(
+    max_examples=200, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture]
+)
+@given(valid_traces())
+def test_read_trace_reads_every_well_formed_trace(tmp_path, trace):
+    """The positive case: a reader that refused everything would fail here."""
+    content, expected = trace
+    path = tmp_path / "trace.csv"
+    path.write_bytes(content)
+    requests = read_trace(path, prompt_tokens=7)
+    got = [(r.prompt_tokens, r.output_tokens, r.arrival_step) for r in requests]
+    assert got == expected and [r.id for r in requests] == list(range(len(expected)))
 
 
 # --- figures: a failed write, rows where nothing was measured -------------------------------

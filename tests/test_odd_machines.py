@@ -125,33 +125,52 @@ def test_git_failing(monkeypatch, failure):
 # --- a read-only home ---------------------------------------------------------------------------
 
 
-def test_an_unwritable_home_gets_a_stable_matplotlib_folder(tmp_path, monkeypatch):
+@pytest.fixture
+def no_mplconfigdir(monkeypatch):
+    """MPLCONFIGDIR unset for the test and restored after it, set or not: delenv alone
+    records nothing to restore when the variable is absent, so what the test's code sets
+    would leak into every later test (and their subprocesses)."""
+    monkeypatch.setenv("MPLCONFIGDIR", "set, so that monkeypatch restores the original")
+    monkeypatch.delenv("MPLCONFIGDIR")
+    monkeypatch.delenv("XDG_CONFIG_HOME", raising=False)
+
+
+def test_an_unwritable_home_gets_a_stable_matplotlib_folder(tmp_path, monkeypatch, no_mplconfigdir):
     from benchbatch import cli
 
     (tmp_path / "file").write_text("")
     monkeypatch.setenv("HOME", str(tmp_path / "file" / "home"))  # cannot exist, even for root
-    monkeypatch.delenv("XDG_CONFIG_HOME", raising=False)
-    monkeypatch.delenv("MPLCONFIGDIR", raising=False)
     cli._matplotlib_config_dir()
     folder = Path(os.environ["MPLCONFIGDIR"])
     assert folder.is_dir() and os.access(folder, os.W_OK)
     assert folder.parent == Path(__import__("tempfile").gettempdir())
 
 
-def test_a_writable_home_is_left_to_matplotlib(tmp_path, monkeypatch):
+def test_a_writable_home_is_left_to_matplotlib(tmp_path, monkeypatch, no_mplconfigdir):
     from benchbatch import cli
 
     monkeypatch.setenv("HOME", str(tmp_path))
-    monkeypatch.delenv("XDG_CONFIG_HOME", raising=False)
-    monkeypatch.delenv("MPLCONFIGDIR", raising=False)
     cli._matplotlib_config_dir()
     assert "MPLCONFIGDIR" not in os.environ
 
 
 def test_a_run_with_a_read_only_home(tmp_path):
+    """Matplotlib gets one stable folder: it neither warns about a temporary one nor builds
+    its font cache again on a second run (the first run on a machine builds it, and says
+    so on stderr: that run is the warm-up here)."""
     (tmp_path / "file").write_text("")
     env = {k: v for k, v in os.environ.items() if not k.startswith(("XDG_", "MPL"))}
     env["HOME"] = str(tmp_path / "file" / "home")
+    warm = subprocess.run(
+        [sys.executable, "-c", "import benchbatch.cli, matplotlib.font_manager"],
+        cwd=ROOT,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    assert warm.returncode == 0 and "Traceback" not in warm.stderr, warm.stderr
+    assert "created a temporary" not in warm.stderr  # the cache directory warning
     out = tmp_path / "run"
     proc = subprocess.run(
         [sys.executable, "-m", "benchbatch", "occupancy", "--requests", "30", "--out", str(out)],

@@ -84,10 +84,10 @@ def test_piggyback_rows_have_the_columns_and_positive_times(tiny_model):
     assert all(r["prefill_alone_ms"] > 0 for r in rows[1:])
     s = probe.piggyback_summary(rows, 0.1)
     assert s["decode_batch"] == 4 and s["context"] == 16
-    # Free tokens: every step up to them within 10% of decode-only, the next one not.
-    within = [r["over_decode"] <= 1.1 for r in rows]
-    first_over = within.index(False) if False in within else len(rows)
-    assert s["free_prefill_tokens"] == rows[first_over - 1]["prefill_tokens"]
+    # The largest P before the first step more than 10% over decode-only, read off the rows.
+    over = {r["prefill_tokens"]: r["over_decode"] for r in rows}
+    free = 0 if over[8] > 1.1 else 8 if over[32] > 1.1 else 32
+    assert s["free_prefill_tokens"] == free and s["free_prefill_per_decode_token"] == free / 4
 
 
 def raw(step, ms: float, part: str = "piggyback", throttled: bool = False) -> dict:

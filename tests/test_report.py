@@ -218,22 +218,114 @@ def test_verdicts_flip_when_the_numbers_contradict_the_claims():
     assert [c.verdict for c in rep.claims] == [report.FAILS] * 4
 
 
-def test_partly_between_the_thresholds():
-    assert report.PREFILL_RULE.verdict(10.0) == report.HOLDS
-    assert report.PREFILL_RULE.verdict(9.9) == report.PARTLY
-    assert report.PREFILL_RULE.verdict(1.9) == report.FAILS
-    assert report.PREFILL_RULE.verdict(None) == report.UNMEASURED
-    assert report.PREFILL_RULE.verdict(math.nan) == report.UNMEASURED
-    assert report.SPEEDUP_RULE.verdict(1.5) == report.PARTLY
-    # Batch 1 -> 32: holds at 8x (a quarter of perfect batching), partly from 1.25x.
-    assert report.batching_verdict(8.0, 32) == report.HOLDS
-    assert report.batching_verdict(3.2, 32) == report.PARTLY
-    assert report.batching_verdict(1.1, 32) == report.FAILS
-    assert report.batching_verdict(2.0, 4) == report.HOLDS  # at least 2x, whatever the batch
-    # Throughput vs latency: holds while the step at most doubles.
-    assert report.latency_verdict(223, 1.15) == report.HOLDS
-    assert report.latency_verdict(64 / 3, 3.0) == report.PARTLY
-    assert report.latency_verdict(3.2, 20.0) == report.FAILS
+def below(x: float) -> float:
+    """The largest float under x: a threshold moved by any amount lands between the two."""
+    return math.nextafter(x, -math.inf)
+
+
+def above(x: float) -> float:
+    return math.nextafter(x, math.inf)
+
+
+# The documented thresholds (README, report text), written out: a test that read them from
+# the code it tests could not notice one being moved.
+PREFILL_HOLDS, PREFILL_PARTLY = 10.0, 2.0
+SPEEDUP_HOLDS, SPEEDUP_PARTLY = 2.0, 1.2
+
+
+def test_the_rules_state_the_documented_thresholds():
+    assert (report.PREFILL_RULE.holds, report.PREFILL_RULE.partly) == (10.0, 2.0)
+    assert (report.SPEEDUP_RULE.holds, report.SPEEDUP_RULE.partly) == (2.0, 1.2)
+    assert report.PREFILL_RULE.text == "holds at 10x or more, partly at 2x or more"
+    assert report.SPEEDUP_RULE.text == "holds at 2x or more, partly at 1.2x or more"
+    assert (report.BATCHING_FRACTION, report.BATCHING_MIN_HOLDS) == (0.25, 2.0)
+    assert report.BATCHING_MIN_PARTLY == 1.25
+    assert "a quarter of perfect batching" in report.BATCHING_RULE_TEXT
+    assert "at least 2x cheaper; partly when at least 1.25x" in report.BATCHING_RULE_TEXT
+    assert (report.LATENCY_HOLDS, report.THROUGHPUT_OVER_LATENCY) == (2.0, 2.0)
+    assert "at most doubled" in report.LATENCY_RULE_TEXT
+    assert report.UNEVEN_STEPS == 1.5
+
+
+@pytest.mark.parametrize(
+    ("rule", "holds", "partly"),
+    [
+        (report.PREFILL_RULE, PREFILL_HOLDS, PREFILL_PARTLY),
+        (report.SPEEDUP_RULE, SPEEDUP_HOLDS, SPEEDUP_PARTLY),
+    ],
+    ids=["prefill", "speedup"],
+)
+def test_a_rule_flips_exactly_at_its_thresholds(rule, holds, partly):
+    for h, p in ((holds, partly), (rule.holds, rule.partly)):  # documented, and as coded
+        assert rule.verdict(above(h)) == report.HOLDS
+        assert rule.verdict(h) == report.HOLDS
+        assert rule.verdict(below(h)) == report.PARTLY
+        assert rule.verdict(p) == report.PARTLY
+        assert rule.verdict(below(p)) == report.FAILS
+    assert rule.verdict(None) == report.UNMEASURED
+    assert rule.verdict(math.nan) == report.UNMEASURED
+    assert rule.verdict(math.inf) == report.UNMEASURED
+
+
+def test_batching_flips_at_a_quarter_of_perfect_and_at_2x_and_1_25x():
+    v = report.batching_verdict
+    # Batch 1 -> 32: a quarter of perfect batching is 8x; it is more than the 2x floor.
+    assert v(8.0, 32) == report.HOLDS and v(below(8.0), 32) == report.PARTLY
+    # Batch 1 -> 4: a quarter is 1x, so the 2x floor decides.
+    assert v(2.0, 4) == report.HOLDS and v(below(2.0), 4) == report.PARTLY
+    # Batch 1 -> 8: a quarter is exactly 2x, the floor as well.
+    assert v(2.0, 8) == report.HOLDS and v(below(2.0), 8) == report.PARTLY
+    # Partly from 1.25x, whatever the batch.
+    for batch_ratio in (4, 32):
+        assert v(1.25, batch_ratio) == report.PARTLY
+        assert v(below(1.25), batch_ratio) == report.FAILS
+    assert v(math.nan, 32) == report.UNMEASURED
+
+
+def test_throughput_over_latency_flips_at_twice_as_fast_and_a_doubled_step():
+    v = report.latency_verdict
+    # The step at most doubled: holds when throughput grew at least twice as fast.
+    assert v(3.0, 1.5) == report.HOLDS and v(below(3.0), 1.5) == report.FAILS
+    assert v(4.0, 2.0) == report.HOLDS
+    assert v(5.0, above(2.0)) == report.PARTLY  # the step more than doubled
+    # Beyond a doubled step: partly while throughput still grew twice as fast as it.
+    assert v(6.0, 3.0) == report.PARTLY and v(below(6.0), 3.0) == report.FAILS
+    assert v(math.inf, 1.0) == report.UNMEASURED and v(2.0, math.nan) == report.UNMEASURED
+
+
+def test_claims_use_their_rules_at_the_thresholds():
+    """The verdicts the report shows, built from summaries at the documented thresholds."""
+    gap = {"prefill_label": "prefill 2048", "decode_label": "decode b=1"}
+    batching = {"decode_batches": [1, 32]}
+
+    def verdict_of(phases=None, sweep=None, occupancy=None) -> list[str]:
+        return [c.verdict for c in report.claims(phases, sweep, occupancy)]
+
+    at = {**gap, "prefill_over_decode_tflops": 10.0, **batching, "decode_token_cost_ratio": 8.0}
+    assert verdict_of(at)[:2] == [report.HOLDS, report.HOLDS]
+    under = {**at, "prefill_over_decode_tflops": below(10.0), "decode_token_cost_ratio": 7.99}
+    assert verdict_of(under)[:2] == [report.PARTLY, report.PARTLY]
+    low = {**at, "prefill_over_decode_tflops": below(2.0), "decode_token_cost_ratio": 1.2}
+    assert verdict_of(low)[:2] == [report.FAILS, report.FAILS]
+    sweep = {"batch_from": 1, "batch_to": 8, "throughput_ratio": 6.0, "step_latency_ratio": 3.0}
+    assert verdict_of(sweep=sweep)[2] == report.PARTLY
+    assert verdict_of(sweep={**sweep, "throughput_ratio": 5.9})[2] == report.FAILS
+    for speedup, expected in ((2.0, report.HOLDS), (1.99, report.PARTLY), (1.2, report.PARTLY)):
+        rows = occupancy_rows(round(1000 * speedup), 1000)
+        assert rows[1]["speedup_vs_static"] == speedup
+        assert verdict_of(occupancy=rows)[3] == expected, speedup
+    assert verdict_of(occupancy=occupancy_rows(1199, 1000))[3] == report.FAILS
+
+
+def test_an_uneven_real_run_is_noted_above_one_and_a_half():
+    real = [
+        {"policy": "static", "total_steps": 9, "wall_s": 9.0, "speedup_vs_static": 1.0},
+        {"policy": "continuous", "total_steps": 3, "wall_s": 3.6, "speedup_vs_static": 2.5},
+    ]
+    real[1]["measured_over_sim"] = 1.5
+    assert not build(real=real).sections[3].notes
+    real[1]["measured_over_sim"] = above(1.5)
+    assert "continuous x1.50" in build(real=real).sections[3].notes[0]
 
 
 def test_claims_without_measurements_say_so():

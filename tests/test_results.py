@@ -1,4 +1,6 @@
+import errno
 import os
+from pathlib import Path
 
 import pytest
 
@@ -33,12 +35,25 @@ def test_unwritable_out(tmp_path):
         results.run_dir(blocker / "sub", "phases")
 
 
-@pytest.mark.skipif(os.geteuid() == 0, reason="root can write anywhere")
-def test_read_only_folder(tmp_path):
+def test_read_only_folder(tmp_path, monkeypatch):
+    """A folder the user may not write in (faked: root may write anywhere)."""
     ro = tmp_path / "ro"
-    ro.mkdir(mode=0o500)
-    with pytest.raises(UserError, match="cannot write"):
+    real_mkdir = Path.mkdir
+
+    def mkdir(self, *args, **kwargs):
+        if self.is_relative_to(ro) and self != ro:
+            raise PermissionError(errno.EACCES, os.strerror(errno.EACCES), str(self))
+        return real_mkdir(self, *args, **kwargs)
+
+    ro.mkdir()
+    monkeypatch.setattr(Path, "mkdir", mkdir)
+    with pytest.raises(UserError, match="cannot write to .*ro/run: Permission denied") as err:
         results.run_dir(ro / "run", "phases")
+    assert err.value.option == "--out"
+    monkeypatch.setattr(results, "DEFAULT_ROOT", ro / "results")  # the default folder too
+    with pytest.raises(UserError, match="cannot write to .*ro/results/.*-phases"):
+        results.run_dir(None, "phases")
+    assert list(ro.iterdir()) == []
 
 
 def test_atomic_writes_leave_no_temporary_files(tmp_path):

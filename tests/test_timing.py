@@ -3,6 +3,7 @@ import time
 import pytest
 import torch
 
+from benchbatch import backend, timing
 from benchbatch.timing import Measurement, TimingOptions, measure
 
 
@@ -15,13 +16,31 @@ def test_statistics_of_known_times():
     assert not Measurement([10.0, 10.1, 9.9]).noisy
 
 
-def test_repeats_reach_both_count_and_time():
-    calls = []
-    opts = TimingOptions(min_repeats=3, min_time_s=0.05, warmup=2, warmup_s=0.0)
-    m = measure(lambda: (calls.append(1), time.sleep(0.01)), torch.device("cpu"), opts)
-    assert m.repeats >= 4  # 0.05 s of 10 ms calls needs about five, more than min_repeats
+class FakeClock:
+    """The harness's clock, advanced by the timed calls only: no test depends on how busy
+    the machine is (with real sleeps, a loaded machine stretched them past the time bound)."""
+
+    def __init__(self) -> None:
+        self.now = 0.0
+
+    def perf_counter(self) -> float:
+        return self.now
+
+
+def test_repeats_reach_both_count_and_time(monkeypatch):
+    clock, calls = FakeClock(), []
+    monkeypatch.setattr(timing, "time", clock)
+    monkeypatch.setattr(backend, "time", clock)  # the CPU's timer of each call
+
+    def work() -> None:
+        calls.append(1)
+        clock.now += 1 / 64  # binary fractions: the sums are exact
+
+    opts = TimingOptions(min_repeats=3, min_time_s=4 / 64, warmup=2, warmup_s=0.0)
+    m = measure(work, torch.device("cpu"), opts)
+    assert m.repeats == 4  # the time bound: 4 calls of 1/64 s, one more than min_repeats
     assert len(calls) == m.repeats + 2  # warm-up calls are not timed
-    assert all(t >= 9.0 for t in m.times_ms)
+    assert m.times_ms == [1000 / 64] * 4
 
 
 def test_count_bound_when_calls_are_slow():

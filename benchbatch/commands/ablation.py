@@ -97,8 +97,7 @@ def _cost_model(rec, net, budgets, requests, given, run: RunOptions):
 
     if given is None:
         points = probe.fit_points(budgets, requests, net.cfg.max_context)
-        graphs = run.graphs(rec.target)
-        rows = probe.cost_rows(net, points, run.timing(), graphs)
+        rows = probe.cost_rows(net, points, run.timing())
         measured = rec.record(
             "step_cost", rows, total=len(points), label="timing steps for the cost model"
         )

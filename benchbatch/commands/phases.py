@@ -51,7 +51,7 @@ def measure(rec, net, opts: PhasesOptions, run: RunOptions) -> list[dict]:
     from benchbatch.plots.phases import phases_figure
     from benchbatch.probes import phases as probe
 
-    steps = probe.rows(net, rec.target.dtype_name, opts, run.timing(), run.graphs(rec.target))
+    steps = probe.rows(net, rec.target.dtype_name, opts, run.timing(), run.cuda_graphs)
     rows = rec.record("phases", steps, total=len(probe.plan(opts)))
     phases_figure(rows, rec.folder / "phases.png", c.title(rec, "prefill vs decode"))
     return rows

@@ -51,7 +51,7 @@ def piggyback(opts: PiggybackOptions, model: ModelOptions, run: RunOptions) -> N
     rec = c.open_model_run("piggyback", model, run, opts, check=opts.check)
     with rec:
         net, cfg = model.build(rec.target, run.seed)
-        steps = probe.rows(net, opts, run.timing(), run.graphs(rec.target))
+        steps = probe.rows(net, opts, run.timing(), run.cuda_graphs)
         raw = rec.record("steps", steps, total=len(probe.plan(opts)), label="piggyback")
         rows = probe.piggyback_rows(raw)
         rec.put("piggyback", rows)

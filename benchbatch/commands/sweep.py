@@ -69,7 +69,7 @@ def measure(rec, net, opts: SweepOptions, ceiling: dict, ridge, run: RunOptions)
     dtype = rec.target.dtype_name
     plan = probe.plan(opts.context, opts.batches(rec.target))
     steps = probe.rows(net, dtype, plan, run.timing(), ceiling, opts.try_oom,
-                       run.graphs(rec.target))  # fmt: skip
+                       run.cuda_graphs)  # fmt: skip
     rows = rec.record("sweep", steps, total=len(plan))
     summary = probe.summarize(rows, net.cfg, dtype, ceiling, ridge, opts.knee_threshold)
     if any(r["status"] == "ok" for r in rows):  # nothing to draw when all were skipped

@@ -255,16 +255,7 @@ class _RunState:
         stopped = self._collect(plan, calls, chosen, result)
         sched.update(plan, stopped)
         step_s = time.perf_counter() - start
-        return StepRecord(
-            self.policy,
-            plan.step,
-            plan.num_active,
-            plan.num_decode_tokens,
-            plan.num_prefill_tokens,
-            len(plan.padded_slots),
-            step_s,
-            model_s,
-        )
+        return _record(self.policy, plan.step, calls, step_s, model_s)
 
     # --- inputs -------------------------------------------------------------------------
 
@@ -280,7 +271,7 @@ class _RunState:
         calls = [self._prefill_call(group) for group in _groups(plan.prefills)]
         decode_slots = sorted([d.slot for d in plan.decodes] + list(plan.padded_slots))
         if decode_slots:
-            calls.append(self._decode_call(decode_slots))
+            calls.append(self._decode_call(decode_slots, set(plan.padded_slots)))
         return calls
 
     def _prefill_call(self, chunks: list[PrefillChunk]) -> _Call:
@@ -289,10 +280,11 @@ class _RunState:
         slots = [c.slot for c in chunks]
         return _Call(tokens, self._slots(slots), self._kv_len(slots, tokens.shape[1]), chunks)
 
-    def _decode_call(self, slots: list[int]) -> _Call:
+    def _decode_call(self, slots: list[int], padded: set[int]) -> _Call:
         index = self._slots(slots)
         tokens = self.next_token[index][:, None]
-        return _Call(tokens, index, self._kv_len(slots, 1), None, slots)
+        rows_padded = sum(s in padded for s in slots)
+        return _Call(tokens, index, self._kv_len(slots, 1), None, slots, rows_padded)
 
     def _kv_len(self, slots: list[int], t: int) -> int:
         """Keys the call attends to, from the host's lengths (reading the device's would
@@ -370,6 +362,25 @@ class _Call:
     kv_len: int
     chunks: list[PrefillChunk] | None = None  # a prefill call: its chunks in row order
     slot_list: list[int] | None = None  # a decode call: its slots in row order
+    padded: int = 0  # rows of a decode call fed padding (finished slots of a static group)
+
+
+def _record(
+    policy: str, step: int, calls: list[_Call], step_s: float, model_s: float
+) -> StepRecord:
+    """The step's record, its counts taken from the tensors the model was fed (not from the
+    plan): what the step computed, padding included, is what its time paid for."""
+    prefill_rows = prefill_tokens = decode_tokens = padded = 0
+    for call in calls:
+        rows = call.tokens.shape[0]
+        if call.chunks is not None:
+            prefill_rows += rows
+            prefill_tokens += call.tokens.numel()
+        else:
+            decode_tokens += rows - call.padded
+            padded += call.padded
+    active = prefill_rows + decode_tokens
+    return StepRecord(policy, step, active, decode_tokens, prefill_tokens, padded, step_s, model_s)
 
 
 def _groups(chunks: Sequence[PrefillChunk]) -> list[list[PrefillChunk]]:

@@ -122,11 +122,9 @@ def fit_points(b: Budgets, requests: Sequence[Request], max_context: int) -> lis
     return list(dict.fromkeys(fits))
 
 
-def cost_rows(
-    model, points: Sequence[MixedStep], opts: TimingOptions, cuda_graphs: bool = True
-) -> Iterator[dict]:
+def cost_rows(model, points: Sequence[MixedStep], opts: TimingOptions) -> Iterator[dict]:
     """step_cost.csv's rows: every fit point timed through the shared harness, yielded as
-    it is measured."""
+    it is measured; eagerly, since the fit predicts the real engine, which runs eagerly."""
     for p in points:
         m = time_mixed(model, p, opts, cuda_graphs=False)  # the fit predicts the eager engine
         d, n, c = p.features

@@ -1,0 +1,403 @@
+"""Mutation check: small deliberate breaks that the test suite must catch.
+
+Each break is one exact piece of source text and its replacement (a label swapped, a
+threshold moved, padding dropped, a flag not passed on). For each, the repository is
+copied to a temporary folder (the working tree is never touched), the break applied to the
+copy, and the break's test files run there: a break whose tests still pass SURVIVED, and
+says which guard is missing. A break whose text is no longer found (exactly once) is
+STALE: the list must follow the code, so that also fails the check.
+
+    python scripts/mutations.py            # every break; exit 1 if any survived or is stale
+    python scripts/mutations.py -k verdict # breaks whose name contains 'verdict'
+    python scripts/mutations.py --list     # the breaks and their test files, nothing run
+
+First the break's test files run on the unbroken copy (the baseline): a test that fails
+already would make every break look caught.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import re
+import shutil
+import subprocess
+import sys
+import tempfile
+import time
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+
+
+@dataclass(frozen=True)
+class Break:
+    name: str
+    path: str  # relative to the repository root
+    find: str  # must occur exactly once in the file
+    replace: str
+    tests: tuple[str, ...]  # pytest targets: files or node ids
+
+
+def tests(path: str, *names: str) -> tuple[str, ...]:
+    """pytest node ids: the tests of `path` that guard a break (all of them when none)."""
+    return tuple(f"{path}::{n}" for n in names) or (path,)
+
+
+REPORT = tests(
+    "tests/test_report.py",  # behaviour at the thresholds, not the constants' values
+    "test_a_rule_flips_exactly_at_its_thresholds",
+    "test_batching_flips_at_a_quarter_of_perfect_and_at_2x_and_1_25x",
+    "test_throughput_over_latency_flips_at_twice_as_fast_and_a_doubled_step",
+    "test_claims_use_their_rules_at_the_thresholds",
+    "test_an_uneven_real_run_is_noted_above_one_and_a_half",
+)
+ENGINE = tests(
+    "tests/test_engine.py",
+    "test_real_run_takes_the_simulated_steps",
+    "test_static_computes_padding_and_continuous_does_not",
+    "test_step_records_count_what_the_model_was_fed",
+    "test_static_decode_batch_is_the_active_plus_the_padded_slots",
+)
+GRAPHS = tests("tests/test_graph_path.py", "test_the_flag_reaches_the_step_timer")
+ACCOUNTING = tests("tests/test_accounting.py")
+SCHEDULER = (*tests("tests/test_scheduler.py"), *tests("tests/test_simulate.py"))
+SIMULATE = tests("tests/test_simulate.py")
+
+
+def threshold(name: str, find: str, replace: str) -> Break:
+    return Break(f"verdict: {name}", "benchbatch/report.py", find, replace, REPORT)
+
+
+BREAKS = [
+    # --- compare ------------------------------------------------------------------------
+    Break(
+        "compare labels run A's rows as run B (and B's as A)",
+        "benchbatch/compare.py",
+        "frames = [r.tables[table].assign(run=r.label) for r in runs if table in r.tables]",
+        "frames = [r.tables[table].assign(run=runs[-1 - i].label)\n"
+        "                  for i, r in enumerate(runs) if table in r.tables]",
+        tests("tests/test_compare.py", "test_each_run_rows_in_the_merged_csv_are_its_own_csv"),
+    ),
+    Break(
+        "compare: first_seed keeps every seed",
+        "benchbatch/compare.py",
+        'keep.append(rows if seeds.empty else rows[rows["seed"] == seeds.iloc[0]])',
+        "keep.append(rows)",
+        tests("tests/test_compare.py", "test_first_seed_keeps_each_run_first_seed_only"),
+    ),
+    Break(
+        "compare: the ratio inverted (first over second)",
+        "benchbatch/compare.py",
+        "    return b / a",
+        "    return a / b",
+        tests("tests/test_compare.py", "test_the_printed_ratio_is_the_second_run_over_the_first"),
+    ),
+    # --- verdicts -------------------------------------------------------------------------
+    threshold("prefill holds 10x -> 12x", "PREFILL_RULE = Rule(10.0,", "PREFILL_RULE = Rule(12.0,"),
+    threshold("prefill holds 10x -> 9x", "PREFILL_RULE = Rule(10.0,", "PREFILL_RULE = Rule(9.0,"),
+    threshold("prefill partly 2x -> 2.5x", "Rule(10.0, 2.0,", "Rule(10.0, 2.5,"),
+    threshold("speedup holds 2x -> 2.5x", "SPEEDUP_RULE = Rule(2.0,", "SPEEDUP_RULE = Rule(2.5,"),
+    threshold("speedup partly 1.2x -> 1.45x", "Rule(2.0, 1.2,", "Rule(2.0, 1.45,"),
+    threshold("speedup partly 1.2x -> 1.1x", "Rule(2.0, 1.2,", "Rule(2.0, 1.1,"),
+    threshold(
+        "batching: a quarter of perfect -> 0.3",
+        "BATCHING_MIN_PARTLY = 0.25, 2.0, 1.25",
+        "BATCHING_MIN_PARTLY = 0.3, 2.0, 1.25",
+    ),
+    threshold(
+        "batching holds 2x -> 2.5x",
+        "BATCHING_MIN_PARTLY = 0.25, 2.0, 1.25",
+        "BATCHING_MIN_PARTLY = 0.25, 2.5, 1.25",
+    ),
+    threshold(
+        "batching partly 1.25x -> 1.5x",
+        "BATCHING_MIN_PARTLY = 0.25, 2.0, 1.25",
+        "BATCHING_MIN_PARTLY = 0.25, 2.0, 1.5",
+    ),
+    threshold("step time at most doubled -> x3", "LATENCY_HOLDS = 2.0", "LATENCY_HOLDS = 3.0"),
+    threshold(
+        "throughput over latency 2 -> 7",
+        "THROUGHPUT_OVER_LATENCY = 2.0",
+        "THROUGHPUT_OVER_LATENCY = 7.0",
+    ),
+    threshold(
+        "a rule's 'at or above' -> 'above'", "if value >= self.holds:", "if value > self.holds:"
+    ),
+    threshold(
+        "latency's 'at most doubled' -> 'less than doubled'",
+        "latency_ratio <= LATENCY_HOLDS",
+        "latency_ratio < LATENCY_HOLDS",
+    ),
+    threshold("uneven real run note 1.5 -> 2", "UNEVEN_STEPS = 1.5", "UNEVEN_STEPS = 2.0"),
+    # --- the real engine -------------------------------------------------------------------
+    Break(
+        "engine: static drops its padded slots",
+        "benchbatch/engines/engine.py",
+        "decode_slots = sorted([d.slot for d in plan.decodes] + list(plan.padded_slots))",
+        "decode_slots = sorted([d.slot for d in plan.decodes])",
+        ENGINE,
+    ),
+    Break(
+        "engine: the step record loses the padded rows",
+        "benchbatch/engines/engine.py",
+        "rows_padded = sum(s in padded for s in slots)",
+        "rows_padded = 0",
+        ENGINE,
+    ),
+    Break(
+        "engine: prefill tokens counted as rows",
+        "benchbatch/engines/engine.py",
+        "prefill_tokens += call.tokens.numel()",
+        "prefill_tokens += rows",
+        ENGINE,
+    ),
+    # --- CUDA graphs reach the timer ------------------------------------------------------
+    Break(
+        "graphs: run_step ignores --no-cuda-graphs",
+        "benchbatch/probes/steps.py",
+        "m = time_step(model, step, opts, cuda_graphs)",
+        "m = time_step(model, step, opts, True)",
+        GRAPHS,
+    ),
+    Break(
+        "graphs: time_step replays a graph without being asked",
+        "benchbatch/probes/steps.py",
+        'return dev.type == "cuda" and cuda_graphs and step.phase == "decode"',
+        'return dev.type == "cuda" and step.phase == "decode"',
+        tests("tests/test_graph_path.py", "test_a_graph_is_replayed_for_decode_on_cuda_when_asked"),
+    ),
+    Break(
+        "graphs: the sweep probe drops the flag",
+        "benchbatch/probes/sweep.py",
+        "row = steps.run_step(model, dtype, step, opts, cuda_graphs)",
+        "row = steps.run_step(model, dtype, step, opts)",
+        GRAPHS,
+    ),
+    Break(
+        "graphs: the phases probe drops the flag",
+        "benchbatch/probes/phases.py",
+        "yield steps.run_step(model, dtype, step, opts, cuda_graphs)",
+        "yield steps.run_step(model, dtype, step, opts)",
+        GRAPHS,
+    ),
+    Break(
+        "graphs: piggyback drops the flag",
+        "benchbatch/probes/piggyback.py",
+        "times[step] = time_mixed(model, step, opts, cuda_graphs)",
+        "times[step] = time_mixed(model, step, opts)",
+        tests("tests/test_graph_path.py", "test_the_flag_reaches_the_mixed_step_timer"),
+    ),
+    # --- accounting ---------------------------------------------------------------------
+    Break(
+        "accounting: attention FLOPs halved",
+        "benchbatch/accounting.py",
+        "attention_flops=cfg.layers * 4 * cfg.q_dim * pairs",
+        "attention_flops=cfg.layers * 2 * cfg.q_dim * pairs",
+        ACCOUNTING,
+    ),
+    Break(
+        "accounting: a query does not see itself",
+        "benchbatch/accounting.py",
+        "tokens * (tokens + 1) // 2",
+        "tokens * (tokens - 1) // 2",
+        ACCOUNTING,
+    ),
+    Break(
+        "accounting: the KV read skips the new tokens",
+        "benchbatch/accounting.py",
+        "kv_read_bytes=batch * (context + tokens) * kv_bytes_per_token(cfg, dtype)",
+        "kv_read_bytes=batch * context * kv_bytes_per_token(cfg, dtype)",
+        ACCOUNTING,
+    ),
+    Break(
+        "accounting: logits for every token",
+        "benchbatch/accounting.py",
+        "logit_rows = batch * logits_per_seq",
+        "logit_rows = batch * tokens * logits_per_seq",
+        ACCOUNTING,
+    ),
+    # --- scheduler and simulator -----------------------------------------------------------
+    Break(
+        "scheduler: static admits before its group ends",
+        "benchbatch/engines/scheduler.py",
+        "        self._padding.add(slot)\n        if self.num_running == 0:",
+        "        self._padding.add(slot)\n        if True:",
+        SCHEDULER,
+    ),
+    Break(
+        "scheduler: a request is admitted a step after it arrives",
+        "benchbatch/engines/scheduler.py",
+        "if self.items and self.items[0].arrival_step <= step:",
+        "if self.items and self.items[0].arrival_step < step:",
+        SCHEDULER,
+    ),
+    Break(
+        "scheduler: a prompt that exactly fits the budget waits",
+        "benchbatch/engines/scheduler.py",
+        "return prompt_left if prompt_left <= budget_left else 0",
+        "return prompt_left if prompt_left < budget_left else 0",
+        SCHEDULER,
+    ),
+    Break(
+        "scheduler: decode context one token too long",
+        "benchbatch/engines/scheduler.py",
+        "DecodeEntry(slot, s.request.id, s.request.prompt_tokens + s.generated - 1)",
+        "DecodeEntry(slot, s.request.id, s.request.prompt_tokens + s.generated)",
+        SCHEDULER,
+    ),
+    Break(
+        "simulate: continuous frees a slot a step late",
+        "benchbatch/engines/simulate.py",
+        "heapq.heapreplace(free_at, start + r.output_tokens)",
+        "heapq.heapreplace(free_at, start + r.output_tokens + 1)",
+        SIMULATE,
+    ),
+    Break(
+        "simulate: a static group one request too large",
+        "benchbatch/engines/simulate.py",
+        "j - i < slots",
+        "j - i <= slots",
+        SIMULATE,
+    ),
+    Break(
+        "simulate: speedup over static inverted",
+        "benchbatch/engines/simulate.py",
+        '"speedup_vs_static": static_time / r.total_time if static_time else None',
+        '"speedup_vs_static": r.total_time / static_time if static_time else None',
+        SIMULATE,
+    ),
+    Break(
+        "simulate: first token one step early",
+        "benchbatch/engines/simulate.py",
+        "                float(s + 1),\n",
+        "                float(s),\n",
+        SIMULATE,
+    ),
+]
+
+
+# --- running ---------------------------------------------------------------------------------
+
+
+def repo_files(root: Path) -> list[str]:
+    """Tracked files and untracked ones git does not ignore: what a fresh checkout holds."""
+    out = subprocess.run(
+        ["git", "ls-files", "-z", "--cached", "--others", "--exclude-standard"],
+        cwd=root,
+        capture_output=True,
+        check=True,
+    ).stdout
+    return [name for name in out.decode().split("\0") if name and (root / name).is_file()]
+
+
+def copy_repo(root: Path, dest: Path) -> None:
+    for name in repo_files(root):
+        target = dest / name
+        target.parent.mkdir(parents=True, exist_ok=True)
+        shutil.copy2(root / name, target)
+
+
+def status_of(base: Path, brk: Break) -> str | None:
+    """None if the break applies; else why it is stale."""
+    path = base / brk.path
+    if not path.is_file():
+        return f"{brk.path} does not exist"
+    count = path.read_text(encoding="utf-8").count(brk.find)
+    if count != 1:
+        where = "not found" if count == 0 else f"found {count} times"
+        return f"text {where} in {brk.path}: {brk.find!r}"
+    return None
+
+
+def run_tests(copy: Path, targets: tuple[str, ...], timeout: float) -> tuple[int, str]:
+    """pytest on the copy, stopping at the first failure: (exit code, first failure)."""
+    env = {**os.environ, "PYTHONPATH": str(copy), "PYTHONDONTWRITEBYTECODE": "1"}
+    command = [sys.executable, "-m", "pytest", "-x", "-q", "-rfE", "-p", "no:cacheprovider"]
+    try:
+        proc = subprocess.run(
+            [*command, *targets], cwd=copy, env=env, capture_output=True, text=True,
+            timeout=timeout,
+        )  # fmt: skip
+    except subprocess.TimeoutExpired:
+        return -1, f"timed out after {timeout:.0f} s"
+    failed = [ln for ln in proc.stdout.splitlines() if re.match(r"(FAILED|ERROR) ", ln)]
+    return proc.returncode, (failed[0][:150] if failed else proc.stdout.strip()[-300:])
+
+
+def try_break(base: Path, work: Path, brk: Break, timeout: float) -> tuple[str, str]:
+    """('caught' | 'SURVIVED' | 'ERROR', detail), the break applied to a fresh copy."""
+    copy = Path(tempfile.mkdtemp(dir=work))
+    try:
+        shutil.copytree(base, copy, dirs_exist_ok=True)
+        path = copy / brk.path
+        path.write_text(path.read_text(encoding="utf-8").replace(brk.find, brk.replace))
+        code, detail = run_tests(copy, brk.tests, timeout)
+    finally:
+        shutil.rmtree(copy, ignore_errors=True)
+    if code == 0:
+        return "SURVIVED", "every test passed"
+    if code == 1:
+        return "caught", detail
+    return "ERROR", f"pytest exit code {code}: {detail}"  # not a failing test: fix the break
+
+
+def baseline(base: Path, breaks: list[Break], timeout: float) -> bool:
+    targets = tuple(dict.fromkeys(t for b in breaks for t in b.tests))
+    started = time.monotonic()
+    code, detail = run_tests(base, targets, timeout)
+    print(f"baseline ({len(targets)} test targets, {time.monotonic() - started:.0f} s): ", end="")
+    print("pass" if code == 0 else f"FAILS ({detail})", flush=True)
+    return code == 0
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("-k", default="", help="only breaks whose name contains this")
+    parser.add_argument("--list", action="store_true", help="list the breaks, run nothing")
+    parser.add_argument("--jobs", type=int, default=1, help="breaks tried at once (default 1)")
+    parser.add_argument("--timeout", type=float, default=600, help="seconds per pytest run")
+    parser.add_argument("--no-baseline", action="store_true", help="skip the unbroken run")
+    args = parser.parse_args(argv)
+    breaks = [b for b in BREAKS if args.k.lower() in b.name.lower()]
+    if args.list:
+        for b in breaks:
+            files = dict.fromkeys(t.split("::")[0] for t in b.tests)
+            print(f"{b.name}\n    {b.path} -> {len(b.tests)} targets in {', '.join(files)}")
+        return 0
+    with tempfile.TemporaryDirectory(prefix="benchbatch-mutations-") as tmp:
+        base, work = Path(tmp) / "repo", Path(tmp) / "work"
+        copy_repo(ROOT, base)
+        work.mkdir()
+        return check(base, work, breaks, args)
+
+
+def check(base: Path, work: Path, breaks: list[Break], args) -> int:
+    stale = {b.name: why for b in breaks if (why := status_of(base, b))}
+    for name, why in stale.items():
+        print(f"STALE     {name}: {why}", flush=True)
+    live = [b for b in breaks if b.name not in stale]
+    if not args.no_baseline and not baseline(base, live, args.timeout):
+        return 2
+    started = time.monotonic()
+
+    def one(brk: Break) -> tuple[str, str]:
+        verdict, detail = try_break(base, work, brk, args.timeout)
+        print(f"{verdict:<9} {brk.name}: {detail}", flush=True)
+        return verdict, detail
+
+    with ThreadPoolExecutor(max(1, args.jobs)) as pool:
+        verdicts = [v for v, _ in pool.map(one, live)]
+    survived = verdicts.count("SURVIVED") + verdicts.count("ERROR")
+    elapsed = time.monotonic() - started
+    if survived or stale:
+        print(f"{len(breaks)} breaks: {survived} survived, {len(stale)} stale ({elapsed:.0f} s)")
+        return 1
+    print(f"{len(breaks)} breaks, all caught ({elapsed:.0f} s)")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
