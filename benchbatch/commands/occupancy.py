@@ -12,7 +12,7 @@ from benchbatch.run import Recorder
 
 CPU_HINT = "--engine real --requests 64 --slots 8 --max-output 200"
 LONG_RUN_S = 600  # over this estimate, the notice suggests a smaller run
-RUN_FIELDS = ("device", "dtype", "seed", "threads", "out", "force", "json_out")
+RUN_FIELDS = ("device", "dtype", "seed", "threads", "tp", "out", "force", "json_out")
 
 SIM_COLUMNS = {
     "policy": "policy",

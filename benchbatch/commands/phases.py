@@ -54,6 +54,7 @@ def measure(rec, net, opts: PhasesOptions, run: RunOptions) -> list[dict]:
     steps = probe.rows(net, rec.target.dtype_name, opts, run.timing(), run.graphs(rec.target))
     rows = rec.record("phases", steps, total=len(probe.plan(opts)))
     phases_figure(rows, rec.folder / "phases.png", c.title(rec, "prefill vs decode"))
+    c.allreduce_plot(rec, rows, "each step's all-reduces")
     return rows
 
 

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from benchbatch import render
+from benchbatch import distributed, render
 from benchbatch.commands import common as c
 from benchbatch.commands.params import command
 from benchbatch.experiments import SweepOptions
@@ -37,9 +37,11 @@ def sweep(opts: SweepOptions, model: ModelOptions, run: RunOptions) -> None:
 
     rec = c.open_model_run("sweep", model, run, opts, check=opts.check)
     with rec:
-        # Read before the model exists: max_batch subtracts the weights itself.
-        free_bytes = devices.free_memory_bytes(rec.target.device)
-        ceiling = probe.ceilings(rec.cfg, rec.target.dtype_name, opts.context, free_bytes)
+        # Read before the model exists: max_batch subtracts the weights itself. Under
+        # torchrun every rank holds a shard: the least free memory of any rank bounds it.
+        free_bytes = distributed.least(devices.free_memory_bytes(rec.target.device))
+        ceiling = probe.ceilings(rec.cfg, rec.target.dtype_name, opts.context, free_bytes,
+                                 rec.target.tp)  # fmt: skip
         if not run.json_out:
             _print_ceiling(ceiling, free_bytes, rec.target, opts.try_oom)
         roof = c.use_ceilings(rec, run)
@@ -71,9 +73,11 @@ def measure(rec, net, opts: SweepOptions, ceiling: dict, ridge, run: RunOptions)
     steps = probe.rows(net, dtype, plan, run.timing(), ceiling, opts.try_oom,
                        run.graphs(rec.target))  # fmt: skip
     rows = rec.record("sweep", steps, total=len(plan))
-    summary = probe.summarize(rows, net.cfg, dtype, ceiling, ridge, opts.knee_threshold)
+    summary = probe.summarize(rows, net.cfg, dtype, ceiling, ridge, opts.knee_threshold,
+                              rec.target.tp)  # fmt: skip
     if any(r["status"] == "ok" for r in rows):  # nothing to draw when all were skipped
         sweep_figure(rows, summary, rec.folder / "sweep.png", c.title(rec, "decode batch sweep"))
+        c.allreduce_plot(rec, rows, "each decode step's all-reduces")
     return rows, summary
 
 

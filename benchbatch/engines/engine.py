@@ -19,6 +19,11 @@ when it carries them (workload.with_prompts), else random ids seeded per request
 same request gets the same prompt in any engine and in the one-request-at-a-time reference.
 Generation is greedy (argmax).
 
+Tensor parallelism (a sharded model, under torchrun): every rank runs this same loop; the
+scheduler is deterministic and each rank picks greedy tokens from the same gathered
+logits, so every rank schedules the same steps without being told, and each request gets
+the tokens it gets on one device. A step's times are its slowest rank's.
+
 Timing: each step is timed on the host clock with a device synchronize before each reading;
 model_s is the time of the model's forward and the greedy pick of the next tokens; the rest
 of step_s is the engine's own work (scheduling, building inputs, bookkeeping): the
@@ -36,6 +41,7 @@ from dataclasses import dataclass, field
 import numpy as np
 import torch
 
+from benchbatch.distributed import slowest
 from benchbatch.engines.metrics import RunMetrics
 from benchbatch.engines.model import Transformer
 from benchbatch.engines.scheduler import PrefillChunk, StepPlan, make_scheduler
@@ -255,6 +261,7 @@ class _RunState:
         stopped = self._collect(plan, calls, chosen, result)
         sched.update(plan, stopped)
         step_s = time.perf_counter() - start
+        step_s, model_s = slowest(step_s, model_s)  # under torchrun: the slowest rank's
         return StepRecord(
             self.policy,
             plan.step,
