@@ -44,6 +44,7 @@ from benchbatch.commands import (  # noqa: E402
     phases,
     piggyback,
     probe,
+    project,
     reproduce,
     sweep,
 )
@@ -128,6 +129,7 @@ app.command("probe")(probe.probe)
 app.command("ablation")(ablation.ablation)
 app.command("piggyback")(piggyback.piggyback)
 app.command("compare")(compare.compare)
+app.command("project")(project.project)
 
 
 

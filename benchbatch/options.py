@@ -111,7 +111,7 @@ class ModelOptions:
     preset: str | None = opt(
         None,
         "Named model shape (article, cpu-small, tiny, qwen3-0.6b, llama3.2-1b, llama2-7b, "
-        "llama3-8b); other model options override it.",
+        "llama3-8b, llama3-70b); other model options override it.",
         panel=MODEL,
     )
     config: Path | None = opt(
