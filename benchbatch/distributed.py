@@ -160,7 +160,9 @@ def start(device, tp: int | None) -> World:
     dist.init_process_group(
         backend, timeout=timeout, device_id=device if device.type == "cuda" else None
     )
-    control = dist.new_group(backend="gloo", timeout=timeout) if backend == "nccl" else None
+    # Agreements get a group of their own (gloo, on the host): never mixed up with a step's
+    # collectives, even on a CPU where both are gloo.
+    control = dist.new_group(backend="gloo", timeout=timeout)
     size = dist.get_world_size()
     mesh = init_device_mesh(device.type, (size // tp, tp), mesh_dim_names=("replica", "tp"))
     _world = World(
@@ -170,7 +172,7 @@ def start(device, tp: int | None) -> World:
         tp=tp,
         backend=backend,
         tp_group=mesh.get_group("tp"),
-        control=control if control is not None else dist.group.WORLD,
+        control=control,
     )
     return _world
 

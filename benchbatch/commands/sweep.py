@@ -107,9 +107,13 @@ def _print_ceiling(ceiling: dict[int, int], free_bytes: int, target, try_oom: bo
     where = "free GPU memory" if target.device.type == "cuda" else "available RAM"
     fits = ", ".join(f"context {k:,}: {v:,}" for k, v in ceiling.items())
     over = "tried anyway (--try-oom)" if try_oom else "skipped"
+    held = "weights, KV cache and workspace"
+    if target.tp > 1:
+        where += f" on each of {target.tp} ranks"
+        held = "each rank's shard of the weights and KV cache, and workspace"
     render.out_console.print(
-        f"memory ceiling from {fmt(free_bytes / 2**30)} GiB {where} (weights, KV cache and "
-        f"workspace, 10% held back): largest batch {fits}; batches above it are {over}."
+        f"memory ceiling from {fmt(free_bytes / 2**30)} GiB {where} ({held}, 10% held "
+        f"back): largest batch {fits}; batches above it are {over}."
     )
 
 
@@ -117,8 +121,14 @@ def _report(rec, json_out: bool) -> None:
     rows, summary = rec.rows("sweep"), rec.meta.get("summary", [])
     if json_out:
         return c.report_json(rec, summary=summary, rows=rows)
-    shown = [{**r, "kv_cache_mib": r["kv_cache_bytes"] / 2**20} for r in rows]
-    render.table(shown, COLUMNS, "decode step vs batch size")
+    shown = [
+        {**r, "kv_cache_mib": r["kv_cache_bytes"] / 2**20,
+         "allreduce_pct": 100 * r.get("allreduce_share", float("nan"))}
+        for r in rows
+    ]  # fmt: skip
+    tp = any(r.get("tp", 1) > 1 for r in rows)  # KV MiB and all-reduce share: one rank's
+    columns = {**COLUMNS, "allreduce_pct": "AR%"} if tp else COLUMNS
+    render.table(shown, columns, "decode step vs batch size" + (" (per rank)" if tp else ""))
     for s in summary:
         for line in _summary_lines(s):
             render.out_console.print(line)
