@@ -218,7 +218,8 @@ class Transformer(nn.Module):
         """init=False leaves the weights uninitialized for a checkpoint to fill: the modules are
         built on the meta device and then given memory, so nothing is drawn and overwritten.
         shard: this rank's place in a tensor-parallel group (its layers are built on its
-        local_cfg; tensor_parallel.build draws or loads its weights)."""
+        local_cfg; shard.randomize draws its slices of the whole model's weights, and
+        checkpoint.load reads its slices of a checkpoint's)."""
         super().__init__()
         self.cfg, self.shard = cfg, shard
         self.local_cfg = local = shard.local_config(cfg) if shard is not None else cfg
