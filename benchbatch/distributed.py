@@ -230,6 +230,20 @@ def _reduce_max(values: list[float]) -> list[float]:
     return t.tolist()
 
 
+def each(*values: float) -> list[tuple[float, ...]]:
+    """Every rank's values, in rank order (one all-gather of a few floats)."""
+    w = _world
+    if not w.distributed:
+        return [tuple(values)]
+    import torch
+    import torch.distributed as dist
+
+    mine = torch.tensor(values, dtype=torch.float64)
+    out = [torch.empty_like(mine) for _ in range(w.size)]
+    dist.all_gather(out, mine, group=w.control)
+    return [tuple(t.tolist()) for t in out]
+
+
 def slowest(*seconds: float) -> list[float]:
     """Each value's largest over the ranks (a step ends when its slowest rank ends)."""
     return _reduce_max(list(seconds))

@@ -109,7 +109,12 @@ def test_real_engine_on_two_ranks_gives_the_tokens_of_one(tmp_path, runner):
             "--slots", "4", "--median", "6", "--max-output", "16", "--prompt-len", "6"]  # fmt: skip
     ranks = launch(bb(*args), tmp_path, timeout=TIMEOUT)
     assert [r.returncode for r in ranks] == [0, 0], ranks[0].stderr
-    two = pd.read_csv(run_folder(tmp_path) / "engine.csv")
+    folder = run_folder(tmp_path)
+    two = pd.read_csv(folder / "engine.csv")
+    steps = pd.read_csv(folder / "engine_steps.csv")
+    assert (steps["step_ms"] == steps[["step_ms_rank0", "step_ms_rank1"]].max(axis=1)).all()
+    decode = pd.read_csv(folder / "collectives.csv")  # the engine's decode step, per rank
+    assert decode["batch"].tolist() == [4] and decode["allreduce_ms_rank1"].iloc[0] > 0
     result = runner.invoke(app, [*args, "--out", str(tmp_path / "one")])
     assert result.exit_code == 0, result.output
     one = pd.read_csv(tmp_path / "one" / "engine.csv")

@@ -41,7 +41,7 @@ from dataclasses import dataclass, field
 import numpy as np
 import torch
 
-from benchbatch.distributed import slowest
+from benchbatch.distributed import each
 from benchbatch.engines.metrics import RunMetrics
 from benchbatch.engines.model import Transformer
 from benchbatch.engines.scheduler import PrefillChunk, StepPlan, make_scheduler
@@ -64,8 +64,10 @@ class StepRecord:
     padded: int  # finished slots of a static group that still computed a padding token
     step_s: float
     model_s: float
+    rank_step_s: tuple[float, ...] = ()  # under torchrun: every rank's step (step_s: slowest)
 
     def row(self) -> dict:
+        ranks = {f"step_ms_rank{i}": s * 1e3 for i, s in enumerate(self.rank_step_s)}
         return {
             "policy": self.policy,
             "step": self.step,
@@ -75,6 +77,7 @@ class StepRecord:
             "padded": self.padded,
             "step_ms": self.step_s * 1e3,
             "model_ms": self.model_s * 1e3,
+            **ranks,
         }
 
 
@@ -261,7 +264,8 @@ class _RunState:
         stopped = self._collect(plan, calls, chosen, result)
         sched.update(plan, stopped)
         step_s = time.perf_counter() - start
-        step_s, model_s = slowest(step_s, model_s)  # under torchrun: the slowest rank's
+        ranks = each(step_s, model_s)  # under torchrun: every rank's; a step is its slowest's
+        step_s, model_s = max(r[0] for r in ranks), max(r[1] for r in ranks)
         return StepRecord(
             self.policy,
             plan.step,
@@ -271,6 +275,7 @@ class _RunState:
             len(plan.padded_slots),
             step_s,
             model_s,
+            tuple(r[0] for r in ranks) if len(ranks) > 1 else (),
         )
 
     # --- inputs -------------------------------------------------------------------------
