@@ -18,6 +18,11 @@ FLOPs are the matmuls' (what a roofline sets against the tensor-core peak, and w
 FlopCounterMode counts). Elementwise work (norms, Qwen3's q/k norm, biases, rotary, SiLU,
 softmax) is memory-bound: it is counted in bytes (its parameters and activations), not FLOPs.
 
+Tensor parallelism (tp ranks, benchbatch/sharding.py): every count takes `tp` and is then
+one rank's: its heads, KV heads and MLP slice (local_config), its slice of the LM head
+(vocab_per_rank rows), the whole embedding, norms and rotary tables it replicates, and its
+KV cache. The all-reduces are communication, counted apart (allreduce_bytes), not as bytes.
+
 Buffers: the rotary cos and sin tables ([max_context, head_dim / 2] each, in the model's
 dtype) are resident (weight_bytes counts them whole: 16 MiB for llama3.2-1b in bf16), but a
 step gathers only the rows of its tokens' positions, so a step reads head_dim values per new
@@ -28,6 +33,7 @@ from __future__ import annotations
 
 from dataclasses import asdict, dataclass
 
+from benchbatch import sharding
 from benchbatch.config import DTYPE_BYTES, ModelConfig
 
 
@@ -52,11 +58,20 @@ def linear_params(cfg: ModelConfig) -> int:
     return cfg.layers * layer_linear_params(cfg)
 
 
-def total_params(cfg: ModelConfig) -> int:
-    """Every parameter the model holds (embedding and LM head shared when tied)."""
+def total_params(cfg: ModelConfig, tp: int = 1) -> int:
+    """Every parameter the model (one rank of tp) holds: embedding and LM head shared when
+    tied, unless the head is sharded (tp > 1: its own slice of the vocabulary)."""
+    local = sharding.local_config(cfg, tp)
     final_norm = cfg.hidden
-    embeddings = cfg.vocab * cfg.hidden * (1 if cfg.tie_embeddings else 2)
-    return linear_params(cfg) + cfg.layers * layer_vector_params(cfg) + final_norm + embeddings
+    embeddings = cfg.vocab * cfg.hidden + _separate_head_rows(cfg, tp) * cfg.hidden
+    return linear_params(local) + cfg.layers * layer_vector_params(local) + final_norm + embeddings
+
+
+def _separate_head_rows(cfg: ModelConfig, tp: int) -> int:
+    """Rows of an LM head that is not the embedding itself (0 when tied and whole)."""
+    if tp == 1:
+        return 0 if cfg.tie_embeddings else cfg.vocab
+    return sharding.vocab_per_rank(cfg, tp)
 
 
 def rotary_table_bytes(cfg: ModelConfig, dtype: str) -> int:
@@ -64,18 +79,18 @@ def rotary_table_bytes(cfg: ModelConfig, dtype: str) -> int:
     return cfg.max_context * cfg.head_dim * DTYPE_BYTES[dtype]
 
 
-def weight_bytes(cfg: ModelConfig, dtype: str) -> int:
-    """What the model holds in memory: its parameters and its rotary tables."""
-    return total_params(cfg) * DTYPE_BYTES[dtype] + rotary_table_bytes(cfg, dtype)
+def weight_bytes(cfg: ModelConfig, dtype: str, tp: int = 1) -> int:
+    """What the model (one rank of tp) holds in memory: its parameters and rotary tables."""
+    return total_params(cfg, tp) * DTYPE_BYTES[dtype] + rotary_table_bytes(cfg, dtype)
 
 
-def kv_bytes_per_token(cfg: ModelConfig, dtype: str) -> int:
-    """Keys and values of one token in every layer."""
-    return cfg.layers * 2 * cfg.kv_dim * DTYPE_BYTES[dtype]
+def kv_bytes_per_token(cfg: ModelConfig, dtype: str, tp: int = 1) -> int:
+    """Keys and values of one token in every layer (the KV heads of one rank of tp)."""
+    return cfg.layers * 2 * sharding.local_config(cfg, tp).kv_dim * DTYPE_BYTES[dtype]
 
 
-def kv_cache_bytes(cfg: ModelConfig, dtype: str, batch: int, context: int) -> int:
-    return batch * context * kv_bytes_per_token(cfg, dtype)
+def kv_cache_bytes(cfg: ModelConfig, dtype: str, batch: int, context: int, tp: int = 1) -> int:
+    return batch * context * kv_bytes_per_token(cfg, dtype, tp)
 
 
 def causal_pairs(tokens: int, context: int) -> int:
@@ -144,26 +159,32 @@ def step_cost(
     tokens: int,
     context: int = 0,
     logits_per_seq: int = 1,
+    tp: int = 1,
 ) -> StepCost:
-    """FLOPs and bytes of one step: `tokens` new tokens for each of `batch` sequences."""
+    """FLOPs and bytes of one step: `tokens` new tokens for each of `batch` sequences (on
+    one rank of tp: its shard of the work, and the full logits it gathers)."""
     b = DTYPE_BYTES[dtype]
     new = batch * tokens
     logit_rows = batch * logits_per_seq
     pairs = batch * causal_pairs(tokens, context)
+    local, head_rows = sharding.local_config(cfg, tp), sharding.vocab_per_rank(cfg, tp)
+    gathered_logits = logit_rows * cfg.vocab if tp > 1 else 0
     return StepCost(
         batch=batch,
         tokens=tokens,
         context=context,
-        linear_flops=2 * new * linear_params(cfg),
-        lm_head_flops=2 * logit_rows * cfg.hidden * cfg.vocab,
-        attention_flops=cfg.layers * 4 * cfg.q_dim * pairs,
-        weight_bytes=(total_params(cfg) - _unread_embedding(cfg)) * b + new * _gathered(cfg) * b,
-        kv_read_bytes=batch * (context + tokens) * kv_bytes_per_token(cfg, dtype),
-        kv_write_bytes=new * kv_bytes_per_token(cfg, dtype),
+        linear_flops=2 * new * linear_params(local),
+        lm_head_flops=2 * logit_rows * cfg.hidden * head_rows,
+        attention_flops=cfg.layers * 4 * local.q_dim * pairs,
+        weight_bytes=(total_params(cfg, tp) - _unread_embedding(cfg, tp)) * b
+        + new * _gathered(cfg) * b,
+        kv_read_bytes=batch * (context + tokens) * kv_bytes_per_token(cfg, dtype, tp),
+        kv_write_bytes=new * kv_bytes_per_token(cfg, dtype, tp),
         activation_bytes=b
         * (
-            new * (cfg.layers * _activation_elements_per_token(cfg) + cfg.head_dim)
-            + logit_rows * (cfg.hidden + cfg.vocab)
+            new * (cfg.layers * _activation_elements_per_token(local) + cfg.head_dim)
+            + logit_rows * (cfg.hidden + head_rows)
+            + gathered_logits
         ),
     )
 
@@ -174,17 +195,35 @@ def _gathered(cfg: ModelConfig) -> int:
     return cfg.hidden + cfg.head_dim
 
 
-def _unread_embedding(cfg: ModelConfig) -> int:
-    """The embedding table is gathered, not read whole (unless it doubles as the LM head)."""
-    return 0 if cfg.tie_embeddings else cfg.vocab * cfg.hidden
+def _unread_embedding(cfg: ModelConfig, tp: int = 1) -> int:
+    """The embedding table is gathered, not read whole (unless it doubles as the LM head,
+    which a sharded head never does)."""
+    return 0 if cfg.tie_embeddings and tp == 1 else cfg.vocab * cfg.hidden
 
 
-def prefill_cost(cfg: ModelConfig, dtype: str, batch: int, prompt: int) -> StepCost:
-    return step_cost(cfg, dtype, batch, prompt, context=0)
+def prefill_cost(cfg: ModelConfig, dtype: str, batch: int, prompt: int, tp: int = 1) -> StepCost:
+    return step_cost(cfg, dtype, batch, prompt, context=0, tp=tp)
 
 
-def decode_cost(cfg: ModelConfig, dtype: str, batch: int, context: int) -> StepCost:
-    return step_cost(cfg, dtype, batch, 1, context=context)
+def decode_cost(cfg: ModelConfig, dtype: str, batch: int, context: int, tp: int = 1) -> StepCost:
+    return step_cost(cfg, dtype, batch, 1, context=context, tp=tp)
+
+
+def allreduce_bytes(cfg: ModelConfig, dtype: str, tokens: int) -> int:
+    """The message of one of a step's all-reduces: every token's hidden vector."""
+    return tokens * cfg.hidden * DTYPE_BYTES[dtype]
+
+
+def allreduces_per_step(cfg: ModelConfig, tp: int) -> int:
+    """One after attention and one after the MLP in every layer (none on one rank)."""
+    return 2 * cfg.layers if tp > 1 else 0
+
+
+def bus_bytes(message_bytes: int, ranks: int) -> float:
+    """What an all-reduce moves over each rank's link, as nccl-tests counts it: a ring
+    all-reduce sends and receives 2 (n - 1) / n of the message per rank. busbw = this over
+    the time (algbw x 2 (n - 1) / n)."""
+    return message_bytes * 2 * (ranks - 1) / ranks
 
 
 def dense_attention_flops(cfg: ModelConfig, batch: int, tokens: int, context: int) -> int:
@@ -192,21 +231,28 @@ def dense_attention_flops(cfg: ModelConfig, batch: int, tokens: int, context: in
     return cfg.layers * 4 * cfg.q_dim * batch * tokens * (context + tokens)
 
 
-def step_workspace_bytes(cfg: ModelConfig, dtype: str, tokens: int) -> int:
-    """Transient memory of a step over `tokens` tokens: the widest activations and logits."""
-    b = DTYPE_BYTES[dtype]
-    widest = cfg.hidden * 2 + cfg.q_dim + 2 * cfg.kv_dim + 3 * cfg.intermediate
+def step_workspace_bytes(cfg: ModelConfig, dtype: str, tokens: int, tp: int = 1) -> int:
+    """Transient memory of a step over `tokens` tokens: the widest activations (one rank's)
+    and the full logits."""
+    b, c = DTYPE_BYTES[dtype], sharding.local_config(cfg, tp)
+    widest = c.hidden * 2 + c.q_dim + 2 * c.kv_dim + 3 * c.intermediate
     return tokens * (widest * b + cfg.vocab * 4)  # logits are taken to fp32 for sampling
 
 
 def max_batch(
-    cfg: ModelConfig, dtype: str, context: int, free_bytes: int, reserve_fraction: float = 0.1
+    cfg: ModelConfig,
+    dtype: str,
+    context: int,
+    free_bytes: int,
+    reserve_fraction: float = 0.1,
+    tp: int = 1,
 ) -> int:
-    """Sequences of `context` tokens that fit beside the weights (0 when even one does not).
+    """Sequences of `context` tokens that fit beside the weights (0 when even one does not);
+    with tp, on each rank's `free_bytes` beside its shard: the batch grows with the ranks.
 
     Each sequence needs its KV cache plus its share of a decode step's workspace; a fraction
     of the free memory is held back for the allocator's fragmentation and the runtime.
     """
-    usable = int(free_bytes * (1 - reserve_fraction)) - weight_bytes(cfg, dtype)
-    per_seq = kv_cache_bytes(cfg, dtype, 1, context) + step_workspace_bytes(cfg, dtype, 1)
+    usable = int(free_bytes * (1 - reserve_fraction)) - weight_bytes(cfg, dtype, tp)
+    per_seq = kv_cache_bytes(cfg, dtype, 1, context, tp) + step_workspace_bytes(cfg, dtype, 1, tp)
     return max(0, usable // per_seq)

@@ -12,7 +12,9 @@ device cannot run) is one line naming --model.
 
 from __future__ import annotations
 
+import functools
 import re
+from collections.abc import Callable
 from pathlib import Path
 from typing import NoReturn
 
@@ -96,9 +98,11 @@ def load(
     device: torch.device | str,
     dtype: torch.dtype,
     max_context: int | None = None,
+    shard=None,
 ) -> tuple[Transformer, ModelConfig]:
     """The checkpoint's model on `device` in `dtype`. max_context (at most the config's)
-    shortens the rotary tables: positions past it are never used."""
+    shortens the rotary tables: positions past it are never used. shard: a rank of a
+    tensor-parallel group (engines/tensor_parallel.py) reads only its slices of each tensor."""
     cfg = read_config(path)
     if max_context is not None and max_context != cfg.max_context:
         if max_context > cfg.max_context:
@@ -110,11 +114,13 @@ def load(
     _check_device_dtype(torch.device(device), dtype)
     shards = _shards(folder(path))
     tensors = _inventory(shards)
-    model = Transformer(cfg, device, dtype, init=False)
-    targets = destinations(model)
-    _check_tensors(tensors, targets, cfg)
+    model = Transformer(cfg, device, dtype, init=False, shard=shard)
+    # Shapes are checked against the whole model's (on the meta device: no memory).
+    whole = model if shard is None else Transformer(cfg, "meta", dtype, init=False)
+    _check_tensors(tensors, destinations(whole), cfg)
+    targets = destinations(model) if shard is None else _sharded_targets(model, shard)
     with torch.no_grad():
-        _copy(shards, tensors, targets, dtype)
+        _copy(shards, tensors, targets, dtype, model.embed.weight)
     return model.eval(), cfg
 
 
@@ -173,37 +179,69 @@ def _inventory(shards: list[Path]) -> dict[str, tuple[Path, list[int], str]]:
 # --- the mapping ---------------------------------------------------------------------------
 
 
-def destinations(model: Transformer) -> dict[str, torch.Tensor]:
-    """Hugging Face tensor name -> the part of benchbatch's parameter it fills (a view)."""
-    cfg = model.cfg
-    out = {"model.embed_tokens.weight": model.embed.weight, "model.norm.weight": model.norm.weight}
+Span = tuple[int, int] | None  # rows of a fused parameter; None: all of it
+
+
+def layout(cfg: ModelConfig) -> dict[str, tuple[str, Span]]:
+    """Hugging Face tensor name -> (benchbatch's parameter, the rows of it the tensor fills)."""
+    out: dict[str, tuple[str, Span]] = {
+        "model.embed_tokens.weight": ("embed.weight", None),
+        "model.norm.weight": ("norm.weight", None),
+    }
     if not cfg.tie_embeddings:
-        out["lm_head.weight"] = model.lm_head.weight
+        out["lm_head.weight"] = ("lm_head.weight", None)
     q, kv, inter = cfg.q_dim, cfg.kv_dim, cfg.intermediate
     qkv_rows = {"q_proj": (0, q), "k_proj": (q, q + kv), "v_proj": (q + kv, q + 2 * kv)}
     mlp_rows = {"gate_proj": (0, inter), "up_proj": (inter, 2 * inter)}
-    for i, block in enumerate(model.blocks):
-        attn, mlp, pre = block.attention, block.mlp, f"model.layers.{i}."
-        out[pre + "input_layernorm.weight"] = block.attention_norm.weight
-        out[pre + "post_attention_layernorm.weight"] = block.mlp_norm.weight
-        out |= _linear(pre + "self_attn.", attn.wqkv, qkv_rows)
-        out |= _linear(pre + "self_attn.", attn.wo, {"o_proj": None})
-        out |= _linear(pre + "mlp.", mlp.w13, mlp_rows)
-        out |= _linear(pre + "mlp.", mlp.w2, {"down_proj": None})
+    for i in range(cfg.layers):
+        pre, mine = f"model.layers.{i}.", f"blocks.{i}."
+        out[pre + "input_layernorm.weight"] = (mine + "attention_norm.weight", None)
+        out[pre + "post_attention_layernorm.weight"] = (mine + "mlp_norm.weight", None)
+        attn, mlp = (pre + "self_attn.", mine + "attention."), (pre + "mlp.", mine + "mlp.")
+        out |= _linear(*attn, "wqkv", qkv_rows, cfg.qkv_bias)
+        out |= _linear(*attn, "wo", {"o_proj": None}, cfg.o_bias)
+        out |= _linear(*mlp, "w13", mlp_rows, cfg.mlp_bias)
+        out |= _linear(*mlp, "w2", {"down_proj": None}, cfg.mlp_bias)
         if cfg.qk_norm:
-            out[pre + "self_attn.q_norm.weight"] = attn.q_norm.weight
-            out[pre + "self_attn.k_norm.weight"] = attn.k_norm.weight
+            for norm in ("q_norm", "k_norm"):
+                out[f"{pre}self_attn.{norm}.weight"] = (f"{mine}attention.{norm}.weight", None)
     return out
 
 
-def _linear(prefix: str, layer: torch.nn.Linear, rows: dict) -> dict[str, torch.Tensor]:
+def _linear(prefix: str, mine: str, layer: str, rows: dict, bias: bool) -> dict:
     """Weights (and biases, when the layer has them) of projections fused by rows."""
-    out = {}
-    for name, span in rows.items():
-        for kind in ("weight", "bias"):
-            param = getattr(layer, kind)
-            if param is not None:
-                out[f"{prefix}{name}.{kind}"] = param if span is None else param[slice(*span)]
+    kinds = ("weight", "bias") if bias else ("weight",)
+    return {
+        f"{prefix}{name}.{kind}": (f"{mine}{layer}.{kind}", span)
+        for name, span in rows.items()
+        for kind in kinds
+    }
+
+
+def destinations(model: Transformer) -> dict[str, torch.Tensor]:
+    """Hugging Face tensor name -> the part of benchbatch's parameter it fills (a view)."""
+    params = dict(model.named_parameters())
+    return {
+        name: params[param] if span is None else params[param][slice(*span)]
+        for name, (param, span) in layout(model.cfg).items()
+    }
+
+
+def _sharded_targets(model: Transformer, shard) -> dict[str, Callable]:
+    """Hugging Face tensor name -> a call that copies this rank's slices of the tensor into
+    its parameters (and returns what it wrote); a tied embedding also fills the head."""
+    from benchbatch.engines.tensor_parallel import write_piece
+
+    cfg, params = model.cfg, dict(model.named_parameters())
+    out: dict[str, Callable] = {
+        name: functools.partial(write_piece, params[param], shard.piece(param, cfg), span)
+        for name, (param, span) in layout(cfg).items()
+    }
+    if cfg.tie_embeddings:
+        head_piece = shard.piece("lm_head.weight", cfg)
+        head = functools.partial(write_piece, params["lm_head.weight"], head_piece, None)
+        embed = out["model.embed_tokens.weight"]
+        out["model.embed_tokens.weight"] = lambda t: (head(t), embed(t))[1]
     return out
 
 
@@ -234,8 +272,11 @@ def _few(names: list[str]) -> str:
     return shown + (f" and {len(names) - 3} more" if len(names) > 3 else "")
 
 
-def _copy(shards: list[Path], tensors: dict, targets: dict, dtype: torch.dtype) -> None:
-    """Each tensor from its memory-mapped file into its place, converted on the way."""
+def _copy(
+    shards: list[Path], tensors: dict, targets: dict, dtype: torch.dtype, embed: torch.Tensor
+) -> None:
+    """Each tensor from its memory-mapped file into its place (a view, or a call that writes
+    a rank's slices), converted on the way."""
     from safetensors import safe_open
 
     for shard in shards:
@@ -243,16 +284,16 @@ def _copy(shards: list[Path], tensors: dict, targets: dict, dtype: torch.dtype) 
             for name in (n for n, (s, _, _) in tensors.items() if s == shard):
                 if name not in targets:  # ignored, or a tied head (checked once embed is in)
                     continue
-                target = targets[name]
-                target.copy_(f.get_tensor(name))
-                if dtype == torch.float16 and not torch.isfinite(target).all():
+                target, tensor = targets[name], f.get_tensor(name)
+                written = target(tensor) if callable(target) else target.copy_(tensor)
+                if dtype == torch.float16 and not torch.isfinite(written).all():
                     fail(
                         f"{name} holds values beyond fp16's range; load it in bf16 or fp32 "
                         "(--dtype)"
                     )
     if "lm_head.weight" in tensors and "lm_head.weight" not in targets:
         with safe_open(tensors["lm_head.weight"][0], framework="pt") as f:
-            _check_tied_head(f.get_tensor("lm_head.weight"), targets["model.embed_tokens.weight"])
+            _check_tied_head(f.get_tensor("lm_head.weight"), embed)
 
 
 def _check_tied_head(head: torch.Tensor, embed: torch.Tensor) -> None:

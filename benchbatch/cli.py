@@ -36,6 +36,7 @@ _matplotlib_config_dir()
 import typer  # noqa: E402
 from typer.core import TyperGroup  # noqa: E402
 
+from benchbatch import distributed  # noqa: E402
 from benchbatch.commands import (  # noqa: E402
     ablation,
     compare,
@@ -43,12 +44,13 @@ from benchbatch.commands import (  # noqa: E402
     phases,
     piggyback,
     probe,
+    project,
     reproduce,
     sweep,
 )
 from benchbatch.commands.common import check_numbers  # noqa: E402
 from benchbatch.errors import Interrupted, UserError  # noqa: E402
-from benchbatch.run import interrupts_raise  # noqa: E402
+from benchbatch.run import close_interrupted, interrupts_raise  # noqa: E402
 
 try:  # recent typer vendors its own click; older ones use click itself
     from typer._click import exceptions as click_errors
@@ -69,7 +71,9 @@ class BenchGroup(TyperGroup):
         except UserError as e:
             code = _fail(f"{e.option}: {e.message}", 2)
         except Interrupted as e:
-            typer.echo(str(e), err=True)
+            close_interrupted()
+            if distributed.is_writer():  # the folder is rank 0's
+                typer.echo(str(e), err=True)
             code = 130
         except click_errors.NoArgsIsHelpError as e:
             code = e.exit_code  # the help was printed: nothing else to say
@@ -78,8 +82,11 @@ class BenchGroup(TyperGroup):
             code = _fail(e.format_message() + hint, e.exit_code)
         except click_errors.ClickException as e:
             code = _fail(e.format_message(), e.exit_code)
-        except typer.Abort:
+        except typer.Abort:  # a Ctrl-C outside a run's own handling
+            close_interrupted()
             code = _fail("aborted", 130)
+        if code in (0, 2):  # done, or an error every rank agreed on: leave the group cleanly
+            distributed.stop()
         if standalone_mode:
             sys.exit(code)
         return code
@@ -122,12 +129,24 @@ app.command("probe")(probe.probe)
 app.command("ablation")(ablation.ablation)
 app.command("piggyback")(piggyback.piggyback)
 app.command("compare")(compare.compare)
+app.command("project")(project.project)
 
+
+
+# Commands that run under torchrun (tensor parallelism, or the interconnect's ceiling).
+SEVERAL_RANKS = ("phases", "sweep", "occupancy", "ablation", "probe")
 
 
 @app.callback()
-def _root() -> None:
+def _root(ctx: typer.Context) -> None:
     """Measure on your own hardware why LLM inference is served in batches."""
+    command = ctx.invoked_subcommand
+    if distributed.world_size() > 1 and command not in SEVERAL_RANKS:
+        raise UserError(
+            "torchrun",
+            f"{command} runs in one process; launch it without torchrun (under torchrun: "
+            f"{', '.join(SEVERAL_RANKS)})",
+        )
 
 
 def main() -> None:

@@ -205,6 +205,17 @@ PRESETS: dict[str, ModelConfig] = {
         max_context=4096,
         name="llama2-7b",
     ),
+    "llama3-70b": ModelConfig(
+        hidden=8192,
+        layers=80,
+        heads=64,
+        kv_heads=8,
+        intermediate=28672,
+        vocab=128256,
+        max_context=8192,
+        rope_theta=500000.0,
+        name="llama3-70b",
+    ),
     "llama3-8b": ModelConfig(
         hidden=4096,
         layers=32,

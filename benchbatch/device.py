@@ -25,10 +25,16 @@ class Target:
     device: torch.device
     dtype_name: str
     notice: str | None = None
+    world: object = None  # distributed.World under torchrun (ranks, tensor-parallel group)
 
     @property
     def dtype(self) -> torch.dtype:
         return DTYPES[self.dtype_name]
+
+    @property
+    def tp(self) -> int:
+        """Ranks the model is sharded over (1: the whole model on this device)."""
+        return 1 if self.world is None else self.world.tp
 
 
 def resolve(device: str = "auto", dtype: str | None = None) -> Target:

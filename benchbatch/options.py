@@ -111,7 +111,7 @@ class ModelOptions:
     preset: str | None = opt(
         None,
         "Named model shape (article, cpu-small, tiny, qwen3-0.6b, llama3.2-1b, llama2-7b, "
-        "llama3-8b); other model options override it.",
+        "llama3-8b, llama3-70b); other model options override it.",
         panel=MODEL,
     )
     config: Path | None = opt(
@@ -199,24 +199,30 @@ class ModelOptions:
         """The model on the target device and dtype, and its config (checked to fit first):
         the checkpoint's weights, or seeded random ones. With no model named, the device's
         default preset (see device_preset)."""
+        from benchbatch.engines import tensor_parallel
         from benchbatch.engines.model import Transformer
 
         cfg = self.shape(device_preset(target))
+        shard = tensor_parallel.of(target.world)  # this rank's part of the model, or None
         if self.model is not None:
             from benchbatch import checkpoint
 
             check_fits(cfg, target, "--model")
-            return checkpoint.load(self.model, target.device, target.dtype, cfg.max_context)
+            return checkpoint.load(
+                self.model, target.device, target.dtype, cfg.max_context, shard=shard
+            )
         check_fits(cfg, target, self.source())
-        return Transformer(cfg, target.device, target.dtype, seed), cfg
+        return Transformer(cfg, target.device, target.dtype, seed, shard=shard), cfg
 
 
 def check_fits(cfg, target, option: str) -> None:
     """Refuse, before building it, a model whose weights (and rotary tables, built in
-    float64) exceed the memory free on the device: the allocator would crash or swap."""
+    float64) exceed the memory free on the device: the allocator would crash or swap.
+    Under tensor parallelism: this rank's shard of it, on this rank's device."""
     from benchbatch import accounting, device
 
-    need = accounting.weight_bytes(cfg, target.dtype_name) + 16 * cfg.max_context * cfg.head_dim
+    tp = target.tp
+    need = accounting.weight_bytes(cfg, target.dtype_name, tp) + 16 * cfg.max_context * cfg.head_dim
     free = device.free_memory_bytes(target.device)
     if need > free:
         where = "free on the GPU" if target.device.type == "cuda" else "of available RAM"
@@ -268,6 +274,12 @@ class RunOptions:
     threads: int | None = opt(
         None, "CPU threads torch may use (default: torch's choice, one per core).", panel=RUN
     )
+    tp: int | None = opt(
+        None,
+        "Tensor-parallel ranks that shard the model (launch with `torchrun --nproc-per-node "
+        "N -m benchbatch ...`; default: every rank torchrun started; fewer makes replicas).",
+        panel=RUN,
+    )
     cuda_graphs: bool = opt(
         True,
         "Replay timed steps from CUDA graphs (CUDA only): launch overhead must not hide the "
@@ -311,12 +323,21 @@ class RunOptions:
         check_count("warmup", self.warmup, 0, self.MAX_REPEATS)
         if self.threads is not None:
             check_count("threads", self.threads, 1, 4096)
+        if self.tp is not None:
+            check_count("tp", self.tp, 1, 4096)
+            from benchbatch.distributed import resolve_tp
+
+            resolve_tp(self.tp)  # --tp without torchrun, or beyond its ranks: every rank alike
 
     def target(self):
-        """The device (auto: CUDA when present) and dtype (fp16 on CUDA, fp32 on CPU)."""
-        from benchbatch import device
+        """The device (auto: CUDA when present) and dtype (fp16 on CUDA, fp32 on CPU). Under
+        torchrun each rank takes cuda:LOCAL_RANK (or the CPU) and joins the process group."""
+        import dataclasses
 
-        return device.resolve(self.device, self.dtype)
+        from benchbatch import device, distributed
+
+        target = device.resolve(distributed.device_spec(self.device), self.dtype)
+        return dataclasses.replace(target, world=distributed.start(target.device, self.tp))
 
     def timing(self):
         from benchbatch.timing import TimingOptions

@@ -13,8 +13,11 @@ from rich import box
 from rich.console import Console
 from rich.table import Table
 
-out_console = Console()
-err_console = Console(stderr=True)
+from benchbatch.distributed import is_writer
+
+# Under torchrun every rank runs the command and rank 0 alone prints (errors excepted).
+out_console = Console(quiet=not is_writer())
+err_console = Console(stderr=True, quiet=not is_writer())
 
 NOISY_HINT = "try more --repeats or --min-time"
 

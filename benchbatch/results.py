@@ -1,7 +1,8 @@
 """Run folders and the files in them: never overwritten silently, always written whole.
 
 Every file is written to a temporary name and renamed into place, so a run stopped at any
-moment leaves either the previous complete file or the new complete one.
+moment leaves either the previous complete file or the new complete one. Under torchrun only
+rank 0 writes (distributed.is_writer): the other ranks run the same code and write nothing.
 """
 
 from __future__ import annotations
@@ -15,6 +16,7 @@ import sys
 import tempfile
 from pathlib import Path
 
+from benchbatch.distributed import is_writer
 from benchbatch.errors import UserError
 
 SCHEMA_VERSION = 1
@@ -26,7 +28,10 @@ def utc_stamp() -> str:
 
 
 def run_dir(out: Path | None, command: str, force: bool = False) -> Path:
-    """The folder a run writes to: --out, or a new results/<UTC time>-<command>/."""
+    """The folder a run writes to: --out, or a new results/<UTC time>-<command>/. Made and
+    checked by rank 0 alone (the others learn its name from it)."""
+    if not is_writer():
+        return out if out is not None else DEFAULT_ROOT / f"{utc_stamp()}-{command}"
     if out is None:
         out = _claim_fresh(DEFAULT_ROOT / f"{utc_stamp()}-{command}")
     elif out.exists() and not out.is_dir():
@@ -61,6 +66,8 @@ def _make_writable(path: Path) -> None:
 
 
 def atomic_write_text(path: Path, text: str) -> None:
+    if not is_writer():
+        return
     fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
     try:
         with os.fdopen(fd, "w") as f:
@@ -80,6 +87,8 @@ def is_temporary(path: Path) -> bool:
 def remove_temporaries(folder: Path) -> list[str]:
     """Delete what a write stopped halfway (by Ctrl-C, say) left behind; return the names."""
     removed = []
+    if not is_writer():  # another rank's temporary files may be the writer's, mid-write
+        return removed
     for path in folder.iterdir() if folder.is_dir() else ():
         if path.is_file() and is_temporary(path):
             path.unlink(missing_ok=True)

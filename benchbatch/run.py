@@ -146,6 +146,7 @@ class Recorder(Run):
     # --- the run's lifetime ---------------------------------------------------------------
 
     def __enter__(self) -> Recorder:
+        _open.append(self)
         self._stack.enter_context(interrupts_raise())
         if self.target is not None:
             from benchbatch import telemetry
@@ -172,6 +173,8 @@ class Recorder(Run):
                     results.remove_temporaries(self.folder)
         finally:
             self._stack.close()
+            if self in _open:
+                _open.remove(self)
         return False
 
     def _telemetry(self) -> dict | None:
@@ -227,6 +230,21 @@ class Recorder(Run):
 
 
 NOT_TRUSTED = ("noisy", "throttled", "power_capped")
+
+_open: list[Recorder] = []  # runs inside their `with` block
+
+
+def close_interrupted() -> None:
+    """Mark interrupted any run a Ctrl-C left open: one that arrived while the run was being
+    finished (under torchrun: a rank whose collective failed when a peer stopped for the
+    same Ctrl-C, and whose own signal landed as the run began to close)."""
+    while _open:
+        rec = _open.pop()
+        if rec.meta.get("status") == "running":
+            with signals_held():
+                rec.flush()
+                rec.finish("interrupted")
+                results.remove_temporaries(rec.folder)
 
 
 # --- signals -----------------------------------------------------------------------------

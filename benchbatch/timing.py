@@ -10,6 +10,11 @@ follow. Counting min_time on the host clock instead would be wrong on a GPU: the
 enqueues, runs far ahead of the device, and would queue hundreds of repeats. The warm-up
 calls (queue empty) also give the host's time to enqueue one call: a step whose host time
 is at least its device time is launch-bound (the GPU waits for launches).
+
+Under torchrun every rank times the same call, and a call may hold collectives (a
+tensor-parallel step's all-reduces) that need every rank to make it: the ranks agree on
+each warm-up call and on the repeat count (the largest any rank wants), so each rank makes
+exactly as many calls (benchbatch/distributed.py; without torchrun agreeing is free).
 """
 
 from __future__ import annotations
@@ -22,7 +27,7 @@ from dataclasses import dataclass, field
 
 import torch
 
-from benchbatch import backend
+from benchbatch import backend, distributed
 from benchbatch.noise import DEFAULT_CV_THRESHOLD
 
 
@@ -136,7 +141,7 @@ def measure(fn: Callable[[], object], device: torch.device, opts: TimingOptions)
         flush = b.flusher() if opts.l2_flush else None
         warm_ms, warm_host_ms = _warm_up(fn, b, opts)
         timer = b.timer()
-        for _ in range(repeat_count(warm_ms, opts)):
+        for _ in range(distributed.agree_max(repeat_count(warm_ms, opts))):
             if flush is not None:
                 flush()
             timer.time(fn)
@@ -158,14 +163,14 @@ def _warm_up(fn, b, opts: TimingOptions) -> tuple[list[float], list[float]]:
     device_ms: list[float] = []
     host_ms: list[float] = []
     start = time.perf_counter()
-    while len(device_ms) < max(1, opts.warmup) or time.perf_counter() - start < opts.warmup_s:
+    while len(device_ms) < MAX_WARMUP_CALLS and distributed.agree_any(
+        len(device_ms) < max(1, opts.warmup) or time.perf_counter() - start < opts.warmup_s
+    ):
         timer = b.timer()
         timer.time(fn)
         d, h = timer.read()
         device_ms += d
         host_ms += h
-        if len(device_ms) >= MAX_WARMUP_CALLS:
-            break
     first = 1 if len(device_ms) > 1 else 0
     return device_ms[first:], host_ms[first:]
 

@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # The GPU checks, from a checkout (no install), on one NVIDIA GPU, in under 6 minutes:
 #   [PYTHON=python3] scripts/gpu_check.sh OUTDIR
-# Runs tests/test_gpu.py, then the article's measurements. Each step runs under its own
+# Runs tests/test_gpu.py, then the article's measurements, then (with two or more GPUs)
+# tensor parallelism over NCCL with torchrun, said skipped otherwise. Each step runs under its own
 # timeout, and the timeouts plus the grace each step gets to exit add up to under 360 s:
 # the script checks that sum before it starts and prints it. A step that times out keeps
 # the rows it measured (benchbatch stops cleanly on SIGTERM). One verdict line per step.
@@ -18,12 +19,13 @@ PY=${PYTHON:-python3}
 STEPS=(
   "machine 10"
   "gpu-tests 40"
-  "reproduce 110"
+  "reproduce 100"
   "phases-eager 20"
   "sweep-contexts 25"
   "occupancy-real 30"
-  "ablation 30"
-  "piggyback 50"
+  "ablation 27"
+  "piggyback 42"
+  "tensor-parallel 25"
   "pack 5"
 )
 
@@ -82,7 +84,7 @@ bb() { step "$1" "$PY" -m benchbatch "${@:2}"; }
 
 detail="" failed=0
 machine='import torch; print("torch", torch.__version__, "CUDA", torch.version.cuda, \
-torch.cuda.get_device_name())'
+torch.cuda.get_device_name()); print("gpus", torch.cuda.device_count())'
 to=$out/machine.txt step machine bash -c 'nvidia-smi; "$1" -c "$2"' _ "$PY" "$machine"
 to=$out/gpu-tests.txt step gpu-tests "$PY" -m pytest -q -p no:cacheprovider tests/test_gpu.py
 
@@ -95,6 +97,16 @@ bb occupancy-real occupancy --engine real --requests 200 --out "$out/occupancy-r
 bb ablation ablation --engine real --requests 60 --long-prompt-len 2048 \
   --max-num-batched-tokens 512 --chunk-size 256 --max-num-seqs 16 --out "$out/ablation" --force
 bb piggyback piggyback --decode-batch 32 --cuda-graphs --out "$out/piggyback" --force
+
+# Tensor parallelism: two ranks (NCCL, one GPU each) time prefill and decode with their
+# all-reduces, after the device's and the interconnect's ceilings (all-reduce bus bandwidth).
+gpus=$(sed -n 's/^gpus \([0-9]*\)$/\1/p' "$out/machine.txt")
+if ((${gpus:-0} >= 2)); then
+  step tensor-parallel "$PY" -m torch.distributed.run --nproc-per-node 2 -m benchbatch phases \
+    --prefill 512 --decode-batch 1,32 --min-time 0.05 --out "$out/tensor-parallel" --force
+else
+  say "$(printf '%-15s %s' tensor-parallel "skipped: ${gpus:-no} GPU(s) here, it needs two")"
+fi
 
 # Packed beside, then moved in: a tar of the folder it is writing into fails.
 tgz=$(mktemp --suffix=.tgz)

@@ -196,8 +196,16 @@ LLAMA_2_7B = {
     "use_cache": True,
     "vocab_size": 32000,
 }
+LLAMA_3_70B = {  # meta-llama/Meta-Llama-3-70B
+    **LLAMA_3_8B,
+    "hidden_size": 8192,
+    "intermediate_size": 28672,
+    "num_attention_heads": 64,
+    "num_hidden_layers": 80,
+}
 HUB = {
     "qwen3-0.6b": QWEN3_0_6B,
+    "llama3-70b": LLAMA_3_70B,
     "llama3.2-1b": LLAMA_3_2_1B,
     "llama3-8b": LLAMA_3_8B,
     "llama2-7b": LLAMA_2_7B,

@@ -143,3 +143,17 @@ def test_nvml_finds_this_gpu():
     with telemetry.ThrottleWatch(GPU) as watch:
         look = watch.look()
     assert isinstance(look, telemetry.Slowdown)
+
+
+@pytest.mark.skipif(
+    not torch.cuda.is_available() or torch.cuda.device_count() < 2, reason="needs two GPUs"
+)
+def test_tensor_parallel_decode_replays_from_a_cuda_graph_on_nccl(tmp_path):
+    """Two ranks on two GPUs (tests/tp_gpu_worker.py): the sharded model's logits are the
+    whole model's, and its decode step, all-reduces included, replays from a CUDA graph."""
+    from ranks import REPO, launch
+
+    ranks = launch([str(REPO / "tests" / "tp_gpu_worker.py")], tmp_path, timeout=120)
+    for r in ranks:
+        assert r.returncode == 0, r.stderr
+        assert "replayed from a CUDA graph on NCCL" in r.stdout

@@ -33,6 +33,7 @@ SHAPES = {  # each command's quick, valid arguments: a case changes one thing
     "piggyback": [*TINY, "--decode-batch", "2", "--context", "8", "--prefill", "4"]
     + ["--chunk-prompt", "16", "--chunks", "8", "--tiles", "8"],
     "compare": [],
+    "project": ["--tp", "1,2"],
 }
 
 # (command, arguments, what the error line names)

@@ -18,6 +18,9 @@ CORE = (
     "benchbatch.options",
     "benchbatch.experiments",
     "benchbatch.noise",
+    "benchbatch.sharding",
+    "benchbatch.distributed",
+    "benchbatch.projection",
 )
 
 
@@ -79,3 +82,11 @@ def test_a_simulation_needs_no_torch(tmp_path):
     done = run_without(("torch",), code)
     assert done.returncode == 0, done.stderr
     assert (tmp_path / "run" / "occupancy.csv").exists()
+
+
+def test_a_projection_needs_no_torch(tmp_path):
+    code = "import sys; sys.argv = ['benchbatch', 'project', '--json', "
+    code += f"'--out', {str(tmp_path / 'run')!r}]\nfrom benchbatch.cli import main\nmain()\n"
+    done = run_without(("torch",), code)
+    assert done.returncode == 0, done.stderr
+    assert (tmp_path / "run" / "project.csv").is_file()

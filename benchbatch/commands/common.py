@@ -2,7 +2,9 @@
 
 Every input is checked before the run folder exists; once it does, metadata.json says what
 the run is, and notes (the device's dtype, the default model) are printed, since no user
-error can follow any more.
+error can follow any more. Under torchrun every rank checks, and an error on any rank
+stops them all (distributed.together); rank 0 makes the folder and writes, the metadata
+records every rank.
 """
 
 from __future__ import annotations
@@ -11,7 +13,7 @@ import dataclasses
 import math
 from collections.abc import Callable
 
-from benchbatch import render
+from benchbatch import distributed, render
 from benchbatch.errors import UserError
 from benchbatch.options import INT_MAX, ModelOptions, RunOptions, device_preset, preset_note, record
 from benchbatch.run import Recorder
@@ -42,25 +44,44 @@ def open_model_run(
     metadata.json written (before the model is built), then before(cfg) (a header) and the
     notes printed."""
     target = run.target()
-    cfg = model.shape(device_preset(target))
-    if check is not None:
-        check(cfg)
-    from benchbatch.options import check_fits
-
-    check_fits(cfg, target, model.source())
-    given = load_ceilings(run, target)
-    applied = dataclasses.replace(run, cuda_graphs=run.graphs(target))
-    rec = Recorder.open(command, applied, target, cfg, record(*options, model, applied))
-    rec.given_ceilings = given
-    rec.cfg = cfg
+    rec = distributed.together(lambda: _open(command, model, run, target, options, check))
+    join(rec)
     if before is not None:
-        before(cfg)
+        before(rec.cfg)
     print_notes(target.notice, preset_note(model, target))
     if run.threads is not None:
         import torch
 
         torch.set_num_threads(run.threads)
     return rec
+
+
+def _open(command: str, model: ModelOptions, run: RunOptions, target, options, check):
+    from benchbatch import sharding
+    from benchbatch.options import check_fits
+
+    cfg = model.shape(device_preset(target))
+    if check is not None:
+        check(cfg)
+    sharding.check(cfg, target.tp)
+    check_fits(cfg, target, model.source())
+    given = load_ceilings(run, target)
+    applied = dataclasses.replace(run, cuda_graphs=run.graphs(target), tp=target.tp)
+    rec = Recorder.open(command, applied, target, cfg, record(*options, model, applied))
+    rec.given_ceilings = given
+    rec.cfg = cfg
+    return rec
+
+
+def join(rec: Recorder) -> None:
+    """Under torchrun: every rank takes rank 0's folder, and metadata.json records the
+    world (size, backend, tp, each rank's host and device)."""
+    world = rec.target.world if rec.target is not None else None
+    if world is None or not world.distributed:
+        return
+    rec.folder = distributed.gather(rec.folder)[0]
+    rec.meta["distributed"] = distributed.metadata(rec.target.device)
+    rec.write_meta()
 
 
 def print_notes(*notes: str | None) -> None:
@@ -97,10 +118,35 @@ def use_ceilings(rec: Recorder, run: RunOptions):
                                               run.timing()), total=len(plan),
                           label="measuring the device's ceilings")  # fmt: skip
         ceilings = ceilings_from_rows(rows)
+        interconnect_ceiling(rec, run)
     if ceilings is not None:
         rec.meta["ceilings"] = ceilings.to_dict()
     rec.ceilings = ceilings
     return ceilings
+
+
+def interconnect_ceiling(rec: Recorder, run: RunOptions) -> list[dict]:
+    """Under torchrun: all-reduce bus bandwidth over message sizes between every rank, into
+    probe.csv (the roof a step's all-reduces sit under). Nothing on one process."""
+    world = rec.target.world
+    if world is None or not world.distributed:
+        return []
+    from benchbatch.probes import interconnect
+
+    t = rec.target
+    sizes = interconnect.plan(t.device)
+    rows = interconnect.sweep(world, t.device, t.dtype_name, run.timing(), sizes, run.graphs(t))
+    return rec.record("probe", rows, total=len(sizes), label="measuring the all-reduce")
+
+
+def allreduce_plot(rec: Recorder, rows: list[dict], what: str) -> None:
+    """allreduce.png: a tensor-parallel run's step all-reduces under the measured sweep."""
+    if rec.target.tp == 1:
+        return
+    from benchbatch.plots.interconnect import allreduce_figure
+
+    probe = [r for r in rec.rows("probe") if r.get("kind") == "allreduce"]
+    allreduce_figure(probe, rows, rec.folder / "allreduce.png", title(rec, what))
 
 
 def roofline_plot(rec: Recorder, rows: list[dict], source: str, title: str) -> None:
@@ -121,9 +167,10 @@ def title(rec: Recorder, what: str = "") -> str:
     from benchbatch.device import device_name
 
     cfg, t = rec.cfg, rec.target
+    ranks = f", tensor-parallel over {t.tp} ranks" if t.tp > 1 else ""
     head = (
         f"{cfg.name}: hidden {cfg.hidden}, {cfg.layers} layers, {t.dtype_name}, "
-        f"{device_name(t.device)}"
+        f"{device_name(t.device)}{ranks}"
     )
     return f"{head}: {what}" if what else head
 

@@ -12,7 +12,7 @@ from benchbatch.run import Recorder
 
 CPU_HINT = "--engine real --requests 64 --slots 8 --max-output 200"
 LONG_RUN_S = 600  # over this estimate, the notice suggests a smaller run
-RUN_FIELDS = ("device", "dtype", "seed", "threads", "out", "force", "json_out")
+RUN_FIELDS = ("device", "dtype", "seed", "threads", "tp", "out", "force", "json_out")
 
 SIM_COLUMNS = {
     "policy": "policy",
@@ -165,11 +165,25 @@ def _run_real(rec, model: ModelOptions, run: RunOptions, requests, slots: int, s
     rec.meta.update(estimate=estimate, sim_time_basis=probe.SIM_TIME_BASIS)
     if not run.json_out:
         _print_estimate(estimate, sims, rec, slots)
+    if rec.target.tp > 1:
+        _collectives(rec, net, estimate["decode_context"], slots, run)
     engine_runs(rec, net, requests, slots, sims, run.seed, stop)
     rows = rec.rows("engine")
     rec.meta["engine_summary"] = probe.engine_summary(rows, sims)
     title = c.title(rec, f"{slots} slots: real engine")
     engine_figure(rec.rows("engine_steps"), rows, rec.folder / "engine.png", title)
+
+
+def _collectives(rec, net, context: int, slots: int, run: RunOptions) -> None:
+    """Under tensor parallelism: the engine's typical decode step (every slot at the
+    estimate's context) timed with its all-reduces on their own, per rank: collectives.csv."""
+    from benchbatch.probes import steps
+
+    step = steps.decode(slots, context)
+    row = steps.run_step(net, rec.target.dtype_name, step, run.timing(), run.graphs(rec.target))
+    rec.record("collectives", [row], total=1, label="the decode step's all-reduces")
+    keys = ("step_ms", "allreduce_ms", "allreduce_share", "batch", "context", "tp")
+    rec.meta["collectives"] = {k: row.get(k) for k in keys}
 
 
 def engine_runs(rec, net, requests, slots: int, sims, seed: int, stop=frozenset()) -> None:
@@ -258,6 +272,7 @@ def _report(run, json_out: bool) -> None:
         line = _engine_line(run.meta.get("engine_summary", {}))
         if line:
             render.out_console.print(line)
+        _collectives_line(run.meta.get("collectives"))
         _warn_noisy(engine)
     render.results_line(run.folder)
 
@@ -286,6 +301,16 @@ def _spread_line(spread: list[dict]) -> str:
         f"continuous {cont['occupancy_mean']:.1%} "
         f"({cont['occupancy_min']:.1%}-{cont['occupancy_max']:.1%}) occupancy"
     )
+
+
+def _collectives_line(c: dict | None) -> None:
+    if c and c.get("allreduce_ms") is not None:
+        render.out_console.print(
+            f"tensor-parallel over {c['tp']} ranks: a decode step of {c['batch']} sequences at "
+            f"context {c['context']:,} took {c['step_ms']:.3g} ms, its all-reduces "
+            f"{c['allreduce_ms']:.3g} ms on their own ({c['allreduce_share']:.0%}; "
+            "collectives.csv)"
+        )
 
 
 def _engine_display(r: dict) -> dict:

@@ -233,7 +233,7 @@ def parse_int_list(text: str, option: str, maximum: int = LIST_MAX, minimum: int
     """'512,2048' -> [512, 2048]: integers of at least `minimum`, duplicates dropped, sorted."""
     values = set()
     for item in text.split(","):
-        item = item.strip()
+        item = item.strip(" \t")  # spaces around a value, nothing stranger
         value = _int_or_none(item)
         if value is None:
             raise UserError(

@@ -54,6 +54,7 @@ def measure(rec, net, opts: PhasesOptions, run: RunOptions) -> list[dict]:
     steps = probe.rows(net, rec.target.dtype_name, opts, run.timing(), run.cuda_graphs)
     rows = rec.record("phases", steps, total=len(probe.plan(opts)))
     phases_figure(rows, rec.folder / "phases.png", c.title(rec, "prefill vs decode"))
+    c.allreduce_plot(rec, rows, "each step's all-reduces")
     return rows
 
 
@@ -65,18 +66,23 @@ def _shown(rows: list[dict]) -> list[dict]:
             "gflops": 1e3 * r["tflops"],
             "mfu_pct": 100 * r.get("mfu", nan),
             "mbu_pct": 100 * r.get("mbu", nan),
+            "allreduce_pct": 100 * r.get("allreduce_share", nan),
         }
         for r in rows
     ]
 
 
 def _columns(rows: list[dict]) -> dict:
-    """TFLOP/s as in the article, or GFLOP/s where every rate is below one (a CPU)."""
+    """TFLOP/s as in the article, or GFLOP/s where every rate is below one (a CPU); under
+    tensor parallelism the all-reduces' share of the step too."""
+    columns = dict(COLUMNS)
+    if any(r.get("tp", 1) > 1 for r in rows):
+        columns["allreduce_pct"] = "AR%"
     if max((r["tflops"] for r in rows if r["status"] == "ok"), default=0) >= 1:
-        return COLUMNS
+        return columns
     return {
         ("gflops" if k == "tflops" else k): ("GFLOP/s" if k == "tflops" else v)
-        for k, v in COLUMNS.items()
+        for k, v in columns.items()
     }
 
 

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from benchbatch import render
 from benchbatch.commands import common as c
-from benchbatch.commands.params import command
+from benchbatch.commands.params import command, use
 from benchbatch.experiments import PiggybackOptions
 from benchbatch.options import ModelOptions, RunOptions
 from benchbatch.run import NOT_TRUSTED
@@ -34,7 +34,7 @@ TILE_COLUMNS = {
 }
 
 
-@command(PiggybackOptions, ModelOptions, RunOptions)
+@command(PiggybackOptions, ModelOptions, use(RunOptions, skip=("tp",)))
 def piggyback(opts: PiggybackOptions, model: ModelOptions, run: RunOptions) -> None:
     """How many prefill tokens ride nearly free on a decode step, and what chunking costs.
 

@@ -21,6 +21,14 @@ COLUMNS = {
     "cv": "CV",
     "status": "status",
 }
+LINK_COLUMNS = {
+    "label": "message",
+    "ranks": "ranks",
+    "step_ms": "ms",
+    "algbw_gbps": "algbw GB/s",
+    "gbps": "busbw GB/s",
+    "cv": "CV",
+}
 RUN_FIELDS = ("device", "dtype", "seed", "repeats", "min_time", "warmup", "threads", "out",
               "force", "json_out")  # fmt: skip
 
@@ -30,22 +38,32 @@ def probe(opts: ProbeOptions, run: RunOptions) -> None:
     """The device's ceilings, measured: matmul TFLOP/s and memory GB/s (copy and read).
 
     The roofline of every other command is drawn on these numbers; the datasheet's are
-    shown beside them, and dashed on roofline.png.
+    shown beside them, and dashed on roofline.png. Under torchrun (`torchrun
+    --nproc-per-node N -m benchbatch probe`) also the interconnect's: all-reduce bus
+    bandwidth between the N ranks over message sizes (nccl-tests' busbw), in allreduce.png.
     """
-    from benchbatch import peaks
+    from benchbatch import distributed, peaks
     from benchbatch.device import device_name
     from benchbatch.plots.roofline import roofline_figure
     from benchbatch.probes import ceilings as probes
 
     target = run.target()
-    plan = probes.plan_for(target, opts)
-    rec = Recorder.open("probe", run, target, None, record(opts, run))
+
+    def opened():
+        return probes.plan_for(target, opts), Recorder.open("probe", run, target, None,
+                                                            record(opts, run))  # fmt: skip
+
+    plan, rec = distributed.together(opened)
+    c.join(rec)
     c.print_notes(target.notice)
     peak = peaks.lookup(device_name(target.device))
     with rec:
         rows = measure(rec, plan, run)
+        links = c.interconnect_ceiling(rec, run)
         rec.meta["untrusted"] = rec.untrusted("probe", lambda r: r["label"])
         ceilings = probes.ceilings(rows)
+        if links:
+            _allreduce_figure(rec, links, target)
         rec.meta["summary"] = summary(ceilings, peak)
         roofline_figure(
             [r for r in rows if r["kind"] != "copy"],
@@ -55,6 +73,21 @@ def probe(opts: ProbeOptions, run: RunOptions) -> None:
             title=f"measured ceilings: {device_name(target.device)}, {target.dtype_name}",
         )
     _report(rec.rows("probe"), rec, run.json_out)
+
+
+def _allreduce_figure(rec, links: list[dict], target) -> None:
+    from benchbatch.device import device_name
+    from benchbatch.plots.interconnect import allreduce_figure
+
+    world = target.world
+    rec.meta["interconnect"] = {
+        "ranks": world.size,
+        "backend": world.backend,
+        "best_busbw_gbps": max(r["gbps"] for r in links),
+        "smallest_message_us": 1e3 * min(links, key=lambda r: r["size"])["step_ms"],
+    }
+    where = f"{world.size} ranks, {world.backend}, {device_name(target.device)}"
+    allreduce_figure(links, [], rec.folder / "allreduce.png", f"all-reduce between {where}")
 
 
 def measure(rec, plan, run: RunOptions) -> list[dict]:
@@ -82,7 +115,12 @@ def _report(rows: list[dict], run, json_out: bool) -> None:
     s = run.meta["summary"]
     if json_out:
         return c.report_json(run, summary=s, rows=rows)
-    render.table(rows, COLUMNS, "probes (median of repeats)")
+    render.table([r for r in rows if r["kind"] != "allreduce"], COLUMNS,
+                 "probes (median of repeats)")  # fmt: skip
+    links = [r for r in rows if r["kind"] == "allreduce"]
+    if links:
+        render.table(links, LINK_COLUMNS, "all-reduce between the ranks (bus bandwidth as "
+                     "nccl-tests: algbw x 2(n-1)/n)")  # fmt: skip
     render.out_console.print(ceilings_table(s))
     render.out_console.print(datasheet_table(s["measured"]["dtype"]))
     render.warn_untrusted(run.meta["untrusted"])

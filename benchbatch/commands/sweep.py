@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from benchbatch import render
+from benchbatch import distributed, render
 from benchbatch.commands import common as c
 from benchbatch.commands.params import command
 from benchbatch.experiments import SweepOptions
@@ -37,9 +37,11 @@ def sweep(opts: SweepOptions, model: ModelOptions, run: RunOptions) -> None:
 
     rec = c.open_model_run("sweep", model, run, opts, check=opts.check)
     with rec:
-        # Read before the model exists: max_batch subtracts the weights itself.
-        free_bytes = devices.free_memory_bytes(rec.target.device)
-        ceiling = probe.ceilings(rec.cfg, rec.target.dtype_name, opts.context, free_bytes)
+        # Read before the model exists: max_batch subtracts the weights itself. Under
+        # torchrun every rank holds a shard: the least free memory of any rank bounds it.
+        free_bytes = distributed.least(devices.free_memory_bytes(rec.target.device))
+        ceiling = probe.ceilings(rec.cfg, rec.target.dtype_name, opts.context, free_bytes,
+                                 rec.target.tp)  # fmt: skip
         if not run.json_out:
             _print_ceiling(ceiling, free_bytes, rec.target, opts.try_oom)
         roof = c.use_ceilings(rec, run)
@@ -71,9 +73,11 @@ def measure(rec, net, opts: SweepOptions, ceiling: dict, ridge, run: RunOptions)
     steps = probe.rows(net, dtype, plan, run.timing(), ceiling, opts.try_oom,
                        run.cuda_graphs)  # fmt: skip
     rows = rec.record("sweep", steps, total=len(plan))
-    summary = probe.summarize(rows, net.cfg, dtype, ceiling, ridge, opts.knee_threshold)
+    summary = probe.summarize(rows, net.cfg, dtype, ceiling, ridge, opts.knee_threshold,
+                              rec.target.tp)  # fmt: skip
     if any(r["status"] == "ok" for r in rows):  # nothing to draw when all were skipped
         sweep_figure(rows, summary, rec.folder / "sweep.png", c.title(rec, "decode batch sweep"))
+        c.allreduce_plot(rec, rows, "each decode step's all-reduces")
     return rows, summary
 
 
@@ -103,9 +107,13 @@ def _print_ceiling(ceiling: dict[int, int], free_bytes: int, target, try_oom: bo
     where = "free GPU memory" if target.device.type == "cuda" else "available RAM"
     fits = ", ".join(f"context {k:,}: {v:,}" for k, v in ceiling.items())
     over = "tried anyway (--try-oom)" if try_oom else "skipped"
+    held = "weights, KV cache and workspace"
+    if target.tp > 1:
+        where += f" on each of {target.tp} ranks"
+        held = "each rank's shard of the weights and KV cache, and workspace"
     render.out_console.print(
-        f"memory ceiling from {fmt(free_bytes / 2**30)} GiB {where} (weights, KV cache and "
-        f"workspace, 10% held back): largest batch {fits}; batches above it are {over}."
+        f"memory ceiling from {fmt(free_bytes / 2**30)} GiB {where} ({held}, 10% held "
+        f"back): largest batch {fits}; batches above it are {over}."
     )
 
 
@@ -113,8 +121,14 @@ def _report(rec, json_out: bool) -> None:
     rows, summary = rec.rows("sweep"), rec.meta.get("summary", [])
     if json_out:
         return c.report_json(rec, summary=summary, rows=rows)
-    shown = [{**r, "kv_cache_mib": r["kv_cache_bytes"] / 2**20} for r in rows]
-    render.table(shown, COLUMNS, "decode step vs batch size")
+    shown = [
+        {**r, "kv_cache_mib": r["kv_cache_bytes"] / 2**20,
+         "allreduce_pct": 100 * r.get("allreduce_share", float("nan"))}
+        for r in rows
+    ]  # fmt: skip
+    tp = any(r.get("tp", 1) > 1 for r in rows)  # KV MiB and all-reduce share: one rank's
+    columns = {**COLUMNS, "allreduce_pct": "AR%"} if tp else COLUMNS
+    render.table(shown, columns, "decode step vs batch size" + (" (per rank)" if tp else ""))
     for s in summary:
         for line in _summary_lines(s):
             render.out_console.print(line)

@@ -19,6 +19,11 @@ when it carries them (workload.with_prompts), else random ids seeded per request
 same request gets the same prompt in any engine and in the one-request-at-a-time reference.
 Generation is greedy (argmax).
 
+Tensor parallelism (a sharded model, under torchrun): every rank runs this same loop; the
+scheduler is deterministic and each rank picks greedy tokens from the same gathered
+logits, so every rank schedules the same steps without being told, and each request gets
+the tokens it gets on one device. A step's times are its slowest rank's.
+
 Timing: each step is timed on the host clock with a device synchronize before each reading;
 model_s is the time of the model's forward and the greedy pick of the next tokens; the rest
 of step_s is the engine's own work (scheduling, building inputs, bookkeeping): the
@@ -36,6 +41,7 @@ from dataclasses import dataclass, field
 import numpy as np
 import torch
 
+from benchbatch.distributed import each
 from benchbatch.engines.metrics import RunMetrics
 from benchbatch.engines.model import Transformer
 from benchbatch.engines.scheduler import PrefillChunk, StepPlan, make_scheduler
@@ -58,8 +64,10 @@ class StepRecord:
     padded: int  # finished slots of a static group that still computed a padding token
     step_s: float
     model_s: float
+    rank_step_s: tuple[float, ...] = ()  # under torchrun: every rank's step (step_s: slowest)
 
     def row(self) -> dict:
+        ranks = {f"step_ms_rank{i}": s * 1e3 for i, s in enumerate(self.rank_step_s)}
         return {
             "policy": self.policy,
             "step": self.step,
@@ -69,6 +77,7 @@ class StepRecord:
             "padded": self.padded,
             "step_ms": self.step_s * 1e3,
             "model_ms": self.model_s * 1e3,
+            **ranks,
         }
 
 
@@ -255,7 +264,10 @@ class _RunState:
         stopped = self._collect(plan, calls, chosen, result)
         sched.update(plan, stopped)
         step_s = time.perf_counter() - start
-        return _record(self.policy, plan.step, calls, step_s, model_s)
+        ranks = each(step_s, model_s)  # under torchrun: every rank's; a step is its slowest's
+        step_s, model_s = max(r[0] for r in ranks), max(r[1] for r in ranks)
+        per_rank = tuple(r[0] for r in ranks) if len(ranks) > 1 else ()
+        return _record(self.policy, plan.step, calls, step_s, model_s, per_rank)
 
     # --- inputs -------------------------------------------------------------------------
 
@@ -366,7 +378,12 @@ class _Call:
 
 
 def _record(
-    policy: str, step: int, calls: list[_Call], step_s: float, model_s: float
+    policy: str,
+    step: int,
+    calls: list[_Call],
+    step_s: float,
+    model_s: float,
+    rank_step_s: tuple[float, ...] = (),
 ) -> StepRecord:
     """The step's record, its counts taken from the tensors the model was fed (not from the
     plan): what the step computed, padding included, is what its time paid for."""
@@ -380,7 +397,9 @@ def _record(
             decode_tokens += rows - call.padded
             padded += call.padded
     active = prefill_rows + decode_tokens
-    return StepRecord(policy, step, active, decode_tokens, prefill_tokens, padded, step_s, model_s)
+    return StepRecord(
+        policy, step, active, decode_tokens, prefill_tokens, padded, step_s, model_s, rank_step_s
+    )
 
 
 def _groups(chunks: Sequence[PrefillChunk]) -> list[list[PrefillChunk]]:

@@ -8,8 +8,12 @@ causal forward pass (the reference); `step(tokens, cache, slots)` appends the to
 slots' KV cache and attends through it: a prefill when the slots are empty, a decode step
 when tokens has one column.
 
-Projections are fused ([q | k | v] and [gate | up]) so a step launches fewer kernels; for
-tensor parallelism each block splits by heads (columns) and wo / w2 by rows.
+Projections are fused ([q | k | v] and [gate | up]) so a step launches fewer kernels. Under
+tensor parallelism (`shard`, benchbatch/engines/tensor_parallel.py) a rank's model is this
+same code on its own heads and MLP slice (sharding.local_config): wqkv and w13 hold its
+columns, wo and w2 its rows, their outputs are all-reduced (`shard.all_reduce`, once after
+attention and once after the MLP), and the LM head holds a slice of the vocabulary whose
+logits are gathered (`shard.gather_vocab`) for greedy tokens.
 """
 
 from __future__ import annotations
@@ -110,10 +114,15 @@ class RMSNorm(nn.Module):
         return F.rms_norm(x, (x.shape[-1],), self.weight, self.eps)
 
 
+def _whole(x: torch.Tensor) -> torch.Tensor:
+    return x
+
+
 class Attention(nn.Module):
-    def __init__(self, cfg: ModelConfig, **factory):
+    def __init__(self, cfg: ModelConfig, shard=None, **factory):
         super().__init__()
         self.cfg = cfg
+        self.reduce = shard.all_reduce if shard is not None else _whole
         qkv = cfg.q_dim + 2 * cfg.kv_dim
         self.wqkv = nn.Linear(cfg.hidden, qkv, bias=cfg.qkv_bias, **factory)
         self.wo = nn.Linear(cfg.q_dim, cfg.hidden, bias=cfg.o_bias, **factory)
@@ -131,7 +140,7 @@ class Attention(nn.Module):
         q, k = apply_rotary(q, cos, sin), apply_rotary(k, cos, sin)
         v = v.view(n, c.kv_heads, c.head_dim)
         outs = [self._attend(q, k, v, cache, layer, seg) for seg in segments]
-        return self.wo(outs[0] if len(outs) == 1 else torch.cat(outs))
+        return self.reduce(self.wo(outs[0] if len(outs) == 1 else torch.cat(outs)))
 
     def _attend(self, q, k, v, cache, layer, seg: Segment) -> torch.Tensor:
         c, shape = self.cfg, (seg.batch, seg.t)
@@ -171,24 +180,25 @@ def grouped_attention(q: torch.Tensor, keys: torch.Tensor, values: torch.Tensor,
 
 
 class MLP(nn.Module):
-    def __init__(self, cfg: ModelConfig, **factory):
+    def __init__(self, cfg: ModelConfig, shard=None, **factory):
         super().__init__()
         self.inter = cfg.intermediate
+        self.reduce = shard.all_reduce if shard is not None else _whole
         self.w13 = nn.Linear(cfg.hidden, 2 * cfg.intermediate, bias=cfg.mlp_bias, **factory)
         self.w2 = nn.Linear(cfg.intermediate, cfg.hidden, bias=cfg.mlp_bias, **factory)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         gate, up = self.w13(x).split(self.inter, dim=-1)
-        return self.w2(F.silu(gate) * up)
+        return self.reduce(self.w2(F.silu(gate) * up))
 
 
 class Block(nn.Module):
-    def __init__(self, cfg: ModelConfig, **factory):
+    def __init__(self, cfg: ModelConfig, shard=None, **factory):
         super().__init__()
         self.attention_norm = RMSNorm(cfg.hidden, cfg.norm_eps, **factory)
-        self.attention = Attention(cfg, **factory)
+        self.attention = Attention(cfg, shard, **factory)
         self.mlp_norm = RMSNorm(cfg.hidden, cfg.norm_eps, **factory)
-        self.mlp = MLP(cfg, **factory)
+        self.mlp = MLP(cfg, shard, **factory)
 
     def forward(self, x, cos, sin, cache, layer, segments):
         x = x + self.attention(self.attention_norm(x), cos, sin, cache, layer, segments)
@@ -203,21 +213,28 @@ class Transformer(nn.Module):
         dtype=torch.float32,
         seed: int = 0,
         init: bool = True,
+        shard=None,
     ):
         """init=False leaves the weights uninitialized for a checkpoint to fill: the modules are
-        built on the meta device and then given memory, so nothing is drawn and overwritten."""
+        built on the meta device and then given memory, so nothing is drawn and overwritten.
+        shard: this rank's place in a tensor-parallel group (its layers are built on its
+        local_cfg; shard.randomize draws its slices of the whole model's weights, and
+        checkpoint.load reads its slices of a checkpoint's)."""
         super().__init__()
-        self.cfg = cfg
+        self.cfg, self.shard = cfg, shard
+        self.local_cfg = local = shard.local_config(cfg) if shard is not None else cfg
         factory = {"device": device if init else "meta", "dtype": dtype}
         self.embed = nn.Embedding(cfg.vocab, cfg.hidden, **factory)
-        self.blocks = nn.ModuleList(Block(cfg, **factory) for _ in range(cfg.layers))
+        self.blocks = nn.ModuleList(Block(local, shard, **factory) for _ in range(cfg.layers))
         self.norm = RMSNorm(cfg.hidden, cfg.norm_eps, **factory)
-        self.lm_head = nn.Linear(cfg.hidden, cfg.vocab, bias=False, **factory)
+        head_rows = shard.head_rows(cfg) if shard is not None else cfg.vocab
+        self.lm_head = nn.Linear(cfg.hidden, head_rows, bias=False, **factory)
+        tied = cfg.tie_embeddings and shard is None  # a sharded head is a slice of its own
         if not init:
             for child in (self.embed, self.blocks, self.norm, self.lm_head):
-                if not (cfg.tie_embeddings and child is self.lm_head):  # it takes embed's
+                if not (tied and child is self.lm_head):  # it takes embed's
                     child.to_empty(device=device)
-        if cfg.tie_embeddings:
+        if tied:
             self.lm_head.weight = self.embed.weight
         cos, sin = rotary_tables(cfg, device, dtype)
         self.register_buffer("rope_cos", cos, persistent=False)
@@ -227,7 +244,10 @@ class Transformer(nn.Module):
 
     @torch.no_grad()
     def randomize(self, seed: int) -> None:
-        """Seeded random weights: timing must never run on zeros or on untouched memory."""
+        """Seeded random weights: timing must never run on zeros or on untouched memory.
+        A rank of a tensor-parallel group gets its slices of the whole model's draws."""
+        if self.shard is not None:
+            return self.shard.randomize(self, seed)
         gen = torch.Generator(device=self.embed.weight.device).manual_seed(seed)
         for name, p in self.named_parameters():
             if not name.endswith("norm.weight"):
@@ -235,7 +255,7 @@ class Transformer(nn.Module):
 
     def new_cache(self, slots: int, max_len: int | None = None) -> KVCache:
         w = self.embed.weight
-        return KVCache(self.cfg, slots, max_len or self.cfg.max_context, w.device, w.dtype)
+        return KVCache(self.local_cfg, slots, max_len or self.cfg.max_context, w.device, w.dtype)
 
     def forward(self, tokens: torch.Tensor, all_logits: bool = True) -> torch.Tensor:
         """The plain causal forward over whole sequences, no cache: the reference path."""
@@ -288,9 +308,15 @@ class Transformer(nn.Module):
         for layer, block in enumerate(self.blocks):
             x = block(x, cos, sin, cache, layer, segments)
         if all_logits:
-            logits = self.lm_head(self.norm(x))
+            logits = self._logits(x)
             return [logits[seg.rows].view(seg.batch, seg.t, -1) for seg in segments]
         rows = torch.cat([seg.last_rows() for seg in segments])
-        logits = self.lm_head(self.norm(x[rows]))
+        logits = self._logits(x[rows])
         parts = logits.split([seg.batch for seg in segments])
         return [part.view(seg.batch, 1, -1) for part, seg in zip(parts, segments, strict=True)]
+
+    def _logits(self, x: torch.Tensor) -> torch.Tensor:
+        """The LM head over the final norm; under tensor parallelism each rank's slice of the
+        vocabulary, gathered into the full logits."""
+        logits = self.lm_head(self.norm(x))
+        return logits if self.shard is None else self.shard.gather_vocab(logits, self.cfg.vocab)

@@ -465,6 +465,10 @@ def trace_rows(requests: Sequence[Request]) -> list[dict]:
 def write_trace(path: str | Path, requests: Sequence[Request]) -> None:
     """A CSV trace of the requests (e.g. the output lengths a real run produced), written
     whole or not at all, for `occupancy --trace` to replay."""
+    from benchbatch.distributed import is_writer
+
+    if not is_writer():  # under torchrun rank 0 alone writes
+        return
     path = Path(path)
     tmp = path.with_name(path.name + ".tmp")
     with tmp.open("w", newline="", encoding="utf-8") as f:

@@ -16,6 +16,11 @@ import matplotlib.pyplot as plt  # noqa: E402
 def save(fig, path: Path) -> None:
     """Write through a temporary name so a half-drawn PNG never replaces a good one; a
     write that fails (a full disk, Ctrl-C) leaves no temporary file, and the figure closed."""
+    from benchbatch.distributed import is_writer
+
+    if not is_writer():  # under torchrun rank 0 alone writes
+        plt.close(fig)
+        return
     tmp = path.with_name(f".{path.name}.tmp.png")
     try:
         fig.savefig(tmp, dpi=120, bbox_inches="tight")

@@ -197,7 +197,18 @@ def engine_row(result, sim: SimResult, static_wall_s: float | None) -> dict:
         "model_s": result.model_s,
         "overhead": result.overhead,
         "speedup_vs_static": static_wall_s / wall if static_wall_s else None,
+        "tokens_digest": tokens_digest(result),
     }
+
+
+def tokens_digest(result) -> str:
+    """A fingerprint of every generated token, request by request: two runs (one device and
+    tensor-parallel, or two policies) that generated the same tokens have the same one."""
+    import hashlib
+
+    text = ";".join(f"{rid}:{','.join(map(str, result.tokens[rid]))}" for rid in
+                    sorted(result.tokens))  # fmt: skip
+    return hashlib.sha256(text.encode()).hexdigest()[:16]
 
 
 def noisy(rows: list[dict]) -> list[str]:

@@ -10,16 +10,24 @@ the same work.
 On CUDA both phases replay a CUDA graph by default: a prefill step of a 1-2 ms GPU workload
 takes a few ms of host launches, so an eager prefill would time the launch gaps. Every row
 keeps the host's enqueue time (`host_ms`) beside the device time and flags `launch_bound`.
+
+Under torchrun every rank times the step (its shard of it, collectives included); the row
+is the slowest rank's (a step ends when its last rank does), each rank's time beside it
+(step_ms_rankN), and the step's all-reduces and logits gather timed again on their own at
+its message sizes (allreduce_ms, allgather_ms, allreduce_share of the step). FLOPs and
+bytes are one rank's (accounting with tp), so mfu and mbu are against one device's roof.
 """
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 
 import torch
 
-from benchbatch import accounting, backend, device, timing
+from benchbatch import accounting, backend, device, distributed, timing
 from benchbatch.engines.model import Transformer
+from benchbatch.engines.tensor_parallel import tp_of
 from benchbatch.timing import Measurement, TimingOptions, measure
 
 
@@ -75,10 +83,16 @@ def replays_graph(dev: torch.device, step: Step, cuda_graphs: bool) -> bool:
     return cuda_graphs and backend.of(dev).graphs
 
 
-def step_row(model: Transformer, dtype: str, step: Step, m: Measurement | None) -> dict:
-    """Everything a table, CSV or plot needs about one step: time, FLOPs, bytes, rates."""
-    cost = accounting.step_cost(model.cfg, dtype, step.batch, step.tokens, step.context)
-    stats = m.summary() if m is not None else timing.unmeasured()
+def step_row(
+    model: Transformer, dtype: str, step: Step, m: Measurement | None, stats: dict | None = None
+) -> dict:
+    """Everything a table, CSV or plot needs about one step: time, FLOPs, bytes, rates (a
+    measurement's, or its summary `stats`; one rank's FLOPs and bytes when sharded)."""
+    tp = tp_of(model)
+    cost = accounting.step_cost(model.cfg, dtype, step.batch, step.tokens, step.context, tp=tp)
+    if stats is None:
+        stats = m.summary() if m is not None else timing.unmeasured()
+    stats = dict(stats)
     seconds = stats.pop("step_ms") / 1e3
     new_tokens = step.batch * step.tokens
     detail = {k: v for k, v in cost.to_dict().items() if k not in ("batch", "tokens", "context")}
@@ -104,4 +118,48 @@ def run_step(
     """Time a step and return its row; out of memory is recorded as such, not raised."""
     timed = lambda: time_step(model, step, opts, cuda_graphs)  # noqa: E731
     m, status = device.measured_or_oom(timed, model.embed.weight.device)
+    if distributed.current().distributed:
+        return across_ranks(model, dtype, step, m, status, opts, cuda_graphs)
     return {**step_row(model, dtype, step, m), "status": status}
+
+
+def across_ranks(model, dtype: str, step: Step, m, status: str, opts, graphs: bool) -> dict:
+    """The row under torchrun: the slowest rank's time, every rank's beside it, and the
+    step's collectives timed on their own (every rank takes part)."""
+    from benchbatch.probes import interconnect
+
+    world = distributed.current()
+    status = next((s for s in distributed.gather(status) if s != "ok"), "ok")
+    comm = {"allreduce_ms": 0.0, "allgather_ms": 0.0}
+    if status == "ok" and world.tp > 1:
+        rows = step.batch * step.tokens
+        comm = interconnect.step_collectives(model, dtype, rows, step.batch, opts, graphs)
+    ranks = distributed.gather({"stats": m.summary() if m is not None else None, **comm})
+    if status != "ok":
+        return {**step_row(model, dtype, step, None), "status": status, "tp": world.tp}
+    slow = max(ranks, key=lambda r: r["stats"]["step_ms"])
+    row = {**step_row(model, dtype, step, None, slow["stats"]), "status": status}
+    return {**row, **collective_columns(model.cfg, dtype, step, world, ranks, row["step_ms"])}
+
+
+def collective_columns(cfg, dtype: str, step: Step, world, ranks: list[dict], step_ms: float):
+    """tp, the slowest rank's all-reduce and gather times, their share of the step, the
+    all-reduce's message and bus bandwidth (nccl-tests'), and every rank's times."""
+    reduce_ms = max(r["allreduce_ms"] for r in ranks)
+    message = accounting.allreduce_bytes(cfg, dtype, step.batch * step.tokens)
+    count = accounting.allreduces_per_step(cfg, world.tp)
+    seconds = reduce_ms / 1e3
+    busbw = accounting.bus_bytes(message, world.tp) * count / seconds / 1e9 if count else math.nan
+    out = {
+        "tp": world.tp,
+        "allreduce_ms": reduce_ms,
+        "allgather_ms": max(r["allgather_ms"] for r in ranks),
+        "allreduce_share": reduce_ms / step_ms,
+        "allreduce_bytes": message,
+        "allreduce_count": count,
+        "allreduce_busbw_gbps": busbw,
+    }
+    for i, r in enumerate(ranks):
+        out[f"step_ms_rank{i}"] = r["stats"]["step_ms"]
+        out[f"allreduce_ms_rank{i}"] = r["allreduce_ms"]
+    return out

@@ -18,6 +18,7 @@ from dataclasses import dataclass
 
 from benchbatch import accounting
 from benchbatch.config import DTYPE_BYTES, ModelConfig
+from benchbatch.engines.tensor_parallel import tp_of
 from benchbatch.experiments import SweepOptions as Options
 from benchbatch.probes import steps
 from benchbatch.timing import TimingOptions
@@ -30,13 +31,16 @@ def plan(contexts, batches) -> list[steps.Step]:
     return [steps.decode(b, c) for c in contexts for b in batches]
 
 
-def ceilings(cfg: ModelConfig, dtype: str, contexts: list[int], free_bytes: int) -> dict[int, int]:
-    """Largest batch that fits at each context, from memory free before the model is built.
+def ceilings(
+    cfg: ModelConfig, dtype: str, contexts: list[int], free_bytes: int, tp: int = 1
+) -> dict[int, int]:
+    """Largest batch that fits at each context, from memory free before the model is built
+    (with tp: on each rank, beside its shard, from the least free on any rank).
 
     `max_batch` subtracts the weights itself, so `free_bytes` must be read before the model
     exists. A decode step at context c holds c + 1 tokens per sequence (the new one too).
     """
-    return {c: accounting.max_batch(cfg, dtype, c + 1, free_bytes) for c in contexts}
+    return {c: accounting.max_batch(cfg, dtype, c + 1, free_bytes, tp=tp) for c in contexts}
 
 
 def rows(
@@ -57,7 +61,7 @@ def rows(
             row = {**steps.step_row(model, dtype, step, None), "status": "skipped"}
         else:
             row = steps.run_step(model, dtype, step, timing, cuda_graphs)
-        kv = accounting.kv_cache_bytes(model.cfg, dtype, step.batch, step.context + 1)
+        kv = accounting.kv_cache_bytes(model.cfg, dtype, step.batch, step.context + 1, tp_of(model))
         yield {**row, "kv_cache_bytes": kv, "predicted_max_batch": limit}
 
 
@@ -85,11 +89,11 @@ class RooflineKnee:
     note: str
 
 
-def intensity_limit(cfg: ModelConfig, dtype: str, context: int) -> float:
+def intensity_limit(cfg: ModelConfig, dtype: str, context: int, tp: int = 1) -> float:
     """FLOP/byte of a decode step as batch grows without bound: per-sequence FLOPs over
     per-sequence bytes (its KV cache, activations, token), once the weight read is shared."""
-    one = accounting.decode_cost(cfg, dtype, 1, context)
-    two = accounting.decode_cost(cfg, dtype, 2, context)
+    one = accounting.decode_cost(cfg, dtype, 1, context, tp)
+    two = accounting.decode_cost(cfg, dtype, 2, context, tp)
     return (two.flops - one.flops) / (two.bytes - one.bytes)
 
 
@@ -99,13 +103,14 @@ def predicted_knee(
     context: int,
     ridge_flop_per_byte: float | None,
     ceiling: int | None = None,
+    tp: int = 1,
 ) -> RooflineKnee:
     """The smallest batch whose accounted arithmetic intensity reaches the ridge point.
 
     The ridge is a datasheet FLOP/byte today; a measured ceiling of the device can be passed
     instead. Intensity = a*B / (W + g*B) grows with B towards a/g, so it is solved exactly.
     """
-    limit = intensity_limit(cfg, dtype, context)
+    limit = intensity_limit(cfg, dtype, context, tp)
     ridge = ridge_flop_per_byte
     if ridge is None:
         return RooflineKnee(None, None, limit, False, "no prediction (unknown device)")
@@ -115,7 +120,7 @@ def predicted_knee(
             "(KV-cache reads grow with batch)"
         )
         return RooflineKnee(None, ridge, limit, False, note)
-    batch = _first_batch_reaching(cfg, dtype, context, ridge)
+    batch = _first_batch_reaching(cfg, dtype, context, ridge, tp)
     fits = ceiling is None or batch <= ceiling
     note = f"batch {batch:,} (intensity reaches the ridge, {ridge:.0f} FLOP/B)"
     if not fits:
@@ -133,21 +138,23 @@ def matmul_knee(dtype: str, ridge_flop_per_byte: float | None) -> int | None:
     return max(1, math.ceil(ridge_flop_per_byte * DTYPE_BYTES[dtype] / 2))
 
 
-def _intensity(cfg: ModelConfig, dtype: str, context: int, batch: int) -> float:
-    return accounting.decode_cost(cfg, dtype, batch, context).arithmetic_intensity
+def _intensity(cfg: ModelConfig, dtype: str, context: int, batch: int, tp: int = 1) -> float:
+    return accounting.decode_cost(cfg, dtype, batch, context, tp).arithmetic_intensity
 
 
-def _first_batch_reaching(cfg: ModelConfig, dtype: str, context: int, ridge: float) -> int:
+def _first_batch_reaching(
+    cfg: ModelConfig, dtype: str, context: int, ridge: float, tp: int = 1
+) -> int:
     """Solve a*B >= ridge * (W + g*B); the caller has checked a > ridge * g."""
-    one = accounting.decode_cost(cfg, dtype, 1, context)
-    two = accounting.decode_cost(cfg, dtype, 2, context)
+    one = accounting.decode_cost(cfg, dtype, 1, context, tp)
+    two = accounting.decode_cost(cfg, dtype, 2, context, tp)
     per_flops, per_bytes = two.flops - one.flops, two.bytes - one.bytes
     fixed_bytes = one.bytes - per_bytes  # the weights: read once whatever the batch
     batch = max(1, math.ceil(ridge * fixed_bytes / (per_flops - ridge * per_bytes)))
     # Guard against float rounding of the closed form with the accounting itself.
-    while batch > 1 and _intensity(cfg, dtype, context, batch - 1) >= ridge:
+    while batch > 1 and _intensity(cfg, dtype, context, batch - 1, tp) >= ridge:
         batch -= 1
-    while _intensity(cfg, dtype, context, batch) < ridge:
+    while _intensity(cfg, dtype, context, batch, tp) < ridge:
         batch += 1
     return batch
 
@@ -177,14 +184,16 @@ def summarize(
     ceiling: dict[int, int],
     ridge_flop_per_byte: float | None,
     threshold: float,
+    tp: int = 1,
 ) -> list[dict]:
-    """Per context: memory ceiling, measured knee, roofline knee and the article's claim."""
+    """Per context: memory ceiling, measured knee, roofline knee and the article's claim
+    (with tp: one rank's, as the rows are)."""
     out = []
     for context, limit in ceiling.items():
         mine = [r for r in rows if r["context"] == context]
         ok = dict((r["batch"], r["step_ms"]) for r in mine if r["status"] == "ok")
         knee_at = measured_knee(ok.items(), threshold)
-        knee = predicted_knee(cfg, dtype, context, ridge_flop_per_byte, limit)
+        knee = predicted_knee(cfg, dtype, context, ridge_flop_per_byte, limit, tp)
         out.append(
             {
                 "context": context,
