@@ -285,6 +285,7 @@ EVERY_COMMAND = {
     "piggyback": ["piggyback", "--preset", "tiny", "--device", "cpu", *FAST[-4:]]
     + ["--decode-batch", "2", "--context", "8", "--prefill", "4", "--chunk-prompt", "16"]
     + ["--chunks", "8", "--tiles", "8,9"],
+    "project": ["project", "--tp", "1,2"],
 }
 
 
