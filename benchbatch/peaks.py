@@ -3,7 +3,9 @@
 Used for the roofline's predicted ridge point until the device's own ceilings are
 measured. An unknown device gets None, never a guess. fp16/bf16 figures are dense tensor
 core rates with fp32 accumulation (what torch uses); fp32 is the non-tensor rate, since
-torch does not use TF32 for fp32 matmuls by default.
+torch does not use TF32 for fp32 matmuls by default. memory_gib is the datasheet memory
+(NVIDIA's "80 GB" is 80 GiB of HBM, less what the driver keeps); None where one name covers
+cards of different sizes (V100: 16 or 32 GB).
 """
 
 from __future__ import annotations
@@ -16,6 +18,7 @@ class Peak:
     name: str
     tflops: dict[str, float]  # by dtype name
     gbps: float
+    memory_gib: float | None = None
 
     def ridge(self, dtype: str) -> float | None:
         """FLOP per byte where the roofline turns from memory- to compute-bound."""
@@ -23,32 +26,37 @@ class Peak:
         return None if t is None else t * 1e12 / (self.gbps * 1e9)
 
 
-def _p(name, fp16, bf16, fp32, gbps) -> Peak:
+def _p(name, fp16, bf16, fp32, gbps, memory_gib=None) -> Peak:
     rates = {"fp16": fp16, "bf16": bf16, "fp32": fp32}
-    return Peak(name, {k: v for k, v in rates.items() if v is not None}, gbps)
+    return Peak(name, {k: v for k, v in rates.items() if v is not None}, gbps, memory_gib)
 
 
 # Matched in order against the device name (lower case): more specific names first.
 KNOWN: list[tuple[str, Peak]] = [
-    ("h200", _p("H200 SXM", 989, 989, 67, 4800)),
-    ("h100 nvl", _p("H100 NVL", 835, 835, 60, 3900)),
-    ("h100 pcie", _p("H100 PCIe", 756, 756, 51, 2000)),
-    ("h100", _p("H100 SXM", 989, 989, 67, 3350)),
-    ("a100-sxm4-40gb", _p("A100 40GB", 312, 312, 19.5, 1555)),
-    ("a100-pcie-40gb", _p("A100 40GB PCIe", 312, 312, 19.5, 1555)),
-    ("a100 80gb pcie", _p("A100 80GB PCIe", 312, 312, 19.5, 1935)),
-    ("a100", _p("A100 80GB SXM", 312, 312, 19.5, 2039)),
-    ("l40s", _p("L40S", 362, 362, 91.6, 864)),
-    ("l40", _p("L40", 181, 181, 90.5, 864)),
-    ("l4", _p("L4", 121, 121, 30.3, 300)),
-    ("a10g", _p("A10G", 70, 70, 31.2, 600)),
-    ("a10", _p("A10", 125, 125, 31.2, 600)),
-    ("rtx 5080", _p("RTX 5080", 113, 113, 56.3, 960)),
-    ("rtx 4090", _p("RTX 4090", 165, 165, 82.6, 1008)),
-    ("rtx 3090", _p("RTX 3090", 71, 71, 35.6, 936)),
+    ("h200", _p("H200 SXM", 989, 989, 67, 4800, 141)),
+    ("h100 nvl", _p("H100 NVL", 835, 835, 60, 3900, 94)),
+    ("h100 pcie", _p("H100 PCIe", 756, 756, 51, 2000, 80)),
+    ("h100", _p("H100 SXM", 989, 989, 67, 3350, 80)),
+    ("a100-sxm4-40gb", _p("A100 40GB", 312, 312, 19.5, 1555, 40)),
+    ("a100-pcie-40gb", _p("A100 40GB PCIe", 312, 312, 19.5, 1555, 40)),
+    ("a100 80gb pcie", _p("A100 80GB PCIe", 312, 312, 19.5, 1935, 80)),
+    ("a100", _p("A100 80GB SXM", 312, 312, 19.5, 2039, 80)),
+    ("l40s", _p("L40S", 362, 362, 91.6, 864, 48)),
+    ("l40", _p("L40", 181, 181, 90.5, 864, 48)),
+    ("l4", _p("L4", 121, 121, 30.3, 300, 24)),
+    ("a10g", _p("A10G", 70, 70, 31.2, 600, 24)),
+    ("a10", _p("A10", 125, 125, 31.2, 600, 24)),
+    ("rtx 5080", _p("RTX 5080", 113, 113, 56.3, 960, 16)),
+    ("rtx 4090", _p("RTX 4090", 165, 165, 82.6, 1008, 24)),
+    ("rtx 3090", _p("RTX 3090", 71, 71, 35.6, 936, 24)),
     ("v100", _p("V100", 125, None, 15.7, 900)),
-    ("t4", _p("T4", 65, None, 8.1, 320)),
+    ("t4", _p("T4", 65, None, 8.1, 320, 16)),
 ]
+
+
+def names() -> list[str]:
+    """The names lookup() knows, as a user may type them."""
+    return [key for key, _ in KNOWN]
 
 
 def lookup(device_name: str) -> Peak | None:
