@@ -380,12 +380,13 @@ def _report(run, json_out: bool) -> None:
 
 def _memory_report(rows: list[dict], meta: dict | None, how: str) -> None:
     gib = rows[0].get("kv_budget_gib") is not None
-    columns = dict(MEMORY_COLUMNS)
-    if rows[0]["time_unit"] == "s":
-        columns["total_time"] = "time s"
     unit = "GiB" if gib else "tokens"
     title = f"memory policies ({how}): running sequences; mean KV memory reserved, used ({unit})"
-    render.table([_memory_display(r, gib) for r in rows], columns, title)
+    render.table([_memory_display(r, gib) for r in rows], MEMORY_COLUMNS, title)
+    if rows[0]["time_unit"] == "s":  # priced by a fitted step cost, or measured
+        times = ", ".join(f"{r['policy']} {render.fmt(r['total_time'])} s" for r in rows)
+        basis = "measured" if "wall_s" in rows[0] else "fitted step cost"
+        render.out_console.print(f"time ({basis}): {times}", highlight=False)
     if meta:
         render.out_console.print(
             f"on one KV budget ({meta['budget']}): paged blocks ran "

@@ -105,7 +105,8 @@ def engine_runs(s: MemorySetup, requests: int, sims: dict[str, SimResult]) -> li
     for name in MEMORY_POLICIES:
         policy, slots, settings = memory.engine_settings(name, s, requests)
         settings = {**settings, "kv_layout": "paged"}
-        runs.append(EngineRun(name, slots, policy, settings, sims[name].total_steps))
+        runs.append(EngineRun(name, slots, policy, settings, sims[name].total_steps,
+                              key="memory_policy"))  # fmt: skip
     return runs
 
 
