@@ -20,37 +20,42 @@ GIB = 2**30
 
 
 def memory_figure(timeline: list[dict] | pd.DataFrame, rows: list[dict], path: Path, title: str):
-    """Left, over steps: KV memory reserved (solid) and used (dashed), then running sequences.
-    Right: each policy's mean memory, used and reserved but unused (the fragmentation)."""
+    """One row per policy, each over its own steps: KV memory reserved (line) and used
+    (filled) against the budget, then running sequences; on the right each policy's mean
+    memory, used and reserved but never written (the fragmentation), and its preemptions."""
     df = timeline if isinstance(timeline, pd.DataFrame) else pd.DataFrame(timeline)
     by = {r["policy"]: r for r in rows}
+    policies = [p for p in COLORS if p in by]
     scale, unit = _unit(rows)
-    fig = plt.figure(figsize=(13, 7))
-    grid = fig.add_gridspec(2, 2, width_ratios=(2.6, 1))
-    kv, running = fig.add_subplot(grid[0, 0]), fig.add_subplot(grid[1, 0])
-    bars = fig.add_subplot(grid[:, 1])
-    for policy, color in COLORS.items():
-        mine = df[df["policy"] == policy] if len(df) else df
-        if policy not in by or not len(mine):
-            continue
+    fig = plt.figure(figsize=(13, 2.4 * len(policies) + 0.8))
+    grid = fig.add_gridspec(len(policies), 3, width_ratios=(1.6, 1.6, 1))
+    budget = rows[0]["kv_budget_blocks"] * rows[0]["block_size"] * scale if rows else 0
+    peak = max(r["peak_running"] for r in rows) if rows else 1
+    for i, policy in enumerate(policies):
+        mine, r, color = df[df["policy"] == policy], by[policy], COLORS[policy]
+        kv, running = fig.add_subplot(grid[i, 0]), fig.add_subplot(grid[i, 1])
         step = mine["step"].to_numpy()
-        _line(kv, step, mine["kv_reserved_tokens"] * scale, color, "-", f"{policy}: reserved")
-        _line(kv, step, mine["kv_used_tokens"] * scale, color, "--", f"{policy}: used")
-        r = by[policy]
-        label = f"{policy}: peak {r['peak_running']:,}, mean {r['mean_running']:.3g}"
-        _line(running, step, mine["running"], color, "-", label)
-    budget = rows[0]["kv_budget_blocks"] * rows[0]["block_size"] * scale if rows else None
-    if budget:
+        _line(kv, step, mine["kv_used_tokens"] * scale, color, "used", fill=True)
+        _line(kv, step, mine["kv_reserved_tokens"] * scale, color, "reserved")
         kv.axhline(budget, color="black", ls=":", lw=1, label="budget")
-    kv.set_ylabel(f"KV memory ({unit})")
-    kv.set_title("KV memory over time: reserved (solid) and used (dashed)", fontsize=9)
-    running.set_ylabel("running sequences")
-    running.set_xlabel("step")
-    running.set_title("running sequences over time", fontsize=9)
-    for ax in (kv, running):
-        ax.legend(fontsize=7, loc="upper right")
-        ax.grid(True, alpha=0.3)
-    _fragmentation(bars, [by[p] for p in COLORS if p in by], scale, unit)
+        kv.set_ylim(0, budget * 1.1 or 1)
+        kv.set_ylabel(f"KV ({unit})")
+        kv.set_title(f"{policy}: KV memory reserved and used", fontsize=9, loc="left")
+        _line(running, step, mine["running"], color, "running", fill=True)
+        running.set_ylim(0, peak * 1.1)
+        running.set_ylabel("sequences")
+        running.set_title(
+            f"running sequences: peak {r['peak_running']:,}, mean {r['mean_running']:.3g}",
+            fontsize=9,
+            loc="left",
+        )
+        for ax in (kv, running):
+            ax.grid(True, alpha=0.3)
+            ax.set_xlim(0, max(len(step), 1))
+        kv.legend(fontsize=7, loc="upper right")
+    for ax in fig.axes[-2:]:
+        ax.set_xlabel("step")
+    _fragmentation(fig.add_subplot(grid[:, 2]), [by[p] for p in policies], scale, unit)
     fig.suptitle(title, fontsize=10)
     fig.tight_layout()
     save(fig, path)
@@ -64,13 +69,16 @@ def _unit(rows: list[dict]) -> tuple[float, str]:
     return 1.0, "tokens"
 
 
-def _line(ax, step: np.ndarray, values, color: str, style: str, label: str) -> None:
+def _line(ax, step: np.ndarray, values, color: str, label: str, fill: bool = False) -> None:
     values = np.asarray(values, dtype=float)
     if step.size > MAX_POINTS:  # bin means: a line per step would be solid ink
         edges = np.linspace(0, step.size, MAX_POINTS + 1).astype(int)
         values = np.add.reduceat(values, edges[:-1]) / np.diff(edges)
         step = step[edges[:-1]]
-    ax.step(step, values, where="post", color=color, ls=style, lw=0.9, label=label)
+    if fill:
+        ax.fill_between(step, values, step="post", color=color, alpha=0.35, lw=0, label=label)
+    else:
+        ax.step(step, values, where="post", color=color, lw=1.0, label=label)
 
 
 def _fragmentation(ax, rows: list[dict], scale: float, unit: str) -> None:
