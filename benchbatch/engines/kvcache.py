@@ -62,10 +62,12 @@ class PagedKVCache:
     Token position p of a slot lives in block block_table[slot, p // block_size] at offset
     p % block_size, so a sequence holds only the blocks it has reached and any free block can
     go to any sequence. Keys and values are stored [layer, kv_head, block, offset, head_dim]:
-    reading a batch's blocks is one gather per layer (index_select over the block axis),
-    after which the keys are a strided view [batch, kv_heads, length, head_dim], which is
-    what attention takes from the contiguous cache too. That gather is the price of paging
-    without a paged-attention kernel; scripts/bench_paged.py measures it.
+    reading a batch's blocks is one gather per layer (index_select over the block axis) into
+    a workspace the cache keeps (a fresh buffer each layer would cost more than the gather:
+    on a CPU, the page faults of new memory), after which the keys are a strided view
+    [batch, kv_heads, length, head_dim], which is what attention takes from the contiguous
+    cache too. That gather is the price of paging without a paged-attention kernel;
+    scripts/bench_paged.py measures it.
 
     The pool has one block more than it hands out, the last: table entries no sequence owns
     point there, so a static group's padded slot that writes past what it reserved, or reads
@@ -90,6 +92,7 @@ class PagedKVCache:
         self.num_blocks, self.block_size, self.scratch = num_blocks, block_size, num_blocks
         width = -(-max_len // block_size)
         self.block_table = torch.full((slots, width), num_blocks, device=device, dtype=torch.long)
+        self._work: dict[str, torch.Tensor] = {}  # gathered keys, values: reused every layer
 
     @classmethod
     def per_slot(cls, cfg, slots: int, max_len: int, block_size: int, device, dtype, seed=0):
@@ -132,14 +135,20 @@ class PagedKVCache:
         through their block tables (positions past a slot's length are masked by
         attention)."""
         table = self.block_table[slots, : -(-kv_len // self.block_size)]
-        k = self._gather(self.k[layer], table, kv_len)
-        return k, self._gather(self.v[layer], table, kv_len)
+        k = self._gather("k", self.k[layer], table, kv_len)
+        return k, self._gather("v", self.v[layer], table, kv_len)
 
-    @staticmethod
-    def _gather(pool: torch.Tensor, table: torch.Tensor, kv_len: int) -> torch.Tensor:
+    def _gather(self, name: str, pool: torch.Tensor, table: torch.Tensor, kv_len: int):
+        """The table's blocks of one layer, [batch, kv_heads, kv_len, head_dim] (a view of
+        the workspace, valid until the next read: attention consumes it first)."""
         heads, _, block, dim = pool.shape
         batch, width = table.shape
-        picked = pool.index_select(1, table.reshape(-1))  # [heads, batch * width, block, dim]
+        size = heads * batch * width * block * dim
+        work = self._work.get(name)
+        if work is None or work.numel() < size:
+            work = self._work[name] = torch.empty(size, dtype=pool.dtype, device=pool.device)
+        picked = work[:size].view(heads, batch * width, block, dim)
+        torch.index_select(pool, 1, table.reshape(-1), out=picked)
         keys = picked.view(heads, batch, width * block, dim).transpose(0, 1)
         return keys[:, :, :kv_len]
 
