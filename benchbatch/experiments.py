@@ -11,13 +11,18 @@ from __future__ import annotations
 from dataclasses import dataclass
 from pathlib import Path
 
+from benchbatch.engines.kvblocks import blocks_for
 from benchbatch.errors import UserError
 from benchbatch.options import (
     BATCHING,
+    KV,
     WORKLOAD,
+    block_size_field,
+    check_block_size,
     check_count,
     check_number,
     engine_field,
+    kv_layout_field,
     opt,
     require,
 )
@@ -35,6 +40,15 @@ def context_field():
         (512,),
         "Tokens already in each sequence's KV cache when it decodes, comma-separated.",
         parse="ints0",
+    )
+
+
+def step_costs_field(tail: str):
+    """--step-costs: measured steps to fit a step-cost model to, for simulated time."""
+    return opt(
+        None,
+        "Fit the step-cost model to these CSVs (phases, sweep, piggyback or an ablation's "
+        f"step_cost.csv; repeatable) {tail}",
     )
 
 
@@ -66,6 +80,11 @@ class PhasesOptions:
     )  # fmt: skip
     decode_batch: tuple[int, ...] = decode_batch_field()
     context: tuple[int, ...] = context_field()
+    kv_layout: str = kv_layout_field("the timed steps")
+    block_size: int = block_size_field()
+
+    def __post_init__(self) -> None:
+        check_block_size(self.block_size)
 
     def check(self, cfg) -> None:
         check_context(cfg, self.context)
@@ -95,9 +114,34 @@ class SweepOptions:
         "Also run batches over the predicted memory ceiling (out of memory is recorded as oom; "
         "on a CPU the operating system may kill the process instead).",
     )
+    kv_layout: str = kv_layout_field("the timed steps")
+    block_size: int = block_size_field()
+    gpu: str | None = opt(
+        None,
+        "Also give the memory ceiling of the workload's lengths on this GPU's datasheet "
+        "memory (h100, a100, l4, rtx 4090, ...): sequences that fit reserved at the maximum "
+        "length against paged at the lengths they reach.",
+        panel=KV,
+    )
 
     def __post_init__(self) -> None:
         check_number("knee_threshold", self.knee_threshold, 0, open_low=True)
+        check_block_size(self.block_size)
+        if self.gpu is not None:
+            self.datasheet()
+
+    def datasheet(self):
+        """The named GPU's datasheet entry (a UserError if unknown or its memory is)."""
+        from benchbatch import peaks
+
+        peak = peaks.lookup(self.gpu or "")
+        known = [n for n in peaks.names() if peaks.lookup(n).memory_gib]
+        require(
+            peak is not None and peak.memory_gib is not None,
+            "gpu",
+            f"no datasheet memory for {self.gpu!r}; known: {', '.join(known)}",
+        )
+        return peak
 
     def batches(self, target) -> tuple[int, ...]:
         if self.batch is not None:
@@ -129,11 +173,32 @@ class OccupancyOptions:
         "for --trace to replay.",
         panel=BATCHING,
     )
+    kv_memory: float | None = opt(
+        None,
+        "KV-cache memory in GiB shared by the memory policies (static-reserve and "
+        "continuous-reserve: each sequence reserves its prompt + --max-output; "
+        "continuous-paged: blocks as sequences grow, preempting when short). Default, "
+        "simulated: the slot count's worth (--slots sequences of the longest prompt + "
+        "--max-output, so reservation runs --slots at once); with --engine real: what the "
+        "device has free beside the weights. Given with --engine real, the memory policies "
+        "also run on the model, in a paged cache of this size. A token's KV bytes come from "
+        "the model options (simulated: the article's model in --dtype, default fp16).",
+        panel=KV,
+    )
+    block_size: int = block_size_field()
+    kv_layout: str = kv_layout_field("the real engine's static and continuous runs")
+    step_costs: tuple[Path, ...] | None = step_costs_field(
+        "to price the memory policies' steps in seconds (a step of many sequences costs "
+        "more than one of few). Default: time in steps."
+    )
 
     MAX_SEEDS = 10_000
 
     def __post_init__(self) -> None:
         check_count("seeds", self.seeds, 1, self.MAX_SEEDS)
+        check_block_size(self.block_size)
+        if self.kv_memory is not None:
+            check_number("kv_memory", self.kv_memory, 0, open_low=True)
 
     def check(self, workload, model) -> None:
         """Options that need others: a fixed trace has no seeds; real prompts and stopping
@@ -144,6 +209,27 @@ class OccupancyOptions:
                             ("stop_at_eos", self.stop_at_eos)):  # fmt: skip
             if given and (self.engine != "real" or model.model is None):
                 raise UserError(name, "needs --engine real and --model (a checkpoint)")
+        if self.kv_layout != "contiguous" and self.engine != "real":
+            raise UserError("kv_layout", "is the real engine's cache: needs --engine real")
+
+
+def check_kv_budget(gib: float, blocks: int, block_size: int, prompt: int, output: int) -> None:
+    """A KV budget must hold one request's prompt, and one whole reservation (the reserving
+    policies admit a request only with its maximum output reserved)."""
+    held = f"{gib:.4g} GiB holds {blocks:,} blocks of {block_size} tokens"
+    need = blocks_for(prompt, block_size)
+    require(
+        blocks >= need,
+        "kv_memory",
+        f"{held}, less than one {prompt:,}-token prompt ({need:,} blocks)",
+    )
+    need = blocks_for(prompt + output, block_size)
+    require(
+        blocks >= need,
+        "kv_memory",
+        f"{held}, less than one request reserves: a {prompt:,}-token prompt and {output:,} "
+        f"output tokens ({need:,} blocks)",
+    )
 
 
 SCHEMES = ("mixed-only", "chunks-only", "both")
@@ -194,11 +280,7 @@ class AblationOptions:
         "also run every scheme on the model and compare (default model: article on CUDA, "
         "cpu-small on CPU)."
     )
-    step_costs: tuple[Path, ...] | None = opt(
-        None,
-        "Fit the step-cost model to these CSVs (phases, sweep, piggyback or an ablation's "
-        "step_cost.csv; repeatable) instead of timing steps here first.",
-    )
+    step_costs: tuple[Path, ...] | None = step_costs_field("instead of timing steps here first.")
     slo_ttft: float | None = opt(
         None,
         "Time-to-first-token limit in seconds (with --slo-tbt): goodput per scheme, and a "
@@ -408,14 +490,14 @@ class ProjectOptions:
         "measured under torchrun, its all-reduce) replace the datasheet's.",
         panel=PROJECTION,
     )
-    memory_gb: float | None = opt(
-        None, "Memory per GPU in GB (default: the datasheet's).", panel=PROJECTION
+    memory_gib: float | None = opt(
+        None, "Memory per GPU in GiB (default: the datasheet's).", panel=PROJECTION
     )
 
     def __post_init__(self) -> None:
         check_number("efficiency", self.efficiency, 0, open_low=True)
         require(self.efficiency <= 1, "efficiency", f"must be at most 1, got {self.efficiency}")
-        for name in ("nvlink_gbps", "busbw", "memory_gb"):
+        for name in ("nvlink_gbps", "busbw", "memory_gib"):
             if getattr(self, name) is not None:
                 check_number(name, getattr(self, name), 0, open_low=True)
         if self.allreduce_latency_us is not None:
@@ -439,9 +521,9 @@ class ProjectOptions:
         if self.ceilings is not None:
             tflops, gbps, link = self._measured(sources)
         busbw, latency = self._link(peak, link, sources)
-        memory = self.memory_gb or peak.memory_gb
-        sources["memory"] = "given" if self.memory_gb else sheet
-        return Machine(peak.name, tflops, gbps, memory * 1e9 if memory else None, busbw,
+        memory = self.memory_gib or peak.memory_gib
+        sources["memory"] = "given" if self.memory_gib else sheet
+        return Machine(peak.name, tflops, gbps, memory * 2**30 if memory else None, busbw,
                        latency, self.efficiency, tuple(sources.items()))  # fmt: skip
 
     def _measured(self, sources: dict):

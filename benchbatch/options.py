@@ -21,6 +21,7 @@ from typing import Any
 from benchbatch.errors import UserError
 
 MODEL, RUN, OUTPUT, WORKLOAD, BATCHING = "Model", "Run", "Output", "Workload", "Batching"
+KV = "KV cache"
 
 
 def opt(
@@ -487,3 +488,28 @@ def engine_field(help_real: str, aliases: tuple[str, ...] = ()) -> Any:
         choices=("sim", "real"),
         aliases=aliases,
     )
+
+
+KV_LAYOUTS = ("contiguous", "paged")
+MAX_BLOCK_SIZE = 1 << 20
+
+
+def kv_layout_field(what: str) -> Any:
+    """--kv-layout, declared alike wherever the model's KV cache is built."""
+    return opt(
+        "contiguous",
+        f"KV cache of {what}: contiguous (one row per sequence) or paged (blocks of "
+        "--block-size tokens in a shared pool, read through a block table per sequence, as "
+        "PagedAttention; same tokens, the table read costs a gather per layer).",
+        panel=KV,
+        choices=KV_LAYOUTS,
+    )
+
+
+def block_size_field() -> Any:
+    """--block-size: the KV block in tokens (vLLM's default 16)."""
+    return opt(16, "Tokens per KV-cache block (vLLM's default: 16).", panel=KV)
+
+
+def check_block_size(value: int) -> None:
+    check_count("block_size", value, 1, MAX_BLOCK_SIZE)

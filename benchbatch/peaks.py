@@ -3,12 +3,14 @@
 Used for the roofline's predicted ridge point until the device's own ceilings are
 measured. An unknown device gets None, never a guess. fp16/bf16 figures are dense tensor
 core rates with fp32 accumulation (what torch uses); fp32 is the non-tensor rate, since
-torch does not use TF32 for fp32 matmuls by default.
+torch does not use TF32 for fp32 matmuls by default. memory_gib is the datasheet memory
+(NVIDIA's "80 GB" is 80 GiB of HBM, less what the driver keeps); None where one name covers
+cards of different sizes (V100: 16 or 32 GB).
 
-For `benchbatch project` (machines nobody here has): each GPU's memory (GB as sold) and,
-where it has one, its NVLink bandwidth per GPU, both directions together as datasheets give
-it (NVLink 4 on H100/H200 SXM: 900 GB/s; NVLink 3 on A100 SXM: 600 GB/s); None where the
-GPUs talk over PCIe or the figure is not known (the projection then asks for it).
+For `benchbatch project` (machines nobody here has): where a GPU has one, its NVLink
+bandwidth per GPU, both directions together as datasheets give it (NVLink 4 on H100/H200
+SXM: 900 GB/s; NVLink 3 on A100 SXM: 600 GB/s); None where the GPUs talk over PCIe or the
+figure is not known (the projection then asks for it).
 """
 
 from __future__ import annotations
@@ -21,7 +23,7 @@ class Peak:
     name: str
     tflops: dict[str, float]  # by dtype name
     gbps: float
-    memory_gb: float | None = None  # as sold (1e9 bytes)
+    memory_gib: float | None = None
     nvlink_gbps: float | None = None  # per GPU, both directions together (datasheet)
 
     def ridge(self, dtype: str) -> float | None:
@@ -30,10 +32,10 @@ class Peak:
         return None if t is None else t * 1e12 / (self.gbps * 1e9)
 
 
-def _p(name, fp16, bf16, fp32, gbps, memory_gb=None, nvlink_gbps=None) -> Peak:
+def _p(name, fp16, bf16, fp32, gbps, memory_gib=None, nvlink_gbps=None) -> Peak:
     rates = {"fp16": fp16, "bf16": bf16, "fp32": fp32}
     rates = {k: v for k, v in rates.items() if v is not None}
-    return Peak(name, rates, gbps, memory_gb, nvlink_gbps)
+    return Peak(name, rates, gbps, memory_gib, nvlink_gbps)
 
 
 # Matched in order against the device name (lower case): more specific names first.
@@ -57,6 +59,11 @@ KNOWN: list[tuple[str, Peak]] = [
     ("v100", _p("V100", 125, None, 15.7, 900)),
     ("t4", _p("T4", 65, None, 8.1, 320, 16)),
 ]
+
+
+def names() -> list[str]:
+    """The names lookup() knows, as a user may type them."""
+    return [key for key, _ in KNOWN]
 
 
 def lookup(device_name: str) -> Peak | None:

@@ -95,6 +95,15 @@ LATENCY_RULE_TEXT = (
     "holds when the step time at most doubled while throughput grew at least twice as fast "
     "as it; partly when throughput still grew at least twice as fast as the step time"
 )
+# Memory, not compute: the ceiling reserving prompt + maximum output against the compute knee.
+PAGING_GAIN = 2.0  # paging must at least double the sequences that fit
+MEMORY_RULE_TEXT = (
+    "holds when the memory ceiling reserving prompt + maximum output per sequence comes before "
+    "the compute knee (the sweep's measured knee; with none, its largest batch, where the step "
+    "time had not yet grown 25%) and paging at least doubles that ceiling; partly when only "
+    "one of the two; does not hold when neither"
+)
+MEMORY_TITLE = "Memory, not compute, limits the batch"
 
 
 @dataclass(frozen=True)
@@ -349,6 +358,7 @@ def claims(
     sweep_claim: dict | None,
     occupancy_rows: list[dict] | None,
     real_rows: list[dict] | None = None,
+    memory_ceiling: list[dict] | None = None,
 ) -> list[Claim]:
     """Every claim the report judges, its measured number and its verdict."""
     out = [_prefill_claim(phases_summary or {}), _batching_claim(phases_summary or {})]
@@ -356,7 +366,79 @@ def claims(
     out.append(_occupancy_claim("C", "simulated", occupancy_rows or []))
     if real_rows:
         out.append(_occupancy_claim("C, real engine", "measured wall time", real_rows))
+    if memory_ceiling:
+        out.append(_memory_claim(memory_ceiling[0], sweep_claim or {}))
     return out
+
+
+def memory_verdict(reserved: int, paged: int, knee: int | None, largest_batch: int | None) -> str:
+    """MEMORY_RULE_TEXT: memory before compute, and paging's gain, each a half."""
+    first = bool(_memory_first(reserved, knee, largest_batch))  # unknown counts as not shown
+    gain = paged >= PAGING_GAIN * reserved and paged > 0
+    if first and gain:
+        return HOLDS
+    return PARTLY if (first or gain) else FAILS
+
+
+def _memory_first(reserved: int, knee: int | None, largest_batch: int | None) -> bool | None:
+    """Does the reserved ceiling come before compute saturates? None when unknown."""
+    if knee is not None:
+        return reserved < knee
+    if largest_batch is None:
+        return None
+    return reserved <= largest_batch
+
+
+def _memory_claim(c: dict, sweep: dict) -> Claim:
+    knee, largest = sweep.get("measured_knee"), sweep.get("batch_to")
+    reserved, paged = int(c["reserved_sequences"]), int(c["paged_sequences"])
+    compute = f"compute knee at batch {knee:,}" if knee else "no compute knee measured"
+    if not knee and largest:
+        compute += f" up to batch {largest:,}"
+    measured = (
+        f"{reserved:,} sequences reserving {int(c['reserved_tokens']):,} tokens vs "
+        f"{paged:,} paged on {c['where']} ({fmt(c['memory_bytes'] / 2**30)} GiB); {compute}"
+    )
+    return Claim(
+        "memory",
+        "memory, not compute, limits the batch (and paging lifts the limit)",
+        "every running request holds its KV cache, so memory caps the batch before compute; "
+        "PagedAttention fills it densely",
+        measured,
+        memory_verdict(reserved, paged, knee, largest),
+        MEMORY_RULE_TEXT,
+    )
+
+
+def _section_memory(ceilings: list[dict], memory_rows: list[dict] | None, image) -> Section:
+    headers = ["memory", "GiB", "reserved: tokens each", "reserved: sequences",
+               "paged: mean tokens", "paged: sequences", "paging gain"]  # fmt: skip
+    body = [
+        [
+            str(c["where"]),
+            fmt(c["memory_bytes"] / 2**30),
+            fmt(int(c["reserved_tokens"])),
+            fmt(int(c["reserved_sequences"])),
+            fmt(float(c["paged_mean_tokens"])),
+            fmt(int(c["paged_sequences"])),
+            _times(_get(c, "paging_gain")),
+        ]
+        for c in ceilings
+    ]
+    intro = [
+        "How many sequences of the occupancy workload fit beside the weights (a tenth of the "
+        "memory held back): reserving the longest prompt plus the maximum output each (a "
+        "contiguous cache row), against paged blocks at the lengths they reach.",
+    ]
+    notes = []
+    for r in memory_rows or []:
+        notes.append(
+            f"{r['policy']} (simulated on one budget): peak {int(r['peak_running']):,} "
+            f"running, mean {fmt(_get(r, 'mean_running'))}, "
+            f"{_percent(_get(r, 'fragmentation'))} of the reserved memory never written, "
+            f"{int(r['preemptions']):,} preemptions, {fmt(int(r['total_steps']))} steps."
+        )
+    return Section(MEMORY_TITLE, intro, headers, body, image, notes)
 
 
 def _prefill_claim(s: dict) -> Claim:
@@ -465,6 +547,8 @@ def build(
     real_workload: str | None = None,
     ceilings: dict | None = None,
     files: Sequence[str] = (),
+    memory_ceiling: list[dict] | None = None,
+    memory_rows: list[dict] | None = None,
 ) -> Report:
     """Every section of the report, from rows and summaries (see reproduce's metadata)."""
     images = set(files)
@@ -479,13 +563,15 @@ def build(
     ]
     if real_rows:
         sections.append(_section_real(real_rows, real_workload, image("engine.png")))
+    if memory_ceiling:
+        sections.append(_section_memory(memory_ceiling, memory_rows, image("memory.png")))
     if ceilings:
         sections.append(_section_roofline(ceilings, image("roofline.png")))
     return Report(
         title,
         list(notices),
         list(facts),
-        claims(phases_summary, sweep_claim, occupancy_rows, real_rows),
+        claims(phases_summary, sweep_claim, occupancy_rows, real_rows, memory_ceiling),
         sections,
         list(files),
     )

@@ -30,7 +30,7 @@ def timed(monkeypatch):
     """(phase, cuda_graphs) of every step timed; each 'takes' 1, 2 and 3 ms."""
     calls = []
 
-    def spy(model, step, opts, cuda_graphs=True, seed=0):
+    def spy(model, step, opts, cuda_graphs=True, seed=0, **layout):
         calls.append((step.phase, cuda_graphs))
         return Measurement([1.0, 2.0, 3.0])
 

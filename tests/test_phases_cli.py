@@ -85,10 +85,10 @@ def test_out_of_memory_on_one_row_is_recorded_and_the_run_goes_on(runner, tmp_pa
 
     real = steps.time_step
 
-    def fail_big(model, step, opts, cuda_graphs=True, seed=0):
+    def fail_big(model, step, opts, cuda_graphs=True, seed=0, **layout):
         if step.batch == 4:
             raise torch.cuda.OutOfMemoryError("CUDA out of memory. Tried to allocate 2.00 GiB")
-        return real(model, step, opts, cuda_graphs, seed)
+        return real(model, step, opts, cuda_graphs, seed, **layout)
 
     monkeypatch.setattr(steps, "time_step", fail_big)
     result = run_phases(runner, tmp_path / "run")

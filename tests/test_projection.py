@@ -59,7 +59,7 @@ def test_speedup_is_over_the_fewest_gpus_that_fit():
 def test_datasheet_machine_and_its_sources():
     m = ProjectOptions().machine()
     assert (m.name, m.tflops, m.gbps, m.busbw_gbps) == ("H100 SXM", 989, 3350, 450)
-    assert m.memory_bytes == 80e9 and m.latency_us == DEFAULT_LATENCY_US
+    assert m.memory_bytes == 80 * 2**30 and m.latency_us == DEFAULT_LATENCY_US
     assert "900" in dict(m.sources)["busbw"]
     given = ProjectOptions(gpu="A100 80GB SXM", busbw=200, allreduce_latency_us=5).machine()
     assert (given.busbw_gbps, given.latency_us, given.tflops) == (200, 5, 312)

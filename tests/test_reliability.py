@@ -468,7 +468,8 @@ def test_the_same_seed_gives_byte_identical_simulation_files(runner, tmp_path):
     for name in ("a", "b"):
         assert runner.invoke(app, [*args, "--out", str(tmp_path / name)]).exit_code == 0
     csvs = sorted(p.name for p in (tmp_path / "a").glob("*.csv"))
-    assert csvs == ["occupancy.csv", "occupancy_seeds.csv", "timeline.csv"]
+    assert csvs == ["memory.csv", "memory_timeline.csv", "occupancy.csv", "occupancy_seeds.csv",
+                    "timeline.csv"]  # fmt: skip
     for csv in csvs:
         assert (tmp_path / "a" / csv).read_bytes() == (tmp_path / "b" / csv).read_bytes()
 

@@ -26,7 +26,8 @@ REAL = ["--real", "--real-requests", "5", "--real-slots", "2", "--real-max-outpu
 EXPECTED = {
     "metadata.json", "report.md", "report.html", "probe.csv", "phases.csv", "phases.png",
     "sweep.csv", "sweep.png", "roofline.png", "occupancy.csv", "timeline.csv", "occupancy.png",
-    "engine.csv", "engine_steps.csv", "engine.png",
+    "engine.csv", "engine_steps.csv", "engine.png", "memory_ceiling.csv", "memory.csv",
+    "memory_timeline.csv", "memory.png",
 }  # fmt: skip
 
 
@@ -42,14 +43,17 @@ def test_reproduce_writes_every_part_into_one_folder(tiny_run):
     out, _ = tiny_run
     names = {p.name for p in out.iterdir() if not p.name.startswith(".")}
     assert EXPECTED <= names, EXPECTED - names
-    for png in ("phases.png", "sweep.png", "roofline.png", "occupancy.png", "engine.png"):
+    for png in ("phases.png", "sweep.png", "roofline.png", "occupancy.png", "engine.png",
+                "memory.png"):  # fmt: skip
         assert (out / png).stat().st_size > 1000
     meta = json.loads((out / "metadata.json").read_text())
     assert meta["command"] == "reproduce" and meta["status"] == "complete"
     assert meta["cpu_sized"] is True and meta["config"]["name"] == "tiny"
-    assert set(meta["parts"]) == {"probe", "phases", "sweep", "occupancy", "occupancy, real engine"}
+    parts = {"probe", "phases", "sweep", "occupancy", "memory", "occupancy, real engine"}
+    assert set(meta["parts"]) == parts
     assert meta["ridge_source"] == "measured (probe)"
     assert [c["verdict"] for c in meta["claims"]] == expected_verdicts(meta, out)
+    assert [c["key"] for c in meta["claims"]][-1] == "memory"
 
 
 def literal(value: float, holds: float, partly: float) -> str:
@@ -73,7 +77,18 @@ def expected_verdicts(meta: dict, out) -> list[str]:
         latency,
         literal(occupancy["speedup"], 2, 1.2),
         literal(engine.loc["continuous", "speedup_vs_static"], 2, 1.2),
+        memory_verdict(meta["memory_ceiling"][0], sweep),
     ]
+
+
+def memory_verdict(c: dict, sweep: dict) -> str:
+    """Memory before compute (the reserved ceiling under the measured knee, or at most the
+    largest batch when none was measured), and paging at least doubling the ceiling."""
+    reserved, paged = c["reserved_sequences"], c["paged_sequences"]
+    knee = sweep["measured_knee"]
+    first = reserved < knee if knee is not None else reserved <= sweep["batch_to"]
+    gain = paged >= 2 * reserved and paged > 0
+    return "holds" if first and gain else "partly" if first or gain else "does not hold"
 
 
 def test_phases_and_sweep_rows_carry_the_probe_ceilings(tiny_run):
@@ -111,7 +126,7 @@ def test_the_report_sets_every_article_number_beside_a_measured_one(tiny_run):
     assert "prefill 512 | prefill 16" in md and "decode b=32 | decode b=4" in md
     assert md.count("](") >= 4  # the plots
     html = (out / "report.html").read_text()
-    assert html.count("data:image/png;base64,") == 5
+    assert html.count("data:image/png;base64,") == 6  # memory.png too
     # the terminal: the CPU notice first, the tables, the verdicts
     assert result.stdout.startswith("CPU-sized run")
     for title in ("B. prefill vs decode", "A. decode step vs batch", "C. static vs continuous"):
@@ -123,8 +138,9 @@ def test_json_is_one_document(tmp_path):
     result = CliRunner().invoke(app, ["reproduce", *TINY, "--json", "--out", str(tmp_path / "r")])
     assert result.exit_code == 0, result.output
     doc = json.loads(result.stdout)
-    assert doc["cpu_sized"] is True and len(doc["claims"]) == 4
-    assert set(doc["rows"]) == {"probe", "phases", "sweep", "occupancy"}
+    assert doc["cpu_sized"] is True and len(doc["claims"]) == 5  # memory's too
+    tables = {"probe", "phases", "sweep", "occupancy", "memory_ceiling", "memory"}
+    assert set(doc["rows"]) == tables
     assert "mfu" in doc["rows"]["phases"][0]
 
 
@@ -156,3 +172,27 @@ def test_bad_input_is_one_line_naming_the_option(tmp_path, args, option):
     lines = result.stderr.strip().splitlines()
     assert len(lines) == 1 and option in lines[0], lines
     assert not (tmp_path / "r").exists()  # checked before the folder is made
+
+
+def test_the_memory_claim_reads_the_ceiling_on_this_devices_free_memory(tiny_run):
+    out, _ = tiny_run
+    meta = json.loads((out / "metadata.json").read_text())
+    ceiling = pd.read_csv(out / "memory_ceiling.csv").iloc[0]
+    assert ceiling["where"] == "this device (available RAM)"
+    # 40 requests, prompts 64 and outputs up to --max-output 30: each reserves 94 tokens
+    # (6 blocks of 16), while paged they reach fewer on average.
+    assert ceiling["reserved_tokens"] == 64 + 30
+    assert ceiling["paged_sequences"] > ceiling["reserved_sequences"] > 0
+    claim = meta["claims"][-1]
+    reserved = f"{int(ceiling['reserved_sequences']):,} sequences reserving 94 tokens"
+    assert reserved in claim["measured"]
+    # A CPU's RAM holds far more tiny sequences than the batch where compute saturates, and
+    # outputs of median 6 beside 64-token prompts leave paging little to save.
+    assert ceiling["paged_sequences"] < 2 * ceiling["reserved_sequences"]
+    assert claim["verdict"] == "does not hold"
+    memory = pd.read_csv(out / "memory.csv").set_index("policy")
+    sim = pd.read_csv(out / "occupancy.csv").set_index("policy")
+    # On the slot count's worth, reservation runs exactly the slot policies' steps.
+    assert memory.loc["static-reserve", "total_steps"] == sim.loc["static", "total_steps"]
+    assert memory.loc["continuous-reserve", "total_steps"] == sim.loc["continuous", "total_steps"]
+    assert "Memory, not compute, limits the batch" in (out / "report.md").read_text()

@@ -75,11 +75,11 @@ def test_out_of_memory_is_recorded_and_earlier_rows_stay_on_disk(runner, tmp_pat
 
     real, on_disk = steps.time_step, []
 
-    def fail_big(model, step, opts, cuda_graphs=True, seed=0):
+    def fail_big(model, step, opts, cuda_graphs=True, seed=0, **layout):
         if step.batch >= 4:
             on_disk.append(len(pd.read_csv(tmp_path / "run" / "sweep.csv")))
             raise torch.cuda.OutOfMemoryError("CUDA out of memory")
-        return real(model, step, opts, cuda_graphs, seed)
+        return real(model, step, opts, cuda_graphs, seed, **layout)
 
     monkeypatch.setattr(steps, "time_step", fail_big)
     result = run_sweep(runner, tmp_path / "run", "--batch", "1,2,4,8", "--context", "8")
@@ -116,9 +116,9 @@ def test_batches_over_the_ceiling_are_skipped_unless_try_oom(runner, tmp_path, m
     monkeypatch.setattr(device, "free_memory_bytes", lambda dev: free)
     timed, real = [], steps.time_step
 
-    def spy(model, step, opts, cuda_graphs=True, seed=0):
+    def spy(model, step, opts, cuda_graphs=True, seed=0, **layout):
         timed.append(step.batch)
-        return real(model, step, opts, cuda_graphs, seed)
+        return real(model, step, opts, cuda_graphs, seed, **layout)
 
     monkeypatch.setattr(steps, "time_step", spy)
     result = run_sweep(runner, tmp_path / "a", "--batch", "1,2,4,8", "--context", "8")

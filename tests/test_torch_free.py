@@ -10,6 +10,9 @@ import textwrap
 
 CORE = (
     "benchbatch.engines.scheduler",
+    "benchbatch.engines.kvblocks",
+    "benchbatch.engines.memory",
+    "benchbatch.kvceiling",
     "benchbatch.engines.simulate",
     "benchbatch.engines.workload",
     "benchbatch.engines.metrics",

@@ -1,6 +1,9 @@
-"""`benchbatch occupancy`: static against continuous batching, simulated and on the model."""
+"""`benchbatch occupancy`: static against continuous batching, simulated and on the model;
+and the memory policies (reserved against paged KV blocks) on one KV budget."""
 
 from __future__ import annotations
+
+import dataclasses
 
 from benchbatch import render
 from benchbatch.commands import common as c
@@ -39,6 +42,18 @@ ENGINE_COLUMNS = {
     "measured_over_sim": "meas/sim",
     "overhead_pct": "overhead %",
 }
+MEMORY_COLUMNS = {  # running sequences, slot occupancy, mean KV memory, preemptions, steps
+    "policy": "policy",
+    "peak_running": "peak",
+    "mean_running": "mean",
+    "slot_occupancy_pct": "slots%",
+    "reserved": "resv",
+    "used": "used",
+    "fragmentation_pct": "frag%",
+    "preemptions": "preempt",
+    "total_steps": "steps",
+}
+MAX_MEMORY_REQUESTS = 10_000  # the memory policies run step by step: about 20 s at this size
 LATENCY_COLUMNS = {
     "policy": "policy",
     "e2e_mean_s": "latency mean",
@@ -60,26 +75,74 @@ def occupancy(
     sit idle); continuous batching refills a slot the step after it frees. Defaults are the
     article's: 600 requests, output lengths lognormal (median 70), 32 slots.
 
+    Memory, not compute, limits the batch: on one KV budget (--kv-memory, --block-size) three
+    memory policies run side by side: static and continuous batching each reserving prompt +
+    --max-output per sequence, and continuous batching with paged blocks (preempting the
+    newest request when the blocks run out). memory.csv, memory_timeline.csv, memory.png.
+
     With --engine real both policies also run on the model (default preset: article on CUDA,
-    cpu-small on CPU; the model, --device and --dtype options apply only then), and measured
-    time is compared with the simulation. A notice estimates the duration first. On a CPU,
-    try `benchbatch occupancy --engine real --requests 64 --slots 8 --max-output 200` (about
-    a minute with cpu-small on 2 cores).
+    cpu-small on CPU; --device applies only then), and measured time is compared with the
+    simulation; with --kv-memory the memory policies run on it too. A notice estimates the
+    duration first. On a CPU, try `benchbatch occupancy --engine real --requests 64 --slots
+    8 --max-output 200` (about a minute with cpu-small on 2 cores).
     """
     opts.check(workload, model)
     requests = _served(workload.draw(run.seed), workload, model, opts.stop_at_eos)
+    cost = _step_cost(opts)
+    held: dict = {}
     if opts.engine == "real":
-        check = lambda cfg: _check_real(cfg, requests, workload)  # noqa: E731
+
+        def check(cfg) -> None:
+            _check_real(cfg, requests, workload)
+            held["memory"] = _memory_setup(opts, workload, requests, cfg, run.target(), True)
+
         rec = c.open_model_run("occupancy", model, run, opts, workload, check=check)
     else:
+        shape = model.shape("article")
+        held["memory"] = _memory_setup(opts, workload, requests, shape, run.dtype or "fp16")
         rec = Recorder.open("occupancy", run, None, None, record(opts, workload, run))
-        c.print_notes(_ignored(model, run))
     with rec:
         sims, rec.meta["summary"] = simulate_part(rec, requests, workload, opts.seeds, run.seed)
+        memory = memory_part(rec, requests, held["memory"], cost)
         if opts.engine == "real":
             stop = _stop_tokens(model) if opts.stop_at_eos else frozenset()
-            _run_real(rec, model, run, requests, workload.slots, sims, stop)
+            layout = {"kv_layout": opts.kv_layout, "block_size": opts.block_size}
+            net = _run_real(rec, model, run, requests, workload.slots, sims, stop, layout)
+            if opts.kv_memory is not None and memory:
+                _memory_engine(rec, net, requests, held["memory"], memory, run.seed)
     _report(rec, run.json_out)
+
+
+def _step_cost(opts: OccupancyOptions):
+    """The step-cost model fitted to --step-costs (checked before any folder is made)."""
+    if not opts.step_costs:
+        return None
+    from benchbatch.probes import ablation
+
+    return ablation.fit(ablation.cost_rows_from_csv(opts.step_costs))[0]
+
+
+def _memory_setup(opts, workload: WorkloadOptions, requests, cfg, target, free: bool = False):
+    """The memory policies' shared budget: --kv-memory, else with a model what the device
+    has free beside the weights (read before the model is built), else the slot count's
+    worth. target: the run's Target, or (simulated) a dtype name."""
+    from benchbatch import kvceiling
+    from benchbatch.probes import memory as mprobe
+
+    dtype = target if isinstance(target, str) else target.dtype_name
+    kv_bytes, source = None, ""
+    if opts.kv_memory is not None:
+        kv_bytes, source = int(opts.kv_memory * mprobe.GIB), f"--kv-memory {opts.kv_memory:g} GiB"
+    elif free:
+        from benchbatch import device as devices
+
+        kv_bytes = kvceiling.kv_room(cfg, dtype, devices.free_memory_bytes(target.device))
+        source = "what the device has free beside the weights (a tenth held back)"
+    reserve = mprobe.reserve_output(requests, workload.max_output, workload.trace)
+    bpt = mprobe.bytes_per_token(cfg, dtype)
+    setup = mprobe.setup(requests, workload.slots, opts.block_size, reserve, bpt, kv_bytes,
+                         source)  # fmt: skip
+    return dataclasses.replace(setup, source=f"{setup.source}; {cfg.name} in {dtype}")
 
 
 def _served(requests, workload: WorkloadOptions, model: ModelOptions, stop_at_eos: bool):
@@ -103,6 +166,7 @@ def _stop_tokens(model: ModelOptions) -> frozenset[int]:
 
     return eos_token_ids(model.model)
 
+
 def _check_real(cfg, requests, workload: WorkloadOptions) -> None:
     """A prompt alone longer than the model's context is the prompt's fault (or the trace's),
     a prompt plus its output the output's."""
@@ -118,13 +182,6 @@ def _check_real(cfg, requests, workload: WorkloadOptions) -> None:
             f"--max-context {cfg.max_context:,}",
         )
     check_fits(cfg.max_context, requests)
-
-
-def _ignored(model: ModelOptions, run: RunOptions) -> str | None:
-    given = [f"--{k.replace('_', '-')}" for k in model.overrides()]
-    given += [f"--{k}" for k in ("preset", "config") if getattr(model, k) is not None]
-    given += ["--dtype"] if run.dtype is not None else []
-    return f"{', '.join(given)} only apply with --engine real; ignored" if given else None
 
 
 # --- simulation --------------------------------------------------------------------------------
@@ -153,10 +210,40 @@ def simulate_part(rec, first, workload: WorkloadOptions, seeds: int, seed: int):
     return sims, probe.summary(rows[:2])
 
 
+def memory_part(rec, requests, setup, cost) -> dict | None:
+    """memory.csv, memory_timeline.csv and memory.png: the memory policies on one budget
+    (occupancy). Returns their simulations (None when the workload is too large)."""
+    from benchbatch.plots.memory import memory_figure
+    from benchbatch.probes import memory as mprobe
+
+    if len(requests) > MAX_MEMORY_REQUESTS:
+        render.note(
+            f"memory policies skipped: they simulate step by step, up to "
+            f"{MAX_MEMORY_REQUESTS:,} requests (this workload has {len(requests):,})"
+        )
+        return None
+    sims = mprobe.simulate(requests, setup, cost)
+    rows = mprobe.rows(sims, setup, requests)
+    rec.put("memory", rows)
+    timeline = mprobe.timeline(sims, setup)
+    rec.put("memory_timeline", timeline)
+    rec.meta["memory"] = {"budget": _budget(setup), **mprobe.claim(rows)}
+    title = f"{len(requests):,} requests on one KV budget: {_budget(setup)}"
+    memory_figure(timeline, rows, rec.folder / "memory.png", title)
+    return sims
+
+
+def _budget(s) -> str:
+    size = f"{s.budget_bytes / 2**30:.3g} GiB, " if s.budget_bytes is not None else ""
+    return f"{size}{s.blocks:,} blocks of {s.block_size} tokens ({s.source})"
+
+
 # --- the real engine ---------------------------------------------------------------------------
 
 
-def _run_real(rec, model: ModelOptions, run: RunOptions, requests, slots: int, sims, stop) -> None:
+def _run_real(rec, model: ModelOptions, run: RunOptions, requests, slots: int, sims, stop,
+              layout: dict | None = None):  # fmt: skip
+    """Static and continuous batching on the model (engine.csv, engine.png); the model."""
     from benchbatch.plots.occupancy import engine_figure
     from benchbatch.probes import occupancy as probe
 
@@ -167,11 +254,12 @@ def _run_real(rec, model: ModelOptions, run: RunOptions, requests, slots: int, s
         _print_estimate(estimate, sims, rec, slots)
     if rec.target.tp > 1:
         _collectives(rec, net, estimate["decode_context"], slots, run)
-    engine_runs(rec, net, requests, slots, sims, run.seed, stop)
+    engine_runs(rec, net, requests, slots, sims, run.seed, stop, layout)
     rows = rec.rows("engine")
     rec.meta["engine_summary"] = probe.engine_summary(rows, sims)
     title = c.title(rec, f"{slots} slots: real engine")
     engine_figure(rec.rows("engine_steps"), rows, rec.folder / "engine.png", title)
+    return net
 
 
 def _collectives(rec, net, context: int, slots: int, run: RunOptions) -> None:
@@ -186,14 +274,34 @@ def _collectives(rec, net, context: int, slots: int, run: RunOptions) -> None:
     rec.meta["collectives"] = {k: row.get(k) for k in keys}
 
 
-def engine_runs(rec, net, requests, slots: int, sims, seed: int, stop=frozenset()) -> None:
+def _memory_engine(rec, net, requests, setup, sims, seed: int) -> None:
+    """The memory policies on the model, each in a paged cache of the budget's blocks:
+    memory_engine_steps.csv as the steps end, memory_engine.csv a row per policy."""
+    from benchbatch.probes import memory as mprobe
+    from benchbatch.probes import occupancy as probe
+
+    runs = mprobe.engine_runs(setup, len(requests), sims)
+
+    def finished(spec, result) -> None:
+        rec.add("memory_engine", mprobe.engine_row(spec.name, result, setup, requests))
+
+    steps = probe.engine_steps(net, requests, runs, seed, finished)
+    total = sum(r.sim_steps for r in runs)
+    rec.record("memory_engine_steps", steps, total=total, label="memory policies, real engine",
+               stream=True)  # fmt: skip
+
+
+def engine_runs(
+    rec, net, requests, slots: int, sims, seed: int, stop=frozenset(), layout=None
+) -> None:
     """Static, then continuous batching on the model: engine_steps.csv as the steps end,
     engine.csv a row per policy (occupancy and reproduce). With stop tokens the lengths that
-    came out go to trace_POLICY.csv, and the run is set beside their own simulation."""
+    came out go to trace_POLICY.csv, and the run is set beside their own simulation.
+    layout: the engine's kv_layout and block_size (default: contiguous)."""
     from benchbatch.probes import occupancy as probe
 
     runs = [
-        probe.EngineRun(p, slots, p, sim_steps=sims[p].total_steps, stop_tokens=stop)
+        probe.EngineRun(p, slots, p, dict(layout or {}), sims[p].total_steps, stop_tokens=stop)
         for p in probe.POLICIES
     ]
     walls: dict[str, float] = {}
@@ -244,13 +352,17 @@ def _print_estimate(e: dict, sims: dict, rec, slots: int) -> None:
 
 def _report(run, json_out: bool) -> None:
     rows, spread, engine = run.rows("occupancy"), run.rows("occupancy_seeds"), run.rows("engine")
-    summary = run.meta.get("summary", {})
+    summary, memory = run.meta.get("summary", {}), run.rows("memory")
     if json_out:
         doc = {"folder": str(run.folder), "summary": summary, "rows": rows}
         if spread:
             doc["seeds"] = spread
+        if memory:
+            doc |= {"memory": memory, "memory_summary": run.meta.get("memory", {})}
         if engine:
             doc |= {"engine": engine, "engine_summary": run.meta.get("engine_summary", {})}
+        if run.rows("memory_engine"):
+            doc["memory_engine"] = run.rows("memory_engine")
         render.print_json(doc)
         return
     first = rows[:2]
@@ -264,6 +376,10 @@ def _report(run, json_out: bool) -> None:
     if spread:
         render.table([_spread_display(r) for r in spread], SEED_COLUMNS, "over seeds")
         render.out_console.print(_spread_line(spread))
+    if memory:
+        _memory_report(memory, run.meta.get("memory", {}), "simulated")
+    if run.rows("memory_engine"):
+        _memory_report(run.rows("memory_engine"), None, "real engine, paged cache of the budget")
     if engine:
         shown = [_engine_display(r) for r in engine]
         render.table(shown, ENGINE_COLUMNS, "real engine (sim s: simulated steps x median step)")
@@ -275,6 +391,40 @@ def _report(run, json_out: bool) -> None:
         _collectives_line(run.meta.get("collectives"))
         _warn_noisy(engine)
     render.results_line(run.folder)
+
+
+def _memory_report(rows: list[dict], meta: dict | None, how: str) -> None:
+    gib = rows[0].get("kv_budget_gib") is not None
+    unit = "GiB" if gib else "tokens"
+    title = f"memory policies ({how}): running sequences; mean KV memory reserved, used ({unit})"
+    render.table([_memory_display(r, gib) for r in rows], MEMORY_COLUMNS, title)
+    if rows[0]["time_unit"] == "s":  # priced by a fitted step cost, or measured
+        times = ", ".join(f"{r['policy']} {render.fmt(r['total_time'])} s" for r in rows)
+        basis = "measured" if "wall_s" in rows[0] else "fitted step cost"
+        render.out_console.print(f"time ({basis}): {times}", highlight=False)
+    if meta:
+        render.out_console.print(
+            f"on one KV budget ({meta['budget']}): paged blocks ran "
+            f"{meta['paged_mean_running']:.3g} sequences at once on average (peak "
+            f"{meta['paged_peak_running']:,}) against {meta['reserve_mean_running']:.3g} "
+            f"(peak {meta['reserve_peak_running']:,}) reserving prompt + maximum output; "
+            f"{meta['reserve_fragmentation']:.0%} of the reserved memory was never written, "
+            f"{meta['paged_fragmentation']:.1%} of the paged; {meta['preemptions']:,} "
+            "preemptions",
+            highlight=False,
+        )
+
+
+def _memory_display(r: dict, gib: bool) -> dict:
+    unit = "_gib" if gib else "_tokens"
+    occupancy = r.get("slot_occupancy")
+    return {
+        **r,
+        "slot_occupancy_pct": 100 * occupancy if occupancy is not None else None,
+        "reserved": r["kv_reserved_mean" + unit],
+        "used": r["kv_used_mean" + unit],
+        "fragmentation_pct": 100 * r["fragmentation"],
+    }
 
 
 def _spread_display(r: dict) -> dict:

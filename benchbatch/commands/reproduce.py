@@ -193,6 +193,8 @@ def _run_parts(rec, job: Job, model: ModelOptions, run: RunOptions) -> Built:
         _, claim = occupancy.simulate_part(rec, requests, job.workload, 1, run.seed)
         described = describe_workload(requests, job.workload.slots)
         rec.meta["occupancy"] = {"workload": described, **claim}
+    with _part(rec, "memory"):
+        _memory(rec, requests, job.workload, free_bytes)
     if job.real is not None:
         with _part(rec, "occupancy, real engine"):
             _real(rec, net, job.real, run.seed)
@@ -232,6 +234,31 @@ def _roofline(rec) -> None:
                     c.title(rec, "roofline"))  # fmt: skip
 
 
+def _memory(rec, requests, workload: WorkloadOptions, free_bytes: int) -> None:
+    """Memory, not compute: the occupancy workload's ceiling reserved against paged on this
+    device's free memory (and a known GPU's datasheet memory), memory_ceiling.csv; and the
+    memory policies on the slot count's worth, memory.csv and memory.png."""
+    from benchbatch import kvceiling
+    from benchbatch.commands.occupancy import memory_part
+    from benchbatch.engines.kvblocks import DEFAULT_BLOCK_SIZE as BLOCK
+    from benchbatch.probes import memory as mprobe
+
+    cfg, dtype = rec.cfg, rec.target.dtype_name
+    where = "free GPU memory" if rec.target.device.type == "cuda" else "available RAM"
+    memories = [(f"this device ({where})", free_bytes)]
+    peak = _peak(rec.target) if rec.target.device.type == "cuda" else None
+    if peak is not None and peak.memory_gib:
+        memories.append((f"{peak.name} datasheet", kvceiling.datasheet_bytes(peak.memory_gib)))
+    reserve = mprobe.reserve_output(requests, workload.max_output, workload.trace)
+    found = kvceiling.for_workload(cfg, dtype, requests, reserve, BLOCK, memories)
+    rows = [c.row() for c in found]
+    rec.put("memory_ceiling", rows)
+    rec.meta["memory_ceiling"] = rows
+    per_token = mprobe.bytes_per_token(cfg, dtype)
+    setup = mprobe.setup(requests, workload.slots, BLOCK, reserve, per_token, None, "")
+    memory_part(rec, requests, setup, None)
+
+
 def describe_workload(requests, slots: int) -> str:
     outputs = sorted(r.output_tokens for r in requests)
     return (
@@ -262,7 +289,8 @@ def _real(rec, net, workload: WorkloadOptions, seed: int) -> None:
 FILE_ORDER = (
     "report.md", "report.html", "metadata.json", "probe.csv", "phases.csv", "phases.png",
     "sweep.csv", "sweep.png", "roofline.png", "occupancy.csv", "timeline.csv",
-    "occupancy.png", "engine.csv", "engine_steps.csv", "engine.png",
+    "occupancy.png", "memory_ceiling.csv", "memory.csv", "memory_timeline.csv", "memory.png",
+    "engine.csv", "engine_steps.csv", "engine.png",
 )  # fmt: skip
 
 
@@ -288,6 +316,8 @@ def _write_report(run, job: Job):
         real_workload=run.meta.get("engine", {}).get("workload"),
         ceilings=run.meta.get("probe"),
         files=files,
+        memory_ceiling=run.meta.get("memory_ceiling"),
+        memory_rows=run.rows("memory") or None,
     )
     run.meta["claims"] = [vars(cl) for cl in built.claims]
     results.atomic_write_text(folder / "report.md", report.to_markdown(built))
@@ -337,8 +367,8 @@ def noisy_steps(run) -> list[str]:
 
 def _terminal(run, built: Built, json_out: bool) -> None:
     if json_out:
-        tables = ("probe", "phases", "sweep", "occupancy", "engine")
-        parts = ("probe", "phases", "sweep", "occupancy", "engine")
+        tables = ("probe", "phases", "sweep", "occupancy", "memory_ceiling", "memory", "engine")
+        parts = ("probe", "phases", "sweep", "occupancy", "memory", "memory_ceiling", "engine")
         render.print_json(
             {
                 "folder": str(run.folder),

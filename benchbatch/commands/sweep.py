@@ -4,10 +4,13 @@ from __future__ import annotations
 
 from benchbatch import distributed, render
 from benchbatch.commands import common as c
-from benchbatch.commands.params import command
+from benchbatch.commands.params import command, use
 from benchbatch.experiments import SweepOptions
-from benchbatch.options import ModelOptions, RunOptions
+from benchbatch.options import ModelOptions, RunOptions, WorkloadOptions
 from benchbatch.render import fmt
+
+# The length distribution the memory ceiling is read for (occupancy's workload options).
+LENGTH_FIELDS = ("requests", "median", "sigma", "max_output", "prompt_len", "trace")
 
 # Short headers: nine columns fit an 80-column terminal (the CSV has every column).
 COLUMNS = {
@@ -23,27 +26,38 @@ COLUMNS = {
 }
 
 
-@command(SweepOptions, ModelOptions, RunOptions)
-def sweep(opts: SweepOptions, model: ModelOptions, run: RunOptions) -> None:
+@command(SweepOptions, use(WorkloadOptions, only=LENGTH_FIELDS), ModelOptions, RunOptions)
+def sweep(
+    opts: SweepOptions, workload: WorkloadOptions, model: ModelOptions, run: RunOptions
+) -> None:
     """Batch size vs decode throughput and step latency: the knee and the memory ceiling.
 
     A decode step reads every weight once whatever the batch, so batching raises throughput
     while each user's wait (the step time) barely grows, until compute takes over (the knee)
     or the KV cache fills memory. Default model: the article's (12 layers, hidden 2048) on
     CUDA, cpu-small on a CPU.
+
+    The memory ceiling is also given for a length distribution (the workload options, as
+    occupancy's): sequences that fit reserving the longest prompt + --max-output against
+    paged blocks at the lengths they reach (memory_ceiling.csv), on this device's free
+    memory and, with --gpu, on a named GPU's datasheet memory.
     """
     from benchbatch import device as devices
     from benchbatch.probes import sweep as probe
 
-    rec = c.open_model_run("sweep", model, run, opts, check=opts.check)
+    requests = workload.draw(run.seed)  # checks a --trace before any folder is made
+    rec = c.open_model_run("sweep", model, run, opts, workload, check=opts.check)
     with rec:
         # Read before the model exists: max_batch subtracts the weights itself. Under
         # torchrun every rank holds a shard: the least free memory of any rank bounds it.
         free_bytes = distributed.least(devices.free_memory_bytes(rec.target.device))
         ceiling = probe.ceilings(rec.cfg, rec.target.dtype_name, opts.context, free_bytes,
                                  rec.target.tp)  # fmt: skip
+        memory_ceiling(rec, requests, workload, opts, free_bytes)
         if not run.json_out:
             _print_ceiling(ceiling, free_bytes, rec.target, opts.try_oom)
+            for line in ceiling_lines(rec.meta["memory_ceiling"]):
+                render.out_console.print(line, highlight=False)
         roof = c.use_ceilings(rec, run)
         ridge, ridge_source = _ridge(rec.target, roof)
         rec.meta.update(
@@ -71,7 +85,7 @@ def measure(rec, net, opts: SweepOptions, ceiling: dict, ridge, run: RunOptions)
     dtype = rec.target.dtype_name
     plan = probe.plan(opts.context, opts.batches(rec.target))
     steps = probe.rows(net, dtype, plan, run.timing(), ceiling, opts.try_oom,
-                       run.cuda_graphs)  # fmt: skip
+                       run.cuda_graphs, opts.kv_layout, opts.block_size)  # fmt: skip
     rows = rec.record("sweep", steps, total=len(plan))
     summary = probe.summarize(rows, net.cfg, dtype, ceiling, ridge, opts.knee_threshold,
                               rec.target.tp)  # fmt: skip
@@ -79,6 +93,41 @@ def measure(rec, net, opts: SweepOptions, ceiling: dict, ridge, run: RunOptions)
         sweep_figure(rows, summary, rec.folder / "sweep.png", c.title(rec, "decode batch sweep"))
         c.allreduce_plot(rec, rows, "each decode step's all-reduces")
     return rows, summary
+
+
+def memory_ceiling(rec, requests, workload: WorkloadOptions, opts, free_bytes: int) -> None:
+    """memory_ceiling.csv and its metadata: reserved against paged sequences for the
+    workload's lengths on the free memory (and on --gpu's datasheet memory)."""
+    from benchbatch import kvceiling
+    from benchbatch.probes import memory as mprobe
+
+    where = "free GPU memory" if rec.target.device.type == "cuda" else "available RAM"
+    memories = [(f"this device ({where})", free_bytes)]
+    if opts.gpu is not None:
+        peak = opts.datasheet()
+        memories.append((f"{peak.name} ({peak.memory_gib:g} GiB datasheet)",
+                         kvceiling.datasheet_bytes(peak.memory_gib)))  # fmt: skip
+    reserve = mprobe.reserve_output(requests, workload.max_output, workload.trace)
+    found = kvceiling.for_workload(rec.cfg, rec.target.dtype_name, requests, reserve,
+                                   opts.block_size, memories)  # fmt: skip
+    rows = [c.row() for c in found]
+    rec.put("memory_ceiling", rows)
+    rec.meta["memory_ceiling"] = rows
+
+
+def ceiling_lines(rows: list[dict]) -> list[str]:
+    """One line per memory: sequences reserved at the maximum length against paged."""
+    lines = []
+    for r in rows:
+        gain = f" (x{r['paging_gain']:.3g})" if r["paging_gain"] else ""
+        lines.append(
+            f"memory ceiling for the workload's lengths on {r['where']}, "
+            f"{fmt(r['memory_bytes'] / 2**30)} GiB: {r['reserved_sequences']:,} sequences "
+            f"reserving {r['reserved_tokens']:,} tokens each, {r['paged_sequences']:,} paged "
+            f"in blocks of {r['block_size']} at the {fmt(r['paged_mean_tokens'])} tokens they "
+            f"reach on average{gain}."
+        )
+    return lines
 
 
 def _ridge(target, measured) -> tuple[float | None, str]:
@@ -120,7 +169,9 @@ def _print_ceiling(ceiling: dict[int, int], free_bytes: int, target, try_oom: bo
 def _report(rec, json_out: bool) -> None:
     rows, summary = rec.rows("sweep"), rec.meta.get("summary", [])
     if json_out:
-        return c.report_json(rec, summary=summary, rows=rows)
+        return c.report_json(
+            rec, summary=summary, rows=rows, memory_ceiling=rec.meta.get("memory_ceiling")
+        )
     shown = [
         {**r, "kv_cache_mib": r["kv_cache_bytes"] / 2**20,
          "allreduce_pct": 100 * r.get("allreduce_share", float("nan"))}

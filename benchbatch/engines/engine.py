@@ -24,6 +24,13 @@ scheduler is deterministic and each rank picks greedy tokens from the same gathe
 logits, so every rank schedules the same steps without being told, and each request gets
 the tokens it gets on one device. A step's times are its slowest rank's.
 
+KV memory: by default each slot is a contiguous KV-cache row as long as the longest request.
+kv_layout "paged" keeps the cache in blocks read through block tables (PagedKVCache): with a
+KV budget in the settings (kv=KVBudget) the blocks are the ones the scheduler hands out, so
+the run lives in exactly that memory and a preempted request is prefilled again (its prompt
+and the tokens it had generated) when readmitted; without one, each slot gets its own
+scattered blocks, the contiguous cache's memory read the paged way.
+
 Timing: each step is timed on the host clock with a device synchronize before each reading;
 model_s is the time of the model's forward and the greedy pick of the next tokens; the rest
 of step_s is the engine's own work (scheduling, building inputs, bookkeeping): the
@@ -42,6 +49,7 @@ import numpy as np
 import torch
 
 from benchbatch.distributed import each
+from benchbatch.engines.kvblocks import PAGED
 from benchbatch.engines.metrics import RunMetrics
 from benchbatch.engines.model import Transformer
 from benchbatch.engines.scheduler import PrefillChunk, StepPlan, make_scheduler
@@ -65,6 +73,9 @@ class StepRecord:
     step_s: float
     model_s: float
     rank_step_s: tuple[float, ...] = ()  # under torchrun: every rank's step (step_s: slowest)
+    kv_blocks: int = 0  # with a KV budget: blocks held during the step
+    kv_tokens: int = 0  # tokens the active sequences hold in them after it
+    preempted: int = 0  # requests preempted before it ran
 
     def row(self) -> dict:
         ranks = {f"step_ms_rank{i}": s * 1e3 for i, s in enumerate(self.rank_step_s)}
@@ -78,6 +89,9 @@ class StepRecord:
             "step_ms": self.step_s * 1e3,
             "model_ms": self.model_s * 1e3,
             **ranks,
+            "kv_blocks": self.kv_blocks,
+            "kv_tokens": self.kv_tokens,
+            "preempted": self.preempted,
         }
 
 
@@ -200,11 +214,16 @@ class Engine:
         slots: int,
         seed: int = 0,
         stop_tokens: Collection[int] | None = None,
+        kv_layout: str = "contiguous",
+        block_size: int = 16,
         **settings,
     ) -> None:
         """stop_tokens: end a request at the first of these it generates (the checkpoint's
-        end-of-sequence ids); None forces every request to its output_tokens."""
+        end-of-sequence ids); None forces every request to its output_tokens. kv_layout:
+        "contiguous" or "paged" (blocks of block_size tokens, unless a KV budget in the
+        settings sets them)."""
         self.model, self.policy, self.slots, self.seed = model, policy, slots, seed
+        self.kv_layout, self.block_size = kv_layout, block_size
         self.stop_tokens = frozenset(stop_tokens or ())
         self.settings = settings
         self.device = model.embed.weight.device
@@ -244,7 +263,9 @@ class _RunState:
         model, dev = engine.model, engine.device
         self.model, self.device, self.policy = model, dev, engine.policy
         self.stop_tokens = engine.stop_tokens
-        self.cache = model.new_cache(engine.slots, cache_len(requests))
+        self.cache, self.scheduled_blocks = _cache(engine, cache_len(requests))
+        kv = engine.settings.get("kv")
+        self.keep_prompts = kv is not None and kv.policy == PAGED  # preempted: prefill again
         self.next_token = torch.full((engine.slots,), PAD_TOKEN, dtype=torch.long, device=dev)
         self.lengths = [0] * engine.slots  # host copy of cache.lengths: no device reads
         # Prompts are the workload's input, made before the clock starts (like tokenized text).
@@ -255,7 +276,7 @@ class _RunState:
         synchronize(self.device)
         start = time.perf_counter()
         plan = sched.schedule()
-        calls = self._prepare(plan)
+        calls = self._prepare(plan, result)
         synchronize(self.device)
         model_start = time.perf_counter()
         chosen = self._forward(calls)
@@ -267,30 +288,44 @@ class _RunState:
         ranks = each(step_s, model_s)  # under torchrun: every rank's; a step is its slowest's
         step_s, model_s = max(r[0] for r in ranks), max(r[1] for r in ranks)
         per_rank = tuple(r[0] for r in ranks) if len(ranks) > 1 else ()
-        return _record(self.policy, plan.step, calls, step_s, model_s, per_rank)
+        return _record(self.policy, plan, calls, step_s, model_s, per_rank)
 
     # --- inputs -------------------------------------------------------------------------
 
-    def _prepare(self, plan: StepPlan) -> list[_Call]:
+    def _prepare(self, plan: StepPlan, result: EngineResult) -> list[_Call]:
         """The step's parts, run as one forward (model.mixed_step: every matmul once over all
         the step's tokens): a group per length of prefill chunks, then one decode batch over
         the decoding slots (and, for static, the padded ones)."""
         fresh = [c.slot for c in plan.prefills if c.start == 0]
         if fresh:  # a reused slot starts empty; its old keys are masked out by the length
             self.cache.reset(self._index(fresh))
+            if self.scheduled_blocks:  # and its old blocks may be someone else's now
+                self.cache.clear(self._index(fresh))
             for slot in fresh:
                 self.lengths[slot] = 0
-        calls = [self._prefill_call(group) for group in _groups(plan.prefills)]
+        if plan.new_blocks and self.scheduled_blocks:
+            new = torch.tensor(plan.new_blocks, dtype=torch.long).to(self.device)
+            self.cache.assign(new[:, 0], new[:, 1], new[:, 2])  # (slot, index, block) rows
+        calls = [self._prefill_call(group, result) for group in _groups(plan.prefills)]
         decode_slots = sorted([d.slot for d in plan.decodes] + list(plan.padded_slots))
         if decode_slots:
             calls.append(self._decode_call(decode_slots, set(plan.padded_slots)))
         return calls
 
-    def _prefill_call(self, chunks: list[PrefillChunk]) -> _Call:
-        rows = [self.prompts[c.request_id][c.start : c.start + c.num_tokens] for c in chunks]
+    def _prefill_call(self, chunks: list[PrefillChunk], result: EngineResult) -> _Call:
+        rows = [self._tokens(c, result)[c.start : c.start + c.num_tokens] for c in chunks]
         tokens = torch.stack(rows).to(self.device, non_blocking=True)
         slots = [c.slot for c in chunks]
         return _Call(tokens, self._slots(slots), self._kv_len(slots, tokens.shape[1]), chunks)
+
+    def _tokens(self, chunk: PrefillChunk, result: EngineResult) -> torch.Tensor:
+        """What a chunk prefills: the prompt, and after a preemption the tokens the request
+        had generated too (recomputed, as vLLM does)."""
+        prompt = self.prompts[chunk.request_id]
+        if chunk.start + chunk.num_tokens <= len(prompt):
+            return prompt
+        done = torch.tensor(result.tokens[chunk.request_id], dtype=torch.long)
+        return torch.cat((prompt, done))
 
     def _decode_call(self, slots: list[int], padded: set[int]) -> _Call:
         index = self._slots(slots)
@@ -341,7 +376,7 @@ class _RunState:
                 emitted += [(s, slot_request.get(s)) for s in call.slot_list]
         stopped = self._emit(emitted, chosen.tolist(), result) if emitted else []
         for chunk in plan.prefills:
-            if chunk.completes_prompt:
+            if chunk.completes_prompt and not self.keep_prompts:
                 del self.prompts[chunk.request_id]
         return stopped
 
@@ -379,14 +414,15 @@ class _Call:
 
 def _record(
     policy: str,
-    step: int,
+    plan: StepPlan,
     calls: list[_Call],
     step_s: float,
     model_s: float,
     rank_step_s: tuple[float, ...] = (),
 ) -> StepRecord:
     """The step's record, its counts taken from the tensors the model was fed (not from the
-    plan): what the step computed, padding included, is what its time paid for."""
+    plan): what the step computed, padding included, is what its time paid for. The KV
+    blocks held and the preemptions are the scheduler's."""
     prefill_rows = prefill_tokens = decode_tokens = padded = 0
     for call in calls:
         rows = call.tokens.shape[0]
@@ -398,8 +434,29 @@ def _record(
             padded += call.padded
     active = prefill_rows + decode_tokens
     return StepRecord(
-        policy, step, active, decode_tokens, prefill_tokens, padded, step_s, model_s, rank_step_s
+        policy,
+        plan.step,
+        active,
+        decode_tokens,
+        prefill_tokens,
+        padded,
+        step_s,
+        model_s,
+        rank_step_s,
+        plan.kv_blocks,
+        plan.kv_tokens if plan.kv_blocks else 0,
+        len(plan.preempted),
     )
+
+
+def _cache(engine: Engine, max_len: int):
+    """The run's KV cache, and whether its block tables follow the scheduler's blocks."""
+    kv, model = engine.settings.get("kv"), engine.model
+    if engine.kv_layout != "paged":
+        return model.new_cache(engine.slots, max_len), False
+    if kv is None:  # each slot its own blocks: the contiguous cache's memory, paged
+        return model.new_cache(engine.slots, max_len, "paged", engine.block_size), False
+    return model.new_cache(engine.slots, max_len, "paged", kv.block_size, kv.blocks), True
 
 
 def _groups(chunks: Sequence[PrefillChunk]) -> list[list[PrefillChunk]]:

@@ -26,7 +26,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from benchbatch.config import ModelConfig, RopeScaling
-from benchbatch.engines.kvcache import KVCache, Slots
+from benchbatch.engines.kvcache import KVCache, PagedKVCache, Slots
 
 
 def rotary_tables(cfg: ModelConfig, device, dtype) -> tuple[torch.Tensor, torch.Tensor]:
@@ -253,9 +253,23 @@ class Transformer(nn.Module):
             if not name.endswith("norm.weight"):
                 p.normal_(0.0, 0.02, generator=gen)
 
-    def new_cache(self, slots: int, max_len: int | None = None) -> KVCache:
-        w = self.embed.weight
-        return KVCache(self.local_cfg, slots, max_len or self.cfg.max_context, w.device, w.dtype)
+    def new_cache(
+        self,
+        slots: int,
+        max_len: int | None = None,
+        layout: str = "contiguous",
+        block_size: int = 16,
+        num_blocks: int | None = None,
+    ) -> KVCache | PagedKVCache:
+        """A KV cache for `slots` sequences of up to max_len tokens: one contiguous row per
+        slot, or (layout "paged") a block pool that attention reads through block tables:
+        num_blocks for a scheduler to hand out, or by default each slot's own blocks."""
+        w, max_len, cfg = self.embed.weight, max_len or self.cfg.max_context, self.local_cfg
+        if layout == "contiguous":
+            return KVCache(cfg, slots, max_len, w.device, w.dtype)
+        if num_blocks is None:
+            return PagedKVCache.per_slot(cfg, slots, max_len, block_size, w.device, w.dtype)
+        return PagedKVCache(cfg, slots, max_len, num_blocks, block_size, w.device, w.dtype)
 
     def forward(self, tokens: torch.Tensor, all_logits: bool = True) -> torch.Tensor:
         """The plain causal forward over whole sequences, no cache: the reference path."""

@@ -28,6 +28,16 @@ remain. The three schemes of the Sarathi ablation are two switches:
   one chunk step per token (not the whole prompt, as prefill-first would) and prompts get
   every other step. This reproduces the ordering of the Sarathi ablation's middle row.
 - mixed=True,  chunked_prefill=True: Sarathi-Serve, chunks piggyback on decode steps.
+
+KV memory (kv=KVBudget, engines/kvblocks.py): without it a slot stands for a KV-cache row
+as long as the longest request, and only the slot count limits the batch. With it, memory
+is a resource of its own, in blocks (vLLM's block manager): admitting a request takes
+blocks for its prompt (paged) or for its prompt and maximum output (reserve); a decode that
+crosses a block boundary takes one more; when the pool is empty, the most recently admitted
+request is preempted: its blocks are freed, it goes back to the front of the queue, and on
+readmission its prompt and the tokens it had generated are prefilled again (vLLM's
+recompute), no new request being admitted in a step that preempted. Memory is modelled
+with whole prefills, mixed steps and no token budget (the article's step rule).
 """
 
 from __future__ import annotations
@@ -40,6 +50,7 @@ from dataclasses import dataclass, field
 from functools import cached_property
 from itertools import pairwise
 
+from benchbatch.engines.kvblocks import PAGED, BlockManager, KVBudget, blocks_for
 from benchbatch.engines.metrics import TokenRecorder
 from benchbatch.engines.workload import Request
 from benchbatch.errors import UserError
@@ -57,6 +68,7 @@ class SchedulerConfig:
     chunked_prefill: bool = False
     chunk_size: int | None = None  # with chunked_prefill; None: only the budget limits a chunk
     mixed: bool = True
+    kv: KVBudget | None = None  # None: slots only (a slot is a full-length KV row)
 
     def __post_init__(self) -> None:
         _require(self.slots >= 1, "slots", f"must be at least 1, got {self.slots}")
@@ -68,6 +80,7 @@ class SchedulerConfig:
             )
         self._check_budget()
         self._check_chunk()
+        self._check_kv()
 
     def _check_budget(self) -> None:
         budget = self.max_num_batched_tokens
@@ -90,6 +103,16 @@ class SchedulerConfig:
         if budget is not None:
             _require(chunk <= budget, "chunk_size", f"{chunk} is more than the token budget")
 
+    def _check_kv(self) -> None:
+        if self.kv is None:
+            return
+        plain = self.max_num_batched_tokens is None and not self.chunked_prefill and self.mixed
+        _require(
+            plain,
+            "kv_memory",
+            "KV blocks are modelled with whole prefills in mixed steps and no token budget",
+        )
+
     @property
     def seqs(self) -> int:
         return self.slots if self.max_num_seqs is None else self.max_num_seqs
@@ -106,6 +129,7 @@ class SchedulerConfig:
             and self.seqs == self.slots
             and not self.chunked_prefill
             and self.mixed
+            and self.kv is None
         )
 
 
@@ -146,6 +170,11 @@ class StepPlan:
     prefills: tuple[PrefillChunk, ...] = ()
     admitted: tuple[int, ...] = ()
     padded_slots: tuple[int, ...] = ()
+    # With a KV budget: blocks given out this step as (slot, index in its table, block),
+    # requests preempted before it ran, and blocks held once it is planned.
+    new_blocks: tuple[tuple[int, int, int], ...] = ()
+    preempted: tuple[int, ...] = ()
+    kv_blocks: int = 0
 
     @property
     def num_decode_tokens(self) -> int:
@@ -163,6 +192,11 @@ class StepPlan:
     def num_context_tokens(self) -> int:
         """KV entries read: decode contexts plus earlier chunks that a chunk attends to."""
         return sum(d.context_len for d in self.decodes) + sum(c.start for c in self.prefills)
+
+    @property
+    def kv_tokens(self) -> int:
+        """Tokens the active sequences hold in the KV cache once the step has run."""
+        return self.num_context_tokens + self.num_tokens
 
     @property
     def active_slots(self) -> tuple[int, ...]:
@@ -190,10 +224,11 @@ class _Seq:
     slot: int
     prefilled: int = 0
     generated: int = 0
+    recompute: int = 0  # generated tokens prefilled again after a preemption
 
     @property
     def prompt_left(self) -> int:
-        return self.request.prompt_tokens - self.prefilled
+        return self.request.prompt_tokens + self.recompute - self.prefilled
 
 
 @dataclass
@@ -242,6 +277,12 @@ class Scheduler:
         self._submitted = 0
         self._planned: StepPlan | None = None
         self._last_prefilled = False  # unmixed steps alternate prefill and decode
+        kv = self.config.kv
+        self.kv = None if kv is None else BlockManager(kv.blocks, kv.block_size)
+        self.preemptions = 0
+        self._resume: dict[int, int] = {}  # preempted request -> tokens it had generated
+        self._new_blocks: list[tuple[int, int, int]] = []  # of the step being planned
+        self._preempted_now: list[int] = []
 
     # --- driver API ---------------------------------------------------------------------
 
@@ -249,6 +290,7 @@ class Scheduler:
         requests = list(requests)
         for r in requests:
             self._check_prompt_fits(r)
+            self._check_kv_fits(r)
             if self.recorder is not None:
                 self.recorder.add(r.id, r.arrival_step)
         self._queue.add(requests)
@@ -269,13 +311,16 @@ class Scheduler:
     def schedule(self) -> StepPlan:
         """Plan the next step: decodes, then chunks under way, then new requests."""
         assert self._planned is None, "schedule() called twice without update()"
+        self._new_blocks, self._preempted_now = [], []
+        if self.kv is not None:
+            self._make_room()
         decodes, prefills, admitted = (), (), ()
         if self._runs_decodes():
             decodes = self._plan_decodes()
         if self.config.mixed or not decodes:
             prefills, admitted = self._plan_prefills(self.config.budget - len(decodes))
         self._last_prefilled = bool(prefills)
-        plan = StepPlan(self.step, decodes, prefills, admitted, self._padded())
+        plan = StepPlan(self.step, decodes, prefills, admitted, self._padded(), *self._kv_parts())
         self._check_plan(plan)
         self._planned = plan
         return plan
@@ -345,6 +390,58 @@ class Scheduler:
     def _padded(self) -> tuple[int, ...]:
         return ()
 
+    # --- KV memory (with a KV budget) -----------------------------------------------------
+
+    def _kv_parts(self) -> tuple:
+        if self.kv is None:
+            return ()
+        return tuple(self._new_blocks), tuple(self._preempted_now), self.kv.num_used
+
+    def _make_room(self) -> None:
+        """Oldest first, each decode gets the blocks its new token needs; while the pool is
+        empty the most recently admitted request is preempted, until the block comes free or
+        the request is itself the one preempted (vLLM v1's order)."""
+        for seq in list(self._decoding.values()):  # admission order: prefills are whole
+            if self._decoding.get(seq.slot) is not seq:
+                continue  # preempted for an older request's block
+            tokens = seq.request.prompt_tokens + seq.generated  # with this step's token
+            while (new := self.kv.grow(seq.slot, tokens)) is None:
+                victim = next(reversed(self._decoding.values()))
+                self._preempt(victim)
+                if victim is seq:
+                    break
+            else:
+                self._record_blocks(seq.slot, new)
+
+    def _preempt(self, seq: _Seq) -> None:
+        """Free the request's blocks and slot and queue it first; it keeps its tokens."""
+        del self._decoding[seq.slot]
+        self.kv.free(seq.slot)
+        heapq.heappush(self._free, seq.slot)
+        self._resume[seq.request.id] = seq.generated
+        self._queue.items.appendleft(seq.request)
+        self._preempted_now.append(seq.request.id)
+        self.preemptions += 1
+
+    def _kv_admits(self, request: Request) -> bool:
+        """The pool holds what the request takes at admission (no admission in a step that
+        preempted: the memory is short)."""
+        if self.kv is None:
+            return True
+        if self._preempted_now:
+            return False
+        need = blocks_for(self._admission_tokens(request), self.kv.block_size)
+        return need <= self.kv.num_free
+
+    def _admission_tokens(self, request: Request) -> int:
+        kv = self.config.kv
+        if kv.policy == PAGED:
+            return request.prompt_tokens + self._resume.get(request.id, 0)
+        return kv.reservation(request.prompt_tokens, request.output_tokens)
+
+    def _record_blocks(self, slot: int, new: list[tuple[int, int]]) -> None:
+        self._new_blocks += [(slot, index, block) for index, block in new]
+
     # --- admission (policies) -----------------------------------------------------------
 
     def _can_admit(self) -> bool:
@@ -357,6 +454,12 @@ class Scheduler:
         """Move the head of the queue into the lowest free slot."""
         request = self._queue.items.popleft()
         seq = _Seq(request, heapq.heappop(self._free))
+        if self.kv is not None:
+            new = self.kv.grow(seq.slot, self._admission_tokens(request))
+            assert new is not None, "admitted without the blocks it needs"
+            self._record_blocks(seq.slot, new)
+        if request.id in self._resume:  # preempted: its tokens so far are prefilled again
+            seq.generated = seq.recompute = self._resume.pop(request.id)
         self._prefilling[seq.slot] = seq
         return seq
 
@@ -387,6 +490,8 @@ class Scheduler:
             self._release(seq.slot)
 
     def _release(self, slot: int) -> None:
+        if self.kv is not None:
+            self.kv.free(slot)
         heapq.heappush(self._free, slot)
 
     # --- checks -------------------------------------------------------------------------
@@ -400,6 +505,22 @@ class Scheduler:
                 f"{budget}; raise the budget or use --chunked-prefill",
             )
 
+    def _check_kv_fits(self, r: Request) -> None:
+        """A request that cannot fit the whole budget alone would never finish."""
+        kv = self.config.kv
+        if kv is None:
+            return
+        if kv.reserve_output is not None and r.output_tokens > kv.reserve_output:
+            raise ValueError(f"request {r.id} outgrows its reservation of {kv.reserve_output}")
+        need = blocks_for(kv.peak_tokens(r.prompt_tokens, r.output_tokens), kv.block_size)
+        if need > kv.blocks:
+            raise UserError(
+                "kv_memory",
+                f"request {r.id} ({r.prompt_tokens:,}-token prompt, {r.output_tokens:,} "
+                f"output tokens) needs {need:,} blocks of {kv.block_size} tokens under "
+                f"{kv.policy}, more than the budget's {kv.blocks:,}",
+            )
+
     def _check_plan(self, plan: StepPlan) -> None:
         """Invariants: bugs if they fail, never user errors."""
         assert self.num_running <= self.config.seqs <= self.config.slots
@@ -409,6 +530,17 @@ class Scheduler:
         assert plan.num_tokens <= self.config.budget, f"token budget exceeded: {plan}"
         accounted = len(self._queue) + self.num_running + len(self.finished)
         assert accounted == self._submitted, "a request was lost or duplicated"
+        if self.kv is not None:
+            self._check_kv(plan)
+
+    def _check_kv(self, plan: StepPlan) -> None:
+        """Blocks within the budget, and every token the step writes has its block."""
+        kv = self.kv
+        assert 0 <= kv.num_used <= kv.num_blocks, "more blocks than the budget"
+        for d in plan.decodes:
+            assert kv.holds(d.slot) > d.context_len, f"request {d.request_id} has no block"
+        for c in plan.prefills:
+            assert kv.holds(c.slot) >= c.start + c.num_tokens, f"{c.request_id} has no block"
 
 
 class ContinuousScheduler(Scheduler):
@@ -417,10 +549,12 @@ class ContinuousScheduler(Scheduler):
     policy = "continuous"
 
     def _can_admit(self) -> bool:
+        head = self._queue.head(self.step)
         return (
             bool(self._free)
             and self.num_running < self.config.seqs
-            and self._queue.head(self.step) is not None
+            and head is not None
+            and self._kv_admits(head)
         )
 
     def _admit(self, budget_left: int) -> list[_Seq]:
@@ -443,23 +577,33 @@ class StaticScheduler(Scheduler):
     def __init__(self, slots: int, record_tokens: bool = True, **settings) -> None:
         super().__init__(slots, record_tokens, **settings)
         self._padding: set[int] = set()
+        kv = self.config.kv
+        if kv is not None and kv.policy == PAGED:  # a group that grew could not pad
+            raise ValueError("static batching reserves its KV memory: use the reserve policy")
 
     def _can_admit(self) -> bool:
-        return self.num_running == 0 and self._queue.head(self.step) is not None
+        head = self._queue.head(self.step)
+        return self.num_running == 0 and head is not None and self._kv_admits(head)
 
     def _admit(self, budget_left: int) -> list[_Seq]:
         # The group takes its slots at once; its prefills then share the token budget.
         if not self._can_admit():
             return []
         new = []
-        while len(new) < self.config.seqs and self._queue.head(self.step) is not None:
+        while len(new) < self.config.seqs and self._can_join():
             new.append(self._admit_head())
         return new
 
+    def _can_join(self) -> bool:
+        head = self._queue.head(self.step)
+        return head is not None and self._kv_admits(head)
+
     def _release(self, slot: int) -> None:
         self._padding.add(slot)
-        if self.num_running == 0:
+        if self.num_running == 0:  # the group is over: its slots (and memory) come free
             for s in self._padding:
+                if self.kv is not None:
+                    self.kv.free(s)
                 heapq.heappush(self._free, s)
             self._padding.clear()
 

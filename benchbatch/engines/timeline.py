@@ -100,11 +100,18 @@ class Timeline:
     active_slots: list[int] = field(default_factory=list)  # slots doing useful work
     decode_tokens: list[int] = field(default_factory=list)
     prefill_tokens: list[int] = field(default_factory=list)
+    # With a KV budget: blocks held, tokens the active sequences keep in them, preemptions.
+    kv_blocks: list[int] = field(default_factory=list)
+    kv_tokens: list[int] = field(default_factory=list)
+    preempted: list[int] = field(default_factory=list)
 
     def append(self, plan: StepPlan) -> None:
         self.active_slots.append(plan.num_active)
         self.decode_tokens.append(plan.num_decode_tokens)
         self.prefill_tokens.append(plan.num_prefill_tokens)
+        self.kv_blocks.append(plan.kv_blocks)
+        self.kv_tokens.append(plan.kv_tokens)
+        self.preempted.append(len(plan.preempted))
 
     def run_lengths(self) -> RunLengths:
         return RunLengths.from_per_step(self.active_slots)

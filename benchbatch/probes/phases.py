@@ -28,7 +28,9 @@ def rows(
 ) -> Iterator[dict]:
     """One row per step, yielded as soon as it is measured."""
     for step in plan(opts):
-        yield steps.run_step(model, dtype, step, timing, cuda_graphs)
+        yield steps.run_step(
+            model, dtype, step, timing, cuda_graphs, opts.kv_layout, opts.block_size
+        )
 
 
 def summary(rows: list[dict]) -> dict:

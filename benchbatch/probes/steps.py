@@ -54,14 +54,21 @@ def decode(batch: int, context: int) -> Step:
 
 
 def time_step(
-    model: Transformer, step: Step, opts: TimingOptions, cuda_graphs: bool = True, seed: int = 0
+    model: Transformer,
+    step: Step,
+    opts: TimingOptions,
+    cuda_graphs: bool = True,
+    seed: int = 0,
+    kv_layout: str = "contiguous",
+    block_size: int = 16,
 ) -> Measurement:
     """Median-of-repeats time of one step; on CUDA it replays a CUDA graph when asked (the
-    graph is captured for this step's shape and dropped with it)."""
+    graph is captured for this step's shape and dropped with it). kv_layout "paged": the
+    cache is blocks of block_size tokens in a shuffled pool, read through block tables."""
     dev = model.embed.weight.device
     timing.prepare(dev, opts)
     gen = torch.Generator(device=dev).manual_seed(seed)
-    cache = model.new_cache(step.batch, step.context + step.tokens)
+    cache = model.new_cache(step.batch, step.context + step.tokens, kv_layout, block_size)
     cache.k.normal_(generator=gen)
     cache.v.normal_(generator=gen)
     tokens = torch.randint(0, model.cfg.vocab, (step.batch, step.tokens), device=dev, generator=gen)
@@ -113,14 +120,22 @@ def step_row(
 
 
 def run_step(
-    model: Transformer, dtype: str, step: Step, opts: TimingOptions, cuda_graphs: bool = True
+    model: Transformer,
+    dtype: str,
+    step: Step,
+    opts: TimingOptions,
+    cuda_graphs: bool = True,
+    kv_layout: str = "contiguous",
+    block_size: int = 16,
 ) -> dict:
     """Time a step and return its row; out of memory is recorded as such, not raised."""
-    timed = lambda: time_step(model, step, opts, cuda_graphs)  # noqa: E731
+    timed = lambda: time_step(model, step, opts, cuda_graphs, kv_layout=kv_layout,  # noqa: E731
+                              block_size=block_size)  # fmt: skip
     m, status = device.measured_or_oom(timed, model.embed.weight.device)
     if distributed.current().distributed:
-        return across_ranks(model, dtype, step, m, status, opts, cuda_graphs)
-    return {**step_row(model, dtype, step, m), "status": status}
+        row = across_ranks(model, dtype, step, m, status, opts, cuda_graphs)
+        return {**row, "kv_layout": kv_layout}
+    return {**step_row(model, dtype, step, m), "status": status, "kv_layout": kv_layout}
 
 
 def across_ranks(model, dtype: str, step: Step, m, status: str, opts, graphs: bool) -> dict:

@@ -51,6 +51,8 @@ def rows(
     ceiling: dict[int, int],
     try_oom: bool = False,
     cuda_graphs: bool = True,
+    kv_layout: str = "contiguous",
+    block_size: int = 16,
 ) -> Iterator[dict]:
     """One row per step, yielded as measured; batches over the ceiling are skipped unless
     `try_oom`. A real out-of-memory is recorded by run_step as status 'oom' and the sweep
@@ -58,9 +60,10 @@ def rows(
     for step in plan:
         limit = ceiling[step.context]
         if step.batch > limit and not try_oom:
-            row = {**steps.step_row(model, dtype, step, None), "status": "skipped"}
+            row = {**steps.step_row(model, dtype, step, None), "status": "skipped",
+                   "kv_layout": kv_layout}  # fmt: skip
         else:
-            row = steps.run_step(model, dtype, step, timing, cuda_graphs)
+            row = steps.run_step(model, dtype, step, timing, cuda_graphs, kv_layout, block_size)
         kv = accounting.kv_cache_bytes(model.cfg, dtype, step.batch, step.context + 1, tp_of(model))
         yield {**row, "kv_cache_bytes": kv, "predicted_max_batch": limit}
 

@@ -1,0 +1,114 @@
+"""The memory ceiling of a length distribution (pure arithmetic), the datasheet memories, and
+the report's verdict on "memory, not compute, limits the batch"."""
+
+from __future__ import annotations
+
+import pytest
+
+from benchbatch import accounting, kvceiling, peaks, report
+from benchbatch.config import preset
+from benchbatch.engines.workload import Request
+
+CFG = preset("article")  # fp16: 12 layers x 2 x 2048 x 2 B = 96 KiB of KV a token
+
+
+def test_reserved_and_paged_ceilings_by_hand():
+    per_token = accounting.kv_bytes_per_token(CFG, "fp16")
+    assert per_token == 96 * 1024
+    workspace = accounting.step_workspace_bytes(CFG, "fp16", 1)
+    weights = accounting.weight_bytes(CFG, "fp16")
+    memory = 16 * 2**30
+    room = int(memory * 0.9) - weights
+    # Two requests reaching 100 and 300 tokens (7 and 19 blocks of 16: 208 tokens on average);
+    # reservation holds 512 tokens each.
+    c = kvceiling.ceiling(CFG, "fp16", memory, [100, 300], 512, 16, "test")
+    assert c.kv_room_bytes == room
+    assert c.paged_mean_tokens == (7 * 16 + 19 * 16) / 2
+    assert c.reserved_sequences == room // (512 * per_token + workspace)
+    assert c.paged_sequences == int(room // (208 * per_token + workspace))
+    assert c.paging_gain == c.paged_sequences / c.reserved_sequences
+    assert 2.4 < c.paging_gain < 2.5  # about 512 / 208
+
+
+def test_a_reservation_rounds_up_to_whole_blocks_and_no_room_means_no_sequence():
+    odd = kvceiling.ceiling(CFG, "fp16", 16 * 2**30, [17], 17, 16, "x")
+    assert odd.paged_mean_tokens == 32 and odd.reserved_sequences == odd.paged_sequences
+    tiny = kvceiling.ceiling(CFG, "fp16", 2**20, [100], 512, 16, "1 MiB")
+    assert tiny.kv_room_bytes == 0 and tiny.reserved_sequences == tiny.paged_sequences == 0
+    assert tiny.paging_gain is None
+    with pytest.raises(ValueError):
+        kvceiling.ceiling(CFG, "fp16", 2**30, [], 512, 16, "nothing")
+
+
+def test_for_workload_reserves_the_longest_prompt_and_the_cap():
+    requests = [Request(0, 10, 5), Request(1, 40, 30), Request(2, 20, 1)]
+    found = kvceiling.for_workload(CFG, "fp16", requests, 100, 8, [("a", 2**34), ("b", 2**35)])
+    assert [c.where for c in found] == ["a", "b"]
+    assert found[0].reserved_tokens == 40 + 100
+    assert found[0].paged_mean_tokens == (16 + 72 + 24) / 3  # 15, 70, 21 in blocks of 8
+    assert found[1].reserved_sequences > found[0].reserved_sequences
+
+
+def test_datasheet_memories():
+    assert peaks.lookup("NVIDIA H100 80GB HBM3").memory_gib == 80
+    assert peaks.lookup("NVIDIA H200").memory_gib == 141
+    assert peaks.lookup("NVIDIA L4").memory_gib == 24
+    assert peaks.lookup("Tesla V100-SXM2-16GB").memory_gib is None  # 16 or 32: no guess
+    assert kvceiling.datasheet_bytes(80) == 80 * 2**30
+    named = [n for n in peaks.names() if n != "v100"]
+    assert all(peaks.lookup(n).memory_gib for n in named)
+
+
+# --- the report's claim ----------------------------------------------------------------------
+
+
+def ceiling_row(reserved: int, paged: int) -> dict:
+    gain = paged / reserved if reserved else None
+    return {"where": "this device (free GPU memory)", "memory_bytes": 80 * 2**30,
+            "reserved_tokens": 2064, "reserved_sequences": reserved, "paged_mean_tokens": 176.0,
+            "paged_sequences": paged, "paging_gain": gain}  # fmt: skip
+
+
+@pytest.mark.parametrize(
+    ("reserved", "paged", "knee", "largest", "verdict"),
+    [
+        (100, 1000, 256, 256, report.HOLDS),  # memory stops reservation first; paging x10
+        (100, 150, 256, 256, report.PARTLY),  # memory first, paging only x1.5
+        (5000, 50_000, 8, 128, report.PARTLY),  # compute first (a CPU), paging x10
+        (5000, 6000, 8, 128, report.FAILS),
+        (100, 1000, None, 128, report.HOLDS),  # no knee up to 128: 100 came first
+        (200, 2000, None, 128, report.PARTLY),  # no knee measured, nor the ceiling reached
+        (256, 1000, 256, 256, report.PARTLY),  # at the knee is not before it
+    ],
+)
+def test_memory_verdicts(reserved, paged, knee, largest, verdict):
+    assert report.memory_verdict(reserved, paged, knee, largest) == verdict
+
+
+def test_the_memory_claim_and_section_appear_only_with_a_ceiling():
+    sweep = {"measured_knee": 256, "batch_to": 256}
+    claims = report.claims(None, sweep, None, None, [ceiling_row(200, 2350)])
+    memory = claims[-1]
+    assert memory.key == "memory" and memory.verdict == report.HOLDS
+    assert memory.measured.startswith("200 sequences reserving 2,064 tokens vs 2,350 paged")
+    assert "compute knee at batch 256" in memory.measured
+    assert memory.rule == report.MEMORY_RULE_TEXT
+    assert len(report.claims(None, sweep, None)) == 4
+    # 371 sequences are past the knee at 256: compute saturates first, paging still x11.7.
+    late = report.claims(None, sweep, None, None, [ceiling_row(371, 4350)])[-1]
+    assert late.verdict == report.PARTLY
+
+
+def test_the_report_section_sets_each_memory_beside_its_ceilings():
+    memory_rows = [{"policy": "continuous-paged", "peak_running": 600, "mean_running": 55.0,
+                    "fragmentation": 0.043, "preemptions": 3, "total_steps": 1105}]  # fmt: skip
+    rep = report.build(
+        title="t", notices=[], facts=[], phases_rows=[], phases_summary=None,
+        sweep_rows=[{"context": 512, "batch": 1, "step_ms": 1.0, "tokens_per_s": 1e3}],
+        sweep_claim=None, occupancy_rows=[], occupancy_workload="w",
+        files=["memory.png"], memory_ceiling=[ceiling_row(200, 2350)], memory_rows=memory_rows,
+    )  # fmt: skip
+    section = next(s for s in rep.sections if s.title == report.MEMORY_TITLE)
+    assert section.rows[0][3:] == ["200", "176", "2,350", "11.8x"]
+    assert section.image == "memory.png" and "peak 600 running" in section.notes[0]
+    assert "| memory, not compute, limits the batch" in report.to_markdown(rep)
