@@ -26,7 +26,7 @@ REAL = ["--real", "--real-requests", "5", "--real-slots", "2", "--real-max-outpu
 EXPECTED = {
     "metadata.json", "report.md", "report.html", "probe.csv", "phases.csv", "phases.png",
     "sweep.csv", "sweep.png", "roofline.png", "occupancy.csv", "timeline.csv", "occupancy.png",
-    "engine.csv", "engine_steps.csv", "engine.png",
+    "engine.csv", "engine_steps.csv", "engine.png", "serve.csv", "slo.csv", "serve.png",
 }  # fmt: skip
 
 
@@ -47,9 +47,34 @@ def test_reproduce_writes_every_part_into_one_folder(tiny_run):
     meta = json.loads((out / "metadata.json").read_text())
     assert meta["command"] == "reproduce" and meta["status"] == "complete"
     assert meta["cpu_sized"] is True and meta["config"]["name"] == "tiny"
-    assert set(meta["parts"]) == {"probe", "phases", "sweep", "occupancy", "occupancy, real engine"}
+    parts = {"probe", "phases", "sweep", "occupancy", "occupancy, real engine", "serving curve"}
+    assert set(meta["parts"]) == parts
     assert meta["ridge_source"] == "measured (probe)"
-    assert len(meta["claims"]) == 5 and all(c["verdict"] for c in meta["claims"])
+    assert len(meta["claims"]) == 6 and all(c["verdict"] for c in meta["claims"])
+
+
+def test_the_serving_curve_at_three_rates_and_where_each_policy_leaves_the_slo(tiny_run):
+    out, result = tiny_run
+    serve = pd.read_csv(out / "serve.csv", dtype={"rate": str})
+    assert len(serve) == 9 and serve["rate"].nunique() == 3 and set(serve["source"]) == {"sim"}
+    meta = json.loads((out / "metadata.json").read_text())
+    capacity = meta["serve"]["capacity_rps"]
+    assert sorted(serve["rate_rps"].unique()) == pytest.approx(
+        [float(f"{f * capacity:.2g}") for f in (0.3, 0.6, 0.9)]
+    )
+    slo = pd.read_csv(out / "slo.csv", dtype={"leaves_slo_at": str, "sustained_rate": str})
+    report = (out / "report.md").read_text()
+    assert "## Serving curve" in report
+    for _, r in slo.iterrows():  # the report says where each policy leaves the SLO
+        left = r["leaves_slo_at"]
+        said = "stays within" if pd.isna(left) else f"leaves the SLO at {left} req/s"
+        assert said in report or f"outside the SLO already at {left}" in report
+    claim = next(c for c in meta["claims"] if c["key"] == "S")
+    by = slo.set_index("policy")["sustained_rps"]
+    static, cont = by["static"], by["continuous"]
+    holds = (0 if pd.isna(cont) else cont) > (0 if pd.isna(static) else static)
+    assert (claim["verdict"] == "holds") == holds
+    assert "Serving curve" in result.output
 
 
 def test_phases_and_sweep_rows_carry_the_probe_ceilings(tiny_run):
@@ -87,7 +112,7 @@ def test_the_report_sets_every_article_number_beside_a_measured_one(tiny_run):
     assert "prefill 512 | prefill 16" in md and "decode b=32 | decode b=4" in md
     assert md.count("](") >= 4  # the plots
     html = (out / "report.html").read_text()
-    assert html.count("data:image/png;base64,") == 5
+    assert html.count("data:image/png;base64,") == 6
     # the terminal: the CPU notice first, the tables, the verdicts
     assert result.stdout.startswith("CPU-sized run")
     for title in ("B. prefill vs decode", "A. decode step vs batch", "C. static vs continuous"):
@@ -99,8 +124,8 @@ def test_json_is_one_document(tmp_path):
     result = CliRunner().invoke(app, ["reproduce", *TINY, "--json", "--out", str(tmp_path / "r")])
     assert result.exit_code == 0, result.output
     doc = json.loads(result.stdout)
-    assert doc["cpu_sized"] is True and len(doc["claims"]) == 4
-    assert set(doc["rows"]) == {"probe", "phases", "sweep", "occupancy"}
+    assert doc["cpu_sized"] is True and len(doc["claims"]) == 5
+    assert set(doc["rows"]) == {"probe", "phases", "sweep", "occupancy", "serve", "slo"}
     assert "mfu" in doc["rows"]["phases"][0]
 
 

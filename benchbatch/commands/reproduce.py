@@ -196,6 +196,10 @@ def _run_parts(rec, job: Job, model: ModelOptions, run: RunOptions) -> Built:
     if job.real is not None:
         with _part(rec, "occupancy, real engine"):
             _real(rec, net, job.real, run.seed)
+    with _part(rec, "serving curve"):
+        from benchbatch.commands.serve import reproduce_curve
+
+        rec.meta["serve"] = reproduce_curve(rec, run.seed)
     del net
     devices.release_memory(target.device)
     built.report = _write_report(rec, job)
@@ -262,7 +266,8 @@ def _real(rec, net, workload: WorkloadOptions, seed: int) -> None:
 FILE_ORDER = (
     "report.md", "report.html", "metadata.json", "probe.csv", "phases.csv", "phases.png",
     "sweep.csv", "sweep.png", "roofline.png", "occupancy.csv", "timeline.csv",
-    "occupancy.png", "engine.csv", "engine_steps.csv", "engine.png",
+    "occupancy.png", "engine.csv", "engine_steps.csv", "engine.png", "serve.csv", "slo.csv",
+    "serve.png",
 )  # fmt: skip
 
 
@@ -286,6 +291,9 @@ def _write_report(run, job: Job):
         occupancy_workload=run.meta["occupancy"]["workload"],
         real_rows=run.rows("engine") or None,
         real_workload=run.meta.get("engine", {}).get("workload"),
+        serve_rows=run.rows("serve") or None,
+        serve_slo=run.rows("slo") or None,
+        serve_meta=run.meta.get("serve"),
         ceilings=run.meta.get("probe"),
         files=files,
     )
@@ -337,8 +345,8 @@ def noisy_steps(run) -> list[str]:
 
 def _terminal(run, built: Built, json_out: bool) -> None:
     if json_out:
-        tables = ("probe", "phases", "sweep", "occupancy", "engine")
-        parts = ("probe", "phases", "sweep", "occupancy", "engine")
+        tables = ("probe", "phases", "sweep", "occupancy", "engine", "serve", "slo")
+        parts = ("probe", "phases", "sweep", "occupancy", "engine", "serve")
         render.print_json(
             {
                 "folder": str(run.folder),
@@ -353,6 +361,9 @@ def _terminal(run, built: Built, json_out: bool) -> None:
     out.print(_table_b(run.rows("phases")))
     out.print(_table_a(run.rows("sweep")))
     out.print(_table_c(run.rows("occupancy"), run.rows("engine")))
+    for section in built.report.sections:
+        if section.title == report.SERVE_TITLE:
+            out.print(_section_table(section))
     for section in built.report.sections:
         if section.title == report.REAL_TITLE:
             for note in section.notes:
@@ -376,6 +387,17 @@ def _terminal(run, built: Built, json_out: bool) -> None:
     if noisy:
         render.warn_untrusted({"noisy": noisy})
     out.print(f"report: {run.folder / 'report.md'} (and report.html); every file: {run.folder}")
+
+
+def _section_table(section) -> Table:
+    """A report section's table and notes on the terminal."""
+    table = _table(section.title, section.headers)
+    for row in section.rows:
+        table.add_row(*row)
+    if section.notes:
+        table.caption = "\n".join(section.notes)
+        table.caption_justify = "left"
+    return table
 
 
 VERDICT_STYLE = {

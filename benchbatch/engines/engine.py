@@ -36,9 +36,11 @@ from dataclasses import dataclass, field
 import numpy as np
 import torch
 
+from benchbatch.engines.arrivals import ArrivalFeed
 from benchbatch.engines.metrics import RunMetrics
 from benchbatch.engines.model import Transformer
 from benchbatch.engines.scheduler import PrefillChunk, StepPlan, make_scheduler
+from benchbatch.engines.serving import timed_run_metrics
 from benchbatch.engines.workload import Request
 from benchbatch.errors import UserError
 from benchbatch.timing import synchronize
@@ -58,8 +60,11 @@ class StepRecord:
     padded: int  # finished slots of a static group that still computed a padding token
     step_s: float
     model_s: float
+    start_s: float | None = None  # with arrivals in seconds: on the run's clock (0: start)
+    end_s: float | None = None
 
     def row(self) -> dict:
+        timed = {} if self.end_s is None else {"start_s": self.start_s, "end_s": self.end_s}
         return {
             "policy": self.policy,
             "step": self.step,
@@ -69,6 +74,7 @@ class StepRecord:
             "padded": self.padded,
             "step_ms": self.step_s * 1e3,
             "model_ms": self.model_s * 1e3,
+            **timed,
         }
 
 
@@ -122,6 +128,10 @@ class EngineResult:
         return (wall - self.model_s) / wall if wall else float("nan")
 
     def step_end_times(self) -> list[float]:
+        """When each step ended: on the run's clock with arrivals in seconds (idle waits
+        included), else the sum of the step times so far."""
+        if self.steps and self.steps[0].end_s is not None:
+            return [s.end_s for s in self.steps]
         ends, now = [], 0.0
         for s in self.steps:
             now += s.step_s
@@ -209,23 +219,48 @@ class Engine:
         return self.result
 
     @torch.no_grad()
-    def steps(self, requests: Sequence[Request]) -> Iterator[StepRecord]:
+    def steps(
+        self, requests: Sequence[Request], arrivals_s: Sequence[float] | None = None
+    ) -> Iterator[StepRecord]:
         """Every request to its last token, one record per step as it ends. `self.result`
-        holds the run so far (an interrupted run keeps its steps); complete once exhausted."""
+        holds the run so far (an interrupted run keeps its steps); complete once exhausted.
+
+        arrivals_s: each request's arrival in seconds on the wall clock from the start of the
+        run: a request joins the queue of the first step that starts after its time has
+        passed, and with nothing to run the engine sleeps until the next arrival. Without
+        it every request is queued at once, at its arrival_step."""
         requests = list(requests)
         check_fits(self.model.cfg.max_context, requests)
         check_prompt_ids(self.model.cfg.vocab, requests)
         sched = make_scheduler(self.policy, self.slots, **self.settings)
-        sched.add_requests(requests)
+        feed = None if arrivals_s is None else ArrivalFeed(requests, arrivals_s)
+        if feed is None:
+            sched.add_requests(requests)
         state = _RunState(self, requests)
         self.result = result = EngineResult(self.policy, self.slots, len(requests))
-        while not sched.done:
-            record = state.step(sched, result)
+        origin = time.perf_counter()  # prompts are ready: the clock of the arrivals starts
+        while not sched.done or (feed is not None and not feed.empty):
+            if feed is not None:
+                _release(feed, sched, origin)
+            record = state.step(sched, result, None if feed is None else origin)
             result.steps.append(record)
             yield record
-        result.metrics = sched.recorder.metrics(result.step_end_times())
-        result.metrics.unit = "s"
+        if feed is None:
+            result.metrics = sched.recorder.metrics(result.step_end_times())
+            result.metrics.unit = "s"
+        else:
+            ends = result.step_end_times()
+            result.metrics = timed_run_metrics(sched.recorder.token_steps, ends, feed.arrival_s)
         result.complete = True
+
+
+def _release(feed: ArrivalFeed, sched, origin: float) -> None:
+    """Queue every request whose arrival time has passed; with nothing to run, sleep until
+    the next one arrives (an idle server waits; it does not spin steps)."""
+    feed.release(sched, time.perf_counter() - origin)
+    while sched.done and not feed.empty:
+        time.sleep(max(0.0, feed.next_arrival - (time.perf_counter() - origin)))
+        feed.release(sched, time.perf_counter() - origin)
 
 
 class _RunState:
@@ -242,7 +277,9 @@ class _RunState:
         self.prompts = {r.id: prompt_ids(r, model.cfg.vocab, engine.seed) for r in requests}
         self.output_tokens = {r.id: r.output_tokens for r in requests}
 
-    def step(self, sched, result: EngineResult) -> StepRecord:
+    def step(self, sched, result: EngineResult, origin: float | None = None) -> StepRecord:
+        """One step, timed; origin: the run's clock, for steps stamped with their start and
+        end (arrivals in seconds)."""
         synchronize(self.device)
         start = time.perf_counter()
         plan = sched.schedule()
@@ -254,7 +291,7 @@ class _RunState:
         model_s = time.perf_counter() - model_start
         stopped = self._collect(plan, calls, chosen, result)
         sched.update(plan, stopped)
-        step_s = time.perf_counter() - start
+        end = time.perf_counter()
         return StepRecord(
             self.policy,
             plan.step,
@@ -262,8 +299,10 @@ class _RunState:
             plan.num_decode_tokens,
             plan.num_prefill_tokens,
             len(plan.padded_slots),
-            step_s,
+            end - start,
             model_s,
+            None if origin is None else start - origin,
+            None if origin is None else end - origin,
         )
 
     # --- inputs -------------------------------------------------------------------------
