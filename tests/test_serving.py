@@ -66,9 +66,7 @@ def test_tpot_and_itl_differ_on_uneven_gaps():
     uneven = timed_run_metrics({0: [0, 1, 2, 3]}, [1.0, 1.1, 1.2, 4.0], {0: 0.0})
     assert tpot(even.requests[0]) == pytest.approx(tpot(uneven.requests[0])) == 1.0
     assert latency_columns(even)["itl_p99_s"] == pytest.approx(1.0)
-    assert latency_columns(uneven)["itl_p99_s"] == pytest.approx(
-        np.percentile([0.1, 0.1, 2.8], 99)
-    )
+    assert latency_columns(uneven)["itl_p99_s"] == pytest.approx(np.percentile([0.1, 0.1, 2.8], 99))
 
 
 def test_a_single_token_request_has_no_tpot():
