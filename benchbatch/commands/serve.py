@@ -207,33 +207,13 @@ def _serve_real(rec, net, opts: ServeOptions, w, setup, cost, rates, seed: int) 
     from benchbatch.probes import serve as probe
 
     n = min(opts.real_requests, len(w.requests))
-    candidates = opts.real_rate_values or rates
-    matched = {
-        (p, r): probe.simulate_point(w, p, r, setup, cost, n, probe.MATCHED)
-        for r in candidates
-        for p in opts.policies
-    }
-    matched_rows = {k: probe.point_row(v, setup) for k, v in matched.items()}
-    cost_s = {r: sum(matched[(p, r)].step_ends[-1] for p in opts.policies) for r in candidates}
-    if opts.real_rates is None:
-        chosen, spent = probe.choose_real_rates(list(matched_rows.values()), cost_s, opts.real_time)
-    else:
-        chosen, spent = list(candidates), sum(cost_s.values())
-    rec.meta["real"] = {
-        "requests": n,
-        "rates_rps": [probe.rate_label(r) for r in chosen],
-        "estimated_s": spent,
-        "budget_s": opts.real_time,
-    }
+    matched, chosen = _matched(rec, opts, w, setup, cost, rates, n)
     if not chosen:
-        render.warning(
-            f"no rate fits --real-time {opts.real_time:g} s: nothing served on the model"
-        )
         return
-    _say_estimate(rec, n, chosen, spent)
+    rows = {k: probe.point_row(v, setup) for k, v in matched.items()}
     for r in chosen:
         for p in opts.policies:
-            rec.add("serve", matched_rows[(p, r)])
+            rec.add("serve", rows[(p, r)])
             for row in probe.request_rows(matched[(p, r)], setup.slo):
                 rec.add("requests", row, stream=True)
     by_label = {probe.rate_label(r): r for r in chosen}
@@ -244,7 +224,7 @@ def _serve_real(rec, net, opts: ServeOptions, w, setup, cost, rates, seed: int) 
         point = probe.real_point(result, spec.name, rate, requests, w.at(rate, n)[1])
         row = probe.point_row(point, setup)
         rec.add("serve", row)
-        for versus in probe.sim_vs_real(row, matched_rows[(spec.name, rate)]):
+        for versus in probe.sim_vs_real(row, rows[(spec.name, rate)]):
             rec.add("sim_vs_real", versus)
         for r in probe.request_rows(point, setup.slo):
             rec.add("requests", r, stream=True)
@@ -253,6 +233,36 @@ def _serve_real(rec, net, opts: ServeOptions, w, setup, cost, rates, seed: int) 
     steps = probe.real_steps(net, w, runs, n, seed, finished)
     total = sum(run.sim_steps for run in runs)
     rec.record("real_steps", steps, total=total, label="real engine", stream=True)
+
+
+def _matched(rec, opts: ServeOptions, w, setup, cost, rates, n: int):
+    """The simulation of the real engine's n requests at every candidate rate, and the rates
+    to serve: --real-rates, or those that fit --real-time by these simulations' durations."""
+    from benchbatch.probes import serve as probe
+
+    candidates = opts.real_rate_values or rates
+    matched = {
+        (p, r): probe.simulate_point(w, p, r, setup, cost, n, probe.MATCHED)
+        for r in candidates
+        for p in opts.policies
+    }
+    cost_s = {r: sum(matched[(p, r)].step_ends[-1] for p in opts.policies) for r in candidates}
+    if opts.real_rates is None:
+        rows = [probe.point_row(v, setup) for v in matched.values()]
+        chosen, spent = probe.choose_real_rates(rows, cost_s, opts.real_time)
+    else:
+        chosen, spent = list(candidates), sum(cost_s.values())
+    rec.meta["real"] = {
+        "requests": n,
+        "rates_rps": [probe.rate_label(r) for r in chosen],
+        "estimated_s": spent,
+        "budget_s": opts.real_time,
+    }
+    if chosen:
+        _say_estimate(rec, n, chosen, spent)
+    else:
+        render.warning(f"no rate fits --real-time {opts.real_time:g} s: none served on the model")
+    return matched, chosen
 
 
 def _say_estimate(rec, n: int, chosen, spent: float) -> None:
