@@ -87,6 +87,10 @@ def serve_sweep(
     CUDA, cpu-small on CPU), arrivals on the wall clock, each beside the simulation of the
     very same requests and arrival times (sim-matched) and their ratio.
 
+    Lengths from --prompt-dist and --output-dist (fixed, uniform, lognormal), or --trace: a
+    CSV with output_tokens, optional prompt_tokens and optional arrival_s (seconds: its
+    shape, bursts and lulls, is replayed at each rate; without it, Poisson arrivals).
+
     Metrics as the serving benchmarks define them: TTFT (arrival to first token), TPOT
     ((E2E - TTFT) / (output tokens - 1), per request), ITL (every gap between tokens), E2E;
     mean, p50, p90, p99; request and output-token throughput; goodput (requests per second
