@@ -18,7 +18,7 @@ from benchbatch.engines.serving import ServingSLO
 from benchbatch.engines.simulate import StepCostModel
 from benchbatch.engines.workload import Request, output_array
 from benchbatch.errors import UserError
-from benchbatch.experiments import SERVE_WORKLOAD, ServeOptions, parse_rates, rate_label
+from benchbatch.experiments import SERVE_SLO, SERVE_WORKLOAD, ServeOptions, parse_rates, rate_label
 from benchbatch.options import WorkloadOptions
 from benchbatch.probes import serve as probe
 
@@ -230,7 +230,8 @@ def test_simulated_sweep_end_to_end(runner, tmp_path, step_costs):
     # goodput: the requests meeting both limits, over the duration
     for (policy, rate), mine in requests.groupby(["policy", "rate"]):
         row = serve[(serve["policy"] == policy) & (serve["rate"] == rate)].iloc[0]
-        good = ((mine["ttft_s"] <= 2.0) & (mine["tpot_s"].fillna(0) <= 0.1)).sum()
+        ttft, tpot = SERVE_SLO
+        good = ((mine["ttft_s"] <= ttft) & (mine["tpot_s"].fillna(0) <= tpot)).sum()
         assert row["slo_met"] == good == mine["slo_met"].sum()
         assert row["goodput_rps"] == pytest.approx(good / row["duration_s"])
     assert {p: s["policy"] for p, s in enumerate(doc["slo"])}

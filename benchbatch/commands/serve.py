@@ -99,8 +99,8 @@ def serve_sweep(
 
     Defaults, sized for a 2-core CPU with cpu-small (a decode step of 8 sequences about 30
     ms): 500 requests per simulated point, 8 slots, prompts lognormal around 128 tokens (up
-    to 1,024), outputs lognormal median 16 (at most 64), MLPerf's Llama-3.1-8B limits (TTFT
-    2 s, TPOT 100 ms); rates from the simulated capacity; 40 requests per real point within
+    to 1,024), outputs lognormal median 16 (at most 64), MLPerf's Llama-2-70B limits (TTFT
+    2 s, TPOT 200 ms); rates from the simulated capacity; 40 requests per real point within
     150 s. Static batching leaves the SLO at about a third of the rate continuous batching
     sustains. The whole run takes about four minutes; --engine sim about half a minute.
     """
