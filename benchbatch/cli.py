@@ -46,6 +46,7 @@ from benchbatch.commands import (  # noqa: E402
     probe,
     project,
     reproduce,
+    serve,
     sweep,
 )
 from benchbatch.commands.common import check_numbers  # noqa: E402
@@ -128,6 +129,7 @@ app.command("reproduce")(reproduce.reproduce)
 app.command("probe")(probe.probe)
 app.command("ablation")(ablation.ablation)
 app.command("piggyback")(piggyback.piggyback)
+app.command("serve-sweep")(serve.serve_sweep)
 app.command("compare")(compare.compare)
 app.command("project")(project.project)
 

@@ -29,11 +29,17 @@ COLUMNS = {
     "sweep": ("context", "batch", "step_ms", "tokens_per_s", "status"),
     "occupancy": ("policy", "slots", "total_steps", "occupancy", "speedup_vs_static"),
     "engine": ("policy", "total_steps", "wall_s", "tokens_per_s", "occupancy"),
-}
+    "serve": ("policy", "source", "rate", "rate_rps", "output_throughput_tps", "ttft_p50_s",
+              "ttft_p99_s", "tpot_p50_s", "tpot_p99_s"),
+    "slo": ("policy", "source", "sustained_rps"),
+}  # fmt: skip
 NUMERIC = (
     "tflops", "gbps", "batch", "tokens", "context", "step_ms", "us_per_token", "tokens_per_s",
-    "slots", "total_steps", "occupancy", "speedup_vs_static", "wall_s",
+    "slots", "total_steps", "occupancy", "speedup_vs_static", "wall_s", "rate_rps",
+    "output_throughput_tps", "ttft_p50_s", "ttft_p99_s", "tpot_p50_s", "tpot_p99_s",
+    "sustained_rps",
 )  # fmt: skip
+TEXT = {"serve": ("rate",)}  # '2.4' and 'max' in one column: read as text in every folder
 
 # What each command's folder holds: (tables it always writes, tables it may write).
 KINDS: dict[str, tuple[tuple[str, ...], tuple[str, ...]]] = {
@@ -41,9 +47,10 @@ KINDS: dict[str, tuple[tuple[str, ...], tuple[str, ...]]] = {
     "phases": (("phases",), ("probe",)),  # probe.csv: the ceilings it measured first
     "sweep": (("sweep",), ("probe",)),
     "occupancy": (("occupancy",), ("engine",)),
-    "reproduce": (("probe", "phases", "sweep", "occupancy"), ("engine",)),
+    "reproduce": (("probe", "phases", "sweep", "occupancy"), ("engine", "serve", "slo")),
+    "serve-sweep": (("serve", "slo"), ()),
 }
-TABLE_ORDER = ("probe", "phases", "sweep", "occupancy", "engine")
+TABLE_ORDER = ("probe", "phases", "sweep", "occupancy", "engine", "serve", "slo")
 
 
 @dataclass
@@ -106,7 +113,7 @@ def read_table(folder: Path, table: str) -> pd.DataFrame:
     """One CSV of a run folder, with the columns compare needs, numbers where numbers go."""
     path = folder / f"{table}.csv"
     try:
-        df = pd.read_csv(path)
+        df = pd.read_csv(path, dtype={c: str for c in TEXT.get(table, ())})
     except FileNotFoundError:
         raise fail(f"{path} does not exist (the run wrote no {table} rows)") from None
     except (OSError, UnicodeDecodeError, pd.errors.ParserError, pd.errors.EmptyDataError) as e:

@@ -385,7 +385,8 @@ class WorkloadOptions:
     long_prompt_len: int = opt(1024, "Tokens of a long prompt.", panel=WORKLOAD)
     arrival_rate: float | None = opt(
         None,
-        "Poisson arrivals, requests per scheduler step. Default: every request waits at step 0.",
+        "Poisson arrivals, requests per scheduler step (serve-sweep takes --rates in requests "
+        "per second instead). Default: every request waits at step 0.",
         panel=WORKLOAD,
     )
     trace: Path | None = opt(
@@ -479,10 +480,10 @@ class WorkloadOptions:
         return requests
 
 
-def engine_field(help_real: str, aliases: tuple[str, ...] = ()) -> Any:
+def engine_field(help_real: str, aliases: tuple[str, ...] = (), default: str = "sim") -> Any:
     """--engine, declared alike wherever a command can also run its plan on the model."""
     return opt(
-        "sim",
+        default,
         f"sim: simulate (fast, no model); real: {help_real}",
         panel=BATCHING,
         choices=("sim", "real"),

@@ -350,6 +350,83 @@ def _section_real(rows: list[dict], workload: str | None, image: str | None) -> 
     return Section(REAL_TITLE, intro, headers, body, image, notes)
 
 
+# --- the serving curve -------------------------------------------------------------------------
+
+SERVE_TITLE = "Serving curve: request rate against latency (simulated)"
+SERVE_POLICIES = ("static", "continuous", "chunked")
+
+
+def section_serve(rows: list[dict], slo: list[dict], meta: dict, image: str | None) -> Section:
+    """p99 TTFT and p99 TPOT of each policy at each rate, and where each leaves the SLO."""
+    rates = list(dict.fromkeys(str(r["rate"]) for r in rows))
+    by = {(r["policy"], str(r["rate"])): r for r in rows}
+    headers = ["policy", *(f"{rate} req/s" for rate in rates), "leaves the SLO at"]
+    leaves = {r["policy"]: r for r in slo if r.get("source") == "sim"}
+    body = []
+    for policy in (p for p in SERVE_POLICIES if any(k[0] == p for k in by)):
+        cells = [_serve_cell(by.get((policy, rate))) for rate in rates]
+        body.append([policy, *cells, _leaves(leaves.get(policy))])
+    limits = meta.get("slo") or {}
+    intro = [
+        "Poisson arrivals at three request rates (fractions of the simulated capacity), "
+        "simulated with a step-cost model fitted to this run's phases and sweep steps; "
+        f"{meta.get('workload', '')}. Cells: p99 TTFT s / p99 TPOT ms, and whether both "
+        f"are within the SLO (TTFT {limits.get('ttft_s', '-')} s, TPOT "
+        f"{1e3 * limits.get('tpot_s', math.nan):g} ms). `benchbatch serve-sweep` draws the "
+        "whole curve and serves it on the model.",
+    ]
+    return Section(SERVE_TITLE, intro, headers, body, image, serve_lines(slo))
+
+
+def _serve_cell(r: dict | None) -> str:
+    if r is None:
+        return "-"
+    ok = "within" if r.get("within_slo") in (True, "True") else "outside"
+    return f"{fmt(_get(r, 'ttft_p99_s'))} / {fmt(1e3 * (_get(r, 'tpot_p99_s') or math.nan))}, {ok}"
+
+
+def _leaves(r: dict | None) -> str:
+    if r is None:
+        return "-"
+    left = r.get("leaves_slo_at")
+    return f"{left} req/s" if left not in (None, "") and left == left else "stays within"
+
+
+def serve_lines(slo: list[dict]) -> list[str]:
+    """Where each policy leaves the SLO, in words."""
+    lines = []
+    for r in slo:
+        if r.get("source") != "sim":
+            continue
+        left, kept = r.get("leaves_slo_at"), r.get("sustained_rate")
+        if left in (None, "") or left != left:
+            lines.append(f"{r['policy']} stays within the SLO at every rate (up to {kept} req/s).")
+        elif kept in (None, "") or kept != kept:
+            lines.append(f"{r['policy']} is outside the SLO already at {left} req/s.")
+        else:
+            lines.append(f"{r['policy']} leaves the SLO at {left} req/s (within up to {kept}).")
+    return lines
+
+
+def serve_claim(slo: list[dict]) -> Claim:
+    by = {r["policy"]: r for r in slo if r.get("source") == "sim"}
+    rates = {p: _get(by.get(p), "sustained_rps") or 0.0 for p in ("static", "continuous")}
+    measured, verdict = "not measured", UNMEASURED
+    if "static" in by and "continuous" in by:
+        s, cont = rates["static"], rates["continuous"]
+        measured = f"continuous within up to {fmt(cont)} req/s, static up to {fmt(s)} (simulated)"
+        verdict = HOLDS if cont > s else (PARTLY if cont == s else FAILS)
+    return Claim(
+        "S",
+        "continuous batching sustains a higher request rate than static within the same SLO",
+        "(a serving benchmark's view of claim C)",
+        measured,
+        verdict,
+        "holds when continuous stays within the SLO at a higher rate than static; partly at "
+        "the same rate",
+    )
+
+
 # --- claims ----------------------------------------------------------------------------------
 
 
@@ -549,6 +626,9 @@ def build(
     files: Sequence[str] = (),
     memory_ceiling: list[dict] | None = None,
     memory_rows: list[dict] | None = None,
+    serve_rows: list[dict] | None = None,
+    serve_slo: list[dict] | None = None,
+    serve_meta: dict | None = None,
 ) -> Report:
     """Every section of the report, from rows and summaries (see reproduce's metadata)."""
     images = set(files)
@@ -565,13 +645,17 @@ def build(
         sections.append(_section_real(real_rows, real_workload, image("engine.png")))
     if memory_ceiling:
         sections.append(_section_memory(memory_ceiling, memory_rows, image("memory.png")))
+    if serve_rows:
+        sections.append(section_serve(serve_rows, serve_slo or [], serve_meta or {},
+                                      image("serve.png")))  # fmt: skip
     if ceilings:
         sections.append(_section_roofline(ceilings, image("roofline.png")))
     return Report(
         title,
         list(notices),
         list(facts),
-        claims(phases_summary, sweep_claim, occupancy_rows, real_rows, memory_ceiling),
+        claims(phases_summary, sweep_claim, occupancy_rows, real_rows, memory_ceiling)
+        + ([serve_claim(serve_slo)] if serve_slo else []),
         sections,
         list(files),
     )

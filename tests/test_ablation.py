@@ -102,6 +102,18 @@ def test_fit_leaves_out_noise_and_never_goes_negative():
     assert model.per_decode_token_s == 0 and model.base_s == pytest.approx(0.0095, rel=0.1)
 
 
+def test_a_negative_base_is_fitted_through_the_origin():
+    """Small steps measured slow and large ones fast (noise) would give a negative base, and
+    a simulation would price a small step below zero: the fit goes through the origin."""
+    rows = [
+        dict(decode_tokens=b, prefill_tokens=0, context_tokens=0, step_ms=ms)
+        for b, ms in ((1, 0.5), (2, 2.5), (4, 6.5), (8, 14.5))  # 2 ms a token - 1.5 ms
+    ]
+    model, fitted = probe.fit(rows)
+    assert model.base_s == 0.0 and model.per_decode_token_s > 0
+    assert all(r["fitted_ms"] > 0 for r in fitted)
+
+
 def test_fit_without_enough_steps_names_the_option():
     with pytest.raises(UserError) as e:
         probe.fit([dict(decode_tokens=4, prefill_tokens=0, context_tokens=0, step_ms=5.0)])

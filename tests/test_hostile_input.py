@@ -34,10 +34,14 @@ SHAPES = {  # each command's quick, valid arguments: a case changes one thing
     + ["--chunk-prompt", "16", "--chunks", "8", "--tiles", "8"],
     "compare": [],
     "project": ["--tp", "1,2"],
+    "serve-sweep": [*TINY, "--engine", "sim", "--requests", "20", "--rates", "1,max"],
 }
 
 # (command, arguments, what the error line names)
 CASES = [
+    ("serve-sweep", ["--rates", "1,,2"], "--rates"),
+    ("serve-sweep", ["--requests", "-1"], "--requests"),
+    ("serve-sweep", ["--slo-tpot", "inf"], "--slo-tpot"),
     # malformed lists
     ("phases", ["--prefill", "1,,x"], "--prefill"),
     ("phases", ["--prefill", " "], "--prefill"),

@@ -286,6 +286,8 @@ EVERY_COMMAND = {
     + ["--decode-batch", "2", "--context", "8", "--prefill", "4", "--chunk-prompt", "16"]
     + ["--chunks", "8", "--tiles", "8,9"],
     "project": ["project", "--tp", "1,2"],
+    "serve-sweep": ["serve-sweep", "--preset", "tiny", "--device", "cpu", *FAST[-4:]]
+    + ["--engine", "sim", "--requests", "20", "--rates", "1,max"],
 }
 
 

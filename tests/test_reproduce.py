@@ -27,7 +27,7 @@ EXPECTED = {
     "metadata.json", "report.md", "report.html", "probe.csv", "phases.csv", "phases.png",
     "sweep.csv", "sweep.png", "roofline.png", "occupancy.csv", "timeline.csv", "occupancy.png",
     "engine.csv", "engine_steps.csv", "engine.png", "memory_ceiling.csv", "memory.csv",
-    "memory_timeline.csv", "memory.png",
+    "memory_timeline.csv", "memory.png", "serve.csv", "slo.csv", "serve.png",
 }  # fmt: skip
 
 
@@ -50,10 +50,11 @@ def test_reproduce_writes_every_part_into_one_folder(tiny_run):
     assert meta["command"] == "reproduce" and meta["status"] == "complete"
     assert meta["cpu_sized"] is True and meta["config"]["name"] == "tiny"
     parts = {"probe", "phases", "sweep", "occupancy", "memory", "occupancy, real engine"}
+    parts |= {"serving curve"}
     assert set(meta["parts"]) == parts
     assert meta["ridge_source"] == "measured (probe)"
-    assert [c["verdict"] for c in meta["claims"]] == expected_verdicts(meta, out)
-    assert [c["key"] for c in meta["claims"]][-1] == "memory"
+    assert [c["verdict"] for c in meta["claims"]][:-1] == expected_verdicts(meta, out)
+    assert [c["key"] for c in meta["claims"]][-2:] == ["memory", "S"]
 
 
 def literal(value: float, holds: float, partly: float) -> str:
@@ -91,6 +92,30 @@ def memory_verdict(c: dict, sweep: dict) -> str:
     return "holds" if first and gain else "partly" if first or gain else "does not hold"
 
 
+def test_the_serving_curve_at_three_rates_and_where_each_policy_leaves_the_slo(tiny_run):
+    out, result = tiny_run
+    serve = pd.read_csv(out / "serve.csv", dtype={"rate": str})
+    assert len(serve) == 9 and serve["rate"].nunique() == 3 and set(serve["source"]) == {"sim"}
+    meta = json.loads((out / "metadata.json").read_text())
+    capacity = meta["serve"]["capacity_rps"]
+    assert sorted(serve["rate_rps"].unique()) == pytest.approx(
+        [float(f"{f * capacity:.2g}") for f in (0.3, 0.6, 0.9)]
+    )
+    slo = pd.read_csv(out / "slo.csv", dtype={"leaves_slo_at": str, "sustained_rate": str})
+    report = (out / "report.md").read_text()
+    assert "## Serving curve" in report
+    for _, r in slo.iterrows():  # the report says where each policy leaves the SLO
+        left = r["leaves_slo_at"]
+        said = "stays within" if pd.isna(left) else f"leaves the SLO at {left} req/s"
+        assert said in report or f"outside the SLO already at {left}" in report
+    claim = next(c for c in meta["claims"] if c["key"] == "S")
+    by = slo.set_index("policy")["sustained_rps"]
+    static, cont = by["static"], by["continuous"]
+    holds = (0 if pd.isna(cont) else cont) > (0 if pd.isna(static) else static)
+    assert (claim["verdict"] == "holds") == holds
+    assert "Serving curve" in result.output
+
+
 def test_phases_and_sweep_rows_carry_the_probe_ceilings(tiny_run):
     out, _ = tiny_run
     meta = json.loads((out / "metadata.json").read_text())
@@ -126,7 +151,7 @@ def test_the_report_sets_every_article_number_beside_a_measured_one(tiny_run):
     assert "prefill 512 | prefill 16" in md and "decode b=32 | decode b=4" in md
     assert md.count("](") >= 4  # the plots
     html = (out / "report.html").read_text()
-    assert html.count("data:image/png;base64,") == 6  # memory.png too
+    assert html.count("data:image/png;base64,") == 7  # memory.png and serve.png too
     # the terminal: the CPU notice first, the tables, the verdicts
     assert result.stdout.startswith("CPU-sized run")
     for title in ("B. prefill vs decode", "A. decode step vs batch", "C. static vs continuous"):
@@ -138,8 +163,8 @@ def test_json_is_one_document(tmp_path):
     result = CliRunner().invoke(app, ["reproduce", *TINY, "--json", "--out", str(tmp_path / "r")])
     assert result.exit_code == 0, result.output
     doc = json.loads(result.stdout)
-    assert doc["cpu_sized"] is True and len(doc["claims"]) == 5  # memory's too
-    tables = {"probe", "phases", "sweep", "occupancy", "memory_ceiling", "memory"}
+    assert doc["cpu_sized"] is True and len(doc["claims"]) == 6  # memory's and serving's too
+    tables = {"probe", "phases", "sweep", "occupancy", "memory_ceiling", "memory", "serve", "slo"}
     assert set(doc["rows"]) == tables
     assert "mfu" in doc["rows"]["phases"][0]
 
@@ -183,7 +208,7 @@ def test_the_memory_claim_reads_the_ceiling_on_this_devices_free_memory(tiny_run
     # (6 blocks of 16), while paged they reach fewer on average.
     assert ceiling["reserved_tokens"] == 64 + 30
     assert ceiling["paged_sequences"] > ceiling["reserved_sequences"] > 0
-    claim = meta["claims"][-1]
+    claim = next(c for c in meta["claims"] if c["key"] == "memory")
     reserved = f"{int(ceiling['reserved_sequences']):,} sequences reserving 94 tokens"
     assert reserved in claim["measured"]
     # A CPU's RAM holds far more tiny sequences than the batch where compute saturates, and

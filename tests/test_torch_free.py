@@ -71,7 +71,13 @@ HEAVY = ("torch", "pandas", "matplotlib", "numpy")
 def test_help_and_bad_input_import_no_torch_pandas_or_matplotlib():
     """`benchbatch --help`, a command's --help and a user error start in a fraction of a
     second: nothing heavy is imported before a command needs it."""
-    for argv in (["--help"], ["phases", "--help"], ["phases", "--prefill", "x"]):
+    for argv in (
+        ["--help"],
+        ["phases", "--help"],
+        ["phases", "--prefill", "x"],
+        ["serve-sweep", "--help"],
+        ["serve-sweep", "--rates", "x"],
+    ):
         code = f"import sys; sys.argv = ['benchbatch', *{argv!r}]\n"
         code += "from benchbatch.cli import main\nmain()\n"
         done = run_without(HEAVY, code)

@@ -64,7 +64,7 @@ def ablation(
     rec = _open(opts, workload, model, run, requests, real or given is None)
     with rec:
         net = model.build(rec.target, run.seed)[0] if rec.target is not None else None
-        cost = _cost_model(rec, net, budgets, requests, given, run)
+        cost = cost_model(rec, net, budgets, requests, given, run)
         sims = _simulate(rec, requests, opts.schemes, budgets, cost, opts.slo)
         if real:
             _run_real(rec, net, requests, budgets, sims, opts.slo, run)
@@ -89,7 +89,7 @@ def _open(opts, workload, model, run, requests, need_model: bool) -> Recorder:
 # --- the step-cost model ------------------------------------------------------------------------
 
 
-def _cost_model(rec, net, budgets, requests, given, run: RunOptions):
+def cost_model(rec, net, budgets, requests, given, run: RunOptions):
     """The step-cost model fitted to steps timed now, or the one fitted to --step-costs
     (given): step_cost.csv, step_cost.json and the metadata."""
     from benchbatch import results
@@ -219,7 +219,7 @@ def _report(run, json_out: bool) -> None:
             doc["slo"] = meta["slo"]
         render.print_json(doc)
         return
-    render.out_console.print(_cost_line(meta["step_cost"]))
+    render.out_console.print(cost_line(meta["step_cost"]))
     lost = meta["step_cost"]["per_token_costs_unmeasured"]
     if lost:
         render.warning(
@@ -261,7 +261,7 @@ def _report(run, json_out: bool) -> None:
     render.results_line(run.folder)
 
 
-def _cost_line(s: dict) -> str:
+def cost_line(s: dict) -> str:
     return (
         f"step cost fitted to {s['samples']} steps: {s['base_ms']:.3g} ms + "
         f"{s['per_decode_token_ms']:.3g} ms/decode token + {s['per_prefill_token_ms']:.3g} "

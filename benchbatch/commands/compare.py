@@ -64,6 +64,9 @@ def _figures(tables: dict, names: list[str], folder: Path, kind: str) -> list:
         path = folder / "compare-occupancy.png"
         plots.compare_occupancy_figure(occupancy, tables.get("engine"), names, path, title)
         drawn.append("compare-occupancy.png")
+    if "serve" in tables:
+        plots.compare_serve_figure(tables["serve"], names, folder / "compare-serve.png", title)
+        drawn.append("compare-serve.png")
     return drawn
 
 
@@ -76,6 +79,8 @@ VIEWS = {
     "sweep": (["context", "batch"], "tokens_per_s", "decode tokens/s"),
     "occupancy": (["policy"], "occupancy", "slot occupancy (simulated)"),
     "engine": (["policy"], "wall_s", "real engine wall s"),
+    "serve": (["policy", "source", "rate"], "ttft_p99_s", "p99 TTFT s at each rate (req/s)"),
+    "slo": (["policy", "source"], "sustained_rps", "largest rate within the SLO (req/s)"),
 }
 
 

@@ -221,12 +221,23 @@ def _has_default(u: Use, f: dataclasses.Field) -> bool:
 
 def _parse(value, p: _Param, name: str):
     if p.parse == "words" and isinstance(value, str):
-        return tuple(w.strip() for w in value.split(",") if w.strip())
+        return parse_words(value, p.field)
     if p.parse and isinstance(value, str):
         return tuple(parse_int_list(value, p.field, minimum=0 if p.parse == "ints0" else 1))
     if isinstance(value, list):
         return tuple(value)
     return value
+
+
+def parse_words(text: str, option: str) -> tuple[str, ...]:
+    """'static, continuous' -> ('static', 'continuous'); an empty item between commas is a
+    malformed list, as in the integer lists (an empty text is no item: the option says)."""
+    words = tuple(w.strip(" \t") for w in text.split(","))
+    if words == ("",):
+        return ()
+    if "" in words:
+        raise UserError(option, f"{_short(text)!r} has an empty item between commas")
+    return words
 
 
 def parse_int_list(text: str, option: str, maximum: int = LIST_MAX, minimum: int = 1) -> list:

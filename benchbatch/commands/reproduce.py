@@ -198,6 +198,10 @@ def _run_parts(rec, job: Job, model: ModelOptions, run: RunOptions) -> Built:
     if job.real is not None:
         with _part(rec, "occupancy, real engine"):
             _real(rec, net, job.real, run.seed)
+    with _part(rec, "serving curve"):
+        from benchbatch.commands.serve import reproduce_curve
+
+        rec.meta["serve"] = reproduce_curve(rec, run.seed)
     del net
     devices.release_memory(target.device)
     built.report = _write_report(rec, job)
@@ -290,7 +294,7 @@ FILE_ORDER = (
     "report.md", "report.html", "metadata.json", "probe.csv", "phases.csv", "phases.png",
     "sweep.csv", "sweep.png", "roofline.png", "occupancy.csv", "timeline.csv",
     "occupancy.png", "memory_ceiling.csv", "memory.csv", "memory_timeline.csv", "memory.png",
-    "engine.csv", "engine_steps.csv", "engine.png",
+    "engine.csv", "engine_steps.csv", "engine.png", "serve.csv", "slo.csv", "serve.png",
 )  # fmt: skip
 
 
@@ -314,6 +318,9 @@ def _write_report(run, job: Job):
         occupancy_workload=run.meta["occupancy"]["workload"],
         real_rows=run.rows("engine") or None,
         real_workload=run.meta.get("engine", {}).get("workload"),
+        serve_rows=run.rows("serve") or None,
+        serve_slo=run.rows("slo") or None,
+        serve_meta=run.meta.get("serve"),
         ceilings=run.meta.get("probe"),
         files=files,
         memory_ceiling=run.meta.get("memory_ceiling"),
@@ -367,8 +374,14 @@ def noisy_steps(run) -> list[str]:
 
 def _terminal(run, built: Built, json_out: bool) -> None:
     if json_out:
-        tables = ("probe", "phases", "sweep", "occupancy", "memory_ceiling", "memory", "engine")
-        parts = ("probe", "phases", "sweep", "occupancy", "memory", "memory_ceiling", "engine")
+        tables = (
+            "probe", "phases", "sweep", "occupancy", "memory_ceiling", "memory", "engine",
+            "serve", "slo",
+        )  # fmt: skip
+        parts = (
+            "probe", "phases", "sweep", "occupancy", "memory", "memory_ceiling", "engine",
+            "serve",
+        )  # fmt: skip
         render.print_json(
             {
                 "folder": str(run.folder),
@@ -383,6 +396,9 @@ def _terminal(run, built: Built, json_out: bool) -> None:
     out.print(_table_b(run.rows("phases")))
     out.print(_table_a(run.rows("sweep")))
     out.print(_table_c(run.rows("occupancy"), run.rows("engine")))
+    for section in built.report.sections:
+        if section.title == report.SERVE_TITLE:
+            out.print(_section_table(section))
     for section in built.report.sections:
         if section.title == report.REAL_TITLE:
             for note in section.notes:
@@ -406,6 +422,17 @@ def _terminal(run, built: Built, json_out: bool) -> None:
     if noisy:
         render.warn_untrusted({"noisy": noisy})
     out.print(f"report: {run.folder / 'report.md'} (and report.html); every file: {run.folder}")
+
+
+def _section_table(section) -> Table:
+    """A report section's table and notes on the terminal."""
+    table = _table(section.title, section.headers)
+    for row in section.rows:
+        table.add_row(*row)
+    if section.notes:
+        table.caption = "\n".join(section.notes)
+        table.caption_justify = "left"
+    return table
 
 
 VERDICT_STYLE = {

@@ -43,16 +43,18 @@ import dataclasses
 import time
 from collections import defaultdict
 from collections.abc import Callable, Collection, Iterator, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 import numpy as np
 import torch
 
 from benchbatch.distributed import each
+from benchbatch.engines.arrivals import ArrivalFeed
 from benchbatch.engines.kvblocks import PAGED
 from benchbatch.engines.metrics import RunMetrics
 from benchbatch.engines.model import Transformer
 from benchbatch.engines.scheduler import PrefillChunk, StepPlan, make_scheduler
+from benchbatch.engines.serving import timed_run_metrics
 from benchbatch.engines.workload import Request
 from benchbatch.errors import UserError
 from benchbatch.timing import synchronize
@@ -76,9 +78,12 @@ class StepRecord:
     kv_blocks: int = 0  # with a KV budget: blocks held during the step
     kv_tokens: int = 0  # tokens the active sequences hold in them after it
     preempted: int = 0  # requests preempted before it ran
+    start_s: float | None = None  # with arrivals in seconds: on the run's clock (0: start)
+    end_s: float | None = None
 
     def row(self) -> dict:
         ranks = {f"step_ms_rank{i}": s * 1e3 for i, s in enumerate(self.rank_step_s)}
+        timed = {} if self.end_s is None else {"start_s": self.start_s, "end_s": self.end_s}
         return {
             "policy": self.policy,
             "step": self.step,
@@ -92,6 +97,7 @@ class StepRecord:
             "kv_blocks": self.kv_blocks,
             "kv_tokens": self.kv_tokens,
             "preempted": self.preempted,
+            **timed,
         }
 
 
@@ -145,6 +151,10 @@ class EngineResult:
         return (wall - self.model_s) / wall if wall else float("nan")
 
     def step_end_times(self) -> list[float]:
+        """When each step ended: on the run's clock with arrivals in seconds (idle waits
+        included), else the sum of the step times so far."""
+        if self.steps and self.steps[0].end_s is not None:
+            return [s.end_s for s in self.steps]
         ends, now = [], 0.0
         for s in self.steps:
             now += s.step_s
@@ -237,23 +247,48 @@ class Engine:
         return self.result
 
     @torch.no_grad()
-    def steps(self, requests: Sequence[Request]) -> Iterator[StepRecord]:
+    def steps(
+        self, requests: Sequence[Request], arrivals_s: Sequence[float] | None = None
+    ) -> Iterator[StepRecord]:
         """Every request to its last token, one record per step as it ends. `self.result`
-        holds the run so far (an interrupted run keeps its steps); complete once exhausted."""
+        holds the run so far (an interrupted run keeps its steps); complete once exhausted.
+
+        arrivals_s: each request's arrival in seconds on the wall clock from the start of the
+        run: a request joins the queue of the first step that starts after its time has
+        passed, and with nothing to run the engine sleeps until the next arrival. Without
+        it every request is queued at once, at its arrival_step."""
         requests = list(requests)
         check_fits(self.model.cfg.max_context, requests)
         check_prompt_ids(self.model.cfg.vocab, requests)
         sched = make_scheduler(self.policy, self.slots, **self.settings)
-        sched.add_requests(requests)
+        feed = None if arrivals_s is None else ArrivalFeed(requests, arrivals_s)
+        if feed is None:
+            sched.add_requests(requests)
         state = _RunState(self, requests)
         self.result = result = EngineResult(self.policy, self.slots, len(requests))
-        while not sched.done:
-            record = state.step(sched, result)
+        origin = time.perf_counter()  # prompts are ready: the clock of the arrivals starts
+        while not sched.done or (feed is not None and not feed.empty):
+            if feed is not None:
+                _release(feed, sched, origin)
+            record = state.step(sched, result, None if feed is None else origin)
             result.steps.append(record)
             yield record
-        result.metrics = sched.recorder.metrics(result.step_end_times())
-        result.metrics.unit = "s"
+        if feed is None:
+            result.metrics = sched.recorder.metrics(result.step_end_times())
+            result.metrics.unit = "s"
+        else:
+            ends = result.step_end_times()
+            result.metrics = timed_run_metrics(sched.recorder.token_steps, ends, feed.arrival_s)
         result.complete = True
+
+
+def _release(feed: ArrivalFeed, sched, origin: float) -> None:
+    """Queue every request whose arrival time has passed; with nothing to run, sleep until
+    the next one arrives (an idle server waits; it does not spin steps)."""
+    feed.release(sched, time.perf_counter() - origin)
+    while sched.done and not feed.empty:
+        time.sleep(max(0.0, feed.next_arrival - (time.perf_counter() - origin)))
+        feed.release(sched, time.perf_counter() - origin)
 
 
 class _RunState:
@@ -272,7 +307,9 @@ class _RunState:
         self.prompts = {r.id: prompt_ids(r, model.cfg.vocab, engine.seed) for r in requests}
         self.output_tokens = {r.id: r.output_tokens for r in requests}
 
-    def step(self, sched, result: EngineResult) -> StepRecord:
+    def step(self, sched, result: EngineResult, origin: float | None = None) -> StepRecord:
+        """One step, timed; origin: the run's clock, for steps stamped with their start and
+        end (arrivals in seconds)."""
         synchronize(self.device)
         start = time.perf_counter()
         plan = sched.schedule()
@@ -284,11 +321,15 @@ class _RunState:
         model_s = time.perf_counter() - model_start
         stopped = self._collect(plan, calls, chosen, result)
         sched.update(plan, stopped)
-        step_s = time.perf_counter() - start
+        end = time.perf_counter()
+        step_s = end - start
         ranks = each(step_s, model_s)  # under torchrun: every rank's; a step is its slowest's
         step_s, model_s = max(r[0] for r in ranks), max(r[1] for r in ranks)
         per_rank = tuple(r[0] for r in ranks) if len(ranks) > 1 else ()
-        return _record(self.policy, plan, calls, step_s, model_s, per_rank)
+        record = _record(self.policy, plan, calls, step_s, model_s, per_rank)
+        if origin is None:
+            return record
+        return replace(record, start_s=start - origin, end_s=end - origin)  # this rank's clock
 
     # --- inputs -------------------------------------------------------------------------
 

@@ -12,8 +12,10 @@ from dataclasses import dataclass
 import numpy as np
 
 from benchbatch.engines import article
+from benchbatch.engines.arrivals import ArrivalFeed
 from benchbatch.engines.metrics import RunMetrics
 from benchbatch.engines.scheduler import Scheduler, StepPlan, make_scheduler
+from benchbatch.engines.serving import timed_run_metrics
 from benchbatch.engines.timeline import EventTimeline, RunLengths, Timeline
 from benchbatch.engines.workload import Request, Workload
 
@@ -31,6 +33,7 @@ class SimResult:
     timeline: Timeline | EventTimeline  # per step, or (fast path) runs and admissions
     metrics: RunMetrics | None
     step_end_times: list[float] | None = None  # only with a cost model
+    step_start_times: list[float] | None = None  # arrivals in seconds: idle waits between steps
 
     @property
     def idle_slot_steps(self) -> int:
@@ -94,6 +97,48 @@ def _simulate_steps(
         metrics,
         times,
     )
+
+
+def simulate_timed(
+    requests: Sequence[Request],
+    arrivals_s: Sequence[float],
+    scheduler: Scheduler,
+    step_cost: StepCost,
+    *,
+    with_metrics: bool = True,
+) -> SimResult:
+    """Every request to completion, arrivals in seconds: each step lasts what step_cost says,
+    and a request arriving at t joins the queue of the first step that starts at or after t
+    (requests' own arrival_step is ignored). With nothing to run the simulation waits for
+    the next arrival: no step is taken meanwhile (the engine idles, as a server does).
+
+    Metrics are in seconds from each request's own arrival time (serving.timed_run_metrics).
+    """
+    assert scheduler.done and scheduler.step == 0, "simulate_timed() needs a fresh scheduler"
+    requests = requests.to_requests() if isinstance(requests, Workload) else list(requests)
+    sched, feed = scheduler, ArrivalFeed(requests, arrivals_s)
+    timeline, starts, ends, now = Timeline(), [], [], 0.0
+    while True:
+        feed.release(sched, now)
+        if sched.done:
+            if feed.empty:
+                break
+            now = max(now, feed.next_arrival)  # idle until the next request arrives
+            continue
+        plan = sched.schedule()
+        starts.append(now)
+        now += step_cost(plan)
+        sched.update(plan)
+        timeline.append(plan)
+        ends.append(now)
+    metrics = None
+    if with_metrics and sched.recorder is not None:
+        metrics = timed_run_metrics(sched.recorder.token_steps, ends, feed.arrival_s)
+    useful = sum(r.output_tokens for r in requests)
+    return SimResult(
+        sched.policy, sched.config.slots, len(requests), sched.step, useful, now,
+        timeline, metrics, ends, starts,
+    )  # fmt: skip
 
 
 def _article_result(policy: str, workload: Workload, slots: int, with_metrics: bool) -> SimResult:
@@ -244,16 +289,18 @@ class StepCostModel:
 
 
 def fit_step_cost(
-    samples: Iterable[Sequence[float]], weights: Sequence[float] | None = None
+    samples: Iterable[Sequence[float]],
+    weights: Sequence[float] | None = None,
+    intercept: bool = True,
 ) -> StepCostModel:
     """Least squares from (decode_tokens, prefill_tokens, context_tokens, seconds) samples.
 
     A feature that is zero in every sample (e.g. no prefill measured) gets coefficient 0.
     weights (one per sample) make it weighted least squares: 1 / seconds^2 fits relative
-    errors, so short steps count as much as long ones.
+    errors, so short steps count as much as long ones. intercept=False fits base_s = 0.
     """
     points = [tuple(float(v) for v in s) for s in samples]
-    rows = [(1.0, d, p, c) for d, p, c, _ in points]
+    rows = [(1.0 if intercept else 0.0, d, p, c) for d, p, c, _ in points]
     ys = [point[3] for point in points]
     used = [j for j in range(4) if any(row[j] for row in rows)]
     scale = [1.0] * len(rows) if weights is None else [w**0.5 for w in weights]

@@ -130,3 +130,38 @@ def compare_occupancy_figure(
     fig.suptitle(title, fontsize=10)
     fig.tight_layout()
     save(fig, path)
+
+
+SERVE_STYLES = {"static": "--", "continuous": "-", "chunked": ":"}
+SERVE_MARKERS = {"sim": ".", "real": "o"}
+
+
+def compare_serve_figure(df: pd.DataFrame, runs: list[str], path: Path, title: str) -> None:
+    """p99 TTFT and p99 TPOT against output-token throughput: one colour per run, one line
+    style per policy, simulated (small dots) and real-engine (circles) points."""
+    colors = _colors(runs)
+    fig, (ttft, tpot) = plt.subplots(1, 2, figsize=(13, 4.8))
+    for (run, policy, source), g in df.groupby(["run", "policy", "source"], sort=False):
+        if source not in SERVE_MARKERS or run not in colors:
+            continue
+        g = g.sort_values("rate_rps")
+        kw = dict(
+            color=colors[run],
+            ls=SERVE_STYLES.get(policy, "-"),
+            label=f"{run}: {policy} ({source})",
+            marker=SERVE_MARKERS[source],
+            lw=1.6 if source == "real" else 1,
+        )
+        ttft.plot(g["output_throughput_tps"], g["ttft_p99_s"], **kw)
+        tpot.plot(g["output_throughput_tps"], g["tpot_p99_s"] * 1e3, **kw)
+    ttft.set_yscale("log")
+    ttft.set_ylabel("p99 TTFT (s, log)")
+    tpot.set_ylabel("p99 TPOT (ms)")
+    tpot.set_ylim(bottom=0)
+    for ax in (ttft, tpot):
+        ax.set_xlabel("output tokens/s (throughput)")
+        ax.grid(True, which="both", alpha=0.3)
+    ttft.legend(fontsize=7)
+    fig.suptitle(title, fontsize=10)
+    fig.tight_layout()
+    save(fig, path)

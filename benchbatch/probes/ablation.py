@@ -214,18 +214,21 @@ def fit(rows: list[dict], option: str = STEP_COSTS_OPTION) -> tuple[StepCostMode
 
 def _fit_nonnegative(rows: list[dict], option: str) -> StepCostModel:
     """Least squares, leaving out a feature whose cost comes out negative (noise: down to a
-    flat model if need be) or that the samples cannot separate (the context, first); samples
-    that determine nothing even then are refused."""
+    flat model if need be) or that the samples cannot separate (the context, first), and
+    fitting through the origin when the base cost comes out negative; samples that
+    determine nothing even then are refused."""
     samples = [
         (r["decode_tokens"], r["prefill_tokens"], r["context_tokens"], r["step_ms"] / 1e3)
         for r in rows
     ]
     weights = [1 / s[3] ** 2 for s in samples]
     left_out: set[int] = set()  # 0 decode, 1 prefill, 2 context
+    through_origin = False  # a negative base (noise) would price small steps below zero
     while True:
         kept = [(*(0 if j in left_out else s[j] for j in range(3)), s[3]) for s in samples]
+        intercept = not through_origin or len(left_out) == 3  # a flat model keeps its base
         try:
-            model = fit_step_cost(kept, weights)
+            model = fit_step_cost(kept, weights, intercept)
         except ValueError:
             if 2 in left_out:
                 raise UserError(
@@ -234,6 +237,9 @@ def _fit_nonnegative(rows: list[dict], option: str) -> StepCostModel:
                     "two batch sizes or more and, for prefills, two prompt lengths or more",
                 ) from None
             left_out.add(2)
+            continue
+        if model.base_s < 0 and not through_origin:
+            through_origin = True
             continue
         bad = [j for j in (2, 0, 1) if j not in left_out and _per_token(model)[j] < 0]
         if not bad:

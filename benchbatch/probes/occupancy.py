@@ -109,6 +109,8 @@ class EngineRun:
     key: str = "policy"
     sim_step_s: Sequence[float] | None = None
     stop_tokens: frozenset[int] = frozenset()  # end a request at one (end-of-sequence)
+    arrivals_s: Sequence[float] | None = None  # arrivals in seconds, on the wall clock
+    columns: dict = field(default_factory=dict)  # set in each of its rows (serve-sweep: rate)
 
 
 Finished = Callable[[EngineRun, object], None]
@@ -123,8 +125,8 @@ def engine_steps(
 
     for run in runs:
         engine = Engine(model, run.policy, run.slots, seed, run.stop_tokens, **run.settings)
-        for record in engine.steps(requests):
-            row = {run.key: run.name, **record.row()}
+        for record in engine.steps(requests, run.arrivals_s):
+            row = {run.key: run.name, **run.columns, **record.row()}
             if run.sim_step_s is not None:
                 row["sim_step_ms"] = 1e3 * run.sim_step_s[record.step]
             yield row
