@@ -85,7 +85,7 @@ def _typed_aliases(plan: dict[str, _Param], typed: dict) -> dict[str, str]:
 
 def _named(e: UserError, flags: dict[str, str]) -> UserError:
     """A field's name ('max_output') as the flag the user typed ('--max-output')."""
-    if e.option.startswith("-") or " " in e.option:
+    if e.option.startswith("-") or " " in e.option or e.option.isupper():  # RUN_DIR
         return e
     return UserError(flags.get(e.option, "--" + e.option.replace("_", "-")), e.message)
 

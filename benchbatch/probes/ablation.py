@@ -158,19 +158,19 @@ def cost_rows_from_csv(paths: Iterable[Path]) -> list[dict]:
 
 
 def _csv_cost_rows(path: Path) -> list[dict]:
-    try:
-        df = pd.read_csv(path)
-    except (OSError, ValueError, UnicodeDecodeError) as e:
-        reason = getattr(e, "strerror", None) or str(e).splitlines()[0]
-        raise UserError(STEP_COSTS_OPTION, f"cannot read {path}: {reason}") from None
+    df = _read_costs_csv(path)
     if "status" in df:
-        df = df[df["status"] == "ok"]
+        df = df[df["status"] == "ok"].reset_index(drop=False)
+        df.index = df.pop("index")  # keep each row's place in the file, for errors
     cols = set(df.columns)
     if {"decode_tokens", "prefill_tokens", "context_tokens", "step_ms"} <= cols:
+        _check_numbers(path, df, ("decode_tokens", "prefill_tokens", "context_tokens"))
         d, p, c = df["decode_tokens"], df["prefill_tokens"], df["context_tokens"]
     elif {"decode_batch", "context", "prefill_tokens", "step_ms"} <= cols:
+        _check_numbers(path, df, ("decode_batch", "context", "prefill_tokens"))
         d, p, c = df["decode_batch"], df["prefill_tokens"], df["decode_batch"] * df["context"]
     elif {"phase", "batch", "tokens", "context", "step_ms"} <= cols:
+        _check_numbers(path, df, ("batch", "tokens", "context"))
         decode = df["phase"] == "decode"
         d = df["batch"].where(decode, 0)
         p = (df["batch"] * df["tokens"]).where(~decode, 0)
@@ -180,6 +180,7 @@ def _csv_cost_rows(path: Path) -> list[dict]:
             STEP_COSTS_OPTION,
             f"{path} has no step times this reads (phases, sweep, piggyback or step_cost CSV)",
         )
+    _check_numbers(path, df, ("step_ms",), STEP_MS_RANGE, missing_ok=True)
     out = pd.DataFrame({"decode_tokens": d, "prefill_tokens": p, "context_tokens": c})
     out["step_ms"] = df["step_ms"]
     out["kind"] = "file"
@@ -187,6 +188,42 @@ def _csv_cost_rows(path: Path) -> list[dict]:
     if not len(out):
         raise UserError(STEP_COSTS_OPTION, f"{path} holds no measured step")
     return out.to_dict("records")
+
+
+# A step time in ms no device and no model gives: faster than 100 ns, slower than an hour.
+STEP_MS_RANGE = (1e-4, 3.6e6)
+TOKENS_RANGE = (0, 1e9)  # tokens, batches and contexts of one step
+
+
+def _read_costs_csv(path: Path) -> pd.DataFrame:
+    import io
+
+    from benchbatch.inputs import read_bytes, reason
+
+    data = read_bytes(path, STEP_COSTS_OPTION).removeprefix(b"\xef\xbb\xbf")
+    try:
+        return pd.read_csv(io.BytesIO(data))
+    except (ValueError, UnicodeDecodeError, pd.errors.ParserError) as e:
+        raise UserError(STEP_COSTS_OPTION, f"cannot read {path}: {reason(e)}") from None
+
+
+def _check_numbers(path, df, columns, bounds=TOKENS_RANGE, missing_ok: bool = False) -> None:
+    """Each column numbers within bounds (an empty cell only where missing_ok: a step that
+    was not measured); else a UserError naming the file, line and column."""
+    lo, hi = bounds
+    for col in columns:
+        numbers = pd.to_numeric(df[col], errors="coerce")
+        bad = ~numbers.between(lo, hi)
+        if missing_ok:
+            bad &= df[col].notna()
+        if bad.any():
+            i = int(bad.to_numpy().nonzero()[0][0])
+            raise UserError(
+                STEP_COSTS_OPTION,
+                f"{path} line {df.index[i] + 2}: {col} {str(df[col].iloc[i])[:40]!r} is not a "
+                f"number in [{lo:g}, {hi:g}]",
+            )
+        df[col] = numbers
 
 
 def fit(rows: list[dict], option: str = STEP_COSTS_OPTION) -> tuple[StepCostModel, list[dict]]:
