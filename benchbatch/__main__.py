@@ -1,3 +1,3 @@
-from benchbatch.cli import main
+from benchbatch.start import main
 
 main()

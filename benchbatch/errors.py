@@ -14,3 +14,30 @@ class Interrupted(Exception):
     def __init__(self, folder):
         super().__init__(f"interrupted: rows measured so far are in {folder}")
         self.folder = folder
+
+
+class WriteFailed(Exception):
+    """A result file could not be written (a full disk, a file size limit, a folder gone
+    read-only): one line naming the file and the bytes it needed; the run ends as failed."""
+
+    def __init__(self, path, needed: int, error: OSError):
+        self.path, self.needed = path, needed
+        self.reason = error.strerror or str(error) or type(error).__name__
+        super().__init__(
+            f"cannot write {path}: {self.reason} ({_size(needed)} to write{_free(path)})"
+        )
+
+
+def _size(n: int) -> str:
+    return f"{n:,} bytes" if n < 2**20 else f"{n / 2**20:,.1f} MiB"
+
+
+def _free(path) -> str:
+    """', N free' on the file's disk, when it can be told."""
+    import shutil
+    from pathlib import Path
+
+    try:
+        return f", {_size(shutil.disk_usage(Path(path).parent).free)} free"
+    except OSError:
+        return ""

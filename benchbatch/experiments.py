@@ -140,6 +140,13 @@ class OccupancyOptions:
         at end-of-sequence need the real engine and a checkpoint."""
         if workload.trace is not None and self.seeds > 1:
             raise UserError("seeds", "a --trace is fixed: there is no seed to vary")
+        drawn, most = self.seeds * workload.requests, workload.MAX_REQUESTS
+        if drawn > most:  # every seed draws and simulates its own workload
+            raise UserError(
+                "seeds",
+                f"{self.seeds:,} seeds of {workload.requests:,} requests simulate {drawn:,} "
+                f"requests, more than the {most:,} a run may (fewer --seeds or --requests)",
+            )
         for name, given in (("prompts", workload.prompts is not None),
                             ("stop_at_eos", self.stop_at_eos)):  # fmt: skip
             if given and (self.engine != "real" or model.model is None):

@@ -4,8 +4,8 @@ file), never a traceback; and property tests of the parsers of lists and traces.
 from __future__ import annotations
 
 import csv
+import errno
 import io
-from pathlib import Path
 
 import pytest
 import torch
@@ -29,7 +29,8 @@ SHAPES = {  # each command's quick, valid arguments: a case changes one thing
     "occupancy": ["--requests", "20"],
     "reproduce": [*TINY, "--prefill", "16", "--decode-batch", "1", "--batch", "1,2"]
     + ["--context", "8", "--requests", "20", "--max-output", "20", "--probe-sizes", "32"],
-    "ablation": [*TINY, "--requests", "20", "--max-num-batched-tokens", "64", "--chunk-size", "32"],
+    "ablation": [*TINY, "--requests", "20", "--max-num-batched-tokens", "64", "--chunk-size", "32"]
+    + ["--long-prompt-len", "64", "--max-output", "60"],
     "piggyback": [*TINY, "--decode-batch", "2", "--context", "8", "--prefill", "4"]
     + ["--chunk-prompt", "16", "--chunks", "8", "--tiles", "8"],
     "compare": [],
@@ -329,21 +330,30 @@ def test_read_trace_gives_requests_or_names_the_option(tmp_path, content):
 # --- figures: a failed write, rows where nothing was measured -------------------------------
 
 
-@pytest.mark.parametrize("stop", [OSError("disk full"), KeyboardInterrupt()], ids=repr)
+@pytest.mark.parametrize(
+    "stop", [OSError(errno.ENOSPC, "No space left on device"), KeyboardInterrupt()], ids=repr
+)
 def test_a_failed_figure_write_leaves_no_temporary_file(tmp_path, monkeypatch, stop):
-    from matplotlib.figure import Figure
-
+    from benchbatch import results
+    from benchbatch.errors import WriteFailed
     from benchbatch.plots import plt, save
 
-    def half_written(self, path, **kwargs):
-        Path(path).write_bytes(b"\x89PNG half")
+    real_fdopen = results.os.fdopen
+
+    def half_written(fd, mode):
+        f = real_fdopen(fd, mode)
+        f.write(b"\x89PNG half")
+        f.flush()
         raise stop
 
-    monkeypatch.setattr(Figure, "savefig", half_written)
+    monkeypatch.setattr(results.os, "fdopen", half_written)
     (tmp_path / "fig.png").write_bytes(b"good")
     fig = plt.figure()
-    with pytest.raises(type(stop)):
+    with pytest.raises(WriteFailed if isinstance(stop, OSError) else KeyboardInterrupt) as e:
         save(fig, tmp_path / "fig.png")
+    if isinstance(stop, OSError):
+        said = str(e.value)
+        assert "fig.png: No space left on device" in said and "bytes to write" in said
     assert sorted(p.name for p in tmp_path.iterdir()) == ["fig.png"]
     assert (tmp_path / "fig.png").read_bytes() == b"good"  # the good one is kept
     assert fig.number not in plt.get_fignums()  # and the figure closed

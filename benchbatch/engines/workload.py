@@ -8,7 +8,6 @@ from __future__ import annotations
 import csv
 import dataclasses
 import math
-import os
 from collections.abc import Iterable, Iterator, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -205,7 +204,8 @@ def output_array(
     # numpy's default_rng, not `random`: with it seed 3 gives 10,089 static against 2,576
     # continuous steps on 32 slots (20.4% vs 79.9% occupancy, the article's 3.92x), and seeds
     # 0-4 static 19-24%, continuous 77-95%, as the article's experiment C spreads.
-    draws = np.random.default_rng(seed).lognormal(math.log(median), sigma, requests)
+    # + 0.0: numpy refuses a sigma of -0.0 (its sign bit), which means 0.
+    draws = np.random.default_rng(seed).lognormal(math.log(median), sigma + 0.0, requests)
     return np.clip(np.rint(draws), 1, max_output).astype(np.int64)
 
 
@@ -482,10 +482,12 @@ def trace_rows(requests: Sequence[Request]) -> list[dict]:
 def write_trace(path: str | Path, requests: Sequence[Request]) -> None:
     """A CSV trace of the requests (e.g. the output lengths a real run produced), written
     whole or not at all, for `occupancy --trace` to replay."""
-    path = Path(path)
-    tmp = path.with_name(path.name + ".tmp")
-    with tmp.open("w", newline="", encoding="utf-8") as f:
-        writer = csv.DictWriter(f, fieldnames=WRITTEN_COLUMNS)
-        writer.writeheader()
-        writer.writerows(trace_rows(requests))
-    os.replace(tmp, path)
+    import io
+
+    from benchbatch.results import atomic_write_text
+
+    text = io.StringIO(newline="")
+    writer = csv.DictWriter(text, fieldnames=WRITTEN_COLUMNS)
+    writer.writeheader()
+    writer.writerows(trace_rows(requests))
+    atomic_write_text(Path(path), text.getvalue())

@@ -94,6 +94,47 @@ def check_budgets(schemes: Sequence[str], b: Budgets, chunk_given: bool) -> None
         SchedulerConfig(b.max_num_seqs, **scheme_settings(s, b))
 
 
+# Every scheme's and every SLO grid point's steps are simulated one by one (25 to 45 us a
+# step on a 2-core CPU): past this the ablation would run for many minutes.
+MAX_SIM_STEPS = 5_000_000
+# Every gap between two tokens is kept per scheme and source (a tbt.csv row, the request's
+# metrics and token steps): about 1.5 KB each in memory, measured.
+BYTES_PER_GAP = 1500
+
+
+def check_work(
+    requests: Sequence[Request], schemes: Sequence[str], b: Budgets, slo, real: bool
+) -> dict:
+    """Refuse, before anything runs, a workload whose simulation needs more steps than
+    MAX_SIM_STEPS or more memory than the machine has; returns the estimate (lower bounds:
+    a step serves at most max_num_seqs decodes, and idles until the last arrival)."""
+    from benchbatch import machine
+    from benchbatch.engines.workload import Workload
+
+    w = Workload.of(requests)
+    tokens, last = int(w.output_tokens.sum()), int(w.arrival_step.max())
+    points = [b] * len(schemes) + (slo_grid(b) if slo is not None else [])
+    steps = sum(max(last + 1, -(-tokens // p.max_num_seqs)) for p in points)
+    if steps > MAX_SIM_STEPS:
+        raise UserError(
+            "requests",
+            f"the ablation would simulate at least {steps:,} steps ({len(points)} runs of "
+            f"{len(w):,} requests, {tokens:,} output tokens, the last arriving at step "
+            f"{last:,}), more than the {MAX_SIM_STEPS:,} it allows: serve fewer or shorter "
+            "requests, or let them arrive sooner",
+        )
+    gaps = (tokens - len(w)) * len(schemes) * (2 if real else 1)
+    need, free = gaps * BYTES_PER_GAP, machine.available_ram_bytes()
+    if need > free:
+        raise UserError(
+            "requests",
+            f"the ablation would keep {gaps:,} gaps between tokens, about "
+            f"{need / 2**30:,.1f} GiB, more than the {free / 2**30:,.1f} GiB of available RAM: "
+            "serve fewer or shorter requests",
+        )
+    return {"simulated_steps_at_least": steps, "token_gaps": gaps, "memory_bytes": need}
+
+
 # --- the step-cost model ------------------------------------------------------------------------
 
 
@@ -422,9 +463,9 @@ def real_columns(row: dict, sim_row: dict, result: EngineResult) -> dict:
     return {
         **row,
         "sim_total_s": sim_row["total_s"],
-        "real_over_sim": row["total_s"] / sim_row["total_s"],
-        "ttft_p50_real_over_sim": row["ttft_p50_s"] / sim_row["ttft_p50_s"],
-        "tbt_p99_real_over_sim": row["tbt_p99_s"] / sim_row["tbt_p99_s"],
+        "real_over_sim": ratio(row["total_s"], sim_row["total_s"]),
+        "ttft_p50_real_over_sim": ratio(row["ttft_p50_s"], sim_row["ttft_p50_s"]),
+        "tbt_p99_real_over_sim": ratio(row["tbt_p99_s"], sim_row["tbt_p99_s"]),
         "model_s": result.model_s,
         "overhead": result.overhead,
     }
@@ -510,8 +551,16 @@ def ordering(rows: Sequence[dict], source: str) -> dict | None:
         "tbt_p99_order": tbt,
         "ttft_p50_order": ttft,
         "as_paper": tbt and ttft,
-        "stall_shrink": m["tbt_max_s"] / b["tbt_max_s"],
+        "stall_shrink": ratio(m["tbt_max_s"], b["tbt_max_s"]),
     }
+
+
+def ratio(a: float, b: float) -> float:
+    """a / b, NaN where b is 0 or either is not a number (every request one token long:
+    no gap between tokens, so no stall to shrink)."""
+    if a is None or b is None or not (math.isfinite(a) and math.isfinite(b)) or b == 0:
+        return math.nan
+    return a / b
 
 
 # --- SLO search -----------------------------------------------------------------------------------

@@ -1,0 +1,41 @@
+"""The program's first lines (`benchbatch` and `python -m benchbatch`): before anything heavy
+is imported, Ctrl-C and SIGTERM end the process with one line and exit code 130 instead of
+a traceback from the middle of an import, and the terminal's encoding can no longer turn a
+finished run into a traceback. Kept free of imports beyond the standard library's few.
+"""
+
+from __future__ import annotations
+
+import signal
+import sys
+
+INTERRUPTED = 130
+
+
+def _raise_interrupt(signum, frame):
+    raise KeyboardInterrupt
+
+
+def prepare() -> None:
+    """Signals and output streams as the command line wants them."""
+    signal.signal(signal.SIGTERM, _raise_interrupt)  # a scheduler's kill, as Ctrl-C
+    signal.signal(signal.SIGINT, _raise_interrupt)  # even where the shell ignored it
+    if hasattr(signal, "SIGXFSZ"):  # past a file size limit: a failed write, not a core dump
+        signal.signal(signal.SIGXFSZ, signal.SIG_IGN)
+    for stream in (sys.stdout, sys.stderr):
+        try:  # an ASCII-only terminal gets \u escapes, never a UnicodeEncodeError
+            stream.reconfigure(errors="backslashreplace")
+        except (AttributeError, ValueError):
+            pass
+
+
+def main() -> None:
+    try:
+        prepare()
+        from benchbatch.cli import main as run
+    except KeyboardInterrupt:
+        signal.signal(signal.SIGINT, signal.SIG_IGN)
+        signal.signal(signal.SIGTERM, signal.SIG_IGN)
+        sys.stderr.write("interrupted while starting: nothing was run or written\n")
+        sys.exit(INTERRUPTED)
+    run()
