@@ -173,6 +173,24 @@ def load(folder: Path, label: str) -> RunData:
     return RunData(label, folder, kind, meta, tables)
 
 
+def _same(folder: Path) -> Path:
+    try:
+        return folder.resolve()
+    except (OSError, RuntimeError):  # a symlink loop: its own text, then
+        return folder.absolute()
+
+
+def check_out(out: Path | None, folders: list[Path]) -> None:
+    """compare --out is never one of the folders it reads (nor a folder that holds one of
+    them as a file's place): their files stay as they were."""
+    if out is None:
+        return
+    target = _same(out)
+    for folder in folders:
+        if target == _same(folder):
+            raise UserError("--out", f"{out} is one of the folders compared: choose another")
+
+
 def labels(folders: list[Path], given: str | None) -> list[str]:
     """--label's names, else each folder's name (with its parent when two names clash)."""
     if given is not None:
@@ -194,6 +212,14 @@ def load_all(folders: list[Path], given_labels: str | None = None) -> list[RunDa
     """Every folder loaded and checked to be of one kind."""
     if len(folders) < 2:
         raise fail("give at least two result folders to compare")
+    seen: dict[Path, Path] = {}
+    for folder in folders:
+        first = seen.setdefault(_same(folder), folder)
+        if first is not folder and given_labels is None:
+            raise fail(
+                f"the same folder was given twice ({first} and {folder}): give two different "
+                "runs, or --label to compare a run with itself"
+            )
     names = labels(folders, given_labels)
     runs = [load(folder, name) for folder, name in zip(folders, names, strict=True)]
     kinds = {r.kind for r in runs}

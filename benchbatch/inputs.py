@@ -39,9 +39,9 @@ def regular_file(path: str | Path, option: str, limit: int = MAX_TEXT_BYTES) -> 
     except (OSError, ValueError) as e:
         raise UserError(option, f"cannot read {path}: {reason(e)}") from None
     if stat.S_ISDIR(info.st_mode):
-        raise UserError(option, f"{path} is a folder, not a file")
+        raise UserError(option, f"cannot read {path}: a folder, not a file")
     if not stat.S_ISREG(info.st_mode):
-        raise UserError(option, f"{path} is not a regular file (a pipe or a device?)")
+        raise UserError(option, f"cannot read {path}: not a regular file (a pipe or a device?)")
     if info.st_size > limit:
         raise UserError(
             option, f"{path} is {info.st_size / MiB:,.0f} MiB, more than the {limit / MiB:,.0f} "

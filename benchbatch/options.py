@@ -211,19 +211,32 @@ class ModelOptions:
         return Transformer(cfg, target.device, target.dtype, seed), cfg
 
 
-def check_fits(cfg, target, option: str) -> None:
+def check_fits(cfg, target, option: str, cache: tuple[int, int, str] | None = None) -> None:
     """Refuse, before building it, a model whose weights (and rotary tables, built in
-    float64) exceed the memory free on the device: the allocator would crash or swap."""
+    float64) exceed the memory free on the device: the allocator would crash or swap.
+    cache (slots, tokens per slot, the option that set the slots): a real engine's KV cache,
+    which must fit beside the weights too."""
     from benchbatch import accounting, device
 
     need = accounting.weight_bytes(cfg, target.dtype_name) + 16 * cfg.max_context * cfg.head_dim
     free = device.free_memory_bytes(target.device)
+    where = "free on the GPU" if target.device.type == "cuda" else "of available RAM"
     if need > free:
-        where = "free on the GPU" if target.device.type == "cuda" else "of available RAM"
         raise UserError(
             option,
             f"the model ({cfg.name}: hidden {cfg.hidden}, {cfg.layers} layers, max context "
             f"{cfg.max_context:,}) needs {need / 2**30:,.1f} GiB, more than the "
+            f"{free / 2**30:,.1f} GiB {where}",
+        )
+    if cache is None:
+        return
+    slots, tokens, slots_option = cache
+    kv = accounting.kv_cache_bytes(cfg, target.dtype_name, slots, tokens)
+    if need + kv > free:
+        raise UserError(
+            slots_option,
+            f"a KV cache of {slots:,} slots x {tokens:,} tokens needs {kv / 2**30:,.1f} GiB; "
+            f"beside the model's {need / 2**30:,.1f} GiB that is more than the "
             f"{free / 2**30:,.1f} GiB {where}",
         )
 

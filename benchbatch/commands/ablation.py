@@ -84,10 +84,12 @@ def _open(opts, workload, model, run, requests, need_model: bool) -> Recorder:
         return Recorder.open("ablation", run, None, None, record(opts, workload, run))
     from benchbatch.engines.engine import check_fits
 
+    real = opts.engine == "real"
     what = "trace" if workload.trace is not None else "max_output"
     # The cost fit times steps on the model too: the workload must fit its context.
     check = lambda cfg: _named(what, check_fits, cfg.max_context, requests)  # noqa: E731
-    return c.open_model_run("ablation", model, run, opts, workload, check=check)
+    cache = (lambda cfg: c.engine_cache(workload.slots, requests)) if real else None
+    return c.open_model_run("ablation", model, run, opts, workload, check=check, cache=cache)
 
 
 def _named(option: str, check, *args):

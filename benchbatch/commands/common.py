@@ -37,17 +37,19 @@ def open_model_run(
     *options,
     check: Callable | None = None,
     before: Callable | None = None,
+    cache: Callable | None = None,
 ) -> Recorder:
     """A run that times the model: device, shape and options checked, the folder made and
     metadata.json written (before the model is built), then before(cfg) (a header) and the
-    notes printed."""
+    notes printed. cache(cfg) -> (slots, tokens per slot, option): a real engine's KV cache,
+    checked to fit beside the model."""
     target = run.target()
     cfg = model.shape(device_preset(target))
     if check is not None:
         check(cfg)
     from benchbatch.options import check_fits
 
-    check_fits(cfg, target, model.source())
+    check_fits(cfg, target, model.source(), cache(cfg) if cache is not None else None)
     given = load_ceilings(run, target)
     applied = dataclasses.replace(run, cuda_graphs=run.graphs(target))
     rec = Recorder.open(command, applied, target, cfg, record(*options, model, applied))
@@ -61,6 +63,14 @@ def open_model_run(
 
         torch.set_num_threads(run.threads)
     return rec
+
+
+def engine_cache(slots: int, requests) -> tuple[int, int, str]:
+    """The real engine's KV cache, for open_model_run's cache: every slot holds the longest
+    prompt plus the longest output."""
+    from benchbatch.engines.engine import cache_len
+
+    return slots, cache_len(requests), "slots"
 
 
 def print_notes(*notes: str | None) -> None:

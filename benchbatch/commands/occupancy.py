@@ -70,7 +70,8 @@ def occupancy(
     requests = _served(workload.draw(run.seed), workload, model, opts.stop_at_eos)
     if opts.engine == "real":
         check = lambda cfg: _check_real(cfg, requests, workload)  # noqa: E731
-        rec = c.open_model_run("occupancy", model, run, opts, workload, check=check)
+        cache = lambda cfg: c.engine_cache(workload.slots, requests)  # noqa: E731
+        rec = c.open_model_run("occupancy", model, run, opts, workload, check=check, cache=cache)
     else:
         rec = Recorder.open("occupancy", run, None, None, record(opts, workload, run))
         c.print_notes(_ignored(model, run))
