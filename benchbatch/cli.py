@@ -51,7 +51,7 @@ from benchbatch.commands import (  # noqa: E402
     sweep,
 )
 from benchbatch.commands.common import check_numbers  # noqa: E402
-from benchbatch.errors import Interrupted, UserError, WriteFailed  # noqa: E402
+from benchbatch.errors import Interrupted, UserError, WriteFailed, one_line  # noqa: E402
 from benchbatch.run import HELD, abandon, interrupts_raise  # noqa: E402
 
 try:  # recent typer vendors its own click; older ones use click itself
@@ -156,7 +156,11 @@ def _exit(code: int) -> None:
 
 
 def _ignore_signals() -> None:
-    if threading.current_thread() is threading.main_thread():
+    """The program is ending: no signal may change its exit code now (a library user's
+    process, the tests', keeps its handlers)."""
+    from benchbatch import start
+
+    if start.AS_PROGRAM and threading.current_thread() is threading.main_thread():
         for sig in HELD:
             signal.signal(sig, signal.SIG_IGN)
 
@@ -193,6 +197,7 @@ def _fail(message: str, code: int) -> int:
 
 def _echo(line: str) -> None:
     """One line on stderr, whatever its encoding and whatever the line holds."""
+    line = one_line(line)
     try:
         typer.echo(line, err=True)
     except (UnicodeEncodeError, OSError, ValueError):

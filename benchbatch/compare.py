@@ -127,7 +127,7 @@ def read_table(folder: Path, table: str) -> pd.DataFrame:
         raise fail(f"{path} does not exist (the run wrote no {table} rows)")
     data = read_bytes(path, ARGUMENT).removeprefix(b"\xef\xbb\xbf")
     try:
-        df = pd.read_csv(io.BytesIO(data))
+        df = pd.read_csv(io.BytesIO(data), index_col=False)
     except (UnicodeDecodeError, ValueError) as e:  # pandas' parse errors are ValueErrors
         raise fail(f"{path} is corrupt: {_first_line(e)}") from None
     missing = [col for col in COLUMNS[table] if col not in df.columns]
@@ -197,7 +197,8 @@ def labels(folders: list[Path], given: str | None) -> list[str]:
         names = [name.strip() for name in given.split(",")]
         if len(names) != len(folders) or not all(names):
             raise UserError(
-                "--label", f"give {len(folders)} non-empty labels, one per folder; got {given!r}"
+                "--label",
+                f"give {len(folders)} non-empty labels, one per folder; got {given[:80]!r}",
             )
     else:
         names = [f.resolve().name or str(f) for f in folders]

@@ -1,10 +1,25 @@
 class UserError(Exception):
-    """A mistake in the user's input: shown as one line naming the option, exit code 2."""
+    """A mistake in the user's input: shown as one line naming the option, exit code 2. The
+    message is made one line: a newline quoted from a file or a path is shown as \\n."""
 
     def __init__(self, option: str, message: str):
+        message = one_line(message)
         super().__init__(f"{option}: {message}")
         self.option = option
         self.message = message
+
+
+def one_line(text: str) -> str:
+    """Text with its control characters and line separators escaped (\\n, \\r, \\x00): a
+    value from a file or a path printed on a line stays on that line."""
+    text = str(text)
+    if not any(c in _BREAKS or c < " " or c == "\x7f" for c in text):
+        return text
+    return "".join(c.encode("unicode_escape").decode("ascii") if c < " " or c in _BREAKS
+                   or c == "\x7f" else c for c in text)  # fmt: skip
+
+
+_BREAKS = frozenset("\x85\u2028\u2029")
 
 
 class Interrupted(Exception):

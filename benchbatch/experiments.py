@@ -226,7 +226,7 @@ class AblationOptions:
         require(
             bool(self.schemes) and not bad,
             "schemes",
-            f"unknown scheme {bad[0] if bad else ''!r}; choose from {', '.join(SCHEMES)}",
+            f"unknown scheme {bad[0][:40] if bad else ''!r}; choose from {', '.join(SCHEMES)}",
         )
         object.__setattr__(self, "schemes", tuple(s for s in SCHEMES if s in self.schemes))
         check_count("max_num_batched_tokens", self.max_num_batched_tokens, 1)

@@ -139,6 +139,8 @@ class ModelOptions:
     SIZES = ("hidden", "layers", "heads", "kv_heads", "intermediate", "vocab", "max_context")
 
     def __post_init__(self) -> None:
+        for name, value in self.overrides().items():  # also where they would be ignored
+            check_count(name, value, 1)
         require(
             self.preset is None or self.config is None,
             "config",

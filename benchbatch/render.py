@@ -19,6 +19,8 @@ from rich.console import Console
 from rich.table import Table
 from rich.text import Text
 
+from benchbatch.errors import one_line
+
 out_console = Console(markup=False, emoji=False, soft_wrap=True)
 err_console = Console(stderr=True, markup=False, emoji=False)
 
@@ -75,13 +77,13 @@ def warning(text: str) -> None:
 
 def labelled(label: str, text: str, style: str = "yellow") -> None:
     """'label: text' on stderr, the label in colour, the text exactly as given."""
-    err_console.print(Text.assemble((label, style), " ", str(text)), highlight=False,
+    err_console.print(Text.assemble((label, style), " ", one_line(text)), highlight=False,
                       soft_wrap=True)  # fmt: skip
 
 
 def line(text: str) -> None:
     """One line of results on stdout, exactly as given, never wrapped."""
-    out_console.print(str(text), highlight=False)
+    out_console.print(one_line(text), highlight=False)
 
 
 def results_line(folder) -> None:

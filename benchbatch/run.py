@@ -199,9 +199,13 @@ class Recorder(Run):
     def __exit__(self, kind, error, tb) -> bool:
         try:
             if error is None:
-                with signals_held():
-                    self.flush()
-                    self.finish("complete", telemetry_after=self._telemetry())
+                try:
+                    with signals_held():
+                        self.flush()
+                        self.finish("complete", telemetry_after=self._telemetry())
+                except WriteFailed as e:  # the last rows do not fit on the disk
+                    self.end("failed", error=f"{type(e).__name__}: {e}")
+                    raise
             elif isinstance(error, KeyboardInterrupt):
                 self.end("interrupted", telemetry_after=self._telemetry())
                 raise Interrupted(self.folder) from None

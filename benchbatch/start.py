@@ -16,8 +16,15 @@ def _raise_interrupt(signum, frame):
     raise KeyboardInterrupt
 
 
+# True once prepare() ran: this process is the command line, not a library user (tests),
+# so signals may be ignored for good once the exit code is decided.
+AS_PROGRAM = False
+
+
 def prepare() -> None:
     """Signals and output streams as the command line wants them."""
+    global AS_PROGRAM
+    AS_PROGRAM = True
     signal.signal(signal.SIGTERM, _raise_interrupt)  # a scheduler's kill, as Ctrl-C
     signal.signal(signal.SIGINT, _raise_interrupt)  # even where the shell ignored it
     if hasattr(signal, "SIGXFSZ"):  # past a file size limit: a failed write, not a core dump

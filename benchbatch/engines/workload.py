@@ -366,7 +366,8 @@ def _int_field(
     try:
         value = int(text)
     except ValueError:
-        raise UserError(TRACE_OPTION, f"{where}: {column} {text!r} is not an integer") from None
+        shown = text[:40]
+        raise UserError(TRACE_OPTION, f"{where}: {column} {shown!r} is not an integer") from None
     kind = "positive" if minimum == 1 else "zero or more"
     _require(value >= minimum, TRACE_OPTION, f"{where}: {column} must be {kind}, got {value}")
     # Requests are held as int64 columns; no run could get anywhere near this anyway.

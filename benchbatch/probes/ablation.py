@@ -201,8 +201,7 @@ def cost_rows_from_csv(paths: Iterable[Path]) -> list[dict]:
 def _csv_cost_rows(path: Path) -> list[dict]:
     df = _read_costs_csv(path)
     if "status" in df:
-        df = df[df["status"] == "ok"].reset_index(drop=False)
-        df.index = df.pop("index")  # keep each row's place in the file, for errors
+        df = df[df["status"] == "ok"]  # the index keeps each row's place, for errors
     cols = set(df.columns)
     if {"decode_tokens", "prefill_tokens", "context_tokens", "step_ms"} <= cols:
         _check_numbers(path, df, ("decode_tokens", "prefill_tokens", "context_tokens"))
@@ -243,7 +242,7 @@ def _read_costs_csv(path: Path) -> pd.DataFrame:
 
     data = read_bytes(path, STEP_COSTS_OPTION).removeprefix(b"\xef\xbb\xbf")
     try:
-        return pd.read_csv(io.BytesIO(data))
+        return pd.read_csv(io.BytesIO(data), index_col=False)
     except (ValueError, UnicodeDecodeError, pd.errors.ParserError) as e:
         raise UserError(STEP_COSTS_OPTION, f"cannot read {path}: {reason(e)}") from None
 
@@ -261,7 +260,7 @@ def _check_numbers(path, df, columns, bounds=TOKENS_RANGE, missing_ok: bool = Fa
             i = int(bad.to_numpy().nonzero()[0][0])
             raise UserError(
                 STEP_COSTS_OPTION,
-                f"{path} line {df.index[i] + 2}: {col} {str(df[col].iloc[i])[:40]!r} is not a "
+                f"{path} row {df.index[i] + 1}: {col} {str(df[col].iloc[i])[:40]!r} is not a "
                 f"number in [{lo:g}, {hi:g}]",
             )
         df[col] = numbers
