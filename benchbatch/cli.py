@@ -72,7 +72,7 @@ class BenchGroup(TyperGroup):
                 code = self._main(args, prog_name, complete_var, **extra)
         except KeyboardInterrupt:  # between two `with` blocks, or while a line was printed
             _ignore_signals()  # exiting now: a second Ctrl-C cannot cut the last writes short
-            code = _interrupted(None)
+            code = interrupted(None)
         if standalone_mode:
             _exit(code)
         return code
@@ -80,13 +80,15 @@ class BenchGroup(TyperGroup):
     def _main(self, args, prog_name, complete_var, **extra) -> int:
         try:
             code = super().main(args, prog_name, complete_var, standalone_mode=False, **extra)
+            if code == 130:  # typer's answer to a KeyboardInterrupt it caught: say where
+                return interrupted(None)
             return code if isinstance(code, int) else 0
         except UserError as e:
             return _failed(f"{e.option}: {e.message}", 2, e)
         except WriteFailed as e:
             return _failed(str(e), 1, e)
         except Interrupted as e:
-            return _interrupted(e.folder)
+            return interrupted(e.folder)
         except click_errors.NoArgsIsHelpError as e:
             return e.exit_code  # the help was printed: nothing else to say
         except click_errors.UsageError as e:
@@ -94,7 +96,7 @@ class BenchGroup(TyperGroup):
         except click_errors.ClickException as e:
             return _fail(e.format_message(), e.exit_code)
         except typer.Abort:  # click's word for Ctrl-C
-            return _interrupted(None)
+            return interrupted(None)
         except BrokenPipeError:  # stdout's reader went away (`| head`): nothing to say
             _silence_stdout()
             return 0
@@ -125,7 +127,7 @@ def usage_line(e) -> str:
     return f"{name}: {text.split(', unable to parse')[0]}"
 
 
-def _interrupted(folder) -> int:
+def interrupted(folder) -> int:
     """Ctrl-C or SIGTERM: every open run marked interrupted, one line saying where."""
     folders = abandon("interrupted")
     if folder is not None or folders:
@@ -147,11 +149,15 @@ def _failed(message: str, code: int, error: BaseException) -> int:
 
 def _exit(code: int) -> None:
     """Exit with the code decided: a signal from now on cannot change it (no 143)."""
+    from benchbatch import start
+
     _ignore_signals()
     try:
         sys.stdout.flush()
     except (BrokenPipeError, ValueError, OSError):
         _silence_stdout()
+    if code == start.INTERRUPTED and start.AS_PROGRAM:
+        start.exit_interrupted()
     sys.exit(code)
 
 

@@ -6,6 +6,7 @@ finished run into a traceback. Kept free of imports beyond the standard library'
 
 from __future__ import annotations
 
+import os
 import signal
 import sys
 
@@ -41,8 +42,33 @@ def main() -> None:
         prepare()
         from benchbatch.cli import main as run
     except KeyboardInterrupt:
-        signal.signal(signal.SIGINT, signal.SIG_IGN)
-        signal.signal(signal.SIGTERM, signal.SIG_IGN)
+        _ignore()
         sys.stderr.write("interrupted while starting: nothing was run or written\n")
-        sys.exit(INTERRUPTED)
-    run()
+        exit_interrupted()
+    try:
+        run()
+    except KeyboardInterrupt:  # outside the command's own handling (typer building it)
+        _ignore()
+        from benchbatch.cli import interrupted
+
+        interrupted(None)
+        exit_interrupted()
+
+
+def exit_interrupted() -> None:
+    """Exit with code 130 now. Not through sys.exit: CPython 3.11 remembers a Ctrl-C that
+    interrupted code run from a string (a dataclass being made, a type hint evaluated), even
+    one handled since, and at exit kills itself with SIGINT instead (exit -2, not 130).
+    Everything is written by now; the streams are flushed here."""
+    for stream in (sys.stdout, sys.stderr):
+        try:
+            stream.flush()
+        except (OSError, ValueError):
+            pass
+    os._exit(INTERRUPTED)
+
+
+def _ignore() -> None:
+    """Exiting now: a second Ctrl-C cannot change how."""
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+    signal.signal(signal.SIGTERM, signal.SIG_IGN)
