@@ -111,7 +111,9 @@ def _check_real(cfg, requests, workload: WorkloadOptions) -> None:
     from benchbatch.errors import UserError
 
     check_prompt_ids(cfg.vocab, requests)
-    longest = max(r.prompt_tokens for r in requests)
+    from benchbatch.engines.workload import Workload
+
+    longest = int(Workload.of(requests).prompt_tokens.max())
     if longest + 1 > cfg.max_context:
         raise UserError(
             "trace" if workload.trace is not None else "prompt_len",

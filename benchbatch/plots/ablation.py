@@ -95,7 +95,8 @@ def latency_figure(
     tbt.xaxis.set_minor_formatter(ticker.NullFormatter())
     for ax in (ttft, tbt):
         ax.grid(True, alpha=0.3)
-        ax.legend(fontsize=7)
+        if ax.get_legend_handles_labels()[0]:  # no gap at all: nothing to name
+            ax.legend(fontsize=7)
     _bars(bars, rows)
     fig.suptitle(title, fontsize=9)
     tight(fig)
