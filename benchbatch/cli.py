@@ -153,7 +153,8 @@ def _exit(code: int) -> None:
 
     _ignore_signals()
     try:
-        sys.stdout.flush()
+        if sys.stdout is not None:  # None: started with stdout closed
+            sys.stdout.flush()
     except (BrokenPipeError, ValueError, OSError):
         _silence_stdout()
     if code == start.INTERRUPTED and start.AS_PROGRAM:

@@ -66,8 +66,11 @@ def occupancy(
     try `benchbatch occupancy --engine real --requests 64 --slots 8 --max-output 200` (about
     a minute with cpu-small on 2 cores).
     """
+    from benchbatch.probes.occupancy import check_memory
+
     opts.check(workload, model)
     requests = _served(workload.draw(run.seed), workload, model, opts.stop_at_eos)
+    check_memory(len(requests), "trace" if workload.trace is not None else "requests")
     if opts.engine == "real":
         check = lambda cfg: _check_real(cfg, requests, workload)  # noqa: E731
         cache = lambda cfg: c.engine_cache(workload.slots, requests)  # noqa: E731
