@@ -133,8 +133,10 @@ def interrupted(folder) -> int:
     if folder is not None or folders:
         where = folder if folder is not None else folders[0]
         line = f"interrupted: rows measured so far are in {where}"
-    elif runs.last_folder is not None:
-        line = f"interrupted after the run was written: its results are in {runs.last_folder}"
+    elif runs.last_run is not None and runs.last_run.meta.get("status") != "complete":
+        line = f"interrupted: rows measured so far are in {runs.last_run.folder}"
+    elif runs.last_run is not None:
+        line = f"interrupted after the run was written: its results are in {runs.last_run.folder}"
     else:
         line = "interrupted: nothing was written"
     _echo(line)

@@ -60,9 +60,9 @@ def environment(target=None) -> dict:
 
 # Runs whose metadata.json still says "running": whatever ends the process early (a signal
 # between two `with` blocks, an error outside one) finishes them (see abandon), so a run
-# folder never stays marked running. The last folder made, for the interrupt message.
+# folder never stays marked running. The last run made, for the interrupt message.
 _OPEN: list[Run] = []
-last_folder: Path | None = None
+last_run: Run | None = None
 
 
 class Run:
@@ -85,8 +85,8 @@ class Run:
         }
         self.write_meta()
         _OPEN.append(self)
-        global last_folder
-        last_folder = folder
+        global last_run
+        last_run = self
 
     def add(self, table: str, row: dict, stream: bool = False) -> None:
         """Keep one measured row, on disk at once (a stream table: within STREAM_INTERVAL_S,
@@ -207,7 +207,8 @@ class Recorder(Run):
                     self.end("failed", error=f"{type(e).__name__}: {e}")
                     raise
             elif isinstance(error, KeyboardInterrupt):
-                self.end("interrupted", telemetry_after=self._telemetry())
+                with signals_held():  # a second Ctrl-C waits for the last writes
+                    self.end("interrupted", telemetry_after=self._telemetry())
                 raise Interrupted(self.folder) from None
             else:
                 self.end("failed", error=f"{type(error).__name__}: {error}")

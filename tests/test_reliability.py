@@ -479,8 +479,10 @@ def test_flush_writes_every_table_again(tmp_path):
     assert list(pd.read_csv(tmp_path / "a.csv")["x"]) == [1, 2]
 
 
-def test_signals_held_ignores_ctrl_c_meanwhile():
-    before = signal.getsignal(signal.SIGINT)
-    with runs.signals_held():
-        os.kill(os.getpid(), signal.SIGINT)  # ignored: no KeyboardInterrupt here
-    assert signal.getsignal(signal.SIGINT) == before
+def test_signals_held_delivers_ctrl_c_once_the_writes_are_done():
+    before, done = signal.getsignal(signal.SIGINT), []
+    with pytest.raises(KeyboardInterrupt):
+        with runs.signals_held():
+            os.kill(os.getpid(), signal.SIGINT)  # held: the writes go on
+            done.append("written")
+    assert done == ["written"] and signal.getsignal(signal.SIGINT) == before
