@@ -1,3 +1,14 @@
-from benchbatch.cli import main
+# Signals first (benchbatch.start says why), then the program.
+import signal
+
+
+def _interrupt(signum, frame):
+    raise KeyboardInterrupt
+
+
+signal.signal(signal.SIGTERM, _interrupt)
+signal.signal(signal.SIGINT, _interrupt)
+
+from benchbatch.start import main  # noqa: E402
 
 main()

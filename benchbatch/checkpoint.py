@@ -77,20 +77,25 @@ def _check_architecture(raw: dict, path: Path) -> None:
     archs = raw.get("architectures")
     if archs is None:  # older configs: model_type alone says the family
         if raw.get("model_type") not in ARCHITECTURES.values():
-            fields.fail("model_type", f"{raw.get('model_type')!r} is not one of {known}")
+            fields.fail("model_type", f"{hfconfig._short(raw.get('model_type'))} is not one of "
+                        f"{known}")  # fmt: skip
         return
     if not isinstance(archs, list) or len(archs) != 1:
-        fields.fail("architectures", f"expected one architecture, got {archs!r}")
-    if archs[0] not in ARCHITECTURES:
-        fields.fail("architectures", f"{archs[0]!r} is not one benchbatch loads ({known})")
+        fields.fail("architectures", f"expected one architecture, got {hfconfig._short(archs)}")
+    if not isinstance(archs[0], str) or archs[0] not in ARCHITECTURES:
+        fields.fail(
+            "architectures", f"{hfconfig._short(archs[0])} is not one benchbatch loads ({known})"
+        )
     if raw.get("model_type") != ARCHITECTURES[archs[0]]:
-        fields.fail("model_type", f"{raw.get('model_type')!r} does not match {archs[0]}")
+        fields.fail("model_type", f"{hfconfig._short(raw.get('model_type'))} does not match "
+                    f"{archs[0]}")  # fmt: skip
 
 
 def stored_dtype(path: str | Path) -> str | None:
     """The dtype config.json says the weights are in (fp32, fp16, bf16), or None."""
     raw = hfconfig.load_json(folder(path) / "config.json", OPTION)
-    return CONFIG_DTYPES.get(raw.get("torch_dtype") or raw.get("dtype"))
+    stored = raw.get("torch_dtype") or raw.get("dtype")
+    return CONFIG_DTYPES.get(stored) if isinstance(stored, str) else None
 
 
 def load(
@@ -323,7 +328,8 @@ def eos_token_ids(path: str | Path) -> frozenset[int]:
         if not ids or not all(
             isinstance(i, int) and not isinstance(i, bool) and i >= 0 for i in ids
         ):
-            hfconfig.Fields(raw, file, OPTION).fail("eos_token_id", f"not token ids: {value!r}")
+            shown = hfconfig._short(value)
+            hfconfig.Fields(raw, file, OPTION).fail("eos_token_id", f"not token ids: {shown}")
         return frozenset(ids)
     raise UserError(
         "--stop-at-eos",

@@ -2,9 +2,12 @@
 
 from __future__ import annotations
 
+import contextlib
 import os
+import signal
 import sys
 import tempfile
+import threading
 from pathlib import Path
 
 
@@ -37,6 +40,7 @@ import typer  # noqa: E402
 from typer.core import TyperGroup  # noqa: E402
 
 from benchbatch import distributed  # noqa: E402
+from benchbatch import run as runs  # noqa: E402
 from benchbatch.commands import (  # noqa: E402
     ablation,
     compare,
@@ -50,8 +54,8 @@ from benchbatch.commands import (  # noqa: E402
     sweep,
 )
 from benchbatch.commands.common import check_numbers  # noqa: E402
-from benchbatch.errors import Interrupted, UserError  # noqa: E402
-from benchbatch.run import close_interrupted, interrupts_raise  # noqa: E402
+from benchbatch.errors import Interrupted, UserError, WriteFailed, one_line  # noqa: E402
+from benchbatch.run import HELD, abandon, interrupts_raise  # noqa: E402
 
 try:  # recent typer vendors its own click; older ones use click itself
     from typer._click import exceptions as click_errors
@@ -60,37 +64,128 @@ except ImportError:  # pragma: no cover
 
 
 class BenchGroup(TyperGroup):
-    """Every user error ends as one line on stderr naming the option, and exit code 2."""
+    """Every user error ends as one line on stderr naming the option, and exit code 2; Ctrl-C
+    or SIGTERM at any moment as one line saying where the rows are, and exit code 130."""
 
     def main(self, args=None, prog_name=None, complete_var=None, standalone_mode=True, **extra):
         for command in self.commands.values():
             _check_numbers_first(command)
         try:
             with interrupts_raise():
-                code = super().main(args, prog_name, complete_var, standalone_mode=False, **extra)
-            code = code if isinstance(code, int) else 0
-        except UserError as e:
-            code = _fail(f"{e.option}: {e.message}", 2)
-        except Interrupted as e:
-            close_interrupted()
-            if distributed.is_writer():  # the folder is rank 0's
-                typer.echo(str(e), err=True)
-            code = 130
-        except click_errors.NoArgsIsHelpError as e:
-            code = e.exit_code  # the help was printed: nothing else to say
-        except click_errors.UsageError as e:
-            hint = f" (see '{e.ctx.command_path} --help')" if e.ctx else ""
-            code = _fail(e.format_message() + hint, e.exit_code)
-        except click_errors.ClickException as e:
-            code = _fail(e.format_message(), e.exit_code)
-        except typer.Abort:  # a Ctrl-C outside a run's own handling
-            close_interrupted()
-            code = _fail("aborted", 130)
+                code = self._main(args, prog_name, complete_var, **extra)
+        except KeyboardInterrupt:  # between two `with` blocks, or while a line was printed
+            _ignore_signals()  # exiting now: a second Ctrl-C cannot cut the last writes short
+            code = interrupted(None)
         if code in (0, 2):  # done, or an error every rank agreed on: leave the group cleanly
             distributed.stop()
         if standalone_mode:
-            sys.exit(code)
+            _exit(code)
         return code
+
+    def _main(self, args, prog_name, complete_var, **extra) -> int:
+        try:
+            code = super().main(args, prog_name, complete_var, standalone_mode=False, **extra)
+            if code == 130:  # typer's answer to a KeyboardInterrupt it caught: say where
+                return interrupted(None)
+            return code if isinstance(code, int) else 0
+        except UserError as e:
+            return _failed(f"{e.option}: {e.message}", 2, e)
+        except WriteFailed as e:
+            return _failed(str(e), 1, e)
+        except Interrupted as e:
+            return interrupted(e.folder)
+        except click_errors.NoArgsIsHelpError as e:
+            return e.exit_code  # the help was printed: nothing else to say
+        except click_errors.UsageError as e:
+            return _fail(usage_line(e), e.exit_code)
+        except click_errors.ClickException as e:
+            return _fail(e.format_message(), e.exit_code)
+        except typer.Abort:  # click's word for Ctrl-C
+            return interrupted(None)
+        except BrokenPipeError:  # stdout's reader went away (`| head`): nothing to say
+            _silence_stdout()
+            return 0
+
+
+def usage_line(e) -> str:
+    """The option parser's complaint as 'OPTION: what is wrong', as every other error."""
+    param = getattr(e, "param", None)
+    name = getattr(e, "option_name", None)
+    if param is not None:
+        opts = [o for o in getattr(param, "opts", []) if o.startswith("--")]
+        if opts and param.param_type_name == "option":
+            name = opts[0]
+        else:  # an argument: its metavar (RUN_DIR)
+            name = getattr(param, "metavar", None) or (param.name or "argument").upper()
+    text = e.message.strip()
+    if isinstance(e, click_errors.MissingParameter):
+        text = "missing"
+    for prefix in ("Value error, ", "Input should be "):
+        text = text.replace(prefix, "must be " if prefix.startswith("Input") else "")
+    if name is None:
+        hint = f" (see '{e.ctx.command_path} --help')" if e.ctx else ""
+        return text + hint
+    text = text.replace(f"Option '{name}' requires an argument.", "needs a value")
+    if isinstance(e, click_errors.NoSuchOption):
+        maybe = sorted(getattr(e, "possibilities", None) or [])
+        text = "no such option" + (f" (did you mean {' or '.join(maybe)}?)" if maybe else "")
+    return f"{name}: {text.split(', unable to parse')[0]}"
+
+
+def interrupted(folder) -> int:
+    """Ctrl-C or SIGTERM: every open run marked interrupted, one line saying where."""
+    folders = abandon("interrupted")
+    if folder is not None or folders:
+        where = folder if folder is not None else folders[0]
+        line = f"interrupted: rows measured so far are in {where}"
+    elif runs.last_run is not None and runs.last_run.meta.get("status") != "complete":
+        line = f"interrupted: rows measured so far are in {runs.last_run.folder}"
+    elif runs.last_run is not None:
+        line = f"interrupted after the run was written: its results are in {runs.last_run.folder}"
+    else:
+        line = "interrupted: nothing was written"
+    if distributed.is_writer():  # under torchrun the folder is rank 0's: one line, not one each
+        _echo(line)
+    return 130
+
+
+def _failed(message: str, code: int, error: BaseException) -> int:
+    """An error outside a run's `with` block: a run it leaves open is marked failed."""
+    abandon("failed", error)
+    return _fail(message, code)
+
+
+def _exit(code: int) -> None:
+    """Exit with the code decided: a signal from now on cannot change it (no 143)."""
+    from benchbatch import start
+
+    _ignore_signals()
+    try:
+        if sys.stdout is not None:  # None: started with stdout closed
+            sys.stdout.flush()
+    except (BrokenPipeError, ValueError, OSError):
+        _silence_stdout()
+    if code == start.INTERRUPTED and start.AS_PROGRAM:
+        start.exit_interrupted()
+    sys.exit(code)
+
+
+def _ignore_signals() -> None:
+    """The program is ending: no signal may change its exit code now (a library user's
+    process, the tests', keeps its handlers)."""
+    from benchbatch import start
+
+    if start.AS_PROGRAM and threading.current_thread() is threading.main_thread():
+        for sig in HELD:
+            signal.signal(sig, signal.SIG_IGN)
+
+
+def _silence_stdout() -> None:
+    try:
+        devnull = os.open(os.devnull, os.O_WRONLY)
+        os.dup2(devnull, sys.stdout.fileno())
+    except (OSError, ValueError, AttributeError):
+        pass
 
 
 def _check_numbers_first(command) -> None:
@@ -102,6 +197,8 @@ def _check_numbers_first(command) -> None:
 
     def checked(**values):
         check_numbers(values, names)
+        # -0.0 means 0 (numpy's lognormal refuses a sigma with the sign bit set).
+        values = {k: v + 0.0 if type(v) is float else v for k, v in values.items()}
         return run(**values)
 
     checked.numbers_checked = True
@@ -109,8 +206,19 @@ def _check_numbers_first(command) -> None:
 
 
 def _fail(message: str, code: int) -> int:
-    typer.echo(f"Error: {message}", err=True)
+    _echo(f"Error: {message}")
     return code
+
+
+def _echo(line: str) -> None:
+    """One line on stderr, whatever its encoding and whatever the line holds."""
+    line = one_line(line)
+    try:
+        typer.echo(line, err=True)
+    except (UnicodeEncodeError, OSError, ValueError):
+        with contextlib.suppress(OSError, ValueError):
+            sys.stderr.buffer.write(line.encode("ascii", "backslashreplace") + b"\n")
+            sys.stderr.flush()
 
 
 app = typer.Typer(
@@ -134,7 +242,6 @@ app.command("compare")(compare.compare)
 app.command("project")(project.project)
 
 
-
 # Commands that run under torchrun (tensor parallelism, or the interconnect's ceiling).
 SEVERAL_RANKS = ("phases", "sweep", "occupancy", "ablation", "probe")
 
@@ -152,4 +259,7 @@ def _root(ctx: typer.Context) -> None:
 
 
 def main() -> None:
+    from benchbatch.start import prepare
+
+    prepare()
     app()

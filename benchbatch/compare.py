@@ -63,22 +63,33 @@ class RunData:
 
     def describe(self) -> dict:
         """Who is who in a comparison: label, kind, device, dtype, model, status."""
-        env = self.meta.get("environment") or {}
-        cfg = self.meta.get("config") or {}
-        model = cfg.get("name", "-")
+        env, cfg = _object(self.meta.get("environment")), _object(self.meta.get("config"))
+        model = _text(cfg.get("name", "-"))
         if cfg.get("hidden"):
-            model += f" ({cfg['hidden']} x {cfg.get('layers', '?')})"
-        options = self.meta.get("options") or {}
+            model += f" ({_text(cfg['hidden'])} x {_text(cfg.get('layers', '?'))})"
+        graphs = _object(self.meta.get("options")).get("cuda_graphs")
         return {
             "run": self.label,
             "kind": self.kind,
-            "device": env.get("device_name", "-"),
-            "dtype": env.get("dtype", "-"),
+            "device": _text(env.get("device_name", "-")),
+            "dtype": _text(env.get("dtype", "-")),
             "model": model,
-            "cuda_graphs": options.get("cuda_graphs"),
-            "status": self.meta.get("status", "-"),
+            "cuda_graphs": graphs if isinstance(graphs, bool) else None,
+            "status": _text(self.meta.get("status", "-")),
             "folder": str(self.folder),
         }
+
+
+def _object(value) -> dict:
+    """A part of a hand-edited metadata.json that should be an object: {} if it is not."""
+    return value if isinstance(value, dict) else {}
+
+
+def _text(value) -> str:
+    """A value of metadata.json as one short line of text, whatever its type."""
+    from benchbatch.inputs import short
+
+    return short(value if isinstance(value, str) else json.dumps(value), 80)
 
 
 def fail(message: str) -> UserError:
@@ -92,43 +103,68 @@ def read_metadata(folder: Path) -> dict:
     if not folder.is_dir():
         raise fail(f"{folder} is not a folder")
     path = folder / "metadata.json"
+    if not path.exists():
+        raise fail(f"{path} does not exist: not a benchbatch result folder")
+    from benchbatch.inputs import read_json
+
     try:
-        meta = json.loads(path.read_text(encoding="utf-8"))
-    except FileNotFoundError:
-        raise fail(f"{path} does not exist: not a benchbatch result folder") from None
-    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as e:
-        raise fail(f"{path} is corrupt: {_first_line(e)}") from None
-    if not isinstance(meta, dict) or "command" not in meta:
+        meta = read_json(path, ARGUMENT)
+    except UserError as e:
+        raise fail(f"{path} is corrupt: {e.message.removeprefix(str(path)).lstrip(': ')}") from None
+    if not isinstance(meta, dict) or not isinstance(meta.get("command"), str):
         raise fail(f"{path} is corrupt: no 'command' (not written by benchbatch)")
     version = meta.get("schema_version")
-    if version not in KNOWN_SCHEMAS:
+    if isinstance(version, bool) or not isinstance(version, int) or version not in KNOWN_SCHEMAS:
         known = ", ".join(str(v) for v in sorted(KNOWN_SCHEMAS))
-        raise fail(f"{path} has schema_version {version!r}; this benchbatch reads {known}")
+        raise fail(f"{path} has schema_version {_text(version)}; this benchbatch reads {known}")
     if meta["command"] not in KINDS:
-        raise fail(f"{path}: a {meta['command']!r} run; compare reads {', '.join(KINDS)} folders")
+        kinds = ", ".join(KINDS)
+        raise fail(f"{path}: a {_text(repr(meta['command']))} run; compare reads {kinds} folders")
     return meta
 
 
 def read_table(folder: Path, table: str) -> pd.DataFrame:
     """One CSV of a run folder, with the columns compare needs, numbers where numbers go."""
+    import io
+
+    from benchbatch.inputs import read_bytes
+
     path = folder / f"{table}.csv"
+    if not path.exists():
+        raise fail(f"{path} does not exist (the run wrote no {table} rows)")
+    data = read_bytes(path, ARGUMENT).removeprefix(b"\xef\xbb\xbf")
     try:
-        df = pd.read_csv(path, dtype={c: str for c in TEXT.get(table, ())})
-    except FileNotFoundError:
-        raise fail(f"{path} does not exist (the run wrote no {table} rows)") from None
-    except (OSError, UnicodeDecodeError, pd.errors.ParserError, pd.errors.EmptyDataError) as e:
+        text = {c: str for c in TEXT.get(table, ())}
+        df = pd.read_csv(io.BytesIO(data), index_col=False, dtype=text)
+    except (UnicodeDecodeError, ValueError) as e:  # pandas' parse errors are ValueErrors
         raise fail(f"{path} is corrupt: {_first_line(e)}") from None
     missing = [col for col in COLUMNS[table] if col not in df.columns]
     if missing:
         raise fail(f"{path} is corrupt: no column {', '.join(missing)}")
     if df.empty:
         raise fail(f"{path} is corrupt: no rows")
-    for col in (c for c in COLUMNS[table] if c in NUMERIC):
-        numbers = pd.to_numeric(df[col], errors="coerce")
-        if (numbers.isna() & df[col].notna()).any():
-            raise fail(f"{path} is corrupt: column {col} holds something other than numbers")
-        df[col] = numbers
+    for col in COLUMNS[table]:
+        df[col] = _numbers(df[col], path, col) if col in NUMERIC else _words(df[col])
     return df
+
+
+# Every number compare reads (times, rates, counts, fractions) is positive and far below this.
+MAX_VALUE = 1e15
+
+
+def _numbers(column: pd.Series, path: Path, col: str) -> pd.Series:
+    """A column of numbers in [0, MAX_VALUE], an empty cell NaN (a row not measured)."""
+    numbers = pd.to_numeric(column, errors="coerce")
+    if (numbers.isna() & column.notna()).any():
+        raise fail(f"{path} is corrupt: column {col} holds something other than numbers")
+    if (~numbers.between(0, MAX_VALUE) & numbers.notna()).any():
+        raise fail(f"{path} is corrupt: column {col} holds a number outside [0, {MAX_VALUE:g}]")
+    return numbers
+
+
+def _words(column: pd.Series) -> pd.Series:
+    """A column of names (label, status, policy): text, an empty cell ''."""
+    return column.map(lambda v: "" if isinstance(v, float) and math.isnan(v) else str(v))
 
 
 def _first_line(e: Exception) -> str:
@@ -145,13 +181,32 @@ def load(folder: Path, label: str) -> RunData:
     return RunData(label, folder, kind, meta, tables)
 
 
+def _same(folder: Path) -> Path:
+    try:
+        return folder.resolve()
+    except (OSError, RuntimeError):  # a symlink loop: its own text, then
+        return folder.absolute()
+
+
+def check_out(out: Path | None, folders: list[Path]) -> None:
+    """compare --out is never one of the folders it reads (nor a folder that holds one of
+    them as a file's place): their files stay as they were."""
+    if out is None:
+        return
+    target = _same(out)
+    for folder in folders:
+        if target == _same(folder):
+            raise UserError("--out", f"{out} is one of the folders compared: choose another")
+
+
 def labels(folders: list[Path], given: str | None) -> list[str]:
     """--label's names, else each folder's name (with its parent when two names clash)."""
     if given is not None:
         names = [name.strip() for name in given.split(",")]
         if len(names) != len(folders) or not all(names):
             raise UserError(
-                "--label", f"give {len(folders)} non-empty labels, one per folder; got {given!r}"
+                "--label",
+                f"give {len(folders)} non-empty labels, one per folder; got {given[:80]!r}",
             )
     else:
         names = [f.resolve().name or str(f) for f in folders]
@@ -166,6 +221,14 @@ def load_all(folders: list[Path], given_labels: str | None = None) -> list[RunDa
     """Every folder loaded and checked to be of one kind."""
     if len(folders) < 2:
         raise fail("give at least two result folders to compare")
+    seen: dict[Path, Path] = {}
+    for folder in folders:
+        first = seen.setdefault(_same(folder), folder)
+        if first is not folder and given_labels is None:
+            raise fail(
+                f"the same folder was given twice ({first} and {folder}): give two different "
+                "runs, or --label to compare a run with itself"
+            )
     names = labels(folders, given_labels)
     runs = [load(folder, name) for folder, name in zip(folders, names, strict=True)]
     kinds = {r.kind for r in runs}

@@ -209,6 +209,13 @@ class OccupancyOptions:
         at end-of-sequence need the real engine and a checkpoint."""
         if workload.trace is not None and self.seeds > 1:
             raise UserError("seeds", "a --trace is fixed: there is no seed to vary")
+        drawn, most = self.seeds * workload.requests, workload.MAX_REQUESTS
+        if drawn > most:  # every seed draws and simulates its own workload
+            raise UserError(
+                "seeds",
+                f"{self.seeds:,} seeds of {workload.requests:,} requests simulate {drawn:,} "
+                f"requests, more than the {most:,} a run may (fewer --seeds or --requests)",
+            )
         for name, given in (("prompts", workload.prompts is not None),
                             ("stop_at_eos", self.stop_at_eos)):  # fmt: skip
             if given and (self.engine != "real" or model.model is None):
@@ -320,7 +327,7 @@ class AblationOptions:
         require(
             bool(self.schemes) and not bad,
             "schemes",
-            f"unknown scheme {bad[0] if bad else ''!r}; choose from {', '.join(SCHEMES)}",
+            f"unknown scheme {bad[0][:40] if bad else ''!r}; choose from {', '.join(SCHEMES)}",
         )
         object.__setattr__(self, "schemes", tuple(s for s in SCHEMES if s in self.schemes))
         check_count("max_num_batched_tokens", self.max_num_batched_tokens, 1)

@@ -11,7 +11,6 @@ the stored dtype) change nothing benchbatch computes and are not read.
 
 from __future__ import annotations
 
-import json
 import math
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -69,16 +68,11 @@ ROPE_TYPES = ("default", "linear", "llama3")
 
 
 def load_json(path: Path, option: str) -> dict:
-    """A JSON object from a file, or a UserError naming the option and the file."""
-    try:
-        raw = json.loads(path.read_text(encoding="utf-8"))
-    except OSError as e:
-        raise UserError(option, f"cannot read {path}: {e.strerror or e}") from None
-    except (json.JSONDecodeError, UnicodeDecodeError) as e:
-        raise UserError(option, f"{path} is not valid JSON: {e}") from None
-    if not isinstance(raw, dict):
-        raise UserError(option, f"{path} does not hold a JSON object")
-    return raw
+    """A JSON object from a file, or a UserError naming the option and the file (a FIFO, a
+    byte-order mark, endless nesting or huge integers included: benchbatch.inputs)."""
+    from benchbatch.inputs import read_json_object
+
+    return read_json_object(path, option)
 
 
 class Fields:
@@ -100,21 +94,26 @@ class Fields:
         if value is None:
             return None
         if isinstance(value, bool) or not isinstance(value, int):
-            self.fail(key, f"must be an integer, got {value!r}")
+            self.fail(key, f"must be an integer, got {_short(value)}")
         if not minimum <= value <= INT_MAX:
             kind = "a positive integer" if minimum == 1 else f"an integer of at least {minimum}"
             self.fail(key, f"must be {kind}, got {value}")
         return value
 
-    def number(self, key: str, default: float | None = None) -> float | None:
-        """A positive finite number (JSON allows NaN and Infinity: they are refused)."""
+    def number(
+        self, key: str, default: float | None = None, most: float = 1e12, least: float = 0.0
+    ) -> float | None:
+        """A finite number in (least, most] (JSON allows NaN and Infinity: they are refused;
+        so is a value no model uses, which would only overflow the rotary tables)."""
         value = self.get(key)
         if value is None:
             return default
         if isinstance(value, bool) or not isinstance(value, int | float):
-            self.fail(key, f"must be a number, got {value!r}")
+            self.fail(key, f"must be a number, got {_short(value)}")
         if not (math.isfinite(value) and value > 0):
             self.fail(key, f"must be a positive finite number, got {value}")
+        if not least < value <= most:
+            self.fail(key, f"must be more than {least:g} and at most {most:g}, got {value:g}")
         return float(value)
 
     def flag(self, key: str, default: bool = False) -> bool:
@@ -122,8 +121,19 @@ class Fields:
         if value is None:
             return default
         if not isinstance(value, bool):
-            self.fail(key, f"must be true or false, got {value!r}")
+            self.fail(key, f"must be true or false, got {_short(value)}")
         return value
+
+
+def _short(value) -> str:
+    """A value for an error line, cut short."""
+    from benchbatch.inputs import short
+
+    try:
+        text = repr(value)
+    except RecursionError:
+        text = type(value).__name__
+    return short(text)
 
 
 def read_config(path: Path, option: str = "--config", name: str | None = None) -> ModelConfig:
@@ -143,7 +153,7 @@ def read_config(path: Path, option: str = "--config", name: str | None = None) -
     fields = dict(
         rope_theta=theta,
         rope_scaling=scaling,
-        norm_eps=f.number("rms_norm_eps", default=ModelConfig.norm_eps),
+        norm_eps=f.number("rms_norm_eps", default=ModelConfig.norm_eps, most=1),
         tie_embeddings=f.flag("tie_word_embeddings"),
         qk_norm=family.qk_norm,
         qkv_bias=qkv_bias,
@@ -165,17 +175,17 @@ def language_model(raw: dict, path: Path, option: str) -> dict:
         return raw
     text = raw["text_config"]
     if not isinstance(text, dict):
-        Fields(raw, path, option).fail("text_config", f"must be an object, got {text!r}")
+        Fields(raw, path, option).fail("text_config", f"must be an object, got {_short(text)}")
     return text
 
 
 def _family(model_type, path: Path, option: str) -> Family:
     if model_type is None:
         return SHAPE_ONLY
-    if model_type not in FAMILIES:
+    if not isinstance(model_type, str) or model_type not in FAMILIES:
         known = ", ".join(FAMILIES)
         Fields({}, path, option).fail(
-            "model_type", f"{model_type!r} is not a family benchbatch models ({known})"
+            "model_type", f"{_short(model_type)} is not a family benchbatch models ({known})"
         )
     return FAMILIES[model_type]
 
@@ -224,7 +234,7 @@ def _refuse_unmodelled(f: Fields, top: Fields) -> None:
     """Fields that change the computation in ways benchbatch does not model."""
     act = f.get("hidden_act")
     if act is not None and act not in HIDDEN_ACTS:
-        f.fail("hidden_act", f"{act!r} is not modelled (the MLP is SwiGLU: silu)")
+        f.fail("hidden_act", f"{_short(act)} is not modelled (the MLP is SwiGLU: silu)")
     for fields in (f, top):
         if fields.raw.get("quantization_config") is not None:
             fields.fail(
@@ -233,7 +243,7 @@ def _refuse_unmodelled(f: Fields, top: Fields) -> None:
             )
     partial = f.get("partial_rotary_factor")
     if partial is not None and partial != 1:
-        f.fail("partial_rotary_factor", f"{partial!r}: partial rotary is not modelled")
+        f.fail("partial_rotary_factor", f"{_short(partial)}: partial rotary is not modelled")
 
 
 def _rope(f: Fields, max_position: int | None) -> tuple[float, RopeScaling | None]:
@@ -242,18 +252,18 @@ def _rope(f: Fields, max_position: int | None) -> tuple[float, RopeScaling | Non
     key = "rope_scaling" if f.raw.get("rope_scaling") else "rope_parameters"
     params = f.raw.get(key) or {}
     if not isinstance(params, dict):
-        f.fail(key, f"must be an object or null, got {params!r}")
+        f.fail(key, f"must be an object or null, got {_short(params)}")
     if any(isinstance(v, dict) for v in params.values()):
         f.fail(key, "rotary parameters per layer type are not modelled")
     p = Fields(params, f.path, f.option, prefix=f"{key}.")
-    theta = p.number("rope_theta") or f.number("rope_theta", default=10000.0)
+    theta = p.number("rope_theta", least=1) or f.number("rope_theta", 10000.0, least=1)
     partial = p.get("partial_rotary_factor")
     if partial is not None and partial != 1:
-        p.fail("partial_rotary_factor", f"{partial!r}: partial rotary is not modelled")
+        p.fail("partial_rotary_factor", f"{_short(partial)}: partial rotary is not modelled")
     kind = params.get("rope_type", params.get("type", "default"))
     if kind not in ROPE_TYPES:
         which = "rope_type" if "rope_type" in params else "type"
-        p.fail(which, f"{kind!r} is not modelled (benchbatch models {', '.join(ROPE_TYPES)})")
+        p.fail(which, f"{_short(kind)} is not modelled (benchbatch models {', '.join(ROPE_TYPES)})")
     if kind == "default":
         return theta, None
     factor = _factor(p)

@@ -140,6 +140,8 @@ class ModelOptions:
     SIZES = ("hidden", "layers", "heads", "kv_heads", "intermediate", "vocab", "max_context")
 
     def __post_init__(self) -> None:
+        for name, value in self.overrides().items():  # also where they would be ignored
+            check_count(name, value, 1)
         require(
             self.preset is None or self.config is None,
             "config",
@@ -216,21 +218,34 @@ class ModelOptions:
         return Transformer(cfg, target.device, target.dtype, seed, shard=shard), cfg
 
 
-def check_fits(cfg, target, option: str) -> None:
+def check_fits(cfg, target, option: str, cache: tuple[int, int, str] | None = None) -> None:
     """Refuse, before building it, a model whose weights (and rotary tables, built in
     float64) exceed the memory free on the device: the allocator would crash or swap.
-    Under tensor parallelism: this rank's shard of it, on this rank's device."""
+    Under tensor parallelism: this rank's shard of it, on this rank's device. cache (slots,
+    tokens per slot, the option that set the slots): a real engine's KV cache (this rank's
+    heads of it), which must fit beside the weights too."""
     from benchbatch import accounting, device
 
     tp = target.tp
     need = accounting.weight_bytes(cfg, target.dtype_name, tp) + 16 * cfg.max_context * cfg.head_dim
     free = device.free_memory_bytes(target.device)
+    where = "free on the GPU" if target.device.type == "cuda" else "of available RAM"
     if need > free:
-        where = "free on the GPU" if target.device.type == "cuda" else "of available RAM"
         raise UserError(
             option,
             f"the model ({cfg.name}: hidden {cfg.hidden}, {cfg.layers} layers, max context "
             f"{cfg.max_context:,}) needs {need / 2**30:,.1f} GiB, more than the "
+            f"{free / 2**30:,.1f} GiB {where}",
+        )
+    if cache is None:
+        return
+    slots, tokens, slots_option = cache
+    kv = accounting.kv_cache_bytes(cfg, target.dtype_name, slots, tokens, tp)
+    if need + kv > free:
+        raise UserError(
+            slots_option,
+            f"a KV cache of {slots:,} slots x {tokens:,} tokens needs {kv / 2**30:,.1f} GiB; "
+            f"beside the model's {need / 2**30:,.1f} GiB that is more than the "
             f"{free / 2**30:,.1f} GiB {where}",
         )
 

@@ -8,7 +8,6 @@ transformers' tokenizer(text) does; no chat template is applied: a prompt is sen
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
 
 from benchbatch.errors import UserError
@@ -19,11 +18,10 @@ FIELDS = ("prompt", "text")
 
 def read_prompts(path: str | Path) -> list[str]:
     """The prompts of a JSONL or text file, in file order."""
+    from benchbatch.inputs import read_text
+
     path = Path(path)
-    try:
-        lines = path.read_text(encoding="utf-8").splitlines()
-    except (OSError, UnicodeDecodeError) as e:
-        raise UserError(OPTION, f"cannot read {path}: {getattr(e, 'strerror', None) or e}") from e
+    lines = read_text(path, OPTION).splitlines()
     numbered = [(n, line) for n, line in enumerate(lines, 1) if line.strip()]
     if not numbered:
         raise UserError(OPTION, f"{path} holds no prompts")
@@ -33,10 +31,9 @@ def read_prompts(path: str | Path) -> list[str]:
 
 
 def _json_prompt(path: Path, n: int, line: str) -> str:
-    try:
-        row = json.loads(line)
-    except json.JSONDecodeError as e:
-        raise UserError(OPTION, f"{path} line {n} is not valid JSON: {e.msg}") from None
+    from benchbatch.inputs import parse_json
+
+    row = parse_json(line, path, OPTION, where=f" line {n}")
     if isinstance(row, dict):
         for key in FIELDS:
             if isinstance(row.get(key), str):

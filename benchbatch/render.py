@@ -2,6 +2,11 @@
 
 Probes never print; commands and the report print through these helpers. stdout carries
 the results (tables, the folder); stderr the notes, warnings and progress.
+
+Text is printed as it is: paths, labels, model names and CSV values come from users and
+files, so neither console reads rich markup (`[bold]`) or emoji codes (`:cd:`) in it; a
+style is given as a Text span instead. Lines are never wrapped (soft wrap): a path stays
+whole on one line in a pipe or a narrow terminal, for scripts to read.
 """
 
 from __future__ import annotations
@@ -12,12 +17,15 @@ import math
 from rich import box
 from rich.console import Console
 from rich.table import Table
+from rich.text import Text
 
 from benchbatch.distributed import is_writer
+from benchbatch.errors import one_line
 
 # Under torchrun every rank runs the command and rank 0 alone prints (errors excepted).
-out_console = Console(quiet=not is_writer())
-err_console = Console(stderr=True, quiet=not is_writer())
+# Text is printed as given: no rich markup or emoji codes in paths, labels or names.
+out_console = Console(markup=False, emoji=False, soft_wrap=True, quiet=not is_writer())
+err_console = Console(stderr=True, markup=False, emoji=False, quiet=not is_writer())
 
 NOISY_HINT = "try more --repeats or --min-time"
 
@@ -63,15 +71,26 @@ def table(rows: list[dict], columns: dict[str, str], title: str) -> None:
 
 
 def note(text: str) -> None:
-    err_console.print(f"[yellow]note:[/] {text}", highlight=False)
+    labelled("note:", text)
 
 
 def warning(text: str) -> None:
-    err_console.print(f"[yellow]warning:[/] {text}", highlight=False)
+    labelled("warning:", text)
+
+
+def labelled(label: str, text: str, style: str = "yellow") -> None:
+    """'label: text' on stderr, the label in colour, the text exactly as given."""
+    err_console.print(Text.assemble((label, style), " ", one_line(text)), highlight=False,
+                      soft_wrap=True)  # fmt: skip
+
+
+def line(text: str) -> None:
+    """One line of results on stdout, exactly as given, never wrapped."""
+    out_console.print(one_line(text), highlight=False)
 
 
 def results_line(folder) -> None:
-    out_console.print(f"results: {folder}", highlight=False)
+    line(f"results: {folder}")
 
 
 def print_json(document: dict) -> None:

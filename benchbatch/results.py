@@ -17,7 +17,7 @@ import tempfile
 from pathlib import Path
 
 from benchbatch.distributed import is_writer
-from benchbatch.errors import UserError
+from benchbatch.errors import UserError, WriteFailed
 
 SCHEMA_VERSION = 1
 DEFAULT_ROOT = Path("results")
@@ -28,18 +28,77 @@ def utc_stamp() -> str:
 
 
 def run_dir(out: Path | None, command: str, force: bool = False) -> Path:
-    """The folder a run writes to: --out, or a new results/<UTC time>-<command>/. Made and
-    checked by rank 0 alone (the others learn its name from it)."""
+    """The folder a run writes to: --out, or a new results/<UTC time>-<command>/. With
+    --force, a previous run of the same command in --out is replaced (its files removed), a
+    run of another command refused: a folder never holds two runs' files. Made and checked
+    by rank 0 alone (the others learn its name from it)."""
     if not is_writer():
         return out if out is not None else DEFAULT_ROOT / f"{utc_stamp()}-{command}"
     if out is None:
-        out = _claim_fresh(DEFAULT_ROOT / f"{utc_stamp()}-{command}")
-    elif out.exists() and not out.is_dir():
-        raise UserError("--out", f"{out} exists and is not a folder")
-    elif out.is_dir() and any(out.iterdir()) and not force:
-        raise UserError("--out", f"{out} is not empty; choose another folder or pass --force")
-    _make_writable(out)
+        return _claim_fresh(DEFAULT_ROOT / f"{utc_stamp()}-{command}")
+    check_out(out, command, force)
+    try:
+        out.mkdir(parents=True, exist_ok=True)
+    except OSError as e:
+        raise UserError("--out", f"cannot write to {out}: {e.strerror or e}") from None
+    if force:
+        clear_previous_run(out)
     return out
+
+
+def check_out(out: Path, command: str, force: bool) -> None:
+    """--out may be written to: not a file, empty unless --force, and with --force holding
+    nothing but a previous run of the same command (or no run at all)."""
+    if out.exists() and not out.is_dir():
+        raise UserError("--out", f"{out} exists and is not a folder")
+    try:
+        empty = not out.is_dir() or not any(out.iterdir())
+    except OSError as e:
+        raise UserError("--out", f"cannot read {out}: {e.strerror or e}") from None
+    if empty:
+        return
+    if not force:
+        raise UserError("--out", f"{out} is not empty; choose another folder or pass --force")
+    previous = previous_command(out)
+    if previous is not None and previous != command:
+        raise UserError(
+            "--force",
+            f"{out} holds a {previous} run; --force replaces only a previous {command} run, so "
+            "that one command's files never sit beside another's: choose another folder",
+        )
+
+
+def previous_command(folder: Path) -> str | None:
+    """The command of the run a folder holds (its metadata.json), None if it holds none."""
+    meta = folder / "metadata.json"
+    if not meta.exists():
+        return None
+    from benchbatch.inputs import read_json
+
+    try:
+        value = read_json(meta, "--out")
+    except UserError:
+        value = None
+    if not isinstance(value, dict) or not isinstance(value.get("command"), str):
+        raise UserError("--force", f"{meta} was not written by benchbatch: choose another folder")
+    return value["command"]
+
+
+# What a run writes into its folder (tables, figures, metadata, reports, traces).
+RUN_FILES = (".csv", ".png", ".json", ".md", ".html")
+
+
+def clear_previous_run(folder: Path) -> list[str]:
+    """Remove the files of the run a folder holds (same command: check_out said so) and
+    what its writes left halfway; anything else in the folder is left alone."""
+    if previous_command(folder) is None:
+        return remove_temporaries(folder)
+    removed = []
+    for path in folder.iterdir():
+        if path.is_file() and (path.suffix in RUN_FILES or is_temporary(path)):
+            path.unlink(missing_ok=True)
+            removed.append(path.name)
+    return removed
 
 
 def _claim_fresh(path: Path) -> Path:
@@ -52,30 +111,44 @@ def _claim_fresh(path: Path) -> Path:
             return candidate
         except FileExistsError:
             candidate, n = path.with_name(f"{path.name}-{n}"), n + 1
-        except OSError:
-            return candidate  # _make_writable names the problem
-
-
-def _make_writable(path: Path) -> None:
-    try:
-        path.mkdir(parents=True, exist_ok=True)
-        with tempfile.NamedTemporaryFile(dir=path, prefix=".write-test-"):
-            pass
-    except OSError as e:
-        raise UserError("--out", f"cannot write to {path}: {e.strerror or e}") from None
+        except OSError as e:
+            raise UserError("--out", f"cannot write to {candidate}: {e.strerror or e}") from None
 
 
 def atomic_write_text(path: Path, text: str) -> None:
+    atomic_write_bytes(path, text.encode("utf-8"))
+
+
+def atomic_write_bytes(path: Path, data: bytes) -> None:
+    """Write under a temporary name, then rename into place: a reader sees the old file or
+    the new one, never half of one. The file gets the usual permissions (0666 less the
+    umask, as open() gives, not mkstemp's 0600). A write that fails (a full disk, a file
+    size limit, a folder gone read-only) removes the temporary file and raises WriteFailed,
+    which names the file and the bytes it needed. Under torchrun rank 0 alone writes."""
     if not is_writer():
         return
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
     try:
-        with os.fdopen(fd, "w") as f:
-            f.write(text)
+        fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
+    except OSError as e:
+        raise WriteFailed(path, len(data), e) from None
+    try:
+        with os.fdopen(fd, "wb") as f:
+            os.fchmod(f.fileno(), 0o666 & ~_umask())
+            f.write(data)
         os.replace(tmp, path)
+    except OSError as e:
+        Path(tmp).unlink(missing_ok=True)
+        raise WriteFailed(path, len(data), e) from None
     except BaseException:
         Path(tmp).unlink(missing_ok=True)
         raise
+
+
+def _umask() -> int:
+    """The process's umask (reading it means setting it: set it straight back)."""
+    mask = os.umask(0o022)
+    os.umask(mask)
+    return mask
 
 
 def is_temporary(path: Path) -> bool:
@@ -89,10 +162,17 @@ def remove_temporaries(folder: Path) -> list[str]:
     removed = []
     if not is_writer():  # another rank's temporary files may be the writer's, mid-write
         return removed
-    for path in folder.iterdir() if folder.is_dir() else ():
-        if path.is_file() and is_temporary(path):
-            path.unlink(missing_ok=True)
-            removed.append(path.name)
+    try:
+        paths = list(folder.iterdir()) if folder.is_dir() else []
+    except OSError:
+        return removed
+    for path in paths:
+        try:
+            if path.is_file() and is_temporary(path):
+                path.unlink(missing_ok=True)
+                removed.append(path.name)
+        except OSError:
+            pass
     return removed
 
 

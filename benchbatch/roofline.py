@@ -11,6 +11,7 @@ Units: TFLOP/s, GB/s (1e9 bytes/s), intensity in FLOP per byte.
 from __future__ import annotations
 
 import csv
+import io
 import math
 from dataclasses import asdict, dataclass
 from pathlib import Path
@@ -137,35 +138,54 @@ PROBE_COLUMNS = ("kind", "label", "dtype", "tflops", "gbps", "status")
 
 
 def ceilings_from_csv(path: Path, option: str = "--probe") -> Ceilings:
-    """Read a probe.csv back; a missing or corrupt file is a UserError naming it."""
+    """Read a probe.csv back; a missing or corrupt file, or ceilings no device has, is a
+    UserError naming it."""
+    from benchbatch.inputs import read_text
+
     path = Path(path)
+    if not path.exists():
+        raise UserError(option, f"{path} does not exist (run `benchbatch probe` first)")
+    text = read_text(path, option)
     try:
-        with open(path, newline="") as f:
-            rows = list(csv.DictReader(f))
-    except FileNotFoundError:
-        raise UserError(option, f"{path} does not exist (run `benchbatch probe` first)") from None
-    except (OSError, UnicodeDecodeError, csv.Error) as e:
+        reader = csv.DictReader(io.StringIO(text, newline=""))
+        rows = [(reader.line_num, r) for r in reader]
+    except csv.Error as e:
         raise UserError(option, f"cannot read {path}: {e}") from None
-    missing = [c for c in PROBE_COLUMNS if not rows or c not in rows[0]]
+    missing = [c for c in PROBE_COLUMNS if not rows or c not in rows[0][1]]
     if missing:
         what = "is empty" if not rows else f"lacks column(s) {', '.join(missing)}"
         raise UserError(option, f"{path} {what}: not a probe.csv written by benchbatch probe")
     try:
-        return ceilings_from_rows([_parse(r) for r in rows])
+        ceilings = ceilings_from_rows([_parse(r, line) for line, r in rows])
     except ValueError as e:
         raise UserError(option, f"{path} is corrupt: {e}") from None
+    for name, value, least in (("tflops", ceilings.peak_tflops, MIN_TFLOPS),
+                               ("gbps", ceilings.peak_gbps, MIN_GBPS)):  # fmt: skip
+        if value < least:
+            raise UserError(option, f"{path}: a {name} ceiling of {value:g} is below {least:g}: "
+                            "no device is that slow")  # fmt: skip
+    return ceilings
 
 
-def _parse(row: dict) -> dict:
+# What a probe.csv may say: beyond any device made (a B200 does about 10 PFLOP/s in fp4 and
+# 8 TB/s), or slower than a calculator, a ceiling is a corrupt or hand-edited file.
+MAX_TFLOPS, MIN_TFLOPS = 1e5, 1e-6
+MAX_GBPS, MIN_GBPS = 1e6, 1e-3
+
+
+def _parse(row: dict, line: int = 0) -> dict:
     """CSV text to numbers; an empty cell (NaN as pandas writes it) becomes None."""
     out = dict(row)
-    for key in ("tflops", "gbps"):
+    for key, most in (("tflops", MAX_TFLOPS), ("gbps", MAX_GBPS)):
         text = (row.get(key) or "").strip()
-        if not text:
+        if not text or text.lower() == "nan":
             out[key] = None
             continue
         try:
-            out[key] = float(text)
+            value = float(text)
         except ValueError:
-            raise ValueError(f"{key} {text!r} is not a number") from None
+            raise ValueError(f"line {line}: {key} {text[:40]!r} is not a number") from None
+        if not (math.isfinite(value) and 0 <= value <= most):
+            raise ValueError(f"line {line}: {key} {value:g} is not in [0, {most:g}]")
+        out[key] = value
     return out

@@ -23,7 +23,7 @@ from collections.abc import Callable, Iterable
 from pathlib import Path
 
 from benchbatch import __version__, machine, results
-from benchbatch.errors import Interrupted
+from benchbatch.errors import Interrupted, UserError, WriteFailed
 from benchbatch.progress import Progress
 
 
@@ -58,6 +58,13 @@ def environment(target=None) -> dict:
     }
 
 
+# Runs whose metadata.json still says "running": whatever ends the process early (a signal
+# between two `with` blocks, an error outside one) finishes them (see abandon), so a run
+# folder never stays marked running. The last run made, for the interrupt message.
+_OPEN: list[Run] = []
+last_run: Run | None = None
+
+
 class Run:
     """A run folder's tables and metadata; every row reaches the disk as it is added."""
 
@@ -77,6 +84,9 @@ class Run:
             **meta,
         }
         self.write_meta()
+        _OPEN.append(self)
+        global last_run
+        last_run = self
 
     def add(self, table: str, row: dict, stream: bool = False) -> None:
         """Keep one measured row, on disk at once (a stream table: within STREAM_INTERVAL_S,
@@ -111,16 +121,43 @@ class Run:
         results.write_json(self.folder / "metadata.json", self.meta)
 
     def finish(self, status: str = "complete", **extra) -> None:
+        if self in _OPEN:
+            _OPEN.remove(self)
         self.meta.update(extra, status=status, finished_utc=now_utc())
         self.meta["load_average_after"] = machine.load_average()
         self.write_meta()
+
+    def end(self, status: str, **extra) -> None:
+        """Finish a run that did not complete (interrupted, failed): every row kept in
+        memory written, metadata.json marked, half-written files removed. A write that
+        fails now (the disk still full) leaves what is on disk: it cannot be helped."""
+        with signals_held():
+            for step in (self.flush, lambda: self.finish(status, **extra)):
+                try:
+                    step()
+                except WriteFailed:
+                    pass
+            if self in _OPEN:
+                _OPEN.remove(self)
+            results.remove_temporaries(self.folder)
+
+
+def abandon(status: str, error: BaseException | None = None) -> list[Path]:
+    """End every run still open (a signal or an error outside its `with` block); returns
+    their folders."""
+    folders = []
+    for run in list(_OPEN):
+        extra = {"error": f"{type(error).__name__}: {error}"} if error is not None else {}
+        run.end(status, **extra)
+        folders.append(run.folder)
+    return folders
 
 
 class Recorder(Run):
     """A Run with the machinery around it: signals, progress, throttle watch, ceilings."""
 
     def __init__(self, folder: Path, command: str, meta: dict, target=None, quiet=False):
-        if target is not None:
+        if target is not None and meta.get("telemetry_before") is None:
             from benchbatch import telemetry
 
             meta = {**meta, "telemetry_before": telemetry.snapshot(target.device)}
@@ -133,20 +170,25 @@ class Recorder(Run):
 
     @classmethod
     def open(cls, command: str, run, target, cfg, options: dict) -> Recorder:
-        """The run folder (--out, or a new one) and its first metadata.json."""
-        folder = results.run_dir(run.out, command, run.force)
+        """The run folder (--out, or a new one) and its first metadata.json, made together
+        (signals held): a folder never exists without saying what it holds."""
+        if run.out is not None:
+            results.check_out(run.out, command, run.force)
         meta = {
             "config": cfg.to_dict() if cfg is not None else None,
             "options": options,
             "environment": environment(target),
             "telemetry_before": None,
         }
-        return cls(folder, command, meta, target, quiet=run.json_out)
+        if target is not None:  # slow (NVML): before the folder exists
+            from benchbatch import telemetry
+
+            meta["telemetry_before"] = telemetry.snapshot(target.device)
+        return create(cls, run.out, run.force, command, meta, target, quiet=run.json_out)
 
     # --- the run's lifetime ---------------------------------------------------------------
 
     def __enter__(self) -> Recorder:
-        _open.append(self)
         self._stack.enter_context(interrupts_raise())
         if self.target is not None:
             from benchbatch import telemetry
@@ -157,24 +199,21 @@ class Recorder(Run):
     def __exit__(self, kind, error, tb) -> bool:
         try:
             if error is None:
-                with signals_held():
-                    self.flush()
-                    self.finish("complete", telemetry_after=self._telemetry())
+                try:
+                    with signals_held():
+                        self.flush()
+                        self.finish("complete", telemetry_after=self._telemetry())
+                except WriteFailed as e:  # the last rows do not fit on the disk
+                    self.end("failed", error=f"{type(e).__name__}: {e}")
+                    raise
             elif isinstance(error, KeyboardInterrupt):
-                with signals_held():
-                    self.flush()
-                    self.finish("interrupted", telemetry_after=self._telemetry())
-                    results.remove_temporaries(self.folder)
+                with signals_held():  # a second Ctrl-C waits for the last writes
+                    self.end("interrupted", telemetry_after=self._telemetry())
                 raise Interrupted(self.folder) from None
             else:
-                with signals_held():
-                    self.flush()
-                    self.finish("failed", error=f"{type(error).__name__}: {error}")
-                    results.remove_temporaries(self.folder)
+                self.end("failed", error=f"{type(error).__name__}: {error}")
         finally:
             self._stack.close()
-            if self in _open:
-                _open.remove(self)
         return False
 
     def _telemetry(self) -> dict | None:
@@ -231,20 +270,22 @@ class Recorder(Run):
 
 NOT_TRUSTED = ("noisy", "throttled", "power_capped")
 
-_open: list[Recorder] = []  # runs inside their `with` block
 
-
-def close_interrupted() -> None:
-    """Mark interrupted any run a Ctrl-C left open: one that arrived while the run was being
-    finished (under torchrun: a rank whose collective failed when a peer stopped for the
-    same Ctrl-C, and whose own signal landed as the run began to close)."""
-    while _open:
-        rec = _open.pop()
-        if rec.meta.get("status") == "running":
-            with signals_held():
-                rec.flush()
-                rec.finish("interrupted")
-                results.remove_temporaries(rec.folder)
+def create(cls, out: Path | None, force: bool, command: str, meta: dict, *args, **kwargs):
+    """cls(folder, command, meta, ...) in a folder made for it, with signals held from the
+    folder's mkdir to its metadata.json: Ctrl-C never finds a folder that says nothing. A
+    first write that fails means --out cannot be written to (the folder made is removed)."""
+    with signals_held():
+        existed = out is not None and out.is_dir()
+        folder = results.run_dir(out, command, force)
+        try:
+            return cls(folder, command, meta, *args, **kwargs)
+        except WriteFailed as e:
+            if not existed:
+                with contextlib.suppress(OSError):
+                    results.remove_temporaries(folder)
+                    folder.rmdir()
+            raise UserError("--out", f"cannot write to {folder}: {e.reason}") from None
 
 
 # --- signals -----------------------------------------------------------------------------
@@ -269,16 +310,23 @@ def interrupts_raise():
 
 @contextlib.contextmanager
 def signals_held():
-    """Ignore Ctrl-C and SIGTERM for a few milliseconds of writing that must finish."""
+    """Hold Ctrl-C and SIGTERM back for a few milliseconds of writing that must finish: one
+    that comes meanwhile is delivered as soon as the writing is done, not lost."""
     if not _in_main_thread():
         yield
         return
-    saved = {s: signal.signal(s, signal.SIG_IGN) for s in (signal.SIGINT, signal.SIGTERM)}
+    pending: list[int] = []
+    saved = {s: signal.signal(s, lambda n, f: pending.append(n)) for s in HELD}
     try:
         yield
     finally:
         for s, handler in saved.items():
             signal.signal(s, handler if handler is not None else signal.SIG_DFL)
+        for s in dict.fromkeys(pending):
+            signal.raise_signal(s)
+
+
+HELD = (signal.SIGINT, signal.SIGTERM)
 
 
 def _raise_interrupt(signum, frame):

@@ -4,9 +4,10 @@ file), never a traceback; and property tests of the parsers of lists and traces.
 from __future__ import annotations
 
 import csv
+import errno
 import io
-from pathlib import Path
 
+import pandas as pd
 import pytest
 import torch
 import typer.main
@@ -29,7 +30,8 @@ SHAPES = {  # each command's quick, valid arguments: a case changes one thing
     "occupancy": ["--requests", "20"],
     "reproduce": [*TINY, "--prefill", "16", "--decode-batch", "1", "--batch", "1,2"]
     + ["--context", "8", "--requests", "20", "--max-output", "20", "--probe-sizes", "32"],
-    "ablation": [*TINY, "--requests", "20", "--max-num-batched-tokens", "64", "--chunk-size", "32"],
+    "ablation": [*TINY, "--requests", "20", "--max-num-batched-tokens", "64", "--chunk-size", "32"]
+    + ["--long-prompt-len", "64", "--max-output", "60"],
     "piggyback": [*TINY, "--decode-batch", "2", "--context", "8", "--prefill", "4"]
     + ["--chunk-prompt", "16", "--chunks", "8", "--tiles", "8"],
     "compare": [],
@@ -401,21 +403,30 @@ def test_read_trace_reads_every_well_formed_trace(tmp_path, trace):
 # --- figures: a failed write, rows where nothing was measured -------------------------------
 
 
-@pytest.mark.parametrize("stop", [OSError("disk full"), KeyboardInterrupt()], ids=repr)
+@pytest.mark.parametrize(
+    "stop", [OSError(errno.ENOSPC, "No space left on device"), KeyboardInterrupt()], ids=repr
+)
 def test_a_failed_figure_write_leaves_no_temporary_file(tmp_path, monkeypatch, stop):
-    from matplotlib.figure import Figure
-
+    from benchbatch import results
+    from benchbatch.errors import WriteFailed
     from benchbatch.plots import plt, save
 
-    def half_written(self, path, **kwargs):
-        Path(path).write_bytes(b"\x89PNG half")
+    real_fdopen = results.os.fdopen
+
+    def half_written(fd, mode):
+        f = real_fdopen(fd, mode)
+        f.write(b"\x89PNG half")
+        f.flush()
         raise stop
 
-    monkeypatch.setattr(Figure, "savefig", half_written)
+    monkeypatch.setattr(results.os, "fdopen", half_written)
     (tmp_path / "fig.png").write_bytes(b"good")
     fig = plt.figure()
-    with pytest.raises(type(stop)):
+    with pytest.raises(WriteFailed if isinstance(stop, OSError) else KeyboardInterrupt) as e:
         save(fig, tmp_path / "fig.png")
+    if isinstance(stop, OSError):
+        said = str(e.value)
+        assert "fig.png: No space left on device" in said and "bytes to write" in said
     assert sorted(p.name for p in tmp_path.iterdir()) == ["fig.png"]
     assert (tmp_path / "fig.png").read_bytes() == b"good"  # the good one is kept
     assert fig.number not in plt.get_fignums()  # and the figure closed
@@ -468,3 +479,138 @@ def test_the_sweep_figure_draws_rows_where_nothing_was_measured(tmp_path, rows):
     sweep_figure(rows, summary, tmp_path / "sweep.png", "a sweep that measured little")
     assert (tmp_path / "sweep.png").stat().st_size > 1000
     assert sorted(p.name for p in tmp_path.iterdir()) == ["sweep.png"]
+
+
+# --- round two: the cases of issue 13, each one instance of its class ------------------------
+
+COSTS = "decode_tokens,prefill_tokens,context_tokens,step_ms\n"
+GOOD_COSTS = COSTS + "1,0,10,1\n8,0,80,2\n0,64,0,3\n0,128,0,5\n4,64,100,4.5\n"
+SHAPE = '"hidden_size": 64, "num_hidden_layers": 2, "num_attention_heads": 4'
+PROBE = "kind,label,dtype,tflops,gbps,status\nmatmul,m,fp32,{},,ok\nread,r,fp32,,{},ok\n"
+
+ROUND_TWO_FILES = [
+    # (command, option, content, what the line says)
+    *[("ablation", "--step-costs", COSTS + f"1,0,10,{v}\n8,0,80,2\n", "step_ms")
+      for v in ("0", "1e-300", "inf", "text", "-1", "1e300")],
+    ("phases", "--ceilings", PROBE.format("1e300", "10"), "tflops"),
+    ("phases", "--ceilings", PROBE.format("1e-300", "10"), "tflops ceiling"),
+    ("phases", "--ceilings", PROBE.format("1", "1e300"), "gbps"),
+    ("phases", "--config", '{"text_config": null}', "text_config"),
+    ("phases", "--config", '{"text_config": 5}', "text_config"),
+    ("phases", "--config", '{"hidden_size": ' + "9" * 5000 + "}", "5,000 digits"),
+    ("phases", "--config", "[" * 200_000 + "]" * 200_000, "nested too deeply"),
+    ("phases", "--config", "{" + SHAPE + ', "rope_theta": NaN}', "rope_theta"),
+    ("phases", "--config", "{" + SHAPE + ', "rms_norm_eps": -1e-6}', "rms_norm_eps"),
+    ("phases", "--config", "{" + SHAPE + ', "rms_norm_eps": Infinity}', "rms_norm_eps"),
+    ("phases", "--config", "{" + SHAPE + ', "head_dim": 0}', "head_dim"),
+    ("phases", "--config", "{" + SHAPE + ', "model_type": ["llama"]}', "model_type"),
+    *[("occupancy", "--trace", f"output_tokens,prompt_tokens\n5,{v}\n", "prompt")
+      for v in ("1000000000", "1e9", "10" + "0" * 29)],
+    *[("ablation", "--trace", f"output_tokens\n{v}\n", "output")
+      for v in ("1000000000", "1e30")],
+]  # fmt: skip
+
+
+@pytest.mark.parametrize(("command", "option", "content", "says"), ROUND_TWO_FILES,
+                         ids=lambda v: str(v)[:30])  # fmt: skip
+def test_round_two_bad_files(runner, tmp_path, command, option, content, says):
+    path = tmp_path / "input"
+    path.write_text(content)
+    (tmp_path / "costs.csv").write_text(GOOD_COSTS)
+    extra = ["--step-costs", str(tmp_path / "costs.csv")] if command == "ablation" else []
+    if option == "--step-costs":
+        extra = []
+    result = invoke(runner, command, [option, str(path), *extra], tmp_path)
+    assert_one_line_error(result, option)
+    assert says in result.stderr and not (tmp_path / "run").exists()
+
+
+@pytest.mark.parametrize(
+    ("args", "option", "says"),
+    [
+        (["occupancy", "--seeds", "100", "--requests", "1000000"], "--seeds", "100,000,000"),
+        (["ablation", "--requests", "100000", "--median", "1000", "--max-output", "2000"],
+         "--requests", "steps"),
+        (["ablation", "--requests", "100", "--arrival-rate", "0.0001", "--slo-ttft", "1",
+          "--slo-tbt", "1"], "--requests", "steps"),
+        (["reproduce", "--preset", "tiny", "--device", "cpu", "--probe-buffer-mb", str(2**39)],
+         "--probe-buffer-mb", "MiB"),
+        (["occupancy", "--engine", "real", "--preset", "tiny", "--device", "cpu", "--slots",
+          "1000000", "--requests", "2000000", "--max-output", "100"], "--slots", "KV cache"),
+        (["phases", "--repeats", "5000"], "--repeats", "at most 1,000"),
+        (["phases", "--repeats", "x"], "--repeats", "'x' is not an integer"),
+        (["phases", "--min-time", "1_0"], "--min-time", "'1_0' is not a number"),
+        (["phases", "--repeats"], "--repeats", "needs a value"),
+        (["phases", "--dtype", "fp8"], "--dtype", "'fp8' is not one of"),
+        (["phases", "--prefil", "8"], "--prefil", "did you mean --prefill"),
+        (["compare"], "RUN_DIR", "missing"),
+    ],
+    ids=lambda v: " ".join(v)[:40] if isinstance(v, list) else None,
+)
+def test_round_two_bad_options(runner, tmp_path, args, option, says):
+    (tmp_path / "costs.csv").write_text(GOOD_COSTS)
+    if args[0] == "ablation":
+        args = [*args, "--step-costs", str(tmp_path / "costs.csv")]
+    bare = args[0] == "compare" or args[-1] == "--repeats"
+    out = [] if bare else ["--out", str(tmp_path / "run")]
+    result = runner.invoke(app, [*args, *out])
+    assert_one_line_error(result, option)
+    assert result.stderr.startswith(f"Error: {option}: ") and says in result.stderr
+    assert not (tmp_path / "run").exists()
+
+
+def test_a_sigma_of_negative_zero_is_zero(runner, tmp_path):
+    for command in ("occupancy", "ablation"):
+        (tmp_path / "costs.csv").write_text(GOOD_COSTS)
+        args = [command, "--sigma", "-0.0", "--requests", "20", "--out", str(tmp_path / command)]
+        if command == "ablation":
+            args += ["--step-costs", str(tmp_path / "costs.csv")]
+        result = runner.invoke(app, args)
+        assert result.exit_code == 0, result.output
+
+
+def test_an_ablation_of_one_token_outputs_has_no_gap_to_stall(runner, tmp_path):
+    (tmp_path / "costs.csv").write_text(GOOD_COSTS)
+    args = ["ablation", "--max-output", "1", "--step-costs", str(tmp_path / "costs.csv")]
+    result = runner.invoke(app, [*args, "--out", str(tmp_path / "run")])
+    assert result.exit_code == 0, result.output
+    assert "no gap between tokens to stall" in result.stdout
+    assert (tmp_path / "run" / "ablation_tbt.png").exists()
+
+
+def test_a_piggyback_batch_too_large_to_allocate_is_an_oom_row(runner, tmp_path):
+    args = [*SHAPES["piggyback"], "--decode-batch", "100000000", "--out", str(tmp_path / "run")]
+    result = runner.invoke(app, ["piggyback", *args])
+    assert result.exit_code == 0, result.output
+    steps = pd.read_csv(tmp_path / "run" / "steps.csv")
+    big = steps[steps["decode_batch"] == 100000000]
+    assert len(big) and (big["status"] == "oom").all()
+
+
+@pytest.mark.parametrize("where", ["trace", "step-costs", "ceilings", "config", "prompts"])
+def test_a_byte_order_mark_is_accepted_everywhere(runner, tmp_path, where):
+    bom = "\ufeff"
+    path = tmp_path / "input"
+    if where == "trace":
+        path.write_text(bom + "output_tokens,prompt_tokens\n5,8\n6,9\n")
+        assert read_trace(path) == [Request(0, 8, 5), Request(1, 9, 6)]
+    elif where == "step-costs":
+        from benchbatch.probes.ablation import cost_rows_from_csv
+
+        path.write_text(bom + GOOD_COSTS)
+        assert len(cost_rows_from_csv([path])) == 5
+    elif where == "ceilings":
+        from benchbatch.roofline import ceilings_from_csv
+
+        path.write_text(bom + PROBE.format("2", "30"))
+        assert ceilings_from_csv(path).peak_tflops == 2
+    elif where == "config":
+        from benchbatch.config import from_hf_config
+
+        path.write_text(bom + "{" + SHAPE + "}")
+        assert from_hf_config(path).hidden == 64
+    else:
+        from benchbatch.prompts import read_prompts
+
+        path.write_text(bom + "hello\nworld\n")
+        assert read_prompts(path) == ["hello", "world"]

@@ -281,7 +281,8 @@ EVERY_COMMAND = {
     "occupancy": ["occupancy", "--requests", "20"],
     "reproduce": ["reproduce", *REPRODUCE],
     "ablation": ["ablation", "--preset", "tiny", "--device", "cpu", *FAST[-4:]]
-    + ["--requests", "20", "--max-num-batched-tokens", "64", "--chunk-size", "32"],
+    + ["--requests", "20", "--max-num-batched-tokens", "64", "--chunk-size", "32"]
+    + ["--long-prompt-len", "64", "--max-output", "60"],
     "piggyback": ["piggyback", "--preset", "tiny", "--device", "cpu", *FAST[-4:]]
     + ["--decode-batch", "2", "--context", "8", "--prefill", "4", "--chunk-prompt", "16"]
     + ["--chunks", "8", "--tiles", "8,9"],
@@ -487,8 +488,10 @@ def test_flush_writes_every_table_again(tmp_path):
     assert list(pd.read_csv(tmp_path / "a.csv")["x"]) == [1, 2]
 
 
-def test_signals_held_ignores_ctrl_c_meanwhile():
-    before = signal.getsignal(signal.SIGINT)
-    with runs.signals_held():
-        os.kill(os.getpid(), signal.SIGINT)  # ignored: no KeyboardInterrupt here
-    assert signal.getsignal(signal.SIGINT) == before
+def test_signals_held_delivers_ctrl_c_once_the_writes_are_done():
+    before, done = signal.getsignal(signal.SIGINT), []
+    with pytest.raises(KeyboardInterrupt):
+        with runs.signals_held():
+            os.kill(os.getpid(), signal.SIGINT)  # held: the writes go on
+            done.append("written")
+    assert done == ["written"] and signal.getsignal(signal.SIGINT) == before

@@ -59,9 +59,12 @@ def ablation(
     budgets = probe.Budgets(workload.slots, opts.max_num_batched_tokens, opts.chunk)
     probe.check_budgets(opts.schemes, budgets, opts.chunk_size is not None)
     requests = workload.draw(run.seed)
-    given = probe.fit(probe.cost_rows_from_csv(opts.step_costs)) if opts.step_costs else None
     real = opts.engine == "real"
+    what = "trace" if workload.trace is not None else "requests"
+    work = _named(what, probe.check_work, requests, opts.schemes, budgets, opts.slo, real)
+    given = probe.fit(probe.cost_rows_from_csv(opts.step_costs)) if opts.step_costs else None
     rec = _open(opts, workload, model, run, requests, real or given is None)
+    rec.meta["work"] = work
     with rec:
         net = model.build(rec.target, run.seed)[0] if rec.target is not None else None
         cost = cost_model(rec, net, budgets, requests, given, run)
@@ -82,8 +85,21 @@ def _open(opts, workload, model, run, requests, need_model: bool) -> Recorder:
     from benchbatch.engines.engine import check_fits
 
     real = opts.engine == "real"
-    check = (lambda cfg: check_fits(cfg.max_context, requests)) if real else None
-    return c.open_model_run("ablation", model, run, opts, workload, check=check)
+    what = "trace" if workload.trace is not None else "max_output"
+    # The cost fit times steps on the model too: the workload must fit its context.
+    check = lambda cfg: _named(what, check_fits, cfg.max_context, requests)  # noqa: E731
+    cache = (lambda cfg: c.engine_cache(workload.slots, requests)) if real else None
+    return c.open_model_run("ablation", model, run, opts, workload, check=check, cache=cache)
+
+
+def _named(option: str, check, *args):
+    """check(*args), its UserError naming the option the requests came from."""
+    from benchbatch.errors import UserError
+
+    try:
+        return check(*args)
+    except UserError as e:
+        raise UserError(option, e.message) from None
 
 
 # --- the step-cost model ------------------------------------------------------------------------
@@ -278,8 +294,14 @@ def _ordering_line(source: str, v: dict) -> str:
     return (
         f"{name}: {verdict} (P99 TBT both < chunks-only < mixed-only: "
         f"{_yes(v['tbt_p99_order'])}; P50 TTFT mixed-only < both < chunks-only: "
-        f"{_yes(v['ttft_p50_order'])}); chunking cut the stall {v['stall_shrink']:.1f}x"
+        f"{_yes(v['ttft_p50_order'])}); {_stall(v['stall_shrink'])}"
     )
+
+
+def _stall(shrink: float) -> str:
+    if shrink != shrink:  # NaN: no request had a second token, so no gap
+        return "no gap between tokens to stall"
+    return f"chunking cut the stall {shrink:.1f}x"
 
 
 def _yes(ok: bool) -> str:

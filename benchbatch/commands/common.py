@@ -39,12 +39,14 @@ def open_model_run(
     *options,
     check: Callable | None = None,
     before: Callable | None = None,
+    cache: Callable | None = None,
 ) -> Recorder:
     """A run that times the model: device, shape and options checked, the folder made and
     metadata.json written (before the model is built), then before(cfg) (a header) and the
-    notes printed."""
+    notes printed. cache(cfg) -> (slots, tokens per slot, option): a real engine's KV cache,
+    checked to fit beside the model."""
     target = run.target()
-    rec = distributed.together(lambda: _open(command, model, run, target, options, check))
+    rec = distributed.together(lambda: _open(command, model, run, target, options, check, cache))
     join(rec)
     if before is not None:
         before(rec.cfg)
@@ -56,7 +58,7 @@ def open_model_run(
     return rec
 
 
-def _open(command: str, model: ModelOptions, run: RunOptions, target, options, check):
+def _open(command: str, model: ModelOptions, run: RunOptions, target, options, check, cache):
     from benchbatch import sharding
     from benchbatch.options import check_fits
 
@@ -64,7 +66,7 @@ def _open(command: str, model: ModelOptions, run: RunOptions, target, options, c
     if check is not None:
         check(cfg)
     sharding.check(cfg, target.tp)
-    check_fits(cfg, target, model.source())
+    check_fits(cfg, target, model.source(), cache(cfg) if cache is not None else None)
     given = load_ceilings(run, target)
     applied = dataclasses.replace(run, cuda_graphs=run.graphs(target), tp=target.tp)
     rec = Recorder.open(command, applied, target, cfg, record(*options, model, applied))
@@ -82,6 +84,14 @@ def join(rec: Recorder) -> None:
     rec.folder = distributed.gather(rec.folder)[0]
     rec.meta["distributed"] = distributed.metadata(rec.target.device)
     rec.write_meta()
+
+
+def engine_cache(slots: int, requests) -> tuple[int, int, str]:
+    """The real engine's KV cache, for open_model_run's cache: every slot holds the longest
+    prompt plus the longest output."""
+    from benchbatch.engines.engine import cache_len
+
+    return slots, cache_len(requests), "slots"
 
 
 def print_notes(*notes: str | None) -> None:

@@ -14,7 +14,7 @@ from benchbatch.commands.params import command, use
 from benchbatch.experiments import CompareOptions
 from benchbatch.options import RunOptions
 from benchbatch.render import fmt
-from benchbatch.run import Recorder
+from benchbatch.run import Recorder, create
 
 RUN_COLUMNS = ("run", "kind", "device", "dtype", "model", "cuda_graphs", "status")
 
@@ -30,12 +30,15 @@ def compare(opts: CompareOptions, run: RunOptions) -> None:
     from benchbatch import compare as merging
     from benchbatch import results
 
+    merging.check_out(run.out, list(opts.runs))
     loaded = merging.load_all(list(opts.runs), opts.label)
     names = [r.label for r in loaded]
     tables = merging.merge(loaded)
-    folder = results.run_dir(run.out, "compare", run.force)
-    rec = Recorder(folder, "compare", {"runs": [r.describe() for r in loaded]}, quiet=True)
-    files: list[str] = rec.meta.setdefault("files", [])  # what is written, as it is
+    if run.out is not None:
+        results.check_out(run.out, "compare", run.force)
+    meta = {"runs": [r.describe() for r in loaded], "files": []}
+    rec = create(Recorder, run.out, run.force, "compare", meta, quiet=True)
+    folder, files = rec.folder, rec.meta["files"]  # what is written, as it is
     with rec:
         for table, df in tables.items():
             results.write_csv(folder / f"compare-{table}.csv", df)

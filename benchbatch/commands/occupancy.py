@@ -86,17 +86,21 @@ def occupancy(
     duration first. On a CPU, try `benchbatch occupancy --engine real --requests 64 --slots
     8 --max-output 200` (about a minute with cpu-small on 2 cores).
     """
+    from benchbatch.probes.occupancy import check_memory
+
     opts.check(workload, model)
     requests = _served(workload.draw(run.seed), workload, model, opts.stop_at_eos)
     cost = _step_cost(opts)
     held: dict = {}
+    check_memory(len(requests), "trace" if workload.trace is not None else "requests")
     if opts.engine == "real":
 
         def check(cfg) -> None:
             _check_real(cfg, requests, workload)
             held["memory"] = _memory_setup(opts, workload, requests, cfg, run.target(), True)
 
-        rec = c.open_model_run("occupancy", model, run, opts, workload, check=check)
+        cache = lambda cfg: c.engine_cache(workload.slots, requests)  # noqa: E731
+        rec = c.open_model_run("occupancy", model, run, opts, workload, check=check, cache=cache)
     else:
         shape = model.shape("article")
         held["memory"] = _memory_setup(opts, workload, requests, shape, run.dtype or "fp16")
@@ -174,7 +178,9 @@ def _check_real(cfg, requests, workload: WorkloadOptions) -> None:
     from benchbatch.errors import UserError
 
     check_prompt_ids(cfg.vocab, requests)
-    longest = max(r.prompt_tokens for r in requests)
+    from benchbatch.engines.workload import Workload
+
+    longest = int(Workload.of(requests).prompt_tokens.max())
     if longest + 1 > cfg.max_context:
         raise UserError(
             "trace" if workload.trace is not None else "prompt_len",

@@ -14,6 +14,7 @@ from __future__ import annotations
 import dataclasses
 import functools
 import inspect
+import re
 import types
 import typing
 from dataclasses import dataclass
@@ -85,7 +86,7 @@ def _typed_aliases(plan: dict[str, _Param], typed: dict) -> dict[str, str]:
 
 def _named(e: UserError, flags: dict[str, str]) -> UserError:
     """A field's name ('max_output') as the flag the user typed ('--max-output')."""
-    if e.option.startswith("-") or " " in e.option:
+    if e.option.startswith("-") or " " in e.option or e.option.isupper():  # RUN_DIR
         return e
     return UserError(flags.get(e.option, "--" + e.option.replace("_", "-")), e.message)
 
@@ -146,7 +147,7 @@ def _info(f: dataclasses.Field, kind) -> Any:
     if kind is bool:
         return typer.Option(flag_of(f), metavar="", **common)
     extra = {"case_sensitive": False} if meta.get("choices") else {}
-    return typer.Option(flag_of(f), **common, **extra)
+    return typer.Option(flag_of(f), **common, **extra, **_strict(kind))
 
 
 def _alias(name: str, alias: str, hint, f: dataclasses.Field) -> inspect.Parameter:
@@ -157,9 +158,43 @@ def _alias(name: str, alias: str, hint, f: dataclasses.Field) -> inspect.Paramet
                                  annotation=Annotated[bool, info])  # fmt: skip
     kind = _cli_type(hint, f.metadata)
     optional = kind if _allows_none(kind) else kind | None
-    info = typer.Option(alias, hidden=True, help=f.metadata["help"])
+    info = typer.Option(alias, hidden=True, help=f.metadata["help"], **_strict(kind))
     return inspect.Parameter(name, inspect.Parameter.KEYWORD_ONLY, default=None,
                              annotation=Annotated[optional, info])  # fmt: skip
+
+
+def _strict(kind) -> dict:
+    """A number option parsed as strictly as the lists are: plain ASCII digits, no '1_000'
+    or '١٢' (int() and float() take both, as different numbers than the user may think)."""
+    base = _strip_none(kind)
+    if base is int:
+        return {"parser": strict_int}
+    if base is float:
+        return {"parser": strict_float}
+    return {}
+
+
+def strict_int(value):
+    if not isinstance(value, str):
+        return value  # a default
+    number = _int_or_none(value.strip())
+    if number is None:
+        raise ValueError(f"{_short(value)!r} is not an integer")
+    return number
+
+
+FLOAT_TEXT = re.compile(
+    r"[+-]?(([0-9]+\.?[0-9]*|\.[0-9]+)(e[+-]?[0-9]+)?|nan|inf|infinity)", re.IGNORECASE
+)
+
+
+def strict_float(value):
+    if not isinstance(value, str):
+        return value
+    text = value.strip()
+    if not FLOAT_TEXT.fullmatch(text):
+        raise ValueError(f"{_short(value)!r} is not a number")
+    return float(text)
 
 
 def _cli_type(hint, meta):

@@ -93,7 +93,7 @@ def _report(rec, json_out: bool) -> None:
     render.table(_shown(rows), _columns(rows), "prefill vs decode")
     failed = [f"{r['label']}: {r['status']}" for r in rows if r["status"] != "ok"]
     if failed:
-        render.err_console.print(f"[yellow]not measured:[/] {', '.join(failed)}")
+        render.labelled("not measured:", ", ".join(failed))
     if "prefill_over_decode_tflops" in s:
         render.out_console.print(
             f"{s['prefill_label']} ran at {s['prefill_over_decode_tflops']:.1f}x the TFLOP/s "

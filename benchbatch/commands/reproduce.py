@@ -18,6 +18,7 @@ from dataclasses import dataclass
 
 from rich import box
 from rich.table import Table
+from rich.text import Text
 
 from benchbatch import render, report
 from benchbatch.commands import common as c
@@ -82,10 +83,14 @@ def reproduce(
     """
     target = run.target()
     job = _job(opts, phases, sweep, workload, probe, target)
-    check = lambda cfg: _check(job, cfg)  # noqa: E731
+    check = lambda cfg: _check(job, cfg, target)  # noqa: E731
     parts = (opts, phases, job.sweep, workload, probe)
     header = None if run.json_out else lambda cfg: _header(job, cfg, target)
-    rec = c.open_model_run("reproduce", model, run, *parts, check=check, before=header)
+    cache = None
+    if job.real is not None:
+        cache = lambda cfg: c.engine_cache(job.real.slots, job.real.draw(run.seed))  # noqa: E731
+    rec = c.open_model_run("reproduce", model, run, *parts, check=check, before=header,
+                           cache=cache)  # fmt: skip
     rec.meta.update(cpu_sized=job.cpu_sized, parts={})
     with rec:
         built = _run_parts(rec, job, model, run)
@@ -106,9 +111,11 @@ def _job(opts, phases, sweep, workload, probe, target) -> Job:
     return Job(phases, sweep, workload, real, probe, cpu_sized=not cuda)
 
 
-def _check(job: Job, cfg) -> None:
+def _check(job: Job, cfg, target) -> None:
     from benchbatch.engines.engine import check_fits
+    from benchbatch.probes import ceilings as probes
 
+    probes.plan_for(target, job.probe)  # its sizes and buffers must fit, as in `probe`
     job.phases.check(cfg)
     job.workload.draw()  # its own checks, before any folder is made
     if job.real is not None:
@@ -414,7 +421,7 @@ def _terminal(run, built: Built, json_out: bool) -> None:
     for cl in built.report.claims:
         style = VERDICT_STYLE.get(cl.verdict, "")
         text = f"{cl.claim}\n  article: {cl.article}\n  here: {cl.measured}"
-        verdicts.add_row(cl.key, f"[{style}]{cl.verdict}[/]", text)
+        verdicts.add_row(cl.key, Text(cl.verdict, style=style), text)
     for column in verdicts.columns:
         column.justify = "left"
     out.print(verdicts)

@@ -55,7 +55,7 @@ from benchbatch.engines.metrics import RunMetrics
 from benchbatch.engines.model import Transformer
 from benchbatch.engines.scheduler import PrefillChunk, StepPlan, make_scheduler
 from benchbatch.engines.serving import timed_run_metrics
-from benchbatch.engines.workload import Request
+from benchbatch.engines.workload import Request, Workload
 from benchbatch.errors import UserError
 from benchbatch.timing import synchronize
 
@@ -177,6 +177,8 @@ def prompt_ids(request: Request, vocab: int, seed: int = 0) -> torch.Tensor:
 def check_prompt_ids(vocab: int, requests: Sequence[Request]) -> None:
     """A user error if a real prompt holds a token the model has no embedding for (a
     tokenizer from another model)."""
+    if isinstance(requests, Workload):
+        return  # columns: random prompts, no ids to check
     for r in requests:
         if r.prompt_ids is not None and (max(r.prompt_ids) >= vocab or min(r.prompt_ids) < 0):
             bad = max(r.prompt_ids) if max(r.prompt_ids) >= vocab else min(r.prompt_ids)
@@ -200,6 +202,8 @@ def observed_requests(requests: Sequence[Request], result: EngineResult) -> list
 def cache_len(requests: Sequence[Request]) -> int:
     """Tokens a slot must hold: the longest prompt plus the longest output. A padded static
     slot grows for as long as its group runs, which never passes this either."""
+    if isinstance(requests, Workload):  # columns: no Request built for each
+        return int(requests.prompt_tokens.max()) + int(requests.output_tokens.max())
     return max(r.prompt_tokens for r in requests) + max(r.output_tokens for r in requests)
 
 

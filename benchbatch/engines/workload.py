@@ -8,7 +8,6 @@ from __future__ import annotations
 import csv
 import dataclasses
 import math
-import os
 from collections.abc import Iterable, Iterator, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -205,7 +204,8 @@ def output_array(
     # numpy's default_rng, not `random`: with it seed 3 gives 10,089 static against 2,576
     # continuous steps on 32 slots (20.4% vs 79.9% occupancy, the article's 3.92x), and seeds
     # 0-4 static 19-24%, continuous 77-95%, as the article's experiment C spreads.
-    draws = np.random.default_rng(seed).lognormal(math.log(median), sigma, requests)
+    # + 0.0: numpy refuses a sigma of -0.0 (its sign bit), which means 0.
+    draws = np.random.default_rng(seed).lognormal(math.log(median), sigma + 0.0, requests)
     return np.clip(np.rint(draws), 1, max_output).astype(np.int64)
 
 
@@ -285,21 +285,35 @@ def read_trace_columns(path: str | Path, prompt_tokens: int = 64) -> Workload:
     every value valid) is parsed by pandas at once; anything else, or any doubt, goes to the
     row-by-row reader, which accepts the same files and names the line of a bad value."""
     _require(prompt_tokens >= 1, "prompt_len", f"must be at least 1, got {prompt_tokens}")
-    fast = plain_trace(Path(path), prompt_tokens)
-    return fast if fast is not None else Workload.of(_read_trace_rows(path, prompt_tokens))
+    data = _trace_bytes(Path(path))
+    fast = plain_trace(Path(path), prompt_tokens, data)
+    return fast if fast is not None else Workload.of(_read_trace_rows(path, prompt_tokens, data))
 
 
-def _read_trace_rows(path: str | Path, prompt_tokens: int) -> list[Request]:
-    rows, line_numbers = _read_rows(Path(path))
+def _trace_bytes(path: Path) -> bytes:
+    """The file's bytes (a regular file: a FIFO is refused, never read forever), without
+    the byte-order mark a spreadsheet may write first."""
+    from benchbatch.inputs import read_bytes
+
+    return read_bytes(path, TRACE_OPTION).removeprefix(b"\xef\xbb\xbf")
+
+
+def _read_trace_rows(
+    path: str | Path, prompt_tokens: int, data: bytes | None = None
+) -> list[Request]:
+    data = _trace_bytes(Path(path)) if data is None else data
+    rows, line_numbers = _read_rows(Path(path), data)
     return [
         _trace_request(i, row, line, path, prompt_tokens)
         for i, (row, line) in enumerate(zip(rows, line_numbers, strict=True))
     ]
 
 
-def _read_rows(path: Path) -> tuple[list[dict[str, str]], list[int]]:
+def _read_rows(path: Path, data: bytes) -> tuple[list[dict[str, str]], list[int]]:
+    import io
+
     try:
-        with path.open(newline="", encoding="utf-8") as f:
+        with io.StringIO(data.decode("utf-8"), newline="") as f:
             reader = csv.DictReader(f)
             if reader.fieldnames is None:
                 raise UserError(TRACE_OPTION, f"{path} is empty")
@@ -319,7 +333,9 @@ def _read_rows(path: Path) -> tuple[list[dict[str, str]], list[int]]:
 
 
 def _reason(e: Exception) -> str:
-    return getattr(e, "strerror", None) or str(e).splitlines()[0]
+    from benchbatch.inputs import reason
+
+    return reason(e)
 
 
 def _check_columns(path: Path, fieldnames: list[str]) -> None:
@@ -350,7 +366,8 @@ def _int_field(
     try:
         value = int(text)
     except ValueError:
-        raise UserError(TRACE_OPTION, f"{where}: {column} {text!r} is not an integer") from None
+        shown = text[:40]
+        raise UserError(TRACE_OPTION, f"{where}: {column} {shown!r} is not an integer") from None
     kind = "positive" if minimum == 1 else "zero or more"
     _require(value >= minimum, TRACE_OPTION, f"{where}: {column} must be {kind}, got {value}")
     # Requests are held as int64 columns; no run could get anywhere near this anyway.
@@ -365,17 +382,18 @@ _NOT_PLAIN = b"0123456789,\r\n"  # what a plain trace's body may hold
 _EXACT = 2**53  # integers parsed through float64 are exact below this
 
 
-def plain_trace(path: Path, prompt_tokens: int) -> Workload | None:
+def plain_trace(path: Path, prompt_tokens: int, data: bytes | None = None) -> Workload | None:
     """The trace's requests if the file is plain and valid, else None (read it row by row).
 
     Plain: a UTF-8 header of distinct names with output_tokens and no quotes, then lines of
     digits and commas, each empty (skipped, as csv skips it) or with the header's number of
     fields; line ends \n or \r\n. Every such file means the same to the csv module.
     """
-    try:
-        data = path.read_bytes()
-    except OSError:
-        return None
+    if data is None:
+        try:
+            data = _trace_bytes(path)
+        except UserError:
+            return None
     header, _, body = data.partition(b"\n")
     names = _plain_header(header)
     if names is None or not body.strip(b"\r\n") or body.translate(None, _NOT_PLAIN):
@@ -465,14 +483,12 @@ def trace_rows(requests: Sequence[Request]) -> list[dict]:
 def write_trace(path: str | Path, requests: Sequence[Request]) -> None:
     """A CSV trace of the requests (e.g. the output lengths a real run produced), written
     whole or not at all, for `occupancy --trace` to replay."""
-    from benchbatch.distributed import is_writer
+    import io
 
-    if not is_writer():  # under torchrun rank 0 alone writes
-        return
-    path = Path(path)
-    tmp = path.with_name(path.name + ".tmp")
-    with tmp.open("w", newline="", encoding="utf-8") as f:
-        writer = csv.DictWriter(f, fieldnames=WRITTEN_COLUMNS)
-        writer.writeheader()
-        writer.writerows(trace_rows(requests))
-    os.replace(tmp, path)
+    from benchbatch.results import atomic_write_text
+
+    text = io.StringIO(newline="")
+    writer = csv.DictWriter(text, fieldnames=WRITTEN_COLUMNS)
+    writer.writeheader()
+    writer.writerows(trace_rows(requests))
+    atomic_write_text(Path(path), text.getvalue())

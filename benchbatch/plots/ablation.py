@@ -10,7 +10,7 @@ import numpy as np
 import pandas as pd
 from matplotlib import ticker
 
-from benchbatch.plots import plt, save
+from benchbatch.plots import plt, save, tight
 
 COLORS = {"mixed-only": "tab:red", "chunks-only": "tab:orange", "both": "tab:blue"}
 LABELS = {
@@ -27,6 +27,14 @@ def tbt_figure(gaps: list[dict], rows: list[dict], path: Path, title: str) -> No
     chunks, each long prompt's prefill is a column of tall gaps: the decodes it stalled."""
     df = pd.DataFrame(gaps)
     schemes = [s for s in COLORS if len(df) and (df["scheme"] == s).any()]
+    if not schemes:  # every request one token long: no gap to draw
+        fig, ax = plt.subplots(figsize=(11, 2.5))
+        ax.text(0.5, 0.5, "no gaps between tokens: every request has a single output token",
+                ha="center", va="center", transform=ax.transAxes)  # fmt: skip
+        ax.set_axis_off()
+        fig.suptitle(title, fontsize=9)
+        save(fig, path)
+        return
     fig, axes = plt.subplots(len(schemes), 1, figsize=(11, 2.5 * len(schemes)), sharey=True)
     axes = np.atleast_1d(axes)
     by = {(r["scheme"], r["source"]): r for r in rows}
@@ -58,7 +66,7 @@ def tbt_figure(gaps: list[dict], rows: list[dict], path: Path, title: str) -> No
         ax.legend(fontsize=7, loc="upper right")
     axes[-1].set_xlabel("time (s)")
     fig.suptitle(title, fontsize=9)
-    fig.tight_layout()
+    tight(fig)
     save(fig, path)
 
 
@@ -87,10 +95,11 @@ def latency_figure(
     tbt.xaxis.set_minor_formatter(ticker.NullFormatter())
     for ax in (ttft, tbt):
         ax.grid(True, alpha=0.3)
-        ax.legend(fontsize=7)
+        if ax.get_legend_handles_labels()[0]:  # no gap at all: nothing to name
+            ax.legend(fontsize=7)
     _bars(bars, rows)
     fig.suptitle(title, fontsize=9)
-    fig.tight_layout()
+    tight(fig)
     save(fig, path)
 
 
@@ -168,5 +177,5 @@ def slo_figure(rows: list[dict], ttft_s: float, tbt_s: float, path: Path, title:
     )
     fig.colorbar(image, ax=ax, label="goodput (req/s) where the SLOs are met")
     fig.suptitle(title, fontsize=8)
-    fig.tight_layout()
+    tight(fig)
     save(fig, path)

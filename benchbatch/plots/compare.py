@@ -8,7 +8,7 @@ import numpy as np
 import pandas as pd
 from matplotlib.ticker import FixedLocator, NullLocator, ScalarFormatter
 
-from benchbatch.plots import plt, save
+from benchbatch.plots import plt, save, tight
 
 CONTEXT_STYLES = ("-", "--", ":", "-.")
 
@@ -128,7 +128,7 @@ def compare_occupancy_figure(
         axes[2].set_title("real engine", fontsize=10)
     axes[0].legend(fontsize=8)
     fig.suptitle(title, fontsize=10)
-    fig.tight_layout()
+    tight(fig)
     save(fig, path)
 
 

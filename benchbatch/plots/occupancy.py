@@ -10,7 +10,7 @@ import pandas as pd
 
 from benchbatch.engines.simulate import timeline_runs
 from benchbatch.engines.timeline import RunLengths
-from benchbatch.plots import plt, save
+from benchbatch.plots import plt, save, tight
 
 COLORS = {"static": "tab:red", "continuous": "tab:blue"}
 MAX_POINTS = 20_000  # longer timelines are drawn as bin means (the CSV keeps every change)
@@ -40,7 +40,7 @@ def occupancy_figure(
     axes[-1].set_xlabel("step")
     axes[-1].set_xlim(0, max(by[p]["total_steps"] for p in policies))
     fig.suptitle(title, fontsize=10)
-    fig.tight_layout()
+    tight(fig)
     save(fig, path)
 
 
@@ -115,5 +115,5 @@ def engine_figure(steps: list[dict], rows: list[dict], path: Path, title: str) -
     for ax in (elapsed, cost):
         ax.grid(True, alpha=0.3)
     fig.suptitle(title, fontsize=10)
-    fig.tight_layout()
+    tight(fig)
     save(fig, path)

@@ -7,7 +7,7 @@ from pathlib import Path
 
 from matplotlib import ticker
 
-from benchbatch.plots import plt, save
+from benchbatch.plots import plt, save, tight
 
 
 def piggyback_figure(
@@ -23,7 +23,7 @@ def piggyback_figure(
     _chunk_panel(chunked, [r for r in chunk_rows if r["kind"] == "chunked"])
     _tile_panel(tiles, [r for r in chunk_rows if r["kind"] == "tile"])
     fig.suptitle(title, fontsize=10)
-    fig.tight_layout()
+    tight(fig)
     save(fig, path)
 
 

@@ -94,6 +94,47 @@ def check_budgets(schemes: Sequence[str], b: Budgets, chunk_given: bool) -> None
         SchedulerConfig(b.max_num_seqs, **scheme_settings(s, b))
 
 
+# Every scheme's and every SLO grid point's steps are simulated one by one (25 to 45 us a
+# step on a 2-core CPU): past this the ablation would run for many minutes.
+MAX_SIM_STEPS = 5_000_000
+# Every gap between two tokens is kept per scheme and source (a tbt.csv row, the request's
+# metrics and token steps): about 1.5 KB each in memory, measured.
+BYTES_PER_GAP = 1500
+
+
+def check_work(
+    requests: Sequence[Request], schemes: Sequence[str], b: Budgets, slo, real: bool
+) -> dict:
+    """Refuse, before anything runs, a workload whose simulation needs more steps than
+    MAX_SIM_STEPS or more memory than the machine has; returns the estimate (lower bounds:
+    a step serves at most max_num_seqs decodes, and idles until the last arrival)."""
+    from benchbatch import machine
+    from benchbatch.engines.workload import Workload
+
+    w = Workload.of(requests)
+    tokens, last = int(w.output_tokens.sum()), int(w.arrival_step.max())
+    points = [b] * len(schemes) + (slo_grid(b) if slo is not None else [])
+    steps = sum(max(last + 1, -(-tokens // p.max_num_seqs)) for p in points)
+    if steps > MAX_SIM_STEPS:
+        raise UserError(
+            "requests",
+            f"the ablation would simulate at least {steps:,} steps ({len(points)} runs of "
+            f"{len(w):,} requests, {tokens:,} output tokens, the last arriving at step "
+            f"{last:,}), more than the {MAX_SIM_STEPS:,} it allows: serve fewer or shorter "
+            "requests, or let them arrive sooner",
+        )
+    gaps = (tokens - len(w)) * len(schemes) * (2 if real else 1)
+    need, free = gaps * BYTES_PER_GAP, machine.available_ram_bytes()
+    if need > free:
+        raise UserError(
+            "requests",
+            f"the ablation would keep {gaps:,} gaps between tokens, about "
+            f"{need / 2**30:,.1f} GiB, more than the {free / 2**30:,.1f} GiB of available RAM: "
+            "serve fewer or shorter requests",
+        )
+    return {"simulated_steps_at_least": steps, "token_gaps": gaps, "memory_bytes": need}
+
+
 # --- the step-cost model ------------------------------------------------------------------------
 
 
@@ -156,19 +197,18 @@ def cost_rows_from_csv(paths: Iterable[Path]) -> list[dict]:
 
 
 def _csv_cost_rows(path: Path) -> list[dict]:
-    try:
-        df = pd.read_csv(path)
-    except (OSError, ValueError, UnicodeDecodeError) as e:
-        reason = getattr(e, "strerror", None) or str(e).splitlines()[0]
-        raise UserError(STEP_COSTS_OPTION, f"cannot read {path}: {reason}") from None
+    df = _read_costs_csv(path)
     if "status" in df:
-        df = df[df["status"] == "ok"]
+        df = df[df["status"] == "ok"]  # the index keeps each row's place, for errors
     cols = set(df.columns)
     if {"decode_tokens", "prefill_tokens", "context_tokens", "step_ms"} <= cols:
+        _check_numbers(path, df, ("decode_tokens", "prefill_tokens", "context_tokens"))
         d, p, c = df["decode_tokens"], df["prefill_tokens"], df["context_tokens"]
     elif {"decode_batch", "context", "prefill_tokens", "step_ms"} <= cols:
+        _check_numbers(path, df, ("decode_batch", "context", "prefill_tokens"))
         d, p, c = df["decode_batch"], df["prefill_tokens"], df["decode_batch"] * df["context"]
     elif {"phase", "batch", "tokens", "context", "step_ms"} <= cols:
+        _check_numbers(path, df, ("batch", "tokens", "context"))
         decode = df["phase"] == "decode"
         d = df["batch"].where(decode, 0)
         p = (df["batch"] * df["tokens"]).where(~decode, 0)
@@ -178,6 +218,7 @@ def _csv_cost_rows(path: Path) -> list[dict]:
             STEP_COSTS_OPTION,
             f"{path} has no step times this reads (phases, sweep, piggyback or step_cost CSV)",
         )
+    _check_numbers(path, df, ("step_ms",), STEP_MS_RANGE, missing_ok=True)
     out = pd.DataFrame({"decode_tokens": d, "prefill_tokens": p, "context_tokens": c})
     out["step_ms"] = df["step_ms"]
     out["kind"] = "file"
@@ -185,6 +226,42 @@ def _csv_cost_rows(path: Path) -> list[dict]:
     if not len(out):
         raise UserError(STEP_COSTS_OPTION, f"{path} holds no measured step")
     return out.to_dict("records")
+
+
+# A step time in ms no device and no model gives: faster than 100 ns, slower than an hour.
+STEP_MS_RANGE = (1e-4, 3.6e6)
+TOKENS_RANGE = (0, 1e9)  # tokens, batches and contexts of one step
+
+
+def _read_costs_csv(path: Path) -> pd.DataFrame:
+    import io
+
+    from benchbatch.inputs import read_bytes, reason
+
+    data = read_bytes(path, STEP_COSTS_OPTION).removeprefix(b"\xef\xbb\xbf")
+    try:
+        return pd.read_csv(io.BytesIO(data), index_col=False)
+    except (ValueError, UnicodeDecodeError, pd.errors.ParserError) as e:
+        raise UserError(STEP_COSTS_OPTION, f"cannot read {path}: {reason(e)}") from None
+
+
+def _check_numbers(path, df, columns, bounds=TOKENS_RANGE, missing_ok: bool = False) -> None:
+    """Each column numbers within bounds (an empty cell only where missing_ok: a step that
+    was not measured); else a UserError naming the file, line and column."""
+    lo, hi = bounds
+    for col in columns:
+        numbers = pd.to_numeric(df[col], errors="coerce")
+        bad = ~numbers.between(lo, hi)
+        if missing_ok:
+            bad &= df[col].notna()
+        if bad.any():
+            i = int(bad.to_numpy().nonzero()[0][0])
+            raise UserError(
+                STEP_COSTS_OPTION,
+                f"{path} row {df.index[i] + 1}: {col} {str(df[col].iloc[i])[:40]!r} is not a "
+                f"number in [{lo:g}, {hi:g}]",
+            )
+        df[col] = numbers
 
 
 def fit(rows: list[dict], option: str = STEP_COSTS_OPTION) -> tuple[StepCostModel, list[dict]]:
@@ -389,9 +466,9 @@ def real_columns(row: dict, sim_row: dict, result: EngineResult) -> dict:
     return {
         **row,
         "sim_total_s": sim_row["total_s"],
-        "real_over_sim": row["total_s"] / sim_row["total_s"],
-        "ttft_p50_real_over_sim": row["ttft_p50_s"] / sim_row["ttft_p50_s"],
-        "tbt_p99_real_over_sim": row["tbt_p99_s"] / sim_row["tbt_p99_s"],
+        "real_over_sim": ratio(row["total_s"], sim_row["total_s"]),
+        "ttft_p50_real_over_sim": ratio(row["ttft_p50_s"], sim_row["ttft_p50_s"]),
+        "tbt_p99_real_over_sim": ratio(row["tbt_p99_s"], sim_row["tbt_p99_s"]),
         "model_s": result.model_s,
         "overhead": result.overhead,
     }
@@ -477,8 +554,16 @@ def ordering(rows: Sequence[dict], source: str) -> dict | None:
         "tbt_p99_order": tbt,
         "ttft_p50_order": ttft,
         "as_paper": tbt and ttft,
-        "stall_shrink": m["tbt_max_s"] / b["tbt_max_s"],
+        "stall_shrink": ratio(m["tbt_max_s"], b["tbt_max_s"]),
     }
+
+
+def ratio(a: float, b: float) -> float:
+    """a / b, NaN where b is 0 or either is not a number (every request one token long:
+    no gap between tokens, so no stall to shrink)."""
+    if a is None or b is None or not (math.isfinite(a) and math.isfinite(b)) or b == 0:
+        return math.nan
+    return a / b
 
 
 # --- SLO search -----------------------------------------------------------------------------------

@@ -37,6 +37,27 @@ SIM_TIME_BASIS = "simulated steps x this policy's median measured step"
 # --- workload and simulation ----------------------------------------------------------------
 
 
+# The simulation of both policies keeps about this much per request (columns, admission
+# steps, per-request metrics, the run-length timeline): 2 GB for 10 million, measured.
+BYTES_PER_REQUEST = 250
+
+
+def check_memory(requests: int, option: str = "requests") -> int:
+    """Refuse, before it runs, a simulation that needs more memory than is available;
+    returns the bytes it needs."""
+    from benchbatch import machine
+    from benchbatch.errors import UserError
+
+    need, free = requests * BYTES_PER_REQUEST, machine.available_ram_bytes()
+    if need > free:
+        raise UserError(
+            option,
+            f"simulating {requests:,} requests needs about {need / 2**30:,.1f} GiB, more than "
+            f"the {free / 2**30:,.1f} GiB of available RAM",
+        )
+    return need
+
+
 def simulate(requests: Sequence[Request] | Workload, slots: int) -> dict[str, SimResult]:
     """Both policies on the same requests (the article's rule: one decode per slot-step)."""
     return run_policies(requests, slots, POLICIES)

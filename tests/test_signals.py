@@ -1,0 +1,124 @@
+"""Ctrl-C and SIGTERM at any instant of a real process: during Python's imports, right after
+the run folder appears, at random moments of the work, right after it ends. Every time:
+exit code 130 (or 0 if the run had already exited), one line on stderr saying where the
+rows are, no traceback, and a folder that is either absent or says what it holds (metadata
+marked interrupted or complete), with no temporary file left."""
+
+from __future__ import annotations
+
+import json
+import random
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parent.parent
+OCCUPANCY = ["occupancy", "--requests", "3000", "--seeds", "3"]
+PHASES = ["phases", "--preset", "tiny", "--device", "cpu", "--no-roofline", "--repeats", "1"]
+PHASES += ["--min-time", "0.05", "--prefill", "8,16", "--decode-batch", "1,2,3,4", "--context", "8"]
+
+
+def start(args: list[str], *python: str) -> subprocess.Popen:
+    """The program as a user runs it (python -m benchbatch), Ctrl-C delivered as a terminal
+    delivers it even where this test runs with SIGINT ignored."""
+    return subprocess.Popen(
+        [sys.executable, *python, "-m", "benchbatch", *args],
+        cwd=ROOT,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL),
+    )
+
+
+def wait_until(proc: subprocess.Popen, ready, timeout: float = 60.0) -> bool:
+    """Poll ready() every millisecond; False if the process ended first."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if ready():
+            return True
+        if proc.poll() is not None:
+            return False
+        time.sleep(0.001)
+    proc.kill()
+    pytest.fail("the condition never came")
+
+
+def status(folder: Path) -> str | None:
+    try:
+        return json.loads((folder / "metadata.json").read_text())["status"]
+    except (OSError, ValueError, KeyError):
+        return None
+
+
+def check_ending(proc: subprocess.Popen, folder: Path, sig: int) -> tuple[int, str]:
+    """Send the signal (unless the process is gone) and check how the run ended."""
+    if proc.poll() is None:
+        proc.send_signal(sig)
+    out, err = proc.communicate(timeout=120)
+    code = proc.returncode
+    assert code in (0, 130), (code, err)
+    assert "Traceback" not in err and "Traceback" not in out, err
+    lines = [line for line in err.splitlines() if line.strip()]
+    if code == 130:
+        assert lines and lines[-1].startswith("interrupted"), err
+        assert "results:" not in out or "after the run was written" in lines[-1], (out, err)
+    if folder.exists():
+        assert status(folder) in ("complete", "interrupted"), list(folder.iterdir())
+        assert not [p.name for p in folder.iterdir() if p.name.startswith(".")]
+        if code == 130 and status(folder) == "interrupted":
+            assert str(folder) in lines[-1]
+    else:
+        assert code == 130 and "nothing" in lines[-1], err
+    return code, err
+
+
+@pytest.mark.parametrize("sig", [signal.SIGINT, signal.SIGTERM], ids=["SIGINT", "SIGTERM"])
+def test_a_signal_during_the_imports_is_one_line(tmp_path, sig):
+    """-X importtime says when benchbatch's first module is in: the signal then comes while
+    typer, rich, numpy and the commands are still being imported."""
+    proc = start([*OCCUPANCY, "--out", str(tmp_path / "run")], "-X", "importtime")
+    started = False
+    for line in proc.stderr:  # the first import that ends after benchbatch.start's
+        if started:
+            break
+        started = line.rstrip().endswith("| benchbatch.start")
+    proc.send_signal(sig)
+    _, err = proc.communicate(timeout=60)
+    said = [line for line in err.splitlines() if not line.startswith("import time:")]
+    assert proc.returncode == 130, (proc.returncode, err[-2000:])
+    assert said == ["interrupted while starting: nothing was run or written"], said
+    assert not (tmp_path / "run").exists()
+
+
+@pytest.mark.parametrize("sig", [signal.SIGINT, signal.SIGTERM], ids=["SIGINT", "SIGTERM"])
+def test_a_signal_right_after_the_folder_appears(tmp_path, sig):
+    folder = tmp_path / "run"
+    proc = start([*PHASES, "--out", str(folder)])
+    assert wait_until(proc, folder.exists)
+    proc.send_signal(sig)
+    code, _ = check_ending(proc, folder, sig)
+    assert code == 130 and status(folder) == "interrupted"
+
+
+@pytest.mark.parametrize("sig", [signal.SIGINT, signal.SIGTERM], ids=["SIGINT", "SIGTERM"])
+def test_a_signal_right_after_the_work_ends(tmp_path, sig):
+    folder = tmp_path / "run"
+    proc = start([*OCCUPANCY, "--out", str(folder)])
+    assert wait_until(proc, lambda: status(folder) == "complete") or proc.returncode == 0
+    check_ending(proc, folder, sig)  # 130 (interrupted after) or 0, never 143
+    assert status(folder) == "complete"
+
+
+@pytest.mark.parametrize("seed", range(6))
+def test_a_signal_at_a_random_instant(tmp_path, seed):
+    rng = random.Random(seed)
+    args = OCCUPANCY if seed % 2 else PHASES
+    folder = tmp_path / "run"
+    proc = start([*args, "--out", str(folder)])
+    time.sleep(rng.uniform(0.0, 3.0))
+    check_ending(proc, folder, rng.choice([signal.SIGINT, signal.SIGTERM]))
