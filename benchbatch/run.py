@@ -129,6 +129,7 @@ class Recorder(Run):
         self.quiet = quiet
         self.ceilings = None  # the run's one set of ceilings, once known
         self._watch = None
+        self._group_look: tuple[int, object] | None = None  # (timing_group, its look)
         self._stack = contextlib.ExitStack()
 
     @classmethod
@@ -207,7 +208,7 @@ class Recorder(Run):
         from benchbatch.roofline import annotate
 
         measured = row.get("status", "ok") == "ok"
-        look = self._watch.look() if self._watch is not None else None
+        look = self._look(row.get("timing_group"))
         row = {
             **row,
             "throttled": bool(look and look.throttled) and measured,
@@ -216,6 +217,17 @@ class Recorder(Run):
         if self.ceilings is not None and "arithmetic_intensity" in row:
             row = annotate(row, self.ceilings)
         return row
+
+    def _look(self, group):
+        """One look at the GPU per row; rows timed together as a group (their repeats
+        interleaved) were measured over the same stretch of time: one look serves them all."""
+        if self._watch is None:
+            return None
+        if group is not None and self._group_look and self._group_look[0] == group:
+            return self._group_look[1]
+        look = self._watch.look()
+        self._group_look = (group, look) if group is not None else None
+        return look
 
     def progress(self, label: str, total: int | None):
         return Progress.task(label, total, quiet=self.quiet)

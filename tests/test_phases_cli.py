@@ -83,14 +83,14 @@ def test_existing_results_are_never_overwritten_silently(runner, tmp_path):
 def test_out_of_memory_on_one_row_is_recorded_and_the_run_goes_on(runner, tmp_path, monkeypatch):
     from benchbatch.probes import steps
 
-    real = steps.time_step
+    real = steps.prepare
 
     def fail_big(model, step, opts, cuda_graphs=True, seed=0):
         if step.batch == 4:
             raise torch.cuda.OutOfMemoryError("CUDA out of memory. Tried to allocate 2.00 GiB")
         return real(model, step, opts, cuda_graphs, seed)
 
-    monkeypatch.setattr(steps, "time_step", fail_big)
+    monkeypatch.setattr(steps, "prepare", fail_big)
     result = run_phases(runner, tmp_path / "run")
     assert result.exit_code == 0, result.output
     df = pd.read_csv(tmp_path / "run" / "phases.csv")

@@ -73,7 +73,7 @@ def test_json_output_is_one_document(runner, tmp_path):
 def test_out_of_memory_is_recorded_and_earlier_rows_stay_on_disk(runner, tmp_path, monkeypatch):
     from benchbatch.probes import steps
 
-    real, on_disk = steps.time_step, []
+    real, on_disk = steps.prepare, []
 
     def fail_big(model, step, opts, cuda_graphs=True, seed=0):
         if step.batch >= 4:
@@ -81,7 +81,8 @@ def test_out_of_memory_is_recorded_and_earlier_rows_stay_on_disk(runner, tmp_pat
             raise torch.cuda.OutOfMemoryError("CUDA out of memory")
         return real(model, step, opts, cuda_graphs, seed)
 
-    monkeypatch.setattr(steps, "time_step", fail_big)
+    monkeypatch.setattr(steps, "prepare", fail_big)
+    monkeypatch.setattr(steps, "group_budget", lambda dev: 0)  # each step a group of its own
     result = run_sweep(runner, tmp_path / "run", "--batch", "1,2,4,8", "--context", "8")
     assert result.exit_code == 0, result.output
     assert on_disk == [2, 3]  # the ok rows were written before the failures
@@ -89,6 +90,26 @@ def test_out_of_memory_is_recorded_and_earlier_rows_stay_on_disk(runner, tmp_pat
     assert list(df["status"]) == ["ok", "ok", "oom", "oom"]
     assert df["step_ms"].isna().tolist() == [False, False, True, True]
     assert "batch 1 -> 2: throughput x" in result.stdout
+
+
+def test_out_of_memory_in_a_group_leaves_the_rest_of_it_timed(runner, tmp_path, monkeypatch):
+    from benchbatch.probes import steps
+
+    real = steps.prepare
+
+    def fail_big(model, step, opts, cuda_graphs=True, seed=0):
+        if step.batch == 4:
+            raise torch.cuda.OutOfMemoryError("CUDA out of memory")
+        return real(model, step, opts, cuda_graphs, seed)
+
+    monkeypatch.setattr(steps, "prepare", fail_big)
+    result = run_sweep(runner, tmp_path / "run", "--batch", "1,2,4,8", "--context", "8")
+    assert result.exit_code == 0, result.output
+    df = pd.read_csv(tmp_path / "run" / "sweep.csv")
+    assert list(df["status"]) == ["ok", "ok", "oom", "ok"]
+    # One group: the three that were prepared alternated their repeats.
+    assert df["timing_group"].nunique() == 1
+    assert list(df["interleaved"]) == [3, 3, 0, 3]
 
 
 def test_predicted_max_batch_matches_hand_arithmetic():
@@ -114,13 +135,13 @@ def test_batches_over_the_ceiling_are_skipped_unless_try_oom(runner, tmp_path, m
     # Context 8: 9 tokens x 512 B + 3,584 B workspace = 8,192 B a sequence; room for 3.5.
     free = math.ceil((TINY_PARAMS * 4 + TINY_ROTARY_FP32 + 3.5 * 8192) / 0.9)
     monkeypatch.setattr(device, "free_memory_bytes", lambda dev: free)
-    timed, real = [], steps.time_step
+    timed, real = [], steps.prepare
 
     def spy(model, step, opts, cuda_graphs=True, seed=0):
         timed.append(step.batch)
         return real(model, step, opts, cuda_graphs, seed)
 
-    monkeypatch.setattr(steps, "time_step", spy)
+    monkeypatch.setattr(steps, "prepare", spy)
     result = run_sweep(runner, tmp_path / "a", "--batch", "1,2,4,8", "--context", "8")
     assert result.exit_code == 0, result.output
     assert "largest batch context 8: 3;" in result.stdout

@@ -26,9 +26,12 @@ def plan(opts: Options, prefill_batch: int = 1) -> list[steps.Step]:
 def rows(
     model: Transformer, dtype: str, opts: Options, timing: TimingOptions, cuda_graphs: bool = True
 ) -> Iterator[dict]:
-    """One row per step, yielded as soon as it is measured."""
-    for step in plan(opts):
-        yield steps.run_step(model, dtype, step, timing, cuda_graphs)
+    """One row per step. The steps are compared with each other (prefill against decode,
+    batch against batch), so they are timed together, their repeats interleaved, as many at
+    once as memory holds; a group's rows are yielded when it is measured."""
+    budget = steps.group_budget(model.embed.weight.device)
+    for group in steps.groups(plan(opts), model.cfg, dtype, budget):
+        yield from steps.run_group(model, dtype, group, timing, cuda_graphs)
 
 
 def summary(rows: list[dict]) -> dict:

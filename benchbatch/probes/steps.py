@@ -10,17 +10,22 @@ the same work.
 On CUDA both phases replay a CUDA graph by default: a prefill step of a 1-2 ms GPU workload
 takes a few ms of host launches, so an eager prefill would time the launch gaps. Every row
 keeps the host's enqueue time (`host_ms`) beside the device time and flags `launch_bound`.
+
+Steps a verdict compares are prepared together (each its own cache and graph) and timed as a
+group, their repeats interleaved (`run_group`), as many at once as memory holds (`groups`).
 """
 
 from __future__ import annotations
 
+import itertools
+from collections.abc import Callable
 from dataclasses import dataclass
 
 import torch
 
 from benchbatch import accounting, backend, device, timing
 from benchbatch.engines.model import Transformer
-from benchbatch.timing import Measurement, TimingOptions, measure
+from benchbatch.timing import Measurement, TimingOptions, measure, measure_interleaved
 
 
 @dataclass(frozen=True)
@@ -45,11 +50,11 @@ def decode(batch: int, context: int) -> Step:
     return Step("decode", batch, 1, context)
 
 
-def time_step(
+def prepare(
     model: Transformer, step: Step, opts: TimingOptions, cuda_graphs: bool = True, seed: int = 0
-) -> Measurement:
-    """Median-of-repeats time of one step; on CUDA it replays a CUDA graph when asked (the
-    graph is captured for this step's shape and dropped with it)."""
+) -> Callable[[], None]:
+    """The call that runs one step, with its own KV cache and inputs (kept alive by the
+    call); on CUDA a replay of the step's CUDA graph when asked."""
     dev = model.embed.weight.device
     timing.prepare(dev, opts)
     gen = torch.Generator(device=dev).manual_seed(seed)
@@ -65,7 +70,16 @@ def time_step(
         model.step(tokens, cache, slots, kv_len=kv_len)
 
     b = backend.of(dev)
-    return measure(b.capture(run) if cuda_graphs and b.graphs else run, dev, opts)
+    return b.capture(run) if cuda_graphs and b.graphs else run
+
+
+def time_step(
+    model: Transformer, step: Step, opts: TimingOptions, cuda_graphs: bool = True, seed: int = 0
+) -> Measurement:
+    """Median-of-repeats time of one step, timed alone; on CUDA it replays a CUDA graph when
+    asked (the graph is captured for this step's shape and dropped with it)."""
+    dev = model.embed.weight.device
+    return measure(prepare(model, step, opts, cuda_graphs, seed), dev, opts)
 
 
 def step_row(model: Transformer, dtype: str, step: Step, m: Measurement | None) -> dict:
@@ -89,6 +103,79 @@ def step_row(model: Transformer, dtype: str, step: Step, m: Measurement | None) 
         **detail,
         **stats,
     }
+
+
+def held_bytes(cfg, dtype: str, step: Step) -> int:
+    """Memory a prepared step holds while its group is timed: its KV cache and a step's
+    workspace (a CUDA graph keeps its own pool)."""
+    cache = accounting.kv_cache_bytes(cfg, dtype, step.batch, step.context + step.tokens)
+    return cache + accounting.step_workspace_bytes(cfg, dtype, step.batch * step.tokens)
+
+
+def groups(plan: list[Step], cfg, dtype: str, budget: int) -> list[list[Step]]:
+    """Consecutive steps to time together, as many as `budget` bytes hold at once; a step
+    that does not fit with others is timed alone."""
+    out: list[list[Step]] = []
+    held = budget + 1
+    for step in plan:
+        need = held_bytes(cfg, dtype, step)
+        if out and held + need <= budget:
+            out[-1].append(step)
+            held += need
+        else:
+            out.append([step])
+            held = need
+    return out
+
+
+def group_budget(dev: torch.device) -> int:
+    """Bytes the steps of one group may hold together: most of the memory free now (the
+    model built), some left for the allocator and the runtime."""
+    return int(0.8 * device.free_memory_bytes(dev))
+
+
+_group_ids = itertools.count(1)
+
+
+def run_group(
+    model: Transformer,
+    dtype: str,
+    group: list[Step],
+    opts: TimingOptions,
+    cuda_graphs: bool = True,
+) -> list[dict]:
+    """Time the steps of a group together, their repeats interleaved (timing.py), and return
+    their rows in order; timing_group numbers the rows timed together. A step that runs out
+    of memory while being prepared is an oom row; the others are timed without it."""
+    dev = model.embed.weight.device
+    calls: dict[int, Callable[[], None]] = {}
+    failed: set[int] = set()
+    try:
+        for i, step in enumerate(group):
+            try:
+                calls[i] = prepare(model, step, opts, cuda_graphs)
+            except (RuntimeError, MemoryError) as e:
+                if not device.is_out_of_memory(e):
+                    raise
+                failed.add(i)
+        times = measure_interleaved(list(calls.values()), dev, opts) if calls else []
+        measured = dict(zip(calls, times, strict=True))
+    except (RuntimeError, MemoryError) as e:
+        if not device.is_out_of_memory(e):
+            raise
+        calls.clear()  # out of memory while timing them together: time each alone
+        device.release_memory(dev)
+        return [run_step(model, dtype, step, opts, cuda_graphs) for step in group]
+    finally:
+        calls.clear()
+        device.release_memory(dev)
+    number = next(_group_ids)
+    rows = []
+    for i, step in enumerate(group):
+        m = measured.get(i)
+        status = "oom" if i in failed else "ok"
+        rows.append({**step_row(model, dtype, step, m), "status": status, "timing_group": number})
+    return rows
 
 
 def run_step(
