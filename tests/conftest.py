@@ -57,3 +57,10 @@ def pytest_collection_modifyitems(config, items):
     for item in items:
         if "gpu" in item.keywords:
             item.add_marker(skip)
+
+
+@pytest.fixture(autouse=True)
+def own_ceilings_cache(tmp_path_factory, monkeypatch):
+    """Each test its own cache of the latest probe (ceilings_cache.py): a test measures or
+    reuses ceilings only as it says, never a probe another test (or the user) left."""
+    monkeypatch.setenv("BENCHBATCH_CACHE_DIR", str(tmp_path_factory.mktemp("cache")))

@@ -132,3 +132,23 @@ def test_bad_input_is_one_line_naming_the_option(tmp_path, args, option):
     lines = result.stderr.strip().splitlines()
     assert len(lines) == 1 and option in lines[0], lines
     assert not (tmp_path / "r").exists()  # checked before the folder is made
+
+
+def test_compared_steps_are_interleaved_and_noisy_ones_measured_again(tmp_path, monkeypatch):
+    """Every repeat counts as noisy here (a CV threshold below zero): reproduce measures each
+    group of steps a second time before keeping its numbers, and only once."""
+    from benchbatch.options import RunOptions
+    from benchbatch.timing import TimingOptions
+
+    always_noisy = TimingOptions(min_repeats=2, min_time_s=0.0, warmup=1, cv_threshold=-1.0)
+    monkeypatch.setattr(RunOptions, "timing", lambda self: always_noisy)
+    out = tmp_path / "run"
+    result = CliRunner().invoke(app, ["reproduce", *TINY, "--out", str(out)])
+    assert result.exit_code == 0, result.output
+    phases = pd.read_csv(out / "phases.csv")
+    sweep = pd.read_csv(out / "sweep.csv")
+    assert (phases["attempts"] == 2).all() and (sweep["attempts"] == 2).all()
+    # Prefill against decode, and batch against batch: each table's steps timed together.
+    assert (phases["interleaved"] == 4).all() and phases["timing_group"].nunique() == 1
+    assert (sweep["interleaved"] == 3).all() and sweep["timing_group"].nunique() == 1
+    assert (pd.read_csv(out / "probe.csv")["attempts"] == 2).all()

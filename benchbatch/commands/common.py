@@ -85,22 +85,68 @@ def load_ceilings(run: RunOptions, target):
 
 
 def use_ceilings(rec: Recorder, run: RunOptions):
-    """The run's one set of ceilings: given with --ceilings, or measured now into probe.csv
-    (unless --no-roofline). Every row recorded afterwards is placed against them."""
+    """The run's one set of ceilings: given with --ceilings, else the latest probe of this
+    device and dtype when recent (ceilings_cache.py; written to probe.csv and said), else
+    measured now into probe.csv and kept as the latest (unless --no-roofline). Every row
+    recorded afterwards is placed against them."""
     ceilings = rec.given_ceilings
     if ceilings is None and run.roofline:
-        from benchbatch.probes import ceilings as probes
         from benchbatch.roofline import ceilings_from_rows
 
-        plan = probes.default_plan(rec.target.device)
-        rows = rec.record("probe", probes.run(plan, rec.target.device, rec.target.dtype_name,
-                                              run.timing()), total=len(plan),
-                          label="measuring the device's ceilings")  # fmt: skip
+        cached = None if run.reprobe else _cached_probe(rec)
+        if cached is not None:
+            rows = cached.rows
+            rec.put("probe", rows)
+            rec.meta["ceilings_from"] = {"cache": str(cached.path), "run": cached.run,
+                                         "measured_utc": cached.measured_utc,
+                                         "age_s": round(cached.age_s)}  # fmt: skip
+            if not rec.quiet:
+                render.note(
+                    f"ceilings: the latest probe of this device in {rec.target.dtype_name}, "
+                    f"{cached.describe()} (--reprobe measures them again)"
+                )
+        else:
+            rows = measure_probe(rec, run)
         ceilings = ceilings_from_rows(rows)
     if ceilings is not None:
         rec.meta["ceilings"] = ceilings.to_dict()
     rec.ceilings = ceilings
     return ceilings
+
+
+def measure_probe(rec: Recorder, run: RunOptions, plan=None, timing=None) -> list[dict]:
+    """probe.csv, measured now (the default plan of this device unless one is given), and
+    kept as the latest probe of this device and dtype."""
+    from benchbatch.probes import ceilings as probes
+
+    t = rec.target
+    plan = plan or probes.default_plan(t.device)
+    timing = timing or run.timing()
+    rows = rec.record("probe", probes.run(plan, t.device, t.dtype_name, timing),
+                      total=len(plan), label="measuring the device's ceilings")  # fmt: skip
+    if any(r["status"] == "ok" for r in rows):
+        from benchbatch import ceilings_cache
+
+        ceilings_cache.save(cache_key(t), rows, rec.folder)
+    return rows
+
+
+def cache_key(target) -> str:
+    from benchbatch import ceilings_cache, device, machine
+
+    name = device.device_name(target.device)
+    return ceilings_cache.key(name, target.dtype_name, machine.version("torch"))
+
+
+def _cached_probe(rec: Recorder):
+    from benchbatch import ceilings_cache
+    from benchbatch.roofline import ceilings_from_rows
+
+    cached = ceilings_cache.load(cache_key(rec.target))
+    try:
+        return cached if cached is not None and ceilings_from_rows(cached.rows) else None
+    except ValueError:  # rows without a measured roof: measure again
+        return None
 
 
 def roofline_plot(rec: Recorder, rows: list[dict], source: str, title: str) -> None:

@@ -46,12 +46,14 @@ def phases(opts: PhasesOptions, model: ModelOptions, run: RunOptions) -> None:
     _report(rec, run.json_out)
 
 
-def measure(rec, net, opts: PhasesOptions, run: RunOptions) -> list[dict]:
-    """phases.csv as each step is measured, and phases.png (phases and reproduce)."""
+def measure(rec, net, opts: PhasesOptions, run: RunOptions, timing=None) -> list[dict]:
+    """phases.csv as each step is measured, and phases.png (phases and reproduce, whose
+    `timing` measures a noisy group again)."""
     from benchbatch.plots.phases import phases_figure
     from benchbatch.probes import phases as probe
 
-    steps = probe.rows(net, rec.target.dtype_name, opts, run.timing(), run.graphs(rec.target))
+    timing = timing or run.timing()
+    steps = probe.rows(net, rec.target.dtype_name, opts, timing, run.graphs(rec.target))
     rows = rec.record("phases", steps, total=len(probe.plan(opts)))
     phases_figure(rows, rec.folder / "phases.png", c.title(rec, "prefill vs decode"))
     return rows

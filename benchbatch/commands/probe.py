@@ -57,13 +57,10 @@ def probe(opts: ProbeOptions, run: RunOptions) -> None:
     _report(rec.rows("probe"), rec, run.json_out)
 
 
-def measure(rec, plan, run: RunOptions) -> list[dict]:
-    """probe.csv: each probe as it is measured (probe and reproduce)."""
-    from benchbatch.probes import ceilings as probes
-
-    t = rec.target
-    rows = probes.run(plan, t.device, t.dtype_name, run.timing())
-    return rec.record("probe", rows, total=len(plan), label="probe")
+def measure(rec, plan, run: RunOptions, timing=None) -> list[dict]:
+    """probe.csv: each probe as it is measured (probe and reproduce), kept as the latest
+    probe of this device and dtype for the commands that follow."""
+    return c.measure_probe(rec, run, plan, timing)
 
 
 def summary(ceilings, peak) -> dict:

@@ -52,6 +52,8 @@ def sweep(opts: SweepOptions, model: ModelOptions, run: RunOptions) -> None:
         )
         net, _ = model.build(rec.target, run.seed)
         rows, summary = measure(rec, net, opts, ceiling, ridge, run)
+        if roof is not None:
+            rec.meta["ridge_flop_per_byte"], _ = _ridge(rec.target, rec.ceilings)
         rec.meta["knees"] = {str(s["context"]): _knees(s) for s in summary}
         rec.meta["summary"] = summary
         rec.meta["untrusted"] = rec.untrusted("sweep", _row_name)
@@ -60,17 +62,20 @@ def sweep(opts: SweepOptions, model: ModelOptions, run: RunOptions) -> None:
     _report(rec, run.json_out)
 
 
-def measure(rec, net, opts: SweepOptions, ceiling: dict, ridge, run: RunOptions):
+def measure(rec, net, opts: SweepOptions, ceiling: dict, ridge, run: RunOptions, timing=None):
     """sweep.csv as each step is measured, its summary per context and sweep.png (sweep and
-    reproduce). Batches over the memory ceiling are skipped unless --try-oom."""
+    reproduce, whose `timing` measures a noisy group again). Batches over the memory
+    ceiling are skipped unless --try-oom."""
     from benchbatch.plots.sweep import sweep_figure
     from benchbatch.probes import sweep as probe
 
     dtype = rec.target.dtype_name
     plan = probe.plan(opts.context, opts.batches(rec.target))
-    steps = probe.rows(net, dtype, plan, run.timing(), ceiling, opts.try_oom,
+    steps = probe.rows(net, dtype, plan, timing or run.timing(), ceiling, opts.try_oom,
                        run.graphs(rec.target))  # fmt: skip
     rows = rec.record("sweep", steps, total=len(plan))
+    if rec.ceilings is not None:  # as the rows were placed: raised if a row beat the probe
+        ridge = rec.ceilings.ridge
     summary = probe.summarize(rows, net.cfg, dtype, ceiling, ridge, opts.knee_threshold)
     if any(r["status"] == "ok" for r in rows):  # nothing to draw when all were skipped
         sweep_figure(rows, summary, rec.folder / "sweep.png", c.title(rec, "decode batch sweep"))

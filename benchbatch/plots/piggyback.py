@@ -80,7 +80,7 @@ def _chunk_panel(ax, rows: list[dict]) -> None:
         ax.text(
             i,
             r["over_one_prefill"],
-            f"{r['extra_pct']:+.0f}%",
+            f"{r['extra']:+.0%}",
             ha="center",
             va="bottom",
             fontsize=8,

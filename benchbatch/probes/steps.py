@@ -17,6 +17,7 @@ group, their repeats interleaved (`run_group`), as many at once as memory holds 
 
 from __future__ import annotations
 
+import functools
 import itertools
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -148,34 +149,47 @@ def run_group(
     their rows in order; timing_group numbers the rows timed together. A step that runs out
     of memory while being prepared is an oom row; the others are timed without it."""
     dev = model.embed.weight.device
-    calls: dict[int, Callable[[], None]] = {}
-    failed: set[int] = set()
+    makers = [functools.partial(prepare, model, step, opts, cuda_graphs) for step in group]
+    measured = measure_prepared(makers, dev, opts)
+    if measured is None:  # out of memory while timing them together: time each alone
+        return [run_step(model, dtype, step, opts, cuda_graphs) for step in group]
+    number = next_group()
+    return [
+        {**step_row(model, dtype, step, m), "status": "oom" if m is None else "ok",
+         "timing_group": number}
+        for step, m in zip(group, measured, strict=True)
+    ]  # fmt: skip
+
+
+def next_group() -> int:
+    """A new timing_group number: rows that share one were timed together."""
+    return next(_group_ids)
+
+
+def measure_prepared(
+    makers: list[Callable[[], Callable[[], object]]], dev: torch.device, opts: TimingOptions
+) -> list[Measurement | None] | None:
+    """Prepare every call (a maker that runs out of memory gives None in its place), then
+    time the prepared ones together, interleaved. None when timing them together ran out
+    of memory: the caller times each alone. Their memory is released either way."""
+    calls: dict[int, Callable[[], object]] = {}
     try:
-        for i, step in enumerate(group):
+        for i, make in enumerate(makers):
             try:
-                calls[i] = prepare(model, step, opts, cuda_graphs)
+                calls[i] = make()
             except (RuntimeError, MemoryError) as e:
                 if not device.is_out_of_memory(e):
                     raise
-                failed.add(i)
         times = measure_interleaved(list(calls.values()), dev, opts) if calls else []
         measured = dict(zip(calls, times, strict=True))
     except (RuntimeError, MemoryError) as e:
         if not device.is_out_of_memory(e):
             raise
-        calls.clear()  # out of memory while timing them together: time each alone
-        device.release_memory(dev)
-        return [run_step(model, dtype, step, opts, cuda_graphs) for step in group]
+        return None
     finally:
         calls.clear()
         device.release_memory(dev)
-    number = next(_group_ids)
-    rows = []
-    for i, step in enumerate(group):
-        m = measured.get(i)
-        status = "oom" if i in failed else "ok"
-        rows.append({**step_row(model, dtype, step, m), "status": status, "timing_group": number})
-    return rows
+    return [measured.get(i) for i in range(len(makers))]
 
 
 def run_step(
