@@ -34,7 +34,7 @@ def _matplotlib_config_dir() -> None:
 _matplotlib_config_dir()
 
 import typer  # noqa: E402
-from typer.core import TyperGroup  # noqa: E402
+from typer.core import TyperCommand, TyperGroup  # noqa: E402
 
 from benchbatch.commands import (  # noqa: E402
     ablation,
@@ -56,7 +56,22 @@ except ImportError:  # pragma: no cover
     from click import exceptions as click_errors
 
 
-class BenchGroup(TyperGroup):
+class HelpIsAFlag:
+    """--help takes no value: shown as a flag, as every boolean option is (typer would list
+    it with a <bool> type)."""
+
+    def get_help_option(self, ctx):
+        option = super().get_help_option(ctx)
+        if option is not None:
+            option.metavar = ""
+        return option
+
+
+class BenchCommand(HelpIsAFlag, TyperCommand):
+    pass
+
+
+class BenchGroup(HelpIsAFlag, TyperGroup):
     """Every user error ends as one line on stderr naming the option, and exit code 2."""
 
     def main(self, args=None, prog_name=None, complete_var=None, standalone_mode=True, **extra):
@@ -114,15 +129,14 @@ app = typer.Typer(
     rich_markup_mode="markdown",
 )
 # In the order a reader meets them: the three measurements, then the rest.
-app.command("phases")(phases.phases)
-app.command("sweep")(sweep.sweep)
-app.command("occupancy")(occupancy.occupancy)
-app.command("reproduce")(reproduce.reproduce)
-app.command("probe")(probe.probe)
-app.command("ablation")(ablation.ablation)
-app.command("piggyback")(piggyback.piggyback)
-app.command("compare")(compare.compare)
-
+app.command("phases", cls=BenchCommand)(phases.phases)
+app.command("sweep", cls=BenchCommand)(sweep.sweep)
+app.command("occupancy", cls=BenchCommand)(occupancy.occupancy)
+app.command("reproduce", cls=BenchCommand)(reproduce.reproduce)
+app.command("probe", cls=BenchCommand)(probe.probe)
+app.command("ablation", cls=BenchCommand)(ablation.ablation)
+app.command("piggyback", cls=BenchCommand)(piggyback.piggyback)
+app.command("compare", cls=BenchCommand)(compare.compare)
 
 
 @app.callback()

@@ -17,7 +17,7 @@ FAST = ["--preset", "tiny", "--repeats", "1", "--min-time", "0", "--device", "cp
 # The tiny preset by hand: hidden 64, 2 layers, 4 heads of 16, 2 KV heads (kv_dim 32),
 # intermediate 128, vocab 256, untied embeddings.
 TINY_PARAMS = 2 * (64 * (64 + 2 * 32) + 64 * 64 + 3 * 64 * 128) + 5 * 64 + 2 * 256 * 64
-TINY_ROTARY_FP32 = 2 * 256 * 8 * 4  # cos and sin, max context 256 x head_dim / 2, 4 bytes
+TINY_ROTARY_FP32 = 2 * 4096 * 8 * 4  # cos and sin, max context 4096 x head_dim / 2, 4 B
 TINY_KV_PER_TOKEN_FP32 = 2 * 2 * 32 * 4  # layers x (k, v) x kv_dim x 4 bytes = 512
 # A step's workspace for one sequence: widest activations (2*64 + 64 + 2*32 + 3*128 = 640
 # values) plus its fp32 logits (256 x 4 bytes).
@@ -115,25 +115,27 @@ def test_out_of_memory_in_a_group_leaves_the_rest_of_it_timed(runner, tmp_path, 
 def test_predicted_max_batch_matches_hand_arithmetic():
     cfg = preset("tiny")
     weights = TINY_PARAMS * 4 + TINY_ROTARY_FP32
-    assert weights == 427_264 + 16_384 == accounting.weight_bytes(cfg, "fp32")
+    assert weights == 427_264 + 262_144 == accounting.weight_bytes(cfg, "fp32")
     # Context 127: the decode step holds 128 tokens per sequence.
     per_seq = 128 * TINY_KV_PER_TOKEN_FP32 + TINY_WORKSPACE_FP32  # 65,536 + 3,584
     usable = 9_000_000 - weights  # 10 MB free, 10% held back
-    assert usable // per_seq == 123
-    assert probe.ceilings(cfg, "fp32", [127], 10_000_000) == {127: 123}
+    assert usable // per_seq == 120
+    assert probe.ceilings(cfg, "fp32", [127], 10_000_000) == {127: 120}
     # fp16 halves weights, KV and activations; the logits stay fp32.
     per_seq16 = 128 * TINY_KV_PER_TOKEN_FP32 // 2 + 640 * 2 + 256 * 4
-    assert (9_000_000 - weights // 2) // per_seq16 == 250
-    assert probe.ceilings(cfg, "fp16", [127, 255], 10_000_000)[127] == 250
+    assert (9_000_000 - weights // 2) // per_seq16 == 246
+    assert probe.ceilings(cfg, "fp16", [127, 255], 10_000_000)[127] == 246
     assert probe.ceilings(cfg, "fp32", [127], weights) == {127: 0}
 
 
 def test_batches_over_the_ceiling_are_skipped_unless_try_oom(runner, tmp_path, monkeypatch):
     from benchbatch import device
+    from benchbatch.commands import common
     from benchbatch.probes import steps
 
-    # Context 8: 9 tokens x 512 B + 3,584 B workspace = 8,192 B a sequence; room for 3.5.
-    free = math.ceil((TINY_PARAMS * 4 + TINY_ROTARY_FP32 + 3.5 * 8192) / 0.9)
+    # Context 8: 9 tokens x 512 B + 3,584 B workspace = 8,192 B a sequence; room for 3.5
+    # beside the weights (max context 256: rotary tables of 16,384 B).
+    free = math.ceil((TINY_PARAMS * 4 + 16_384 + 3.5 * 8192) / 0.9)
     monkeypatch.setattr(device, "free_memory_bytes", lambda dev: free)
     timed, real = [], steps.prepare
 
@@ -142,7 +144,9 @@ def test_batches_over_the_ceiling_are_skipped_unless_try_oom(runner, tmp_path, m
         return real(model, step, opts, cuda_graphs, seed)
 
     monkeypatch.setattr(steps, "prepare", spy)
-    result = run_sweep(runner, tmp_path / "a", "--batch", "1,2,4,8", "--context", "8")
+    monkeypatch.setattr(common, "estimate_run", lambda *args: None)  # it times steps too
+    short = ["--max-context", "256"]
+    result = run_sweep(runner, tmp_path / "a", "--batch", "1,2,4,8", "--context", "8", *short)
     assert result.exit_code == 0, result.output
     assert "largest batch context 8: 3;" in result.stdout
     df = pd.read_csv(tmp_path / "a" / "sweep.csv")
@@ -152,7 +156,8 @@ def test_batches_over_the_ceiling_are_skipped_unless_try_oom(runner, tmp_path, m
     assert df["flops"].notna().all()  # skipped rows still carry their accounting
 
     timed.clear()
-    result = run_sweep(runner, tmp_path / "b", "--batch", "2,4", "--context", "8", "--try-oom")
+    result = run_sweep(runner, tmp_path / "b", "--batch", "2,4", "--context", "8", "--try-oom",
+                       *short)  # fmt: skip
     assert result.exit_code == 0, result.output
     assert list(pd.read_csv(tmp_path / "b" / "sweep.csv")["status"]) == ["ok", "ok"]
     assert timed == [2, 4]
@@ -218,7 +223,7 @@ BAD = [
     (["--batch=-8"], "--batch"),
     (["--batch", "1,x"], "--batch"),
     (["--context", "-1"], "--context"),
-    (["--context", "8,256"], "--context"),  # tiny max_context 256: 256 + 1 does not fit
+    (["--context", "8,4096"], "--context"),  # tiny max_context 4096: 4096 + 1 does not fit
     (["--context", "8", "--knee-threshold", "0"], "--knee-threshold"),
     (["--context", "8", "--knee-threshold=-0.5"], "--knee-threshold"),
 ]

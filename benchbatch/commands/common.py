@@ -149,6 +149,73 @@ def _cached_probe(rec: Recorder):
         return None
 
 
+LONG_RUN_S = 180  # an estimate over three minutes comes with a shorter run to try
+LIST_FLAGS = {"prefill": "--prefill", "decode_batch": "--decode-batch", "batch": "--batch",
+              "context": "--context"}  # fmt: skip
+
+
+def estimate_run(rec: Recorder, net, run: RunOptions, lists: dict, keep: dict, plan_of) -> None:
+    """Time two small steps, price every planned step from them and say how long the run
+    will take (stderr, and metadata `estimate`); over LONG_RUN_S, which of the command's
+    lists to shorten (and on a CPU, a smaller model) to finish sooner. plan_of(lists)
+    gives the steps a run of those lists times."""
+    from benchbatch.probes import estimate
+
+    dtype = rec.target.dtype_name
+    context = min(lists.get("context", (512,)))
+    rates = estimate.measure_rates(net, dtype, context)
+    timing = run.timing()
+
+    def seconds(ls: dict) -> float:
+        return estimate.run_s(plan_of(ls), lambda s: rates.step_s(net.cfg, dtype, s), timing)
+
+    total = seconds(lists)
+    cut = estimate.shorter(lists, keep, seconds, LONG_RUN_S) if total > LONG_RUN_S else None
+    rec.meta["estimate"] = {
+        "estimated_s": total,
+        "steps": len(plan_of(lists)),
+        "decode_step_ms": rates.decode_ms,
+        "decode_context": rates.context,
+        "prefill_ms": rates.prefill_ms,
+        "prefill_tokens": rates.prefill_tokens,
+        "shorter": None if cut is None else {"lists": cut.lists, "estimated_s": cut.seconds},
+    }
+    if rec.quiet:
+        return
+    render.err_console.print(
+        f"estimated duration: about {render.duration(total)} for {len(plan_of(lists))} steps "
+        f"(a decode step of one sequence at context {rates.context:,} took "
+        f"{rates.decode_ms:.3g} ms here, a {rates.prefill_tokens}-token prefill "
+        f"{rates.prefill_ms:.3g} ms)",
+        highlight=False,
+    )
+    if total > LONG_RUN_S:
+        render.note(f"that is long; {_shorter_hint(rec, cut, lists)}")
+
+
+def _shorter_hint(rec: Recorder, cut, lists: dict) -> str:
+    parts = []
+    if cut is not None:
+        flags = " ".join(
+            f"{LIST_FLAGS[k]} {','.join(map(str, v))}" for k, v in cut.lists.items()
+            if v != lists[k]
+        )  # fmt: skip
+        parts.append(f"{flags} (about {render.duration(cut.seconds)})")
+    if rec.target.device.type == "cpu" and _larger_than_cpu_small(rec):
+        parts.append("--preset cpu-small (the CPU's default model)")
+    if not parts:
+        return "fewer --repeats or a shorter --min-time make it shorter"
+    return "for a shorter run, the same command with " + ", or ".join(parts)
+
+
+def _larger_than_cpu_small(rec: Recorder) -> bool:
+    from benchbatch import accounting, config
+
+    dtype = rec.target.dtype_name
+    small = accounting.weight_bytes(config.preset("cpu-small"), dtype)
+    return accounting.weight_bytes(rec.cfg, dtype) > small
+
+
 def roofline_plot(rec: Recorder, rows: list[dict], source: str, title: str) -> None:
     """roofline.png: the rows against the measured roof (and the datasheet's, if known)."""
     from benchbatch import device, peaks

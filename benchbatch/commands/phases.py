@@ -38,12 +38,25 @@ def phases(opts: PhasesOptions, model: ModelOptions, run: RunOptions) -> None:
     with rec:
         c.use_ceilings(rec, run)
         net, _ = model.build(rec.target, run.seed)
+        _estimate(rec, net, opts, run)
         rows = measure(rec, net, opts, run)
         rec.meta["summary"] = probe.summary(rows)
         rec.meta["untrusted"] = rec.untrusted("phases", lambda r: r["label"])
         if rec.ceilings:
             c.roofline_plot(rec, rows, "phases", c.title(rec, "roofline"))
     _report(rec, run.json_out)
+
+
+def _estimate(rec, net, opts: PhasesOptions, run: RunOptions) -> None:
+    """The run's duration first, and a shorter one when it is long: one prefill and two
+    decode batches (the claims' minimum) are kept."""
+    from dataclasses import replace
+
+    from benchbatch.probes import phases as probe
+
+    lists = {"prefill": opts.prefill, "decode_batch": opts.decode_batch, "context": opts.context}
+    keep = {"decode_batch": min(2, len(opts.decode_batch))}
+    c.estimate_run(rec, net, run, lists, keep, lambda ls: probe.plan(replace(opts, **ls)))
 
 
 def measure(rec, net, opts: PhasesOptions, run: RunOptions, timing=None) -> list[dict]:

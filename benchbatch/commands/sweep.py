@@ -51,6 +51,7 @@ def sweep(opts: SweepOptions, model: ModelOptions, run: RunOptions) -> None:
             ridge_source=ridge_source,
         )
         net, _ = model.build(rec.target, run.seed)
+        _estimate(rec, net, opts, ceiling, run)
         rows, summary = measure(rec, net, opts, ceiling, ridge, run)
         if roof is not None:
             rec.meta["ridge_flop_per_byte"], _ = _ridge(rec.target, rec.ceilings)
@@ -60,6 +61,22 @@ def sweep(opts: SweepOptions, model: ModelOptions, run: RunOptions) -> None:
         if roof and any(r["status"] == "ok" for r in rows):
             c.roofline_plot(rec, rows, "sweep", c.title(rec, "roofline"))
     _report(rec, run.json_out)
+
+
+def _estimate(rec, net, opts: SweepOptions, ceiling: dict, run: RunOptions) -> None:
+    """The run's duration first (batches over the memory ceiling are skipped: free), and a
+    shorter one when it is long: two batches (the claim compares them) are kept."""
+    from benchbatch.probes import sweep as probe
+
+    batches = opts.batches(rec.target)
+    lists = {"batch": batches, "context": opts.context}
+    keep = {"batch": min(2, len(batches))}
+
+    def plan_of(ls: dict) -> list:
+        steps = probe.plan(ls["context"], ls["batch"])
+        return [s for s in steps if opts.try_oom or s.batch <= ceiling[s.context]]
+
+    c.estimate_run(rec, net, run, lists, keep, plan_of)
 
 
 def measure(rec, net, opts: SweepOptions, ceiling: dict, ridge, run: RunOptions, timing=None):
