@@ -284,8 +284,8 @@ EVERY_COMMAND = {
     "ablation": ["ablation", "--preset", "tiny", "--device", "cpu", *FAST[-4:]]
     + ["--requests", "20", "--max-num-batched-tokens", "64", "--chunk-size", "32"],
     "piggyback": ["piggyback", "--preset", "tiny", "--device", "cpu", "--no-roofline"]
-    + [*FAST[-4:], "--decode-batch", "2", "--context", "8", "--prefill", "4", "--chunk-prompt", "16"]
-    + ["--chunks", "8", "--tiles", "8,9"],
+    + [*FAST[-4:], "--decode-batch", "2", "--context", "8", "--prefill", "4"]
+    + ["--chunk-prompt", "16", "--chunks", "8", "--tiles", "8,9"],
 }
 
 
