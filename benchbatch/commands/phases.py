@@ -10,16 +10,16 @@ from benchbatch.commands.params import command
 from benchbatch.experiments import PhasesOptions
 from benchbatch.options import ModelOptions, RunOptions
 
-# Short headers so the table fits 80 columns; the CSV holds every column.
+# Short headers so the table fits 80 columns (MBU stands for GB/s); the CSV has every column.
 COLUMNS = {
     "label": "step",
     "step_ms": "ms",
+    "spread_ms": "p10-p90",
     "us_per_token": "us/tok",
     "tflops": "TFLOP/s",
-    "gbps": "GB/s",
     "arithmetic_intensity": "FLOP/B",
-    "mfu_pct": "MFU%",
-    "mbu_pct": "MBU%",
+    "mfu_pct": "MFU %",
+    "mbu_pct": "MBU %",
     "bound": "bound",
 }
 
@@ -73,39 +73,24 @@ def measure(rec, net, opts: PhasesOptions, run: RunOptions, timing=None) -> list
 
 
 def _shown(rows: list[dict]) -> list[dict]:
-    """Rows as the terminal shows them: rates in GFLOP/s too, MFU and MBU in percent."""
+    """Rows as the terminal shows them: MFU and MBU in percent (the CSV keeps fractions)."""
     return [
-        {
-            **r,
-            "gflops": 1e3 * r["tflops"],
-            "mfu_pct": 100 * r.get("mfu", nan),
-            "mbu_pct": 100 * r.get("mbu", nan),
-        }
-        for r in rows
+        {**r, "mfu_pct": 100 * r.get("mfu", nan), "mbu_pct": 100 * r.get("mbu", nan)} for r in rows
     ]
-
-
-def _columns(rows: list[dict]) -> dict:
-    """TFLOP/s as in the article, or GFLOP/s where every rate is below one (a CPU)."""
-    if max((r["tflops"] for r in rows if r["status"] == "ok"), default=0) >= 1:
-        return COLUMNS
-    return {
-        ("gflops" if k == "tflops" else k): ("GFLOP/s" if k == "tflops" else v)
-        for k, v in COLUMNS.items()
-    }
 
 
 def _report(rec, json_out: bool) -> None:
     rows, s = rec.rows("phases"), rec.meta.get("summary", {})
     if json_out:
         return c.report_json(rec, summary=s, rows=rows)
-    render.table(_shown(rows), _columns(rows), "prefill vs decode")
+    shown, columns = render.with_flop_unit(_shown(rows), COLUMNS)
+    render.table(shown, columns, "prefill vs decode (ms: median of the repeats)")
     failed = [f"{r['label']}: {r['status']}" for r in rows if r["status"] != "ok"]
     if failed:
         render.err_console.print(f"[yellow]not measured:[/] {', '.join(failed)}")
     if "prefill_over_decode_tflops" in s:
         render.out_console.print(
-            f"{s['prefill_label']} ran at {s['prefill_over_decode_tflops']:.1f}x the TFLOP/s "
+            f"{s['prefill_label']} ran at {s['prefill_over_decode_tflops']:.1f}x the FLOP/s "
             f"of {s['decode_label']}."
         )
     if "decode_token_cost_ratio" in s:

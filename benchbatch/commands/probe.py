@@ -79,7 +79,8 @@ def _report(rows: list[dict], run, json_out: bool) -> None:
     s = run.meta["summary"]
     if json_out:
         return c.report_json(run, summary=s, rows=rows)
-    render.table(rows, COLUMNS, "probes (median of repeats)")
+    shown, columns = render.with_flop_unit(rows, COLUMNS)
+    render.table(shown, columns, "probes (median of repeats)")
     render.out_console.print(ceilings_table(s))
     render.out_console.print(datasheet_table(s["measured"]["dtype"]))
     render.warn_untrusted(run.meta["untrusted"])
@@ -87,18 +88,22 @@ def _report(rows: list[dict], run, json_out: bool) -> None:
 
 
 def ceilings_table(s: dict) -> Table:
+    from benchbatch.units import flop_unit
+
     m, d = s["measured"], s["datasheet"]
+    unit = flop_unit([m["peak_tflops"]])
     table = Table(title=f"ceilings, {m['dtype']}: measured vs datasheet", title_justify="left")
     for header in ("ceiling", "measured", "from", f"datasheet ({s['datasheet_name']})", "ratio"):
         table.add_column(header, justify="left" if header in ("ceiling", "from") else "right")
-    for name, key, source in (
-        ("matmul TFLOP/s", "peak_tflops", m["tflops_source"]),
-        ("memory GB/s", "peak_gbps", m["gbps_source"]),
-        ("ridge FLOP/B", "ridge", ""),
+    for name, key, source, scale in (
+        (f"matmul {unit.name}", "peak_tflops", m["tflops_source"], unit.per_tflops),
+        ("memory GB/s", "peak_gbps", m["gbps_source"], 1),
+        ("ridge FLOP/B", "ridge", "", 1),
     ):
         sheet = d[key] if d else None
         ratio = f"{m[key] / sheet:.0%}" if sheet else "-"
-        table.add_row(name, fmt(m[key]), source, fmt(sheet) if d else "unknown", ratio)
+        shown = fmt(sheet * scale) if sheet else "unknown"
+        table.add_row(name, fmt(m[key] * scale), source, shown, ratio)
     return table
 
 

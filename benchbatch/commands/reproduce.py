@@ -30,6 +30,7 @@ from benchbatch.experiments import (
 )
 from benchbatch.options import ModelOptions, RunOptions, WorkloadOptions
 from benchbatch.render import fmt
+from benchbatch.units import flop_unit
 
 KNEE_THRESHOLD = 0.25  # sweep's default: a step 25% slower than the smallest batch's
 # The real engine's workload on a CPU: the article's 32 slots, 128 requests, outputs up to
@@ -296,6 +297,7 @@ def _write_report(run, job: Job):
         real_workload=run.meta.get("engine", {}).get("workload"),
         ceilings=run.meta.get("probe"),
         files=files,
+        ceilings_raised=run.meta.get("ceilings_raised"),
     )
     run.meta["claims"] = [vars(cl) for cl in built.claims]
     results.atomic_write_text(folder / "report.md", report.to_markdown(built))
@@ -366,8 +368,9 @@ def _terminal(run, built: Built, json_out: bool) -> None:
             for note in section.notes:
                 render.note(note)
     m = built.ceilings
+    unit = flop_unit([m.peak_tflops])
     out.print(
-        f"measured ceilings ({m.dtype}): matmul {fmt(m.peak_tflops)} TFLOP/s "
+        f"measured ceilings ({m.dtype}): matmul {fmt(unit(m.peak_tflops))} {unit.name} "
         f"({m.tflops_source}), memory {fmt(m.peak_gbps)} GB/s ({m.gbps_source}), ridge "
         f"{fmt(m.ridge)} FLOP/byte",
         highlight=False,
@@ -376,6 +379,8 @@ def _terminal(run, built: Built, json_out: bool) -> None:
     for cl in built.report.claims:
         style = VERDICT_STYLE.get(cl.verdict, "")
         text = f"{cl.claim}\n  article: {cl.article}\n  here: {cl.measured}"
+        if cl.caveat:
+            text += f"\n  [yellow]less sure: {cl.caveat}[/]"
         verdicts.add_row(cl.key, f"[{style}]{cl.verdict}[/]", text)
     for column in verdicts.columns:
         column.justify = "left"
@@ -402,22 +407,24 @@ def _table(title: str, headers: list[str]) -> Table:
 
 
 def _table_b(rows: list[dict]) -> Table:
+    unit = flop_unit(r.get("tflops") for r in rows if r.get("status") == "ok")
     table = _table(
         "B. prefill vs decode (article row, then this run)",
-        ["step", "step ms", "us/token", "TFLOP/s", "MFU", "bound"],
+        ["step", "step ms", "us/token (cost)", unit.name, "MFU", "bound"],
     )
     for e in report.table_b(rows):
         a, m = e["article"], e["measured"]
         table.add_row(
-            f"{a.label} (article)", fmt(a.step_ms), fmt(a.us_per_token), fmt(a.tflops), "", "",
-            style="dim",
+            f"{a.label} (article)", fmt(a.step_ms), fmt(a.us_per_token), fmt(unit(a.tflops)),
+            "", "", style="dim",
         )  # fmt: skip
         if m is None:
             table.add_row("  not measured", "", "", "", "", "")
             continue
         table.add_row(
             f"  {m['label']}",
-            *(_cell(m, k) for k in ("step_ms", "us_per_token", "tflops")),
+            *(_cell(m, k) for k in ("step_ms", "us_per_token")),
+            _cell({**m, "rate": unit(m.get("tflops"))}, "rate"),
             _percent(m.get("mfu")),
             str(m.get("bound") or m.get("status")),
         )

@@ -9,16 +9,17 @@ from benchbatch.experiments import SweepOptions
 from benchbatch.options import ModelOptions, RunOptions
 from benchbatch.render import fmt
 
-# Short headers: nine columns fit an 80-column terminal (the CSV has every column).
+# Short headers: nine columns fit an 80-column terminal (the CSV has every column, the KV
+# cache's bytes too).
 COLUMNS = {
     "context": "ctx",
     "batch": "batch",
     "step_ms": "step ms",
+    "spread_ms": "p10-p90",
     "tokens_per_s": "tok/s",
     "tflops": "TFLOP/s",
     "gbps": "GB/s",
     "arithmetic_intensity": "FLOP/B",
-    "kv_cache_mib": "KV MiB",
     "status": "status",
 }
 
@@ -135,8 +136,9 @@ def _report(rec, json_out: bool) -> None:
     rows, summary = rec.rows("sweep"), rec.meta.get("summary", [])
     if json_out:
         return c.report_json(rec, summary=summary, rows=rows)
-    shown = [{**r, "kv_cache_mib": r["kv_cache_bytes"] / 2**20} for r in rows]
-    render.table(shown, COLUMNS, "decode step vs batch size")
+    shown, columns = render.with_flop_unit(rows, COLUMNS)
+    title = "decode step vs batch size (step ms: median of the repeats, each user's wait)"
+    render.table(shown, columns, title)
     for s in summary:
         for line in _summary_lines(s):
             render.out_console.print(line)
