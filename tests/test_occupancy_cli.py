@@ -225,7 +225,9 @@ BAD_OPTIONS = [
     (["--max-output", "-1"], "--max-output"),
     (["--arrival-rate", "0"], "--arrival-rate"),
     (
-        ["--engine", "real", "--preset", "tiny", "--device", "cpu", "--max-output", "5000"],
+        # tiny takes 4,096 tokens: outputs of a median of 5,000 do not fit
+        ["--engine", "real", "--preset", "tiny", "--device", "cpu", "--max-output", "5000"]
+        + ["--median", "5000", "--requests", "10"],
         "--max-output",
     ),
     (["--engine", "real", "--preset", "nope"], "--preset"),

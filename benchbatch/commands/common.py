@@ -229,8 +229,9 @@ def roofline_plot(rec: Recorder, rows: list[dict], source: str, title: str) -> N
     roofline_figure(tagged, rec.ceilings, rec.folder / "roofline.png", sheet, title)
 
 
-def title(rec: Recorder, what: str = "") -> str:
-    """The figures' title: the model, the dtype and the device."""
+def title(rec: Recorder, what: str = "", rows: list[dict] | None = None, noise: str = "") -> str:
+    """The figures' title: the model, the dtype and the device, and how sure the timed rows
+    are (how many were noisy), from the rows or as given."""
     from benchbatch.device import device_name
 
     cfg, t = rec.cfg, rec.target
@@ -238,7 +239,23 @@ def title(rec: Recorder, what: str = "") -> str:
         f"{cfg.name}: hidden {cfg.hidden}, {cfg.layers} layers, {t.dtype_name}, "
         f"{device_name(t.device)}"
     )
-    return f"{head}: {what}" if what else head
+    if rows is not None:
+        from benchbatch.plots.spread import noise_note
+
+        noise = noise_note(rows)
+    tail = f"\n{what}" + (f"; {noise}" if noise else "") if what or noise else ""
+    return head + tail
+
+
+def engine_noise(rows: list[dict]) -> str:
+    """For the real engine's title: which policies' steps spread (noise.py's rule)."""
+    from benchbatch.noise import NOISY_P90_OVER_MEDIAN
+    from benchbatch.probes import occupancy as probe
+
+    uneven = probe.noisy(rows)
+    if uneven:
+        return f"noisy: {', '.join(uneven)} (p90 step over {NOISY_P90_OVER_MEDIAN:g}x the median)"
+    return "steady steps (p90 within 2x the median)"
 
 
 def report_json(rec: Recorder, **parts) -> None:

@@ -103,6 +103,7 @@ def _stop_tokens(model: ModelOptions) -> frozenset[int]:
 
     return eos_token_ids(model.model)
 
+
 def _check_real(cfg, requests, workload: WorkloadOptions) -> None:
     """A prompt alone longer than the model's context is the prompt's fault (or the trace's),
     a prompt plus its output the output's."""
@@ -168,7 +169,7 @@ def _run_real(rec, model: ModelOptions, run: RunOptions, requests, slots: int, s
     engine_runs(rec, net, requests, slots, sims, run.seed, stop)
     rows = rec.rows("engine")
     rec.meta["engine_summary"] = probe.engine_summary(rows, sims)
-    title = c.title(rec, f"{slots} slots: real engine")
+    title = c.title(rec, f"{slots} slots: real engine", noise=c.engine_noise(rows))
     engine_figure(rec.rows("engine_steps"), rows, rec.folder / "engine.png", title)
 
 

@@ -43,7 +43,7 @@ def phases(opts: PhasesOptions, model: ModelOptions, run: RunOptions) -> None:
         rec.meta["summary"] = probe.summary(rows)
         rec.meta["untrusted"] = rec.untrusted("phases", lambda r: r["label"])
         if rec.ceilings:
-            c.roofline_plot(rec, rows, "phases", c.title(rec, "roofline"))
+            c.roofline_plot(rec, rows, "phases", c.title(rec, "roofline", rows))
     _report(rec, run.json_out)
 
 
@@ -68,7 +68,7 @@ def measure(rec, net, opts: PhasesOptions, run: RunOptions, timing=None) -> list
     timing = timing or run.timing()
     steps = probe.rows(net, rec.target.dtype_name, opts, timing, run.graphs(rec.target))
     rows = rec.record("phases", steps, total=len(probe.plan(opts)))
-    phases_figure(rows, rec.folder / "phases.png", c.title(rec, "prefill vs decode"))
+    phases_figure(rows, rec.folder / "phases.png", c.title(rec, "prefill vs decode", rows))
     return rows
 
 

@@ -61,9 +61,9 @@ def piggyback(opts: PiggybackOptions, model: ModelOptions, run: RunOptions) -> N
         rec.meta["summary"] = probe.summaries(rows, opts.threshold)
         rec.meta["untrusted"] = _untrusted(rows, chunks)
         piggyback_figure(rows, chunks, rec.meta["summary"], rec.folder / "piggyback.png",
-                         c.title(rec))  # fmt: skip
+                         c.title(rec, "prefill riding on decode", raw))  # fmt: skip
         if rec.ceilings and any(r["status"] == "ok" for r in raw):
-            c.roofline_plot(rec, raw, "piggyback", c.title(rec, "roofline"))
+            c.roofline_plot(rec, raw, "piggyback", c.title(rec, "roofline", raw))
     _report(rec, run.json_out)
 
 

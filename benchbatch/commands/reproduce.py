@@ -238,7 +238,7 @@ def _roofline(rec) -> None:
     points += [{**r, "source": "phases"} for r in rec.rows("phases")]
     points += [{**r, "label": f"b={r['batch']}", "source": "sweep"} for r in rec.rows("sweep")]
     roofline_figure(points, rec.ceilings, rec.folder / "roofline.png", _peak(rec.target),
-                    c.title(rec, "roofline"))  # fmt: skip
+                    c.title(rec, "roofline", points))  # fmt: skip
 
 
 def describe_workload(requests, slots: int) -> str:
@@ -262,8 +262,8 @@ def _real(rec, net, workload: WorkloadOptions, seed: int) -> None:
     rows = rec.rows("engine")
     described = describe_workload(requests, workload.slots)
     rec.meta["engine"] = {"workload": described, **probe.engine_summary(rows, sims)}
-    engine_figure(rec.rows("engine_steps"), rows, rec.folder / "engine.png",
-                  c.title(rec, f"real engine, {described}"))  # fmt: skip
+    title = c.title(rec, f"real engine, {described}", noise=c.engine_noise(rows))
+    engine_figure(rec.rows("engine_steps"), rows, rec.folder / "engine.png", title)
 
 
 # --- report ----------------------------------------------------------------------------------

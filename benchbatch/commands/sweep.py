@@ -60,7 +60,7 @@ def sweep(opts: SweepOptions, model: ModelOptions, run: RunOptions) -> None:
         rec.meta["summary"] = summary
         rec.meta["untrusted"] = rec.untrusted("sweep", _row_name)
         if roof and any(r["status"] == "ok" for r in rows):
-            c.roofline_plot(rec, rows, "sweep", c.title(rec, "roofline"))
+            c.roofline_plot(rec, rows, "sweep", c.title(rec, "roofline", rows))
     _report(rec, run.json_out)
 
 
@@ -96,7 +96,8 @@ def measure(rec, net, opts: SweepOptions, ceiling: dict, ridge, run: RunOptions,
         ridge = rec.ceilings.ridge
     summary = probe.summarize(rows, net.cfg, dtype, ceiling, ridge, opts.knee_threshold)
     if any(r["status"] == "ok" for r in rows):  # nothing to draw when all were skipped
-        sweep_figure(rows, summary, rec.folder / "sweep.png", c.title(rec, "decode batch sweep"))
+        title = c.title(rec, "decode batch sweep", rows)
+        sweep_figure(rows, summary, rec.folder / "sweep.png", title)
     return rows, summary
 
 
