@@ -226,6 +226,28 @@ def bus_bytes(message_bytes: int, ranks: int) -> float:
     return message_bytes * 2 * (ranks - 1) / ranks
 
 
+def mixed_cost(
+    cfg: ModelConfig,
+    dtype: str,
+    decode_batch: int,
+    context: int,
+    prefill_tokens: int = 0,
+    prefill_start: int = 0,
+) -> tuple[int, int]:
+    """(FLOPs, bytes) of one forward over a decode batch (one token for each of
+    `decode_batch` sequences holding `context` tokens) and one prompt's chunk riding along
+    (`prefill_tokens` tokens after `prefill_start` cached ones), as model.mixed_step runs
+    them: each part's FLOPs and bytes, the weights read once for both."""
+    parts = []
+    if decode_batch:
+        parts.append(step_cost(cfg, dtype, decode_batch, 1, context))
+    if prefill_tokens:
+        parts.append(step_cost(cfg, dtype, 1, prefill_tokens, prefill_start))
+    shared = (total_params(cfg) - _unread_embedding(cfg)) * DTYPE_BYTES[dtype]
+    flops = sum(c.flops for c in parts)
+    return flops, sum(c.bytes for c in parts) - shared * (len(parts) - 1)
+
+
 def dense_attention_flops(cfg: ModelConfig, batch: int, tokens: int, context: int) -> int:
     """What a counter that ignores the causal mask reports: every query against every key."""
     return cfg.layers * 4 * cfg.q_dim * batch * tokens * (context + tokens)

@@ -37,7 +37,7 @@ def _matplotlib_config_dir() -> None:
 _matplotlib_config_dir()
 
 import typer  # noqa: E402
-from typer.core import TyperGroup  # noqa: E402
+from typer.core import TyperCommand, TyperGroup  # noqa: E402
 
 from benchbatch import distributed  # noqa: E402
 from benchbatch import run as runs  # noqa: E402
@@ -63,7 +63,22 @@ except ImportError:  # pragma: no cover
     from click import exceptions as click_errors
 
 
-class BenchGroup(TyperGroup):
+class HelpIsAFlag:
+    """--help takes no value: shown as a flag, as every boolean option is (typer would list
+    it with a <bool> type)."""
+
+    def get_help_option(self, ctx):
+        option = super().get_help_option(ctx)
+        if option is not None:
+            option.metavar = ""
+        return option
+
+
+class BenchCommand(HelpIsAFlag, TyperCommand):
+    pass
+
+
+class BenchGroup(HelpIsAFlag, TyperGroup):
     """Every user error ends as one line on stderr naming the option, and exit code 2; Ctrl-C
     or SIGTERM at any moment as one line saying where the rows are, and exit code 130."""
 
@@ -230,16 +245,16 @@ app = typer.Typer(
     rich_markup_mode="markdown",
 )
 # In the order a reader meets them: the three measurements, then the rest.
-app.command("phases")(phases.phases)
-app.command("sweep")(sweep.sweep)
-app.command("occupancy")(occupancy.occupancy)
-app.command("reproduce")(reproduce.reproduce)
-app.command("probe")(probe.probe)
-app.command("ablation")(ablation.ablation)
-app.command("piggyback")(piggyback.piggyback)
-app.command("serve-sweep")(serve.serve_sweep)
-app.command("compare")(compare.compare)
-app.command("project")(project.project)
+app.command("phases", cls=BenchCommand)(phases.phases)
+app.command("sweep", cls=BenchCommand)(sweep.sweep)
+app.command("occupancy", cls=BenchCommand)(occupancy.occupancy)
+app.command("reproduce", cls=BenchCommand)(reproduce.reproduce)
+app.command("probe", cls=BenchCommand)(probe.probe)
+app.command("ablation", cls=BenchCommand)(ablation.ablation)
+app.command("piggyback", cls=BenchCommand)(piggyback.piggyback)
+app.command("serve-sweep", cls=BenchCommand)(serve.serve_sweep)
+app.command("compare", cls=BenchCommand)(compare.compare)
+app.command("project", cls=BenchCommand)(project.project)
 
 
 # Commands that run under torchrun (tensor parallelism, or the interconnect's ceiling).

@@ -158,7 +158,7 @@ PRESETS: dict[str, ModelConfig] = {
         kv_heads=2,
         intermediate=128,
         vocab=256,
-        max_context=256,
+        max_context=4096,  # every command's defaults fit (phases prefills 2,048 tokens)
         name="tiny",
     ),
     "qwen3-0.6b": ModelConfig(

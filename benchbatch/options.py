@@ -316,6 +316,13 @@ class RunOptions:
         "instead of measuring the device's ceilings first.",
         panel=RUN,
     )
+    reprobe: bool = opt(
+        False,
+        "Measure the device's ceilings now, even when a probe of this device and dtype from "
+        "the last 24 hours is cached (it is reused otherwise, so every command of the day "
+        "places its steps under the same roofs).",
+        panel=RUN,
+    )
     out: Path | None = opt(
         None,
         "Folder for the CSV, plots and metadata. Default: a new results/TIME-COMMAND folder (UTC).",

@@ -70,6 +70,28 @@ def table(rows: list[dict], columns: dict[str, str], title: str) -> None:
     out_console.print(t)
 
 
+def with_flop_unit(rows: list[dict], columns: dict[str, str], key: str = "tflops"):
+    """Rows and headers with the FLOP rate in the unit that suits the measured rates
+    (GFLOP/s on a CPU, units.py) and each step's spread: p10-p90 of its repeats (ms)."""
+    from benchbatch.units import flop_unit
+
+    unit = flop_unit(r.get(key) for r in rows if r.get("status", "ok") == "ok")
+    shown = [{**r, "flop_rate": unit(r.get(key)), "spread_ms": spread(r)} for r in rows]
+    headers = {("flop_rate" if k == key else k): (unit.name if k == key else v)
+               for k, v in columns.items()}  # fmt: skip
+    return shown, headers
+
+
+def spread(row: dict) -> str:
+    """'15.1-17.3': the 10th and 90th percentiles of a step's repeats, in ms."""
+    lo, hi = row.get("step_ms_p10"), row.get("step_ms_p90")
+    if not isinstance(lo, float | int) or not isinstance(hi, float | int):
+        return "-"
+    if math.isnan(lo) or math.isnan(hi):
+        return "-"
+    return f"{fmt(float(lo))}-{fmt(float(hi))}"
+
+
 def note(text: str) -> None:
     labelled("note:", text)
 

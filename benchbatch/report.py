@@ -17,9 +17,10 @@ import base64
 import html
 import math
 from collections.abc import Iterable, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 from benchbatch.render import fmt
+from benchbatch.units import flop_unit
 
 ARTICLE_SOURCE = "the article (RTX 5080, fp16, 12 linear layers of 2048 x 2048)"
 
@@ -114,6 +115,15 @@ class Claim:
     measured: str
     verdict: str
     rule: str
+    caveat: str = ""  # the rows it rests on were noisy or slowed: the verdict is less sure
+
+    def with_caveat(self, caveat: str) -> Claim:
+        return replace(self, caveat=caveat)
+
+    @property
+    def verdict_text(self) -> str:
+        """The verdict as shown, with its caveat beside it."""
+        return f"{self.verdict} ({self.caveat})" if self.caveat else self.verdict
 
 
 @dataclass
@@ -179,7 +189,9 @@ def _size(row: dict) -> int | None:
 
 
 def _section_b(rows: list[dict], image: str | None) -> Section:
-    headers = ["article step", "measured step", "step ms", "us/token", "TFLOP/s", "MFU", "bound"]
+    unit = flop_unit(_get(r, "tflops") for r in _ok(rows))
+    headers = ["article step", "measured step", "step ms", "us/token (cost)", unit.name, "MFU",
+               "bound"]  # fmt: skip
     body = []
     for entry in table_b(rows):
         a, m = entry["article"], entry["measured"]
@@ -189,23 +201,21 @@ def _section_b(rows: list[dict], image: str | None) -> Section:
                 m["label"] if m else "not measured",
                 _pair(a.step_ms, _get(m, "step_ms")),
                 _pair(a.us_per_token, _get(m, "us_per_token")),
-                _pair(a.tflops, _get(m, "tflops")),
+                _pair(unit(a.tflops), unit(_get(m, "tflops"))),
                 _percent(_get(m, "mfu")),
                 str(m.get("bound") or "-") if m and m.get("status", "ok") == "ok" else _status(m),
             ]
         )
     intro = [
-        "One step of each kind, timed alone: prefill multiplies every weight by a whole "
-        "prompt (compute-bound), decode by one token per sequence (memory-bound).",
-        "Cells read article / measured. MFU is the achieved TFLOP/s over this device's "
-        "measured matmul peak (probe); bound is memory or compute from the step's "
-        "arithmetic intensity against the measured ridge point.",
+        "One step of each kind: prefill multiplies every weight by a whole prompt "
+        "(compute-bound), decode by one token per sequence (memory-bound). The steps were "
+        "timed together, their repeats interleaved, so a load that came and went slowed "
+        "each of them alike.",
+        "Cells read article / measured. us/token is the step's cost per token (step time "
+        "over the tokens it made). MFU is the achieved FLOP/s over this device's matmul "
+        "ceiling (probe); bound is memory or compute from the step's arithmetic intensity "
+        "against the ridge point of the same ceilings.",
     ]
-    if any((_get(e["measured"], "mfu") or 0) > 1 for e in table_b(rows)):
-        intro.append(
-            "An MFU over 100% means a step ran faster than the probe's matmuls: the probe's "
-            "ceiling came out low (another process during the probe, or sizes it did not try)."
-        )
     if any(e["measured"] and e["article"].label != e["measured"]["label"] for e in table_b(rows)):
         intro.append(
             "The measured sizes differ from the article's: they are paired by rank (shortest "
@@ -436,13 +446,21 @@ def claims(
     occupancy_rows: list[dict] | None,
     real_rows: list[dict] | None = None,
     memory_ceiling: list[dict] | None = None,
+    phases_rows: list[dict] | None = None,
+    sweep_rows: list[dict] | None = None,
 ) -> list[Claim]:
-    """Every claim the report judges, its measured number and its verdict."""
-    out = [_prefill_claim(phases_summary or {}), _batching_claim(phases_summary or {})]
-    out.append(_latency_claim(sweep_claim or {}))
-    out.append(_occupancy_claim("C", "simulated", occupancy_rows or []))
+    """Every claim the report judges, its measured number and its verdict; a verdict that
+    rests on noisy or slowed rows says which, beside it."""
+    s, a = phases_summary or {}, sweep_claim or {}
+    out = [
+        _prefill_claim(s).with_caveat(_caveat(_prefill_rows(phases_rows or [], s))),
+        _batching_claim(s).with_caveat(_caveat(_batching_rows(phases_rows or [], s))),
+        _latency_claim(a).with_caveat(_caveat(_latency_rows(sweep_rows or [], a))),
+        _occupancy_claim("C", "simulated", occupancy_rows or []),
+    ]
     if real_rows:
-        out.append(_occupancy_claim("C, real engine", "measured wall time", real_rows))
+        real = _occupancy_claim("C, real engine", "measured wall time", real_rows)
+        out.append(real.with_caveat(_real_caveat(real_rows)))
     if memory_ceiling:
         out.append(_memory_claim(memory_ceiling[0], sweep_claim or {}))
     return out
@@ -518,6 +536,63 @@ def _section_memory(ceilings: list[dict], memory_rows: list[dict] | None, image)
     return Section(MEMORY_TITLE, intro, headers, body, image, notes)
 
 
+def _first_context_decodes(rows: list[dict]) -> list[dict]:
+    """The decode rows phases' summary compares: those at the first context measured."""
+    dec = [r for r in _ok(rows) if r.get("phase") == "decode"]
+    first = min((int(r["context"]) for r in dec), default=None)
+    return [r for r in dec if int(r["context"]) == first]
+
+
+def _prefill_rows(rows: list[dict], s: dict) -> list[dict]:
+    pre = [r for r in _ok(rows) if r.get("label") == s.get("prefill_label")]
+    dec = [r for r in _first_context_decodes(rows) if r.get("label") == s.get("decode_label")]
+    return pre + dec
+
+
+def _batching_rows(rows: list[dict], s: dict) -> list[dict]:
+    batches = s.get("decode_batches") or []
+    return [r for r in _first_context_decodes(rows) if int(r["batch"]) in batches]
+
+
+def _latency_rows(rows: list[dict], c: dict) -> list[dict]:
+    if "batch_from" not in c:
+        return []
+    ends = (c["batch_from"], c["batch_to"])
+    context = c.get("context")
+    return [
+        r for r in _ok(rows)
+        if int(r["batch"]) in ends and (context is None or int(r["context"]) == context)
+    ]  # fmt: skip
+
+
+def _flagged(row: dict, flag: str) -> bool:
+    return row.get(flag) is True or str(row.get(flag)).lower() == "true"
+
+
+def _caveat(rows: list[dict]) -> str:
+    """Which of the rows a verdict rests on were noisy (their repeats spread) or slowed."""
+    noisy = [f"{r['label']} (CV {float(r['cv']):.0%})" for r in rows if _flagged(r, "noisy")]
+    slowed = [str(r["label"]) for r in rows if _flagged(r, "throttled")]
+    parts = ([f"noisy {', '.join(noisy)}"] if noisy else []) + (
+        [f"throttled {', '.join(slowed)}"] if slowed else []
+    )
+    return "rests on " + "; ".join(parts) if parts else ""
+
+
+def _real_caveat(rows: list[dict]) -> str:
+    """The real engine's steps spread (another process took the device meanwhile)."""
+    from benchbatch.noise import NOISY_P90_OVER_MEDIAN
+
+    uneven = []
+    for r in rows:
+        p90, median = _get(r, "p90_step_ms"), _get(r, "median_step_ms")
+        if p90 and median and p90 > NOISY_P90_OVER_MEDIAN * median:
+            uneven.append(f"{r['policy']} (p90 step {p90 / median:.2g}x the median)")
+        elif (_get(r, "measured_over_sim") or 0) > UNEVEN_STEPS:
+            uneven.append(f"{r['policy']} (wall {_get(r, 'measured_over_sim'):.2g}x its steps)")
+    return f"rests on uneven steps: {', '.join(uneven)}" if uneven else ""
+
+
 def _prefill_claim(s: dict) -> Claim:
     ratio = s.get("prefill_over_decode_tflops")
     measured = "not measured"
@@ -525,7 +600,7 @@ def _prefill_claim(s: dict) -> Claim:
         measured = f"{ratio:.3g}x ({s['prefill_label']} over {s['decode_label']})"
     return Claim(
         "B",
-        "prefill runs at far more TFLOP/s than decode on the same device",
+        "prefill runs at far more FLOP/s than decode on the same device",
         "350x (105.5 vs 0.3 TFLOP/s)",
         measured,
         PREFILL_RULE.verdict(ratio),
@@ -629,6 +704,7 @@ def build(
     serve_rows: list[dict] | None = None,
     serve_slo: list[dict] | None = None,
     serve_meta: dict | None = None,
+    ceilings_raised: list[dict] | None = None,
 ) -> Report:
     """Every section of the report, from rows and summaries (see reproduce's metadata)."""
     images = set(files)
@@ -649,33 +725,43 @@ def build(
         sections.append(section_serve(serve_rows, serve_slo or [], serve_meta or {},
                                       image("serve.png")))  # fmt: skip
     if ceilings:
-        sections.append(_section_roofline(ceilings, image("roofline.png")))
+        sections.append(_section_roofline(ceilings, image("roofline.png"), ceilings_raised))
     return Report(
         title,
         list(notices),
         list(facts),
-        claims(phases_summary, sweep_claim, occupancy_rows, real_rows, memory_ceiling)
+        claims(phases_summary, sweep_claim, occupancy_rows, real_rows, memory_ceiling,
+               phases_rows, sweep_rows)  # fmt: skip
         + ([serve_claim(serve_slo)] if serve_slo else []),
         sections,
         list(files),
     )
 
 
-def _section_roofline(s: dict, image: str | None) -> Section:
+def _section_roofline(s: dict, image: str | None, raised: list[dict] | None = None) -> Section:
     m, d = s["measured"], s.get("datasheet")
+    unit = flop_unit([m["peak_tflops"]])
     headers = ["ceiling", "measured", "measured by", f"datasheet ({s.get('datasheet_name', '-')})"]
     body = []
-    for name, key, source in (
-        ("matmul TFLOP/s", "peak_tflops", m.get("tflops_source", "")),
-        ("memory GB/s", "peak_gbps", m.get("gbps_source", "")),
-        ("ridge FLOP/byte", "ridge", ""),
+    for name, key, source, scale in (
+        (f"matmul {unit.name}", "peak_tflops", m.get("tflops_source", ""), unit.per_tflops),
+        ("memory GB/s", "peak_gbps", m.get("gbps_source", ""), 1),
+        ("ridge FLOP/byte", "ridge", "", 1),
     ):
-        body.append([name, fmt(m[key]), source, fmt(d[key]) if d else "unknown"])
+        sheet = fmt(d[key] * scale) if d else "unknown"
+        body.append([name, fmt(m[key] * scale), source, sheet])
     intro = [
         f"This device's ceilings in {m['dtype']}, measured by the probe; every phases and "
         "sweep step is placed under them (solid roof: measured; dashed: datasheet, when known).",
     ]
-    return Section("Roofline: the measured ceilings", intro, headers, body, image)
+    notes = [
+        f"The {r['ceiling']} ceiling was raised from {fmt(r['from'])} to {fmt(r['to'])} "
+        f"{r['unit']}: {r['by']} reached it, so the probe had measured it low (another "
+        "process during the probe, or sizes it did not try). Every MFU and MBU is against "
+        "the raised ceiling."
+        for r in raised or []
+    ]
+    return Section("Roofline: the measured ceilings", intro, headers, body, image, notes)
 
 
 # --- rendering -------------------------------------------------------------------------------
@@ -684,7 +770,7 @@ VERDICT_MARK = {HOLDS: "holds", PARTLY: "partly", FAILS: "does not hold", UNMEAS
 
 
 def claim_rows(report: Report) -> list[list[str]]:
-    return [[c.key, c.claim, c.article, c.measured, c.verdict, c.rule] for c in report.claims]
+    return [[c.key, c.claim, c.article, c.measured, c.verdict_text, c.rule] for c in report.claims]
 
 
 CLAIM_HEADERS = ["", "claim", "article", "this run", "verdict", "rule"]
@@ -771,7 +857,9 @@ def _html_claims(items: list[Claim]) -> str:
     for c in items:
         cells = [c.key, c.claim, c.article, c.measured]
         tds = "".join(f"<td>{e(v)}</td>" for v in cells)
-        tds += f'<td class="{VERDICT_CLASS[c.verdict]}"><strong>{e(c.verdict)}</strong></td>'
+        caveat = f"<br>{e(c.caveat)}" if c.caveat else ""
+        verdict = f"<strong>{e(c.verdict)}</strong>{caveat}"
+        tds += f'<td class="{VERDICT_CLASS[c.verdict]}">{verdict}</td>'
         tds += f"<td>{e(c.rule)}</td>"
         rows.append(f"<tr>{tds}</tr>")
     return f"<table><tr>{head}</tr>{''.join(rows)}</table>"

@@ -13,7 +13,7 @@ from __future__ import annotations
 import csv
 import io
 import math
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 
 from benchbatch.errors import UserError
@@ -74,14 +74,37 @@ def annotate(row: dict, ceilings: Ceilings) -> dict:
     """A copy of a phases/sweep row with mfu, mbu (fractions, not %) and bound added.
 
     mfu: achieved FLOP/s over the measured matmul peak; mbu: achieved bytes/s over the
-    measured bandwidth. A step that was not measured (oom) keeps NaN for both.
+    measured bandwidth. A step that was not measured (oom, skipped) keeps NaN for both and
+    no bound: nothing placed it under either roof.
     """
+    measured = row.get("status", "ok") == "ok"
+    intensity = _number(row.get("arithmetic_intensity")) if measured else None
     return {
         **row,
-        "mfu": _ratio(row.get("tflops"), ceilings.peak_tflops),
-        "mbu": _ratio(row.get("gbps"), ceilings.peak_gbps),
-        "bound": bound(_number(row.get("arithmetic_intensity")), ceilings.ridge),
+        "mfu": _ratio(row.get("tflops"), ceilings.peak_tflops) if measured else math.nan,
+        "mbu": _ratio(row.get("gbps"), ceilings.peak_gbps) if measured else math.nan,
+        "bound": bound(intensity, ceilings.ridge),
     }
+
+
+def raised(ceilings: Ceilings, row: dict) -> Ceilings | None:
+    """The ceilings raised to a measured row that beat them, or None when it did not.
+
+    A step cannot run faster than the device can: a row over a roof (an MFU or MBU above
+    100%) shows the probe measured that roof low (another process took the device while it
+    ran, or its sizes missed the device's best). The roof is then what the row reached, so
+    every MFU and MBU stays at or below 100% and says how far a step is from the best seen.
+    """
+    if row.get("status", "ok") != "ok":
+        return None
+    label = str(row.get("label", "a step"))
+    tflops, gbps = _number(row.get("tflops")), _number(row.get("gbps"))
+    changes = {}
+    if tflops is not None and math.isfinite(tflops) and tflops > ceilings.peak_tflops:
+        changes.update(peak_tflops=tflops, tflops_source=f"{label} (over the probe)")
+    if gbps is not None and math.isfinite(gbps) and gbps > ceilings.peak_gbps:
+        changes.update(peak_gbps=gbps, gbps_source=f"{label} (over the probe)")
+    return replace(ceilings, **changes) if changes else None
 
 
 def _ratio(value, peak: float) -> float:

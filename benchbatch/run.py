@@ -166,6 +166,7 @@ class Recorder(Run):
         self.quiet = quiet
         self.ceilings = None  # the run's one set of ceilings, once known
         self._watch = None
+        self._group_look: tuple[int, object] | None = None  # (timing_group, its look)
         self._stack = contextlib.ExitStack()
 
     @classmethod
@@ -246,18 +247,60 @@ class Recorder(Run):
     def columns(self, row: dict) -> dict:
         """throttled (the GPU slowed its clocks while the row was measured) and, against the
         run's ceilings, mfu, mbu and bound."""
-        from benchbatch.roofline import annotate
+        from benchbatch.roofline import annotate, raised
 
         measured = row.get("status", "ok") == "ok"
-        look = self._watch.look() if self._watch is not None else None
+        look = self._look(row.get("timing_group"))
         row = {
             **row,
             "throttled": bool(look and look.throttled) and measured,
             "power_capped": bool(look and look.power_capped) and measured,
         }
         if self.ceilings is not None and "arithmetic_intensity" in row:
+            higher = raised(self.ceilings, row)
+            if higher is not None:
+                self.raise_ceilings(higher, row)
             row = annotate(row, self.ceilings)
         return row
+
+    def raise_ceilings(self, higher, row: dict) -> None:
+        """A row beat the run's ceilings: they become what it reached, for every row of
+        the run (those already recorded are placed again, so one set of ceilings holds
+        everywhere), and the run says so (metadata, and a note)."""
+        from benchbatch import render
+        from benchbatch.roofline import annotate
+
+        before, self.ceilings = self.ceilings, higher
+        self.meta["ceilings"] = higher.to_dict()
+        for name, old, new, unit in (
+            ("matmul", before.peak_tflops, higher.peak_tflops, "TFLOP/s"),
+            ("memory", before.peak_gbps, higher.peak_gbps, "GB/s"),
+        ):
+            if new == old:
+                continue
+            change = {"ceiling": name, "unit": unit, "from": old, "to": new, "by": row.get("label")}
+            self.meta.setdefault("ceilings_raised", []).append(change)
+            if not self.quiet:
+                render.note(
+                    f"{row.get('label')} reached {new:.3g} {unit}, over the probe's {name} "
+                    f"ceiling of {old:.3g}: the ceiling is raised to it for every row of this run"
+                )
+        for table, rows in self.tables.items():
+            if isinstance(rows, list) and rows and "bound" in rows[0]:
+                self.tables[table] = [annotate(r, higher) for r in rows]
+                self._write(table)
+        self.write_meta()
+
+    def _look(self, group):
+        """One look at the GPU per row; rows timed together as a group (their repeats
+        interleaved) were measured over the same stretch of time: one look serves them all."""
+        if self._watch is None:
+            return None
+        if group is not None and self._group_look and self._group_look[0] == group:
+            return self._group_look[1]
+        look = self._watch.look()
+        self._group_look = (group, look) if group is not None else None
+        return look
 
     def progress(self, label: str, total: int | None):
         return Progress.task(label, total, quiet=self.quiet)

@@ -11,6 +11,12 @@ enqueues, runs far ahead of the device, and would queue hundreds of repeats. The
 calls (queue empty) also give the host's time to enqueue one call: a step whose host time
 is at least its device time is launch-bound (the GPU waits for launches).
 
+Steps whose times a verdict compares (prefill against decode, batch 1 against batch 128)
+are timed together by `measure_interleaved`: their repeats alternate (A B A B, not A A B B),
+so a load that comes and goes on a shared machine slows each of them alike and the ratio
+between them holds. A noisy measurement can be taken again once (`retry_noisy`); the less
+spread of the two attempts is kept.
+
 Under torchrun every rank times the same call, and a call may hold collectives (a
 tensor-parallel step's all-reduces) that need every rank to make it: the ranks agree on
 each warm-up call and on the repeat count (the largest any rank wants), so each rank makes
@@ -22,7 +28,7 @@ from __future__ import annotations
 import math
 import statistics
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 
 import torch
@@ -40,6 +46,7 @@ class TimingOptions:
     max_repeats: int = 1000
     l2_flush: bool = True
     cv_threshold: float = DEFAULT_CV_THRESHOLD
+    retry_noisy: int = 0  # measure a noisy step (or group) again this many times
 
 
 MAX_WARMUP_CALLS = 100
@@ -53,6 +60,9 @@ class Measurement:
     times_ms: list[float] = field(repr=False)
     cv_threshold: float = DEFAULT_CV_THRESHOLD
     host_times_ms: list[float] | None = field(default=None, repr=False)
+    attempts: int = 1  # 2: the first attempt was noisy, so it was measured again (the less
+    # spread attempt is kept)
+    interleaved: int = 1  # steps whose repeats alternated with this one's (itself included)
 
     @property
     def repeats(self) -> int:
@@ -72,6 +82,12 @@ class Measurement:
             return 0.0
         q1, _, q3 = statistics.quantiles(self.times_ms, n=4, method="inclusive")
         return q3 - q1
+
+    def percentile_ms(self, q: int) -> float:
+        """The q-th percentile (10, 90, ...) of the repeats, interpolated between them."""
+        if len(self.times_ms) < 2:
+            return self.times_ms[0]
+        return statistics.quantiles(self.times_ms, n=100, method="inclusive")[q - 1]
 
     @property
     def cv(self) -> float:
@@ -102,9 +118,13 @@ class Measurement:
             "step_ms": self.median_ms,
             "step_ms_min": self.min_ms,
             "step_ms_iqr": self.iqr_ms,
+            "step_ms_p10": self.percentile_ms(10),
+            "step_ms_p90": self.percentile_ms(90),
             "cv": self.cv,
             "repeats": self.repeats,
             "noisy": self.noisy,
+            "attempts": self.attempts,
+            "interleaved": self.interleaved,
             "host_ms": self.host_ms,
             "launch_bound": self.launch_bound,
         }
@@ -117,9 +137,13 @@ def unmeasured() -> dict:
         "step_ms": nan,
         "step_ms_min": nan,
         "step_ms_iqr": nan,
+        "step_ms_p10": nan,
+        "step_ms_p90": nan,
         "cv": nan,
         "repeats": 0,
         "noisy": False,
+        "attempts": 0,
+        "interleaved": 0,
         "host_ms": nan,
         "launch_bound": False,
     }
@@ -136,17 +160,63 @@ def prepare(device: torch.device, opts: TimingOptions) -> None:
 def measure(fn: Callable[[], object], device: torch.device, opts: TimingOptions) -> Measurement:
     """Time fn: warm up (synchronised, timed), then as many repeats as min_time_s of the
     device's time needs, at least min_repeats and at most max_repeats."""
+    return measure_interleaved([fn], device, opts)[0]
+
+
+def measure_interleaved(
+    fns: Sequence[Callable[[], object]], device: torch.device, opts: TimingOptions
+) -> list[Measurement]:
+    """Time several prepared calls together: each is warmed up (and its repeat count sized
+    from its own device time, as `measure` does), then the repeats run in rounds, every
+    call in every round, so each call's repeats spread over the same stretch of time. A
+    call that needs more repeats than the slowest takes several in each round. When
+    opts.retry_noisy allows and any call came out noisy, the whole group is measured again
+    (the ratios between the calls must come from one stretch of time): the attempt whose
+    worst spread is smaller is kept."""
+    best = _attempt(fns, device, opts)
+    for attempt in range(2, 2 + opts.retry_noisy):
+        if not distributed.agree_any(any(m.noisy for m in best)):  # every rank retries, or none
+            break
+        again = _attempt(fns, device, opts)
+        if _worst_cv(again) <= _worst_cv(best):
+            best = again
+        for m in best:
+            m.attempts = attempt
+    return best
+
+
+def _worst_cv(ms: list[Measurement]) -> float:
+    return max(m.cv for m in ms)
+
+
+def _attempt(fns, device: torch.device, opts: TimingOptions) -> list[Measurement]:
     b = backend.of(device)
     with b.activate():
         flush = b.flusher() if opts.l2_flush else None
-        warm_ms, warm_host_ms = _warm_up(fn, b, opts)
-        timer = b.timer()
-        for _ in range(distributed.agree_max(repeat_count(warm_ms, opts))):
-            if flush is not None:
-                flush()
-            timer.time(fn)
-        times_ms, _queued_host_ms = timer.read()  # host times of a running-ahead queue: unused
-    return Measurement(times_ms, opts.cv_threshold, warm_host_ms if b.queued else None)
+        warm = [_warm_up(fn, b, opts) for fn in fns]
+        # Under torchrun every rank makes as many calls: the largest count any rank wants.
+        counts = [distributed.agree_max(repeat_count(warm_ms, opts)) for warm_ms, _ in warm]
+        timers = [b.timer() for _ in fns]
+        for per_call in rounds(counts):
+            for fn, timer, n in zip(fns, timers, per_call, strict=True):
+                for _ in range(n):
+                    if flush is not None:
+                        flush()
+                    timer.time(fn)
+        out = []
+        for timer, (_, warm_host_ms) in zip(timers, warm, strict=True):
+            times_ms, _queued_host_ms = timer.read()  # a running-ahead queue's: unused
+            host = warm_host_ms if b.queued else None
+            out.append(Measurement(times_ms, opts.cv_threshold, host, interleaved=len(fns)))
+    return out
+
+
+def rounds(counts: list[int]) -> list[list[int]]:
+    """Repeats of each call in each round: as many rounds as the fewest repeats any call
+    needs, each call's repeats spread evenly over them (a call needing 13 in 5 rounds takes
+    2, 3, 2, 3, 3)."""
+    n = min(counts)
+    return [[(r + 1) * c // n - r * c // n for c in counts] for r in range(n)]
 
 
 def repeat_count(call_ms: list[float], opts: TimingOptions) -> int:

@@ -76,3 +76,19 @@ def linear_step_costs(monkeypatch):
         return Measurement([1.0 + 0.05 * decode + 0.01 * prefill + 0.0005 * context])
 
     monkeypatch.setattr(ablation, "time_mixed", linear)
+
+
+@pytest.fixture(autouse=True, scope="session")
+def no_user_cache(tmp_path_factory):
+    """The user's cache of the latest probe (ceilings_cache.py) is never read or written by
+    a test, module-scoped fixtures included."""
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setenv("BENCHBATCH_CACHE_DIR", str(tmp_path_factory.mktemp("session-cache")))
+        yield
+
+
+@pytest.fixture(autouse=True)
+def own_ceilings_cache(tmp_path_factory, monkeypatch):
+    """Each test its own cache of the latest probe: a test measures or reuses ceilings only
+    as it says, never a probe another test left."""
+    monkeypatch.setenv("BENCHBATCH_CACHE_DIR", str(tmp_path_factory.mktemp("cache")))

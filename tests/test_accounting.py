@@ -70,6 +70,30 @@ def test_matmul_flops_equal_torch_counter_on_cached_steps(cfg, batch, tokens, co
     assert flops == cost.linear_flops + cost.lm_head_flops
 
 
+@pytest.mark.parametrize("cfg", SHAPES[:2], ids=IDS[:2])
+def test_mixed_step_flops_equal_torch_counter_and_weights_are_read_once(cfg):
+    model = Transformer(cfg)
+    b, context, p, start = 3, 9, 5, 4
+    cache = model.new_cache(b + 1, max(context + 1, start + p))
+    cache.lengths[:b].fill_(context)
+    cache.lengths[b:].fill_(start)
+    parts = [
+        (torch.randint(0, cfg.vocab, (1, p)), slice(b, b + 1), start + p),
+        (torch.randint(0, cfg.vocab, (b, 1)), slice(0, b), context + 1),
+    ]
+    flops, nbytes = acc.mixed_cost(cfg, "fp32", b, context, p, start)
+    decode = acc.step_cost(cfg, "fp32", b, 1, context)
+    chunk = acc.step_cost(cfg, "fp32", 1, p, start)
+    counted_flops = counted(lambda: model.mixed_step(cache, parts))
+    assert counted_flops == decode.linear_flops + decode.lm_head_flops + chunk.linear_flops + (
+        chunk.lm_head_flops
+    )
+    assert flops == decode.flops + chunk.flops
+    weights = (acc.total_params(cfg) - (0 if cfg.tie_embeddings else cfg.vocab * cfg.hidden)) * 4
+    assert nbytes == decode.bytes + chunk.bytes - weights
+    assert acc.mixed_cost(cfg, "fp32", b, context) == (decode.flops, decode.bytes)
+
+
 def explicit_causal_attention(q, k, v, context):
     """Each query against exactly the keys it may see, with plain matmuls (countable)."""
     outs = []

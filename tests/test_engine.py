@@ -168,5 +168,5 @@ def test_interrupted_run_keeps_its_steps(model, requests):
 
 def test_workload_longer_than_the_model_context_is_a_user_error(model):
     with pytest.raises(UserError) as e:
-        Engine(model, "continuous", 2).run([Request(0, 200, 100)])
+        Engine(model, "continuous", 2).run([Request(0, 4000, 100)])
     assert e.value.option == "max_output"

@@ -5,11 +5,14 @@ asked on CUDA, for decode steps."""
 
 from __future__ import annotations
 
+import time
+
 import pytest
 import torch
 from typer.testing import CliRunner
 
 from benchbatch.cli import app
+from benchbatch.commands import common
 from benchbatch.probes import piggyback, steps
 from benchbatch.timing import Measurement
 
@@ -34,7 +37,14 @@ def timed(monkeypatch):
         calls.append((step.phase, cuda_graphs))
         return Measurement([1.0, 2.0, 3.0])
 
+    def prepared(model, step, opts, cuda_graphs=True, seed=0, **layout):
+        calls.append((step.phase, cuda_graphs))  # a group's step: timed with the others
+        return lambda: time.sleep(0.001)  # a millisecond: a step time every reader accepts
+
     monkeypatch.setattr(steps, "time_step", spy)
+    monkeypatch.setattr(steps, "prepare", prepared)
+    # The duration estimate's two quick eager steps are not the measurement.
+    monkeypatch.setattr(common, "estimate_run", lambda *args, **kwargs: None)
     return calls
 
 
@@ -55,9 +65,9 @@ def test_the_flag_reaches_the_mixed_step_timer(tmp_path, monkeypatch, flag):
 
     def spy(model, step, opts, cuda_graphs=False, seed=0):
         calls.append((step.decode_batch, cuda_graphs))
-        return Measurement([1.0, 2.0, 3.0])
+        return lambda: time.sleep(0.001)
 
-    monkeypatch.setattr(piggyback, "time_mixed", spy)
+    monkeypatch.setattr(piggyback, "prepare_mixed", spy)  # timed together, interleaved
     args = ["piggyback", *TINY, "--decode-batch", "2", "--context", "8", "--prefill", "4"]
     args += ["--chunk-prompt", "16", "--chunks", "8", "--tiles", "8,9", flag]
     result = CliRunner().invoke(app, [*args, "--out", str(tmp_path / "run")])

@@ -43,7 +43,7 @@ def test_paging_runs_more_sequences_than_reservation_on_the_same_memory(runner, 
     assert (rows["kv_reserved_peak_tokens"] <= 341 * 16).all()
     assert paged["preemptions"] > 0 and reserved["preemptions"] == 0
     budget = 341 * 16 * ARTICLE_TOKEN / 2**30
-    assert rows["kv_budget_gib"].sub(budget).abs().max() < 1e-12
+    assert (rows["kv_budget_gib"] / budget - 1).abs().max() < 1e-5  # 6 significant digits
     timeline = pd.read_csv(tmp_path / "run" / "memory_timeline.csv")
     assert timeline.groupby("policy")["running"].max().to_dict() == rows["peak_running"].to_dict()
     assert (timeline["kv_used_tokens"] <= timeline["kv_reserved_tokens"]).all()

@@ -52,7 +52,8 @@ def test_default_run_reproduces_the_article(runner, tmp_path):
     assert df.loc["static", "speedup_vs_static"] == 1.0
     slot_steps = df["total_steps"] * df["slots"]
     assert (df["useful_slot_steps"] + df["idle_slot_steps"] == slot_steps).all()
-    assert (df["occupancy"] - df["useful_slot_steps"] / slot_steps).abs().max() < 1e-12
+    # The CSV keeps 6 significant digits.
+    assert (df["occupancy"] / (df["useful_slot_steps"] / slot_steps) - 1).abs().max() < 1e-5
 
     compact = pd.read_csv(tmp_path / "run" / "timeline.csv")
     assert list(compact.columns) == ["policy", "step", "steps", "active_slots"]
@@ -130,13 +131,14 @@ def test_real_engine_measures_both_policies(runner, tmp_path):
     assert list(engine.index) == ["static", "continuous"]
     assert (engine["total_steps"] == engine["sim_steps"]).all()
     assert (engine["sim_steps"] == sim["total_steps"].reindex(engine.index)).all()
-    assert (engine["occupancy"] - engine["sim_occupancy"]).abs().max() < 1e-12
+    assert (engine["occupancy"] - engine["sim_occupancy"]).abs().max() < 1e-6
     assert engine.loc["continuous", "occupancy"] >= engine.loc["static", "occupancy"]
     assert (engine["generated_tokens"] == sim["useful_slot_steps"].reindex(engine.index)).all()
     for column in ("wall_s", "tokens_per_s", "e2e_p99_s", "ttft_p50_s", "sim_s"):
         assert (engine[column] > 0).all(), column
     assert ((engine["overhead"] > 0) & (engine["overhead"] < 1)).all()
-    assert (engine["measured_over_sim"] - engine["wall_s"] / engine["sim_s"]).abs().max() < 1e-9
+    ratio = engine["wall_s"] / engine["sim_s"]
+    assert (engine["measured_over_sim"] / ratio - 1).abs().max() < 1e-5  # 6 digits in the CSV
     steps = pd.read_csv(run / "engine_steps.csv")
     assert list(steps.columns[:2]) == ["policy", "step"]
     for column in ("active", "decode_tokens", "prefill_tokens", "step_ms", "model_ms"):
@@ -223,7 +225,9 @@ BAD_OPTIONS = [
     (["--max-output", "-1"], "--max-output"),
     (["--arrival-rate", "0"], "--arrival-rate"),
     (
-        ["--engine", "real", "--preset", "tiny", "--device", "cpu", "--max-output", "300"],
+        # tiny takes 4,096 tokens: outputs of a median of 5,000 do not fit
+        ["--engine", "real", "--preset", "tiny", "--device", "cpu", "--max-output", "5000"]
+        + ["--median", "5000", "--requests", "10"],
         "--max-output",
     ),
     (["--engine", "real", "--preset", "nope"], "--preset"),

@@ -10,6 +10,7 @@ from dataclasses import replace
 import pandas as pd
 import pytest
 
+from benchbatch import accounting
 from benchbatch.cli import app
 from benchbatch.config import preset
 from benchbatch.experiments import PiggybackOptions
@@ -32,9 +33,13 @@ ROW_COLUMNS = {
     "saved_ms",
     "step_ms_min",
     "step_ms_iqr",
+    "step_ms_p10",
+    "step_ms_p90",
     "cv",
     "repeats",
     "noisy",
+    "attempts",
+    "interleaved",
     "host_ms",
     "launch_bound",
     "throttled",
@@ -76,6 +81,10 @@ def test_piggyback_rows_have_the_columns_and_positive_times(tiny_model):
     raw = list(probe.rows(tiny_model, opts, QUICK, cuda_graphs=False))
     assert len(raw) == len(probe.plan(opts)) and {r["status"] for r in raw} == {"ok"}
     rows = probe.piggyback_rows(raw)
+    # Each table's steps were timed together, their repeats interleaved.
+    parts = {r["part"]: (r["timing_group"], r["interleaved"]) for r in raw}
+    assert len({g for g, _ in parts.values()}) == 3
+    assert parts["piggyback"][1] == 5 and parts["tile"][1] == 1
     assert [r["prefill_tokens"] for r in rows] == [0, 8, 32]
     for r in rows:
         assert set(r) == ROW_COLUMNS
@@ -136,7 +145,7 @@ def test_chunk_sweep_and_tiles(tiny_model):
     rows = probe.chunk_rows(steps, tiny_model.cfg, "fp32")
     assert [(r["chunk_tokens"], r["chunks"]) for r in rows] == [(16, 7), (64, 2), (100, 1)]
     whole = rows[-1]
-    assert whole["over_one_prefill"] == 1.0 and whole["extra_pct"] == 0.0
+    assert whole["over_one_prefill"] == 1.0 and whole["extra"] == 0.0
     assert all(r["total_ms"] > 0 and r["kind"] == "chunked" for r in rows)
     # More chunks read the weights more often and re-read more of the KV cache.
     assert rows[0]["weight_bytes"] > 6 * whole["weight_bytes"]
@@ -150,7 +159,7 @@ def test_an_oom_step_is_a_row_and_the_others_go_on(tiny_model, monkeypatch):
     def out_of_memory(*args, **kwargs):
         raise RuntimeError("CUDA out of memory. Tried to allocate 2.00 GiB")
 
-    monkeypatch.setattr(probe, "time_chunked_prefill", out_of_memory)
+    monkeypatch.setattr(probe, "prepare_chunked", out_of_memory)
     steps = list(probe.rows(tiny_model, replace(OPTS, tiles=(8,)), QUICK, cuda_graphs=False))
     assert {r["status"] for r in steps if r["part"] == "chunked"} == {"oom"}
     assert {r["status"] for r in steps if r["part"] != "chunked"} == {"ok"}
@@ -165,6 +174,7 @@ def test_timed_mixed_step_leaves_the_model_unchanged(tiny_model):
 
 
 TINY = ["--preset", "tiny", "--device", "cpu", "--repeats", "1", "--min-time", "0"]
+TINY += ["--no-roofline"]
 SMALL = ["--decode-batch", "2", "--context", "16", "--prefill", "8,32"]
 SMALL += ["--chunk-prompt", "96", "--chunks", "32,96", "--tiles", "32,33"]
 
@@ -187,6 +197,29 @@ def test_command_writes_rows_plot_and_json(runner, tmp_path):
     assert not rows["throttled"].any() and not chunks["throttled"].any()  # a CPU never is
     meta = json.loads((out / "metadata.json").read_text())
     assert meta["status"] == "complete" and meta["summary"][0]["threshold"] == 0.1
+
+
+def test_steps_are_placed_on_the_roofline(runner, tmp_path):
+    probe_csv = tmp_path / "probe.csv"
+    probe_csv.write_text(
+        "kind,label,dtype,tflops,gbps,status\n"
+        "matmul,matmul 4096,fp32,1000,,ok\nread,read 1 GiB,fp32,,1000,ok\n"
+    )  # far above the tiny model: no row raises them
+    out = tmp_path / "pb"
+    args = ["piggyback", "--out", str(out), *TINY[:-1], *SMALL, "--ceilings", str(probe_csv)]
+    result = runner.invoke(app, args)
+    assert result.exit_code == 0, result.output
+    steps = pd.read_csv(out / "steps.csv")
+    cfg = preset("tiny")
+    mixed = steps[steps["label"] == "decode b=2 ctx=16 + chunk 32"].iloc[0]
+    flops, nbytes = accounting.mixed_cost(cfg, "fp32", 2, 16, 32)
+    assert (mixed["flops"], mixed["bytes"], mixed["phase"]) == (flops, nbytes, "mixed")
+    assert mixed["mfu"] == pytest.approx(mixed["tflops"] / 1000, rel=1e-5)
+    assert mixed["tflops"] == pytest.approx(flops / mixed["step_ms"] / 1e9, rel=1e-5)
+    ridge = 1000.0  # 1000 TFLOP/s over 1000 GB/s: FLOP per byte
+    expected = ["compute" if x >= ridge else "memory" for x in steps["arithmetic_intensity"]]
+    assert list(steps["bound"]) == expected
+    assert (out / "roofline.png").stat().st_size > 1000
 
 
 @pytest.mark.parametrize(
@@ -229,25 +262,24 @@ class SlowsAt:
 
 
 def test_throttled_rows_are_flagged_and_warned_about(runner, tmp_path, monkeypatch):
-    """SMALL times 5 piggyback steps (decode + 0, 8, 32; 8 and 32 alone), 2 chunked prefills
-    and 2 tiles, one look each: the GPU slows at the third (decode + 32) and the last (tile
-    33). A row is throttled when any step it is computed from was."""
+    """SMALL times three groups, each table's steps together: 5 piggyback steps (decode +
+    0, 8, 32; 8 and 32 alone), 2 chunked prefills and 2 tiles; one look at the GPU serves
+    a group. It slows during the last group (the tiles): both tile rows are throttled, and
+    nothing else is."""
     from benchbatch import telemetry
 
-    monkeypatch.setattr(SlowsAt, "looks_throttled", {3, 9})
+    monkeypatch.setattr(SlowsAt, "looks_throttled", {3})
     monkeypatch.setattr(telemetry, "ThrottleWatch", SlowsAt)
     out = tmp_path / "pb"
     result = runner.invoke(app, ["piggyback", "--out", str(out), *TINY, *SMALL])
     assert result.exit_code == 0, result.output
-    assert list(pd.read_csv(out / "piggyback.csv")["throttled"]) == [False, False, True]
-    assert list(pd.read_csv(out / "chunks.csv")["throttled"]) == [False, False, False, True]
+    assert list(pd.read_csv(out / "steps.csv")["throttled"]) == [False] * 7 + [True] * 2
+    assert list(pd.read_csv(out / "piggyback.csv")["throttled"]) == [False, False, False]
+    assert list(pd.read_csv(out / "chunks.csv")["throttled"]) == [False, False, True, True]
     meta = json.loads((out / "metadata.json").read_text())
-    assert meta["untrusted"]["throttled"] == ["decode b=2 + prefill 32", "tile 33"]
+    assert meta["untrusted"]["throttled"] == ["tile 32", "tile 33"]
     warning = " ".join(result.stderr.split())
-    assert (
-        "slowed its clocks (thermal or power limit) during: decode b=2 + prefill 32, tile 33"
-        in warning
-    )
+    assert "slowed its clocks (thermal or power limit) during: tile 32, tile 33" in warning
     assert "--repeats" in warning and "--min-time" in warning
 
 

@@ -44,6 +44,7 @@ def sweep_rows(step_ms: dict[int, float], context: int = 512) -> list[dict]:
         {
             "context": context,
             "batch": b,
+            "label": f"decode b={b}",
             "step_ms": ms,
             "tokens_per_s": b / (ms / 1e3),
             "mbu": 0.3,
@@ -137,11 +138,47 @@ def test_pair_sizes():
     assert report.pair_sizes([512, 2048], []) == [None, None]
 
 
-def test_an_mfu_over_one_is_explained():
+def test_a_raised_ceiling_is_said_in_the_roofline_section():
+    probe = {
+        "measured": {"dtype": "fp32", "peak_tflops": 0.134, "peak_gbps": 43.0, "ridge": 3.1,
+                     "tflops_source": "prefill 2048 (over the probe)", "gbps_source": "read"},
+        "datasheet": None,
+    }  # fmt: skip
+    raised = [{"ceiling": "matmul", "unit": "TFLOP/s", "from": 0.1, "to": 0.134,
+               "by": "prefill 2048"}]  # fmt: skip
+    section = report._section_roofline(probe, "roofline.png", raised)
+    assert section.rows[0][:2] == ["matmul GFLOP/s", "134"]  # a CPU's rate in GFLOP/s
+    assert "raised from 0.1 to 0.134 TFLOP/s: prefill 2048 reached it" in section.notes[0]
+    assert not report._section_roofline(probe, None).notes
+
+
+def test_a_verdict_resting_on_noisy_rows_says_so_beside_it():
     rows = article_phases()
-    assert not any("MFU over 100%" in p for p in build(phases=rows).sections[0].intro)
-    rows[1] = {**rows[1], "mfu": 1.27}
-    assert any("MFU over 100%" in p for p in build(phases=rows).sections[0].intro)
+    rows[2] = {**rows[2], "noisy": True, "cv": 0.14}  # decode b=1
+    sweep = [{**r, "noisy": r["batch"] == 256, "cv": 0.3} for r in sweep_rows(ARTICLE_A_MS)]
+    rep = build(phases=rows, sweep=sweep)
+    prefill, batching, latency, occupancy = rep.claims
+    assert prefill.caveat == "rests on noisy decode b=1 (CV 14%)"
+    assert batching.caveat == "rests on noisy decode b=1 (CV 14%)"
+    assert latency.caveat == "rests on noisy decode b=256 (CV 30%)"
+    assert occupancy.caveat == ""  # a simulation
+    assert prefill.verdict == report.HOLDS  # the verdict itself still follows the numbers
+    text = report.to_markdown(rep)
+    assert "| holds (rests on noisy decode b=1 (CV 14%)) |" in text
+    rows[3] = {**rows[3], "throttled": True}
+    assert "throttled decode b=32" in build(phases=rows).claims[1].caveat
+    assert all(not c.caveat for c in build().claims)
+
+
+def test_the_real_engines_verdict_says_when_its_steps_were_uneven():
+    real = [
+        {"policy": "static", "total_steps": 900, "occupancy": 0.3, "wall_s": 9.0,
+         "speedup_vs_static": 1.0, "median_step_ms": 10.0, "p90_step_ms": 31.0},
+        {"policy": "continuous", "total_steps": 300, "occupancy": 0.9, "wall_s": 3.6,
+         "speedup_vs_static": 2.5, "median_step_ms": 12.0, "p90_step_ms": 13.0},
+    ]  # fmt: skip
+    claim = build(real=real).claims[-1]
+    assert claim.caveat == "rests on uneven steps: static (p90 step 3.1x the median)"
 
 
 def test_a_missing_or_failed_step_is_shown_as_such():

@@ -61,3 +61,24 @@ def test_atomic_writes_leave_no_temporary_files(tmp_path):
     results.write_json(tmp_path / "m.json", {"v": float("inf"), "n": [1.5]})
     assert sorted(p.name for p in tmp_path.iterdir()) == ["a.csv", "m.json"]
     assert '"v": null' in (tmp_path / "m.json").read_text()
+
+
+def test_csv_keeps_six_significant_digits_and_integers_whole():
+    import math
+
+    import pandas as pd
+
+    rows = [
+        {"step_ms": 16.041486000176, "flops": 13958643712, "batch": 1024.0, "noisy": True,
+         "knee": None, "rate": 561933.24, "tiny": 1.23456789e-7, "status": "ok"},
+        {"step_ms": math.nan, "flops": 1, "batch": math.nan, "noisy": False,
+         "knee": 32.0, "rate": math.inf, "tiny": 0.5, "status": "skipped"},
+    ]  # fmt: skip
+    text = results.csv_text(rows)
+    assert text.splitlines() == [
+        "step_ms,flops,batch,noisy,knee,rate,tiny,status",
+        "16.0415,13958643712,1024,True,,561933,1.23457e-07,ok",
+        ",1,,False,32,inf,0.5,skipped",
+    ]
+    back = pd.read_csv(__import__("io").StringIO(text))
+    assert back["flops"].tolist() == [13958643712, 1]  # exact: never through a float format

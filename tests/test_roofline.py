@@ -17,6 +17,7 @@ from benchbatch.roofline import (
     ceilings_from_csv,
     ceilings_from_rows,
     from_datasheet,
+    raised,
 )
 
 # 100 TFLOP/s and 2000 GB/s: ridge at 100e12 / 2000e9 = 50 FLOP/byte
@@ -82,6 +83,29 @@ def test_bound_flips_at_the_ridge():
 def test_unmeasured_row_gets_nan_not_an_error():
     out = annotate({"tflops": math.nan, "gbps": None, "arithmetic_intensity": None}, CEIL)
     assert math.isnan(out["mfu"]) and math.isnan(out["mbu"]) and out["bound"] is None
+
+
+def test_a_skipped_or_oom_row_is_under_no_roof():
+    # Its intensity is accounted (2,000 FLOP/B: far above the ridge), but nothing ran.
+    for status in ("skipped", "oom"):
+        row = {"status": status, "tflops": math.nan, "arithmetic_intensity": 2000.0}
+        out = annotate(row, CEIL)
+        assert out["bound"] is None and math.isnan(out["mfu"]) and math.isnan(out["mbu"])
+
+
+def test_a_row_over_a_roof_raises_that_roof_to_it():
+    assert raised(CEIL, {"label": "prefill 512", "tflops": 90.0, "gbps": 1900.0}) is None
+    higher = raised(CEIL, {"label": "prefill 2048", "tflops": 134.0, "gbps": 20.0})
+    assert (higher.peak_tflops, higher.peak_gbps) == (134.0, 2000.0)
+    assert higher.tflops_source == "prefill 2048 (over the probe)"
+    assert higher.gbps_source == CEIL.gbps_source
+    assert higher.ridge == pytest.approx(134e12 / 2000e9)
+    both = raised(CEIL, {"label": "x", "tflops": 101.0, "gbps": 2180.0})
+    assert (both.peak_tflops, both.peak_gbps) == (101.0, 2180.0)
+    assert annotate({"tflops": 134.0, "gbps": 20.0, "arithmetic_intensity": 1e3}, higher)[
+        "mfu"
+    ] == pytest.approx(1.0)
+    assert raised(CEIL, {"status": "oom", "tflops": 500.0}) is None
 
 
 def test_roof_is_bandwidth_slope_then_flat_peak():

@@ -4,7 +4,7 @@ import pytest
 import torch
 
 from benchbatch import backend, timing
-from benchbatch.timing import Measurement, TimingOptions, measure
+from benchbatch.timing import Measurement, TimingOptions, measure, measure_interleaved, rounds
 
 
 def test_statistics_of_known_times():
@@ -48,8 +48,88 @@ def test_count_bound_when_calls_are_slow():
     m = measure(lambda: time.sleep(0.002), torch.device("cpu"), opts)
     assert m.repeats == 3
     assert set(m.summary()) == {
-        *("step_ms", "step_ms_min", "step_ms_iqr", "cv", "repeats", "noisy"),
-        *("host_ms", "launch_bound"),
+        *("step_ms", "step_ms_min", "step_ms_iqr", "step_ms_p10", "step_ms_p90", "cv"),
+        *("repeats", "noisy", "attempts", "interleaved", "host_ms", "launch_bound"),
     }
     # On a CPU the host runs the work: its time is the device time, and nothing is queued.
     assert m.summary()["host_ms"] == m.median_ms and m.summary()["launch_bound"] is False
+
+
+def test_percentiles_interpolate_between_repeats():
+    m = Measurement([float(x) for x in range(1, 12)])  # 1 .. 11 ms
+    assert m.percentile_ms(10) == pytest.approx(2.0)
+    assert m.percentile_ms(50) == pytest.approx(m.median_ms) == 6.0
+    assert m.percentile_ms(90) == pytest.approx(10.0)
+    assert Measurement([7.0]).percentile_ms(90) == 7.0
+
+
+class ScriptedBackend:
+    """A device whose calls take the time they return (ms): timing without a clock."""
+
+    graphs = queued = False
+    flush_error = None
+    device = torch.device("cpu")
+
+    def activate(self):
+        import contextlib
+
+        return contextlib.nullcontext()
+
+    def flusher(self):
+        return None
+
+    def timer(self):
+        return ScriptedTimer()
+
+
+class ScriptedTimer:
+    def __init__(self):
+        self.ms = []
+
+    def time(self, fn):
+        self.ms.append(fn())
+
+    def read(self):
+        return list(self.ms), list(self.ms)
+
+
+def test_rounds_spread_each_calls_repeats_over_every_round():
+    assert rounds([5, 13, 5]) == [[1, 2, 1], [1, 3, 1], [1, 2, 1], [1, 3, 1], [1, 3, 1]]
+    assert [sum(col) for col in zip(*rounds([4, 9, 30]), strict=True)] == [4, 9, 30]
+    assert len(rounds([4, 9, 30])) == 4
+
+
+def test_interleaved_repeats_alternate_between_the_calls():
+    order = []
+    slow = lambda: (order.append("A"), 40.0)[1]  # noqa: E731
+    fast = lambda: (order.append("B"), 10.0)[1]  # noqa: E731
+    opts = TimingOptions(min_repeats=3, min_time_s=0.1, warmup=1, warmup_s=0.0)
+    with backend.use(ScriptedBackend()):
+        a, b = measure_interleaved([slow, fast], torch.device("cpu"), opts)
+    # Warm-up: each call once, alone; then 3 rounds (A needs 100 / 40 -> 3 repeats, B
+    # 100 / 10 -> 10), B's ten spread as 3, 3, 4.
+    assert order[:2] == ["A", "B"]
+    timed = "".join(order[2:])
+    assert timed == "ABBB" + "ABBB" + "ABBBB"
+    assert (a.repeats, b.repeats) == (3, 10)
+    assert a.median_ms == 40.0 and b.median_ms == 10.0
+    assert a.interleaved == b.interleaved == 2 and a.attempts == 1
+
+
+def test_a_noisy_group_is_measured_again_and_the_steadier_attempt_kept():
+    times = iter([5.0, 5.0] + [5.0, 50.0, 5.0] + [5.0, 5.1, 5.0])  # warm-ups, then repeats
+    calls = []
+
+    def fn():
+        calls.append(1)
+        return next(times, 5.0)
+
+    opts = TimingOptions(min_repeats=3, min_time_s=0.0, warmup=1, warmup_s=0.0, retry_noisy=1)
+    with backend.use(ScriptedBackend()):
+        [m] = measure_interleaved([fn], torch.device("cpu"), opts)
+    assert m.attempts == 2 and not m.noisy and m.times_ms == [5.0, 5.1, 5.0]
+    once = TimingOptions(min_repeats=3, min_time_s=0.0, warmup=1, warmup_s=0.0)
+    times = iter([5.0, 5.0] + [5.0, 50.0, 5.0])
+    with backend.use(ScriptedBackend()):
+        [m] = measure_interleaved([fn], torch.device("cpu"), once)
+    assert m.attempts == 1 and m.noisy

@@ -12,6 +12,8 @@ from benchbatch.options import ModelOptions, RunOptions, WorkloadOptions, record
 from benchbatch.run import Recorder
 
 CPU_RECOMMENDATION = "benchbatch ablation --engine real --preset cpu-small"
+# The ablation times steps for their cost, not against the device's ceilings.
+ROOFLINE_FIELDS = ("roofline", "ceilings", "reprobe")
 
 COLUMNS = {
     "label": "scheme",
@@ -35,7 +37,7 @@ SLO_COLUMNS = {
     AblationOptions,
     use(WorkloadOptions, skip=("prompts",), defaults=ABLATION_WORKLOAD),
     ModelOptions,
-    RunOptions,
+    use(RunOptions, skip=ROOFLINE_FIELDS),
 )
 def ablation(
     opts: AblationOptions, workload: WorkloadOptions, model: ModelOptions, run: RunOptions

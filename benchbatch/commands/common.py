@@ -116,17 +116,28 @@ def load_ceilings(run: RunOptions, target):
 
 
 def use_ceilings(rec: Recorder, run: RunOptions):
-    """The run's one set of ceilings: given with --ceilings, or measured now into probe.csv
-    (unless --no-roofline). Every row recorded afterwards is placed against them."""
+    """The run's one set of ceilings: given with --ceilings, else the latest probe of this
+    device and dtype when recent (ceilings_cache.py; written to probe.csv and said), else
+    measured now into probe.csv and kept as the latest (unless --no-roofline). Every row
+    recorded afterwards is placed against them."""
     ceilings = rec.given_ceilings
     if ceilings is None and run.roofline:
-        from benchbatch.probes import ceilings as probes
         from benchbatch.roofline import ceilings_from_rows
 
-        plan = probes.default_plan(rec.target.device)
-        rows = rec.record("probe", probes.run(plan, rec.target.device, rec.target.dtype_name,
-                                              run.timing()), total=len(plan),
-                          label="measuring the device's ceilings")  # fmt: skip
+        cached = None if run.reprobe else _cached_probe(rec)
+        if cached is not None:
+            rows = cached.rows
+            rec.put("probe", rows)
+            rec.meta["ceilings_from"] = {"cache": str(cached.path), "run": cached.run,
+                                         "measured_utc": cached.measured_utc,
+                                         "age_s": round(cached.age_s)}  # fmt: skip
+            if not rec.quiet:
+                render.note(
+                    f"ceilings: the latest probe of this device in {rec.target.dtype_name}, "
+                    f"{cached.describe()} (--reprobe measures them again)"
+                )
+        else:
+            rows = measure_probe(rec, run)
         ceilings = ceilings_from_rows(rows)
         interconnect_ceiling(rec, run)
     if ceilings is not None:
@@ -159,6 +170,109 @@ def allreduce_plot(rec: Recorder, rows: list[dict], what: str) -> None:
     allreduce_figure(probe, rows, rec.folder / "allreduce.png", title(rec, what))
 
 
+def measure_probe(rec: Recorder, run: RunOptions, plan=None, timing=None) -> list[dict]:
+    """probe.csv, measured now (the default plan of this device unless one is given), and
+    kept as the latest probe of this device and dtype."""
+    from benchbatch.probes import ceilings as probes
+
+    t = rec.target
+    plan = plan or probes.default_plan(t.device)
+    timing = timing or run.timing()
+    rows = rec.record("probe", probes.run(plan, t.device, t.dtype_name, timing),
+                      total=len(plan), label="measuring the device's ceilings")  # fmt: skip
+    if any(r["status"] == "ok" for r in rows) and distributed.is_writer():  # one rank writes
+        from benchbatch import ceilings_cache
+
+        ceilings_cache.save(cache_key(t), rows, rec.folder)
+    return rows
+
+
+def cache_key(target) -> str:
+    from benchbatch import ceilings_cache, device, machine
+
+    name = device.device_name(target.device)
+    return ceilings_cache.key(name, target.dtype_name, machine.version("torch"))
+
+
+def _cached_probe(rec: Recorder):
+    from benchbatch import ceilings_cache
+    from benchbatch.roofline import ceilings_from_rows
+
+    cached = ceilings_cache.load(cache_key(rec.target))
+    try:
+        return cached if cached is not None and ceilings_from_rows(cached.rows) else None
+    except ValueError:  # rows without a measured roof: measure again
+        return None
+
+
+LONG_RUN_S = 180  # an estimate over three minutes comes with a shorter run to try
+SAID_FROM_S = 10  # shorter runs finish before an estimate would help anyone
+LIST_FLAGS = {"prefill": "--prefill", "decode_batch": "--decode-batch", "batch": "--batch",
+              "context": "--context"}  # fmt: skip
+
+
+def estimate_run(rec: Recorder, net, run: RunOptions, lists: dict, keep: dict, plan_of) -> None:
+    """Time two small steps, price every planned step from them and say how long the run
+    will take (stderr, and metadata `estimate`); over LONG_RUN_S, which of the command's
+    lists to shorten (and on a CPU, a smaller model) to finish sooner. plan_of(lists)
+    gives the steps a run of those lists times."""
+    from benchbatch.probes import estimate
+
+    dtype = rec.target.dtype_name
+    context = min(lists.get("context", (512,)))
+    rates = estimate.measure_rates(net, dtype, context)
+    timing = run.timing()
+
+    def seconds(ls: dict) -> float:
+        return estimate.run_s(plan_of(ls), lambda s: rates.step_s(net.cfg, dtype, s), timing)
+
+    total = seconds(lists)
+    cut = estimate.shorter(lists, keep, seconds, LONG_RUN_S) if total > LONG_RUN_S else None
+    rec.meta["estimate"] = {
+        "estimated_s": total,
+        "steps": len(plan_of(lists)),
+        "decode_step_ms": rates.decode_ms,
+        "decode_context": rates.context,
+        "prefill_ms": rates.prefill_ms,
+        "prefill_tokens": rates.prefill_tokens,
+        "shorter": None if cut is None else {"lists": cut.lists, "estimated_s": cut.seconds},
+    }
+    if rec.quiet or total < SAID_FROM_S:  # a short run: in metadata.json only
+        return
+    render.err_console.print(
+        f"estimated duration: about {render.duration(total)} for {len(plan_of(lists))} steps "
+        f"(a decode step of one sequence at context {rates.context:,} took "
+        f"{rates.decode_ms:.3g} ms here, a {rates.prefill_tokens}-token prefill "
+        f"{rates.prefill_ms:.3g} ms)",
+        highlight=False,
+    )
+    if total > LONG_RUN_S:
+        render.note(f"that is long; {_shorter_hint(rec, cut, lists)}")
+
+
+def _shorter_hint(rec: Recorder, cut, lists: dict) -> str:
+    parts = []
+    if cut is not None:
+        flags = " ".join(
+            f"{LIST_FLAGS[k]} {','.join(map(str, v))}" for k, v in cut.lists.items()
+            if v != lists[k]
+        )  # fmt: skip
+        parts.append(f"{flags} (about {render.duration(cut.seconds)})")
+    if rec.target.device.type == "cpu" and _larger_than_cpu_small(rec):
+        parts.append("--preset cpu-small (the CPU's default model)")
+    if not parts:
+        return "fewer --repeats or a shorter --min-time make it shorter"
+    return "for a shorter run, the same command with " + ", or ".join(parts)
+
+
+def _larger_than_cpu_small(rec: Recorder) -> bool:
+    from benchbatch import accounting, config
+
+    dtype = rec.target.dtype_name
+    small = accounting.weight_bytes(config.preset("cpu-small"), dtype)
+    return accounting.weight_bytes(rec.cfg, dtype) > small
+
+
 def roofline_plot(rec: Recorder, rows: list[dict], source: str, title: str) -> None:
     """roofline.png: the rows against the measured roof (and the datasheet's, if known)."""
     from benchbatch import device, peaks
@@ -172,8 +286,9 @@ def roofline_plot(rec: Recorder, rows: list[dict], source: str, title: str) -> N
     roofline_figure(tagged, rec.ceilings, rec.folder / "roofline.png", sheet, title)
 
 
-def title(rec: Recorder, what: str = "") -> str:
-    """The figures' title: the model, the dtype and the device."""
+def title(rec: Recorder, what: str = "", rows: list[dict] | None = None, noise: str = "") -> str:
+    """The figures' title: the model, the dtype and the device, and how sure the timed rows
+    are (how many were noisy), from the rows or as given."""
     from benchbatch.device import device_name
 
     cfg, t = rec.cfg, rec.target
@@ -182,7 +297,23 @@ def title(rec: Recorder, what: str = "") -> str:
         f"{cfg.name}: hidden {cfg.hidden}, {cfg.layers} layers, {t.dtype_name}, "
         f"{device_name(t.device)}{ranks}"
     )
-    return f"{head}: {what}" if what else head
+    if rows is not None:
+        from benchbatch.plots.spread import noise_note
+
+        noise = noise_note(rows)
+    tail = f"\n{what}" + (f"; {noise}" if noise else "") if what or noise else ""
+    return head + tail
+
+
+def engine_noise(rows: list[dict]) -> str:
+    """For the real engine's title: which policies' steps spread (noise.py's rule)."""
+    from benchbatch.noise import NOISY_P90_OVER_MEDIAN
+    from benchbatch.probes import occupancy as probe
+
+    uneven = probe.noisy(rows)
+    if uneven:
+        return f"noisy: {', '.join(uneven)} (p90 step over {NOISY_P90_OVER_MEDIAN:g}x the median)"
+    return "steady steps (p90 within 2x the median)"
 
 
 def report_json(rec: Recorder, **parts) -> None:

@@ -43,15 +43,26 @@ def compare(opts: CompareOptions, run: RunOptions) -> None:
         for table, df in tables.items():
             results.write_csv(folder / f"compare-{table}.csv", df)
             files.append(f"compare-{table}.csv")
-        files += _figures(tables, names, folder, loaded[0].kind)
+        files += _figures(tables, loaded, folder, loaded[0].kind)
     _report(rec, loaded, tables, names, files, run.json_out)
 
 
-def _figures(tables: dict, names: list[str], folder: Path, kind: str) -> list:
+def _run_title(run) -> str:
+    """A run as a figure's title names it: its device, dtype and whether it was noisy."""
+    d = run.describe()
+    noisy = any(
+        "noisy" in df.columns and df["noisy"].astype(str).str.lower().eq("true").any()
+        for df in run.tables.values()
+    )
+    return f"{run.label} ({d['device']}, {d['dtype']}{', noisy' if noisy else ''})"
+
+
+def _figures(tables: dict, loaded: list, folder: Path, kind: str) -> list:
     from benchbatch import compare as merging
     from benchbatch.plots import compare as plots
 
-    title = f"{kind} runs: {', '.join(names)}"
+    names = [r.label for r in loaded]
+    title = f"{kind} runs: " + "; ".join(_run_title(r) for r in loaded)
     drawn = []
     if "phases" in tables:
         plots.compare_phases_figure(tables["phases"], names, folder / "compare-phases.png", title)

@@ -263,7 +263,7 @@ def _run_real(rec, model: ModelOptions, run: RunOptions, requests, slots: int, s
     engine_runs(rec, net, requests, slots, sims, run.seed, stop, layout)
     rows = rec.rows("engine")
     rec.meta["engine_summary"] = probe.engine_summary(rows, sims)
-    title = c.title(rec, f"{slots} slots: real engine")
+    title = c.title(rec, f"{slots} slots: real engine", noise=c.engine_noise(rows))
     engine_figure(rec.rows("engine_steps"), rows, rec.folder / "engine.png", title)
     return net
 

@@ -10,16 +10,16 @@ from benchbatch.commands.params import command
 from benchbatch.experiments import PhasesOptions
 from benchbatch.options import ModelOptions, RunOptions
 
-# Short headers so the table fits 80 columns; the CSV holds every column.
+# Short headers so the table fits 80 columns (MBU stands for GB/s); the CSV has every column.
 COLUMNS = {
     "label": "step",
     "step_ms": "ms",
+    "spread_ms": "p10-p90",
     "us_per_token": "us/tok",
     "tflops": "TFLOP/s",
-    "gbps": "GB/s",
     "arithmetic_intensity": "FLOP/B",
-    "mfu_pct": "MFU%",
-    "mbu_pct": "MBU%",
+    "mfu_pct": "MFU %",
+    "mbu_pct": "MBU %",
     "bound": "bound",
 }
 
@@ -38,32 +38,46 @@ def phases(opts: PhasesOptions, model: ModelOptions, run: RunOptions) -> None:
     with rec:
         c.use_ceilings(rec, run)
         net, _ = model.build(rec.target, run.seed)
+        _estimate(rec, net, opts, run)
         rows = measure(rec, net, opts, run)
         rec.meta["summary"] = probe.summary(rows)
         rec.meta["untrusted"] = rec.untrusted("phases", lambda r: r["label"])
         if rec.ceilings:
-            c.roofline_plot(rec, rows, "phases", c.title(rec, "roofline"))
+            c.roofline_plot(rec, rows, "phases", c.title(rec, "roofline", rows))
     _report(rec, run.json_out)
 
 
-def measure(rec, net, opts: PhasesOptions, run: RunOptions) -> list[dict]:
-    """phases.csv as each step is measured, and phases.png (phases and reproduce)."""
+def _estimate(rec, net, opts: PhasesOptions, run: RunOptions) -> None:
+    """The run's duration first, and a shorter one when it is long: one prefill and two
+    decode batches (the claims' minimum) are kept."""
+    from dataclasses import replace
+
+    from benchbatch.probes import phases as probe
+
+    lists = {"prefill": opts.prefill, "decode_batch": opts.decode_batch, "context": opts.context}
+    keep = {"decode_batch": min(2, len(opts.decode_batch))}
+    c.estimate_run(rec, net, run, lists, keep, lambda ls: probe.plan(replace(opts, **ls)))
+
+
+def measure(rec, net, opts: PhasesOptions, run: RunOptions, timing=None) -> list[dict]:
+    """phases.csv as each step is measured, and phases.png (phases and reproduce, whose
+    `timing` measures a noisy group again)."""
     from benchbatch.plots.phases import phases_figure
     from benchbatch.probes import phases as probe
 
-    steps = probe.rows(net, rec.target.dtype_name, opts, run.timing(), run.cuda_graphs)
+    timing = timing or run.timing()
+    steps = probe.rows(net, rec.target.dtype_name, opts, timing, run.cuda_graphs)
     rows = rec.record("phases", steps, total=len(probe.plan(opts)))
-    phases_figure(rows, rec.folder / "phases.png", c.title(rec, "prefill vs decode"))
+    phases_figure(rows, rec.folder / "phases.png", c.title(rec, "prefill vs decode", rows))
     c.allreduce_plot(rec, rows, "each step's all-reduces")
     return rows
 
 
 def _shown(rows: list[dict]) -> list[dict]:
-    """Rows as the terminal shows them: rates in GFLOP/s too, MFU and MBU in percent."""
+    """Rows as the terminal shows them: MFU and MBU in percent (the CSV keeps fractions)."""
     return [
         {
             **r,
-            "gflops": 1e3 * r["tflops"],
             "mfu_pct": 100 * r.get("mfu", nan),
             "mbu_pct": 100 * r.get("mbu", nan),
             "allreduce_pct": 100 * r.get("allreduce_share", nan),
@@ -73,30 +87,24 @@ def _shown(rows: list[dict]) -> list[dict]:
 
 
 def _columns(rows: list[dict]) -> dict:
-    """TFLOP/s as in the article, or GFLOP/s where every rate is below one (a CPU); under
-    tensor parallelism the all-reduces' share of the step too."""
-    columns = dict(COLUMNS)
+    """Under tensor parallelism the all-reduces' share of the step too."""
     if any(r.get("tp", 1) > 1 for r in rows):
-        columns["allreduce_pct"] = "AR%"
-    if max((r["tflops"] for r in rows if r["status"] == "ok"), default=0) >= 1:
-        return columns
-    return {
-        ("gflops" if k == "tflops" else k): ("GFLOP/s" if k == "tflops" else v)
-        for k, v in columns.items()
-    }
+        return {**COLUMNS, "allreduce_pct": "AR%"}
+    return COLUMNS
 
 
 def _report(rec, json_out: bool) -> None:
     rows, s = rec.rows("phases"), rec.meta.get("summary", {})
     if json_out:
         return c.report_json(rec, summary=s, rows=rows)
-    render.table(_shown(rows), _columns(rows), "prefill vs decode")
+    shown, columns = render.with_flop_unit(_shown(rows), _columns(rows))
+    render.table(shown, columns, "prefill vs decode (ms: median of the repeats)")
     failed = [f"{r['label']}: {r['status']}" for r in rows if r["status"] != "ok"]
     if failed:
         render.labelled("not measured:", ", ".join(failed))
     if "prefill_over_decode_tflops" in s:
         render.out_console.print(
-            f"{s['prefill_label']} ran at {s['prefill_over_decode_tflops']:.1f}x the TFLOP/s "
+            f"{s['prefill_label']} ran at {s['prefill_over_decode_tflops']:.1f}x the FLOP/s "
             f"of {s['decode_label']}."
         )
     if "decode_token_cost_ratio" in s:

@@ -24,7 +24,7 @@ CHUNK_COLUMNS = {
     "chunks": "chunks",
     "total_ms": "total ms",
     "over_one_prefill": "x one prefill",
-    "extra_pct": "extra %",
+    "extra_pct": "extra %",  # chunks.csv keeps the fraction (extra)
 }
 TILE_COLUMNS = {
     "chunk_tokens": "tokens",
@@ -50,6 +50,7 @@ def piggyback(opts: PiggybackOptions, model: ModelOptions, run: RunOptions) -> N
 
     rec = c.open_model_run("piggyback", model, run, opts, check=opts.check)
     with rec:
+        c.use_ceilings(rec, run)
         net, cfg = model.build(rec.target, run.seed)
         steps = probe.rows(net, opts, run.timing(), run.cuda_graphs)
         raw = rec.record("steps", steps, total=len(probe.plan(opts)), label="piggyback")
@@ -60,7 +61,9 @@ def piggyback(opts: PiggybackOptions, model: ModelOptions, run: RunOptions) -> N
         rec.meta["summary"] = probe.summaries(rows, opts.threshold)
         rec.meta["untrusted"] = _untrusted(rows, chunks)
         piggyback_figure(rows, chunks, rec.meta["summary"], rec.folder / "piggyback.png",
-                         c.title(rec))  # fmt: skip
+                         c.title(rec, "prefill riding on decode", raw))  # fmt: skip
+        if rec.ceilings and any(r["status"] == "ok" for r in raw):
+            c.roofline_plot(rec, raw, "piggyback", c.title(rec, "roofline", raw))
     _report(rec, run.json_out)
 
 
@@ -91,6 +94,7 @@ def _report(rec, json_out: bool) -> None:
     chunked = [r for r in chunk_rows if r["kind"] == "chunked"]
     tiles = [r for r in chunk_rows if r["kind"] == "tile"]
     if chunked:
+        chunked = [{**r, "extra_pct": 100 * r["extra"]} for r in chunked]
         render.table(
             chunked,
             CHUNK_COLUMNS,

@@ -90,13 +90,10 @@ def _allreduce_figure(rec, links: list[dict], target) -> None:
     allreduce_figure(links, [], rec.folder / "allreduce.png", f"all-reduce between {where}")
 
 
-def measure(rec, plan, run: RunOptions) -> list[dict]:
-    """probe.csv: each probe as it is measured (probe and reproduce)."""
-    from benchbatch.probes import ceilings as probes
-
-    t = rec.target
-    rows = probes.run(plan, t.device, t.dtype_name, run.timing())
-    return rec.record("probe", rows, total=len(plan), label="probe")
+def measure(rec, plan, run: RunOptions, timing=None) -> list[dict]:
+    """probe.csv: each probe as it is measured (probe and reproduce), kept as the latest
+    probe of this device and dtype for the commands that follow."""
+    return c.measure_probe(rec, run, plan, timing)
 
 
 def summary(ceilings, peak) -> dict:
@@ -115,8 +112,8 @@ def _report(rows: list[dict], run, json_out: bool) -> None:
     s = run.meta["summary"]
     if json_out:
         return c.report_json(run, summary=s, rows=rows)
-    render.table([r for r in rows if r["kind"] != "allreduce"], COLUMNS,
-                 "probes (median of repeats)")  # fmt: skip
+    shown, columns = render.with_flop_unit([r for r in rows if r["kind"] != "allreduce"], COLUMNS)
+    render.table(shown, columns, "probes (median of repeats)")
     links = [r for r in rows if r["kind"] == "allreduce"]
     if links:
         render.table(links, LINK_COLUMNS, "all-reduce between the ranks (bus bandwidth as "
@@ -128,18 +125,22 @@ def _report(rows: list[dict], run, json_out: bool) -> None:
 
 
 def ceilings_table(s: dict) -> Table:
+    from benchbatch.units import flop_unit
+
     m, d = s["measured"], s["datasheet"]
+    unit = flop_unit([m["peak_tflops"]])
     table = Table(title=f"ceilings, {m['dtype']}: measured vs datasheet", title_justify="left")
     for header in ("ceiling", "measured", "from", f"datasheet ({s['datasheet_name']})", "ratio"):
         table.add_column(header, justify="left" if header in ("ceiling", "from") else "right")
-    for name, key, source in (
-        ("matmul TFLOP/s", "peak_tflops", m["tflops_source"]),
-        ("memory GB/s", "peak_gbps", m["gbps_source"]),
-        ("ridge FLOP/B", "ridge", ""),
+    for name, key, source, scale in (
+        (f"matmul {unit.name}", "peak_tflops", m["tflops_source"], unit.per_tflops),
+        ("memory GB/s", "peak_gbps", m["gbps_source"], 1),
+        ("ridge FLOP/B", "ridge", "", 1),
     ):
         sheet = d[key] if d else None
         ratio = f"{m[key] / sheet:.0%}" if sheet else "-"
-        table.add_row(name, fmt(m[key]), source, fmt(sheet) if d else "unknown", ratio)
+        shown = fmt(sheet * scale) if sheet else "unknown"
+        table.add_row(name, fmt(m[key] * scale), source, shown, ratio)
     return table
 
 

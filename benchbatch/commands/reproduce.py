@@ -31,6 +31,7 @@ from benchbatch.experiments import (
 )
 from benchbatch.options import ModelOptions, RunOptions, WorkloadOptions
 from benchbatch.render import fmt
+from benchbatch.units import flop_unit
 
 KNEE_THRESHOLD = 0.25  # sweep's default: a step 25% slower than the smallest batch's
 # The real engine's workload on a CPU: the article's 32 slots, 128 requests, outputs up to
@@ -179,21 +180,29 @@ def _run_parts(rec, job: Job, model: ModelOptions, run: RunOptions) -> Built:
     from benchbatch.probes import sweep as sweep_probe
 
     built, target = Built(), rec.target
+    # A noisy step (or group of steps timed together) is measured once more before its
+    # numbers are kept: the verdicts rest on them.
+    timing = dataclasses.replace(run.timing(), retry_noisy=1)
     # The sweep's memory ceiling subtracts the weights itself: read free memory first.
     free_bytes = devices.free_memory_bytes(target.device)
     with _part(rec, "probe"):
-        rows = probe.measure(rec, probes.plan_for(target, job.probe), run)
+        rows = probe.measure(rec, probes.plan_for(target, job.probe), run, timing)
         rec.ceilings = built.ceilings = probes.ceilings(rows, "probe_sizes")
+        rec.meta["ceilings"] = built.ceilings.to_dict()
         rec.meta["probe"] = probe.summary(built.ceilings, _peak(target))
     net, cfg = model.build(target, run.seed)
     with _part(rec, "phases"):
-        rec.meta["phases"] = phases_probe.summary(phases.measure(rec, net, job.phases, run))
+        phases_rows = phases.measure(rec, net, job.phases, run, timing)
+        rec.meta["phases"] = phases_probe.summary(phases_rows)
     with _part(rec, "sweep"):
         ceiling = sweep_probe.ceilings(cfg, target.dtype_name, job.sweep.context, free_bytes)
         # The roofline knee on this device's measured ridge, not a datasheet's.
         _, rec.meta["sweep"] = sweep.measure(rec, net, job.sweep, ceiling, built.ceilings.ridge,
-                                             run)  # fmt: skip
+                                             run, timing)  # fmt: skip
         rec.meta["ridge_source"] = "measured (probe)"
+    # The ceilings every row was placed against: the probe's, raised where a step beat it.
+    built.ceilings = rec.ceilings
+    rec.meta["probe"] = probe.summary(rec.ceilings, _peak(target))
     _roofline(rec)
     with _part(rec, "occupancy"):
         requests = job.workload.draw(run.seed)
@@ -242,7 +251,7 @@ def _roofline(rec) -> None:
     points += [{**r, "source": "phases"} for r in rec.rows("phases")]
     points += [{**r, "label": f"b={r['batch']}", "source": "sweep"} for r in rec.rows("sweep")]
     roofline_figure(points, rec.ceilings, rec.folder / "roofline.png", _peak(rec.target),
-                    c.title(rec, "roofline"))  # fmt: skip
+                    c.title(rec, "roofline", points))  # fmt: skip
 
 
 def _memory(rec, requests, workload: WorkloadOptions, free_bytes: int) -> None:
@@ -291,8 +300,8 @@ def _real(rec, net, workload: WorkloadOptions, seed: int) -> None:
     rows = rec.rows("engine")
     described = describe_workload(requests, workload.slots)
     rec.meta["engine"] = {"workload": described, **probe.engine_summary(rows, sims)}
-    engine_figure(rec.rows("engine_steps"), rows, rec.folder / "engine.png",
-                  c.title(rec, f"real engine, {described}"))  # fmt: skip
+    title = c.title(rec, f"real engine, {described}", noise=c.engine_noise(rows))
+    engine_figure(rec.rows("engine_steps"), rows, rec.folder / "engine.png", title)
 
 
 # --- report ----------------------------------------------------------------------------------
@@ -332,6 +341,7 @@ def _write_report(run, job: Job):
         files=files,
         memory_ceiling=run.meta.get("memory_ceiling"),
         memory_rows=run.rows("memory") or None,
+        ceilings_raised=run.meta.get("ceilings_raised"),
     )
     run.meta["claims"] = [vars(cl) for cl in built.claims]
     results.atomic_write_text(folder / "report.md", report.to_markdown(built))
@@ -411,8 +421,9 @@ def _terminal(run, built: Built, json_out: bool) -> None:
             for note in section.notes:
                 render.note(note)
     m = built.ceilings
+    unit = flop_unit([m.peak_tflops])
     out.print(
-        f"measured ceilings ({m.dtype}): matmul {fmt(m.peak_tflops)} TFLOP/s "
+        f"measured ceilings ({m.dtype}): matmul {fmt(unit(m.peak_tflops))} {unit.name} "
         f"({m.tflops_source}), memory {fmt(m.peak_gbps)} GB/s ({m.gbps_source}), ridge "
         f"{fmt(m.ridge)} FLOP/byte",
         highlight=False,
@@ -421,7 +432,10 @@ def _terminal(run, built: Built, json_out: bool) -> None:
     for cl in built.report.claims:
         style = VERDICT_STYLE.get(cl.verdict, "")
         text = f"{cl.claim}\n  article: {cl.article}\n  here: {cl.measured}"
-        verdicts.add_row(cl.key, Text(cl.verdict, style=style), text)
+        line = Text(text)
+        if cl.caveat:
+            line.append(f"\n  less sure: {cl.caveat}", style="yellow")
+        verdicts.add_row(cl.key, Text(cl.verdict, style=style), line)
     for column in verdicts.columns:
         column.justify = "left"
     out.print(verdicts)
@@ -458,22 +472,24 @@ def _table(title: str, headers: list[str]) -> Table:
 
 
 def _table_b(rows: list[dict]) -> Table:
+    unit = flop_unit(r.get("tflops") for r in rows if r.get("status") == "ok")
     table = _table(
         "B. prefill vs decode (article row, then this run)",
-        ["step", "step ms", "us/token", "TFLOP/s", "MFU", "bound"],
+        ["step", "step ms", "us/token (cost)", unit.name, "MFU", "bound"],
     )
     for e in report.table_b(rows):
         a, m = e["article"], e["measured"]
         table.add_row(
-            f"{a.label} (article)", fmt(a.step_ms), fmt(a.us_per_token), fmt(a.tflops), "", "",
-            style="dim",
+            f"{a.label} (article)", fmt(a.step_ms), fmt(a.us_per_token), fmt(unit(a.tflops)),
+            "", "", style="dim",
         )  # fmt: skip
         if m is None:
             table.add_row("  not measured", "", "", "", "", "")
             continue
         table.add_row(
             f"  {m['label']}",
-            *(_cell(m, k) for k in ("step_ms", "us_per_token", "tflops")),
+            *(_cell(m, k) for k in ("step_ms", "us_per_token")),
+            _cell({**m, "rate": unit(m.get("tflops"))}, "rate"),
             _percent(m.get("mfu")),
             str(m.get("bound") or m.get("status")),
         )

@@ -12,16 +12,17 @@ from benchbatch.render import fmt
 # The length distribution the memory ceiling is read for (occupancy's workload options).
 LENGTH_FIELDS = ("requests", "median", "sigma", "max_output", "prompt_len", "trace")
 
-# Short headers: nine columns fit an 80-column terminal (the CSV has every column).
+# Short headers: nine columns fit an 80-column terminal (the CSV has every column, the KV
+# cache's bytes too).
 COLUMNS = {
     "context": "ctx",
     "batch": "batch",
     "step_ms": "step ms",
+    "spread_ms": "p10-p90",
     "tokens_per_s": "tok/s",
     "tflops": "TFLOP/s",
     "gbps": "GB/s",
     "arithmetic_intensity": "FLOP/B",
-    "kv_cache_mib": "KV MiB",
     "status": "status",
 }
 
@@ -67,30 +68,53 @@ def sweep(
             ridge_source=ridge_source,
         )
         net, _ = model.build(rec.target, run.seed)
+        _estimate(rec, net, opts, ceiling, run)
         rows, summary = measure(rec, net, opts, ceiling, ridge, run)
+        if roof is not None:
+            rec.meta["ridge_flop_per_byte"], _ = _ridge(rec.target, rec.ceilings)
         rec.meta["knees"] = {str(s["context"]): _knees(s) for s in summary}
         rec.meta["summary"] = summary
         rec.meta["untrusted"] = rec.untrusted("sweep", _row_name)
         if roof and any(r["status"] == "ok" for r in rows):
-            c.roofline_plot(rec, rows, "sweep", c.title(rec, "roofline"))
+            c.roofline_plot(rec, rows, "sweep", c.title(rec, "roofline", rows))
     _report(rec, run.json_out)
 
 
-def measure(rec, net, opts: SweepOptions, ceiling: dict, ridge, run: RunOptions):
+def _estimate(rec, net, opts: SweepOptions, ceiling: dict, run: RunOptions) -> None:
+    """The run's duration first (batches over the memory ceiling are skipped: free), and a
+    shorter one when it is long: two batches (the claim compares them) are kept."""
+    from benchbatch.probes import sweep as probe
+
+    batches = opts.batches(rec.target)
+    lists = {"batch": batches, "context": opts.context}
+    keep = {"batch": min(2, len(batches))}
+
+    def plan_of(ls: dict) -> list:
+        steps = probe.plan(ls["context"], ls["batch"])
+        return [s for s in steps if opts.try_oom or s.batch <= ceiling[s.context]]
+
+    c.estimate_run(rec, net, run, lists, keep, plan_of)
+
+
+def measure(rec, net, opts: SweepOptions, ceiling: dict, ridge, run: RunOptions, timing=None):
     """sweep.csv as each step is measured, its summary per context and sweep.png (sweep and
-    reproduce). Batches over the memory ceiling are skipped unless --try-oom."""
+    reproduce, whose `timing` measures a noisy group again). Batches over the memory
+    ceiling are skipped unless --try-oom."""
     from benchbatch.plots.sweep import sweep_figure
     from benchbatch.probes import sweep as probe
 
     dtype = rec.target.dtype_name
     plan = probe.plan(opts.context, opts.batches(rec.target))
-    steps = probe.rows(net, dtype, plan, run.timing(), ceiling, opts.try_oom,
+    steps = probe.rows(net, dtype, plan, timing or run.timing(), ceiling, opts.try_oom,
                        run.cuda_graphs, opts.kv_layout, opts.block_size)  # fmt: skip
     rows = rec.record("sweep", steps, total=len(plan))
+    if rec.ceilings is not None:  # as the rows were placed: raised if a row beat the probe
+        ridge = rec.ceilings.ridge
     summary = probe.summarize(rows, net.cfg, dtype, ceiling, ridge, opts.knee_threshold,
                               rec.target.tp)  # fmt: skip
     if any(r["status"] == "ok" for r in rows):  # nothing to draw when all were skipped
-        sweep_figure(rows, summary, rec.folder / "sweep.png", c.title(rec, "decode batch sweep"))
+        title = c.title(rec, "decode batch sweep", rows)
+        sweep_figure(rows, summary, rec.folder / "sweep.png", title)
         c.allreduce_plot(rec, rows, "each decode step's all-reduces")
     return rows, summary
 
@@ -172,14 +196,17 @@ def _report(rec, json_out: bool) -> None:
         return c.report_json(
             rec, summary=summary, rows=rows, memory_ceiling=rec.meta.get("memory_ceiling")
         )
+    tp = any(r.get("tp", 1) > 1 for r in rows)  # KV MiB and all-reduce share: one rank's
     shown = [
         {**r, "kv_cache_mib": r["kv_cache_bytes"] / 2**20,
          "allreduce_pct": 100 * r.get("allreduce_share", float("nan"))}
         for r in rows
     ]  # fmt: skip
-    tp = any(r.get("tp", 1) > 1 for r in rows)  # KV MiB and all-reduce share: one rank's
-    columns = {**COLUMNS, "allreduce_pct": "AR%"} if tp else COLUMNS
-    render.table(shown, columns, "decode step vs batch size" + (" (per rank)" if tp else ""))
+    shown, columns = render.with_flop_unit(
+        shown, {**COLUMNS, "allreduce_pct": "AR%"} if tp else COLUMNS
+    )
+    title = "decode step vs batch size (step ms: median of the repeats, each user's wait)"
+    render.table(shown, columns, title + (" (per rank)" if tp else ""))
     for s in summary:
         for line in _summary_lines(s):
             render.out_console.print(line)

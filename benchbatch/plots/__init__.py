@@ -38,10 +38,10 @@ def save(fig, path: Path) -> None:
         plt.close(fig)
 
 
-def tight(fig) -> None:
+def tight(fig, **kwargs) -> None:
     """fig.tight_layout(), which draws the texts: they are made literal first."""
     literal_text(fig)
-    fig.tight_layout()
+    fig.tight_layout(**kwargs)
 
 
 def literal_text(fig) -> None:

@@ -9,6 +9,8 @@ import pandas as pd
 from matplotlib.ticker import FixedLocator, NullLocator, ScalarFormatter
 
 from benchbatch.plots import plt, save, tight
+from benchbatch.plots.spread import rate_bounds, time_bounds, time_scaled_bounds, yerr
+from benchbatch.units import flop_unit
 
 CONTEXT_STYLES = ("-", "--", ":", "-.")
 
@@ -22,35 +24,73 @@ def _ok(df: pd.DataFrame) -> pd.DataFrame:
     return df[df["status"] == "ok"] if "status" in df.columns else df
 
 
-def _grouped_bars(ax, df: pd.DataFrame, key: str, value: str, runs: list[str], log: bool) -> None:
-    """One group of bars per `key` (in first-seen order), one bar per run."""
+def _grouped_bars(
+    ax, df: pd.DataFrame, key: str, value: str, runs: list[str], log: bool, bounds=None
+) -> None:
+    """One group of bars per `key` (in first-seen order), one bar per run. A run without a
+    measured value there says why at the bar's place: its row's status (oom, skipped), or
+    "not run" when it has no such row; counts are labelled as integers."""
     keys = list(dict.fromkeys(df[key]))
     colors, width = _colors(runs), 0.8 / max(len(runs), 1)
     x = np.arange(len(keys))
+    ok = _ok(df)
     for i, run in enumerate(runs):
-        mine = df[df["run"] == run].drop_duplicates(key).set_index(key)[value]
+        mine = ok[ok["run"] == run].drop_duplicates(key).set_index(key)[value]
         heights = [mine.get(k, np.nan) for k in keys]
-        bars = ax.bar(x + (i - (len(runs) - 1) / 2) * width, heights, width, label=run)
+        where = x + (i - (len(runs) - 1) / 2) * width
+        bars = ax.bar(where, heights, width, label=run)
         for bar in bars:
             bar.set_color(colors[run])
-        labels = ["" if np.isnan(h) else f"{h:.3g}" for h in heights]
-        ax.bar_label(bars, labels=labels, fontsize=7)
+        ax.bar_label(bars, labels=[_value_label(h) for h in heights], fontsize=7)
+        if bounds is not None:
+            rows = ok[ok["run"] == run].drop_duplicates(key).set_index(key)
+            spans = [bounds(rows.loc[k].to_dict(), h) if k in rows.index else None
+                     for k, h in zip(keys, heights, strict=True)]  # fmt: skip
+            if any(spans):
+                ax.errorbar(where, heights, yerr=yerr(heights, spans), fmt="none",
+                            ecolor="black", capsize=2, elinewidth=0.8)  # fmt: skip
+        statuses = df[df["run"] == run].drop_duplicates(key).set_index(key)
+        for k, at, h in zip(keys, where, heights, strict=True):
+            if np.isnan(h):
+                ax.text(at, 0.02, _why(statuses, k), rotation=90,
+                        ha="center", va="bottom", fontsize=7,
+                        transform=ax.get_xaxis_transform())  # fmt: skip
     ax.set_xticks(x, keys, rotation=20)
     if log:
         ax.set_yscale("log")
     ax.grid(True, axis="y", alpha=0.3)
 
 
+def _rate_span(row: dict, value: float):
+    return None if np.isnan(value) else rate_bounds(row, value)
+
+
+def _why(rows: pd.DataFrame, key) -> str:
+    """Why a run has no bar here: its row's status, or not run (no such row)."""
+    if key not in rows.index:
+        return "not run"
+    status = str(rows["status"].get(key)) if "status" in rows.columns else "ok"
+    return "not measured" if status == "ok" else status
+
+
+def _value_label(h: float) -> str:
+    if np.isnan(h):
+        return ""
+    return f"{int(h):,}" if float(h).is_integer() else f"{h:.3g}"
+
+
 def compare_phases_figure(df: pd.DataFrame, runs: list[str], path: Path, title: str) -> None:
-    """Achieved TFLOP/s and time per token of each step, one bar per run."""
-    ok = _ok(df)
-    fig, (ax1, ax2) = plt.subplots(1, 2, figsize=(12, 4.4))
-    _grouped_bars(ax1, ok, "label", "tflops", runs, log=True)
-    ax1.set_ylabel("achieved TFLOP/s (log scale)")
-    ax1.set_title("TFLOP/s per step", fontsize=10)
-    _grouped_bars(ax2, ok, "label", "us_per_token", runs, log=True)
-    ax2.set_ylabel("time per token (us, log scale)")
-    ax2.set_title("time per token", fontsize=10)
+    """Achieved FLOP/s (GFLOP/s where no run reaches a TFLOP/s) and cost per token of each
+    step, one bar per run."""
+    unit = flop_unit(_ok(df)["tflops"])
+    scaled = df.assign(rate=df["tflops"] * unit.per_tflops)
+    fig, (ax1, ax2) = plt.subplots(1, 2, figsize=(12, 4.6), layout="constrained")
+    _grouped_bars(ax1, scaled, "label", "rate", runs, log=True, bounds=_rate_span)
+    ax1.set_ylabel(f"achieved {unit.name} (log scale)")
+    ax1.set_title(f"{unit.name} per step", fontsize=10)
+    _grouped_bars(ax2, df, "label", "us_per_token", runs, log=True, bounds=time_scaled_bounds)
+    ax2.set_ylabel("cost per token: step time / tokens made (us, log scale)")
+    ax2.set_title("cost per token", fontsize=10)
     ax1.legend(fontsize=8)
     fig.suptitle(title, fontsize=10)
     save(fig, path)
@@ -73,6 +113,7 @@ def compare_sweep_figure(df: pd.DataFrame, runs: list[str], path: Path, title: s
             kw = dict(color=colors[run], ls=style, marker="o", label=label)
             tput.plot(mine["batch"], mine["tokens_per_s"], **kw)
             lat.plot(mine["batch"], mine["step_ms"], **kw)
+            _error_bars(tput, lat, mine, colors[run])
     batches = sorted(int(b) for b in ok["batch"].unique())
     for ax in (tput, lat):
         ax.set_xscale("log")
@@ -84,7 +125,7 @@ def compare_sweep_figure(df: pd.DataFrame, runs: list[str], path: Path, title: s
         ax.grid(True, which="both", alpha=0.3)
     tput.set_yscale("log")
     tput.set_ylabel("decode throughput (tokens/s, log)")
-    lat.set_ylabel("decode step time (ms)")
+    lat.set_ylabel("decode step time (ms): each user's wait per token")
     lat.set_ylim(bottom=0)
     tput.set_title("throughput vs batch", fontsize=10)
     lat.set_title("step latency vs batch", fontsize=10)
@@ -93,14 +134,31 @@ def compare_sweep_figure(df: pd.DataFrame, runs: list[str], path: Path, title: s
     save(fig, path)
 
 
+def _error_bars(tput, lat, rows: pd.DataFrame, color) -> None:
+    """The repeats' 10th-90th percentile, on runs whose CSV keeps them."""
+    records = rows.to_dict("records")
+    rates, times = list(rows["tokens_per_s"]), list(rows["step_ms"])
+    batches = list(rows["batch"])
+    for ax, values, bounds in (
+        (tput, rates, [rate_bounds(r, v) for r, v in zip(records, rates, strict=True)]),
+        (lat, times, [time_bounds(r) for r in records]),
+    ):
+        if any(bounds):
+            ax.errorbar(batches, values, yerr=yerr(values, bounds), fmt="none", ecolor=color,
+                        capsize=3, elinewidth=1, alpha=0.8)  # fmt: skip
+
+
 def compare_probe_figure(df: pd.DataFrame, runs: list[str], path: Path, title: str) -> None:
-    """Measured ceilings: matmul TFLOP/s and memory GB/s of each probe, one bar per run."""
-    ok = _ok(df)
-    fig, (ax1, ax2) = plt.subplots(1, 2, figsize=(12, 4.4))
-    _grouped_bars(ax1, ok[ok["kind"] == "matmul"], "label", "tflops", runs, log=False)
-    ax1.set_ylabel("matmul TFLOP/s")
+    """Measured ceilings: matmul FLOP/s and memory GB/s of each probe, one bar per run."""
+    unit = flop_unit(_ok(df)[df["kind"] == "matmul"]["tflops"] if "kind" in df else [])
+    scaled = df.assign(rate=df["tflops"] * unit.per_tflops)
+    fig, (ax1, ax2) = plt.subplots(1, 2, figsize=(12, 4.6), layout="constrained")
+    matmuls = scaled[scaled["kind"] == "matmul"]
+    _grouped_bars(ax1, matmuls, "label", "rate", runs, log=False, bounds=_rate_span)
+    ax1.set_ylabel(f"matmul {unit.name}")
     ax1.set_title("compute ceiling", fontsize=10)
-    _grouped_bars(ax2, ok[ok["kind"] != "matmul"], "label", "gbps", runs, log=False)
+    memory = df[df["kind"] != "matmul"]
+    _grouped_bars(ax2, memory, "label", "gbps", runs, log=False, bounds=_rate_span)
     ax2.set_ylabel("GB/s")
     ax2.set_title("memory ceiling", fontsize=10)
     ax1.legend(fontsize=8)
@@ -163,5 +221,5 @@ def compare_serve_figure(df: pd.DataFrame, runs: list[str], path: Path, title: s
         ax.grid(True, which="both", alpha=0.3)
     ttft.legend(fontsize=7)
     fig.suptitle(title, fontsize=10)
-    fig.tight_layout()
+    tight(fig)
     save(fig, path)

@@ -8,7 +8,7 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 
-from benchbatch.plots import plt, save
+from benchbatch.plots import plt, save, tight
 
 COLORS = {
     "static-reserve": "tab:red",
@@ -57,7 +57,7 @@ def memory_figure(timeline: list[dict] | pd.DataFrame, rows: list[dict], path: P
         ax.set_xlabel("step")
     _fragmentation(fig.add_subplot(grid[:, 2]), [by[p] for p in policies], scale, unit)
     fig.suptitle(title, fontsize=10)
-    fig.tight_layout()
+    tight(fig)
     save(fig, path)
 
 

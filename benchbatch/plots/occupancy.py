@@ -7,12 +7,15 @@ from pathlib import Path
 
 import numpy as np
 import pandas as pd
+from matplotlib.ticker import MaxNLocator
 
 from benchbatch.engines.simulate import timeline_runs
 from benchbatch.engines.timeline import RunLengths
 from benchbatch.plots import plt, save, tight
 
 COLORS = {"static": "tab:red", "continuous": "tab:blue"}
+DODGE = {"static": -0.15, "continuous": 0.15}  # sequences: the two policies side by side
+MARKERS = {"static": "s", "continuous": "o"}
 MAX_POINTS = 20_000  # longer timelines are drawn as bin means (the CSV keeps every change)
 
 
@@ -98,17 +101,23 @@ def engine_figure(steps: list[dict], rows: list[dict], path: Path, title: str) -
             median_s = by[policy]["median_step_ms"] / 1e3
             sim = by[policy]["sim_steps"]
             elapsed.plot([0, sim], [0, sim * median_s], ls="--", color=color, lw=1)
-        decoded = mine["decode_tokens"] + mine["padded"]
+        # Side by side, not on top of each other: the policies share every batch size.
+        decoded = mine["decode_tokens"] + mine["padded"] + DODGE[policy]
         prefill = mine["prefill_tokens"] > 0
-        cost.scatter(decoded[~prefill], mine["step_ms"][~prefill], s=6, alpha=0.4, color=color)
-        cost.scatter(decoded[prefill], mine["step_ms"][prefill], s=18, marker="x", color=color)
-        cost.scatter([], [], s=12, color=color, label=f"{policy}: decode steps")
-        cost.scatter([], [], s=18, marker="x", color=color, label=f"{policy}: with prefills")
+        style = dict(facecolors="none", edgecolors=color) if policy == "static" else {}
+        fill = {} if style else dict(color=color)
+        cost.scatter(decoded[~prefill], mine["step_ms"][~prefill], s=10, alpha=0.6,
+                     marker=MARKERS[policy], **style, **fill)  # fmt: skip
+        cost.scatter(decoded[prefill], mine["step_ms"][prefill], s=22, marker="x", color=color)
+        cost.scatter([], [], s=14, marker=MARKERS[policy], **style, **fill,
+                     label=f"{policy}: decode steps")  # fmt: skip
+        cost.scatter([], [], s=22, marker="x", color=color, label=f"{policy}: with prefills")
     elapsed.set_xlabel("step")
     elapsed.set_ylabel("elapsed wall time (s)")
     elapsed.set_title("measured (solid); simulated steps x median step (dashed)", fontsize=9)
     elapsed.legend(fontsize=8)
     cost.set_xlabel("sequences decoded in the step (static: padding included)")
+    cost.xaxis.set_major_locator(MaxNLocator(integer=True))
     cost.set_ylabel("step time (ms)")
     cost.set_title("what a step costs", fontsize=9)
     cost.legend(fontsize=8)

@@ -6,8 +6,11 @@ from __future__ import annotations
 from pathlib import Path
 
 from matplotlib import ticker
+from matplotlib.lines import Line2D
 
 from benchbatch.plots import plt, save, tight
+from benchbatch.plots.spread import BARS_LABEL, NOISY_LABEL, ring, time_bounds, yerr
+from benchbatch.plots.spread import noisy as is_noisy
 
 
 def piggyback_figure(
@@ -49,7 +52,14 @@ def _mixed_panel(ax, rows: list[dict], summaries: list[dict]) -> None:
     ax.set_title(f"prefill tokens riding nearly free: {free}; paper: ~128 per decode token",
                  fontsize=8)  # fmt: skip
     ax.grid(True, alpha=0.3)
-    ax.legend(fontsize=7)
+    extra = []
+    if any(time_bounds(r) for r in rows):
+        extra.append(Line2D([], [], color="black", lw=1, label=BARS_LABEL))
+    if any(is_noisy(r) for r in rows):
+        extra.append(Line2D([], [], marker="o", ls="", ms=10, mfc="none", mec="tab:red",
+                            label=NOISY_LABEL))  # fmt: skip
+    handles, _ = ax.get_legend_handles_labels()
+    ax.legend(handles=handles + extra, fontsize=7)
 
 
 def _curve(ax, rows: list[dict], s: dict, color, several: bool) -> None:
@@ -58,7 +68,14 @@ def _curve(ax, rows: list[dict], s: dict, color, several: bool) -> None:
     ]
     p = [r["prefill_tokens"] for r in mine]
     tag = f"b={s['decode_batch']}, ctx {s['context']}" if several else f"{s['decode_batch']} seqs"
-    ax.plot(p, [r["step_ms"] for r in mine], "o-", color=color, label=f"mixed step ({tag})")
+    times = [r["step_ms"] for r in mine]
+    ax.plot(p, times, "o-", color=color, label=f"mixed step ({tag})")
+    bounds = [time_bounds(r) for r in mine]
+    if any(bounds):
+        ax.errorbar(p, times, yerr=yerr(times, bounds), fmt="none", ecolor=color, capsize=3,
+                    elinewidth=1)  # fmt: skip
+    noisy = [(x, t) for x, t, r in zip(p, times, mine, strict=True) if is_noisy(r)]
+    ring(ax, [x for x, _ in noisy], [t for _, t in noisy], label=None)
     ax.plot(p, [r["separate_ms"] for r in mine], "s--", color=color, alpha=0.5,
             label=f"decode + prefill alone ({tag})")  # fmt: skip
     base = s["decode_only_ms"]
@@ -80,7 +97,7 @@ def _chunk_panel(ax, rows: list[dict]) -> None:
         ax.text(
             i,
             r["over_one_prefill"],
-            f"{r['extra_pct']:+.0f}%",
+            f"{r['extra']:+.0%}",
             ha="center",
             va="bottom",
             fontsize=8,

@@ -9,7 +9,7 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 
-from benchbatch.plots import plt, save
+from benchbatch.plots import plt, save, tight
 
 COLORS = {"static": "tab:red", "continuous": "tab:blue", "chunked": "tab:green"}
 # source -> (line style, marker, filled, label)
@@ -73,7 +73,7 @@ def serve_figure(rows: list[dict], path: Path, title: str, slo_ttft: float, slo_
         "queued). Latency climbs where a policy's throughput stops growing: its slots are full",
         fontsize=9,
     )
-    fig.tight_layout(rect=(0, 0.04, 1, 1))
+    tight(fig, rect=(0, 0.04, 1, 1))
     save(fig, path)
 
 
@@ -126,5 +126,5 @@ def pareto_figure(rows: list[dict], path: Path, title: str) -> None:
     ax.grid(True, alpha=0.3)
     ax.legend(fontsize=7)
     ax.set_title(title, fontsize=8)
-    fig.tight_layout()
+    tight(fig)
     save(fig, path)

@@ -10,6 +10,8 @@ from matplotlib.lines import Line2D
 from matplotlib.ticker import FixedLocator, NullLocator, ScalarFormatter
 
 from benchbatch.plots import plt, save
+from benchbatch.plots.spread import BARS_LABEL, NOISY_LABEL, rate_bounds, ring, time_bounds, yerr
+from benchbatch.plots.spread import noisy as is_noisy
 
 MATMUL_STYLE = (0, (5, 2, 1, 2))
 LEGEND = {
@@ -19,6 +21,8 @@ LEGEND = {
     "ceiling": dict(ls="-.", color="black", label="memory ceiling (shaded: over it)"),
     "skipped": dict(marker="x", ls="", color="black", label="skipped: over the ceiling"),
     "oom": dict(marker="X", ls="", color="black", label="out of memory"),
+    "bars": dict(marker="", ls="-", color="black", lw=1, label=BARS_LABEL),
+    "noisy": dict(marker="o", ls="", ms=11, mfc="none", mec="tab:red", label=NOISY_LABEL),
 }
 
 
@@ -30,7 +34,7 @@ def sweep_figure(rows: list[dict], summary: list[dict], path: Path, title: str) 
     Batches that were not measured (skipped, oom, no time) are marked; with none measured
     the panels say so."""
     df = pd.DataFrame(rows) if rows else pd.DataFrame(columns=COLUMNS)
-    fig, (tput, lat) = plt.subplots(1, 2, figsize=(12, 4.8))
+    fig, (tput, lat) = plt.subplots(1, 2, figsize=(12, 5.2), layout="constrained")
     batches = sorted(int(b) for b in df["batch"].unique())
     span = (batches[0] / 1.5, batches[-1] * 1.5) if batches else (0.5, 2)
     measured = bool(_measured(df).any())
@@ -40,10 +44,15 @@ def sweep_figure(rows: list[dict], summary: list[dict], path: Path, title: str) 
         mine = df[df["context"] == s["context"]].sort_values("batch")
         _curve(tput, lat, mine, s, color)
         drawn |= _marks(tput, lat, mine, s, color, span)
+    timed = df[_measured(df)].to_dict("records") if len(df) else []
+    if any(time_bounds(r) for r in timed):
+        drawn.add("bars")
+    if any(is_noisy(r) for r in timed):
+        drawn.add("noisy")
     if summary and _vline((tput, lat), summary[0].get("matmul_knee"), span, "grey", MATMUL_STYLE):
         drawn.add("matmul")
     _axes(tput, lat, batches, span, measured)
-    lat.set_ylim(0, df["step_ms"].max() * 1.12 if measured else 1)
+    lat.set_ylim(0, _highest(df) * 1.12 if measured else 1)
     if not measured:
         _nothing_measured((tput, lat), df)
     # Legends below the panels: on a log-log plot any corner can hold data.
@@ -56,6 +65,15 @@ def sweep_figure(rows: list[dict], summary: list[dict], path: Path, title: str) 
         lat.legend(**below)
     fig.suptitle(title, fontsize=10)
     save(fig, path)
+
+
+def _highest(df: pd.DataFrame) -> float:
+    """The top of the step-time panel: the slowest median, or p90 where the bars go higher."""
+    ok = df[_measured(df)]
+    tops = [ok["step_ms"].max()]
+    if "step_ms_p90" in ok.columns:
+        tops.append(pd.to_numeric(ok["step_ms_p90"], errors="coerce").max())
+    return max(t for t in tops if t == t)
 
 
 def _measured(rows: pd.DataFrame) -> pd.Series:
@@ -85,6 +103,18 @@ def _curve(tput, lat, rows: pd.DataFrame, s: dict, color) -> None:
     label = f"context {s['context']:,} (memory fits {s['predicted_max_batch']:,})"
     tput.plot(ok["batch"], ok["tokens_per_s"], "o-", color=color, label=label)
     lat.plot(ok["batch"], ok["step_ms"], "o-", color=color, label=label)
+    records = ok.to_dict("records")
+    rates = list(ok["tokens_per_s"])
+    times = list(ok["step_ms"])
+    for ax, values, bounds in (
+        (tput, rates, [rate_bounds(r, v) for r, v in zip(records, rates, strict=True)]),
+        (lat, times, [time_bounds(r) for r in records]),
+    ):
+        if any(bounds):
+            ax.errorbar(list(ok["batch"]), values, yerr=yerr(values, bounds), fmt="none",
+                        ecolor=color, capsize=3, elinewidth=1)  # fmt: skip
+        noisy = [i for i, r in enumerate(records) if is_noisy(r)]
+        ring(ax, [records[i]["batch"] for i in noisy], [values[i] for i in noisy], label=None)
     if len(ok):
         b0, t0 = ok["batch"].iloc[0], ok["tokens_per_s"].iloc[0]
         tput.plot(ok["batch"], t0 * ok["batch"] / b0, ":", color=color, alpha=0.6)
@@ -104,7 +134,9 @@ def _marks(tput, lat, rows: pd.DataFrame, s: dict, color, span) -> set[str]:
     for status, marker in (("skipped", "x"), ("oom", "X")):
         for b in rows[rows["status"] == status]["batch"]:
             for ax in (tput, lat):
-                ax.plot([b], [0.04], marker, ms=9, color=color, transform=ax.get_xaxis_transform())
+                axis = ax.get_xaxis_transform()
+                ax.plot([b], [0.04], marker, ms=9, color=color, transform=axis)
+                ax.text(b, 0.08, status, ha="center", fontsize=7, color=color, transform=axis)
             drawn.add(status)
     roofline = s.get("predicted_knee") if s.get("predicted_knee_fits") else None
     if _vline((tput, lat), roofline, span, color, "--"):

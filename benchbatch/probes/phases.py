@@ -10,6 +10,7 @@ from __future__ import annotations
 from collections.abc import Iterator
 
 from benchbatch.engines.model import Transformer
+from benchbatch.engines.tensor_parallel import tp_of
 from benchbatch.experiments import PhasesOptions as Options
 from benchbatch.probes import steps
 from benchbatch.timing import TimingOptions
@@ -26,11 +27,13 @@ def plan(opts: Options, prefill_batch: int = 1) -> list[steps.Step]:
 def rows(
     model: Transformer, dtype: str, opts: Options, timing: TimingOptions, cuda_graphs: bool = True
 ) -> Iterator[dict]:
-    """One row per step, yielded as soon as it is measured."""
-    for step in plan(opts):
-        yield steps.run_step(
-            model, dtype, step, timing, cuda_graphs, opts.kv_layout, opts.block_size
-        )
+    """One row per step. The steps are compared with each other (prefill against decode,
+    batch against batch), so they are timed together, their repeats interleaved, as many at
+    once as memory holds; a group's rows are yielded when it is measured."""
+    budget = steps.group_budget(model.embed.weight.device)
+    layout = {"kv_layout": opts.kv_layout, "block_size": opts.block_size}
+    for group in steps.groups(plan(opts), model.cfg, dtype, budget, tp_of(model)):
+        yield from steps.run_group(model, dtype, group, timing, cuda_graphs, **layout)
 
 
 def summary(rows: list[dict]) -> dict:

@@ -92,6 +92,19 @@ def time_mixed(
     the prefill chunk's part first, then the decode batch). On CUDA the step can be replayed
     from a CUDA graph (shapes are static: every kv_len is given)."""
     dev = model.embed.weight.device
+    return measure(prepare_mixed(model, step, opts, cuda_graphs, seed), dev, opts)
+
+
+def prepare_mixed(
+    model: Transformer,
+    step: MixedStep,
+    opts: TimingOptions,
+    cuda_graphs: bool = True,
+    seed: int = 0,
+):
+    """The call that runs one mixed step on its own KV cache (random values), its cache
+    lengths reset inside the call; a CUDA graph replay when asked."""
+    dev = model.embed.weight.device
     timing.prepare(dev, opts)
     gen = torch.Generator(device=dev).manual_seed(seed)
     b, p, start = step.decode_batch, step.prefill_tokens, step.prefill_start
@@ -112,7 +125,7 @@ def time_mixed(
         cache.lengths[b:].fill_(start)
         model.mixed_step(cache, parts)
 
-    return _measure(run, dev, opts, cuda_graphs)
+    return _graphed(run, dev, cuda_graphs)
 
 
 def time_chunked_prefill(
@@ -127,6 +140,19 @@ def time_chunked_prefill(
     last may be shorter), each attending to the earlier chunks through the KV cache. On
     CUDA the whole loop is one graph: the chunks' launches would otherwise be timed too."""
     dev = model.embed.weight.device
+    return measure(prepare_chunked(model, prompt, chunk, opts, seed, cuda_graphs), dev, opts)
+
+
+def prepare_chunked(
+    model: Transformer,
+    prompt: int,
+    chunk: int,
+    opts: TimingOptions,
+    seed: int = 0,
+    cuda_graphs: bool = True,
+):
+    """The call that prefills one prompt in chunks on its own cache (see time_chunked_prefill)."""
+    dev = model.embed.weight.device
     timing.prepare(dev, opts)
     gen = torch.Generator(device=dev).manual_seed(seed)
     cache = model.new_cache(1, prompt)
@@ -139,12 +165,12 @@ def time_chunked_prefill(
         for s, e in bounds:
             model.step(tokens[:, s:e], cache, slice(0, 1), kv_len=e)
 
-    return _measure(run, dev, opts, cuda_graphs)
+    return _graphed(run, dev, cuda_graphs)
 
 
-def _measure(run, dev: torch.device, opts: TimingOptions, cuda_graphs: bool) -> Measurement:
+def _graphed(run, dev: torch.device, cuda_graphs: bool):
     b = backend.of(dev)
-    return measure(b.capture(run) if cuda_graphs and b.graphs else run, dev, opts)
+    return b.capture(run) if cuda_graphs and b.graphs else run
 
 
 # --- the plan and its raw rows ---------------------------------------------------------------
@@ -189,37 +215,94 @@ def plan(opts: Options) -> list[Timed]:
 def rows(
     model: Transformer, opts: Options, timed: TimingOptions, cuda_graphs: bool = True
 ) -> Iterator[dict]:
-    """steps.csv: one row per timed step, yielded as it is measured; a step too large for
-    memory is an oom row and the rest go on."""
+    """steps.csv: one row per timed step. The steps of each table are compared with each
+    other (a mixed step with the decode-only one, chunks with one prefill, 257 tokens with
+    256), so each table's steps are timed together, their repeats interleaved, and yielded
+    when measured; a step too large for memory is an oom row and the rest go on."""
+    from benchbatch.probes import steps
+
     dev = model.embed.weight.device
-    for item in plan(opts):
-        measure = functools.partial(_time, model, item, timed, cuda_graphs)
-        m, status = device.measured_or_oom(measure, dev)
-        yield raw_row(item, m, status)
+    items = plan(opts)
+    for part in dict.fromkeys(t.part for t in items):
+        group = [t for t in items if t.part == part]
+        makers = [functools.partial(_prepare, model, t, timed, cuda_graphs) for t in group]
+        measured = steps.measure_prepared(makers, dev, timed)
+        if measured is None:  # out of memory while timed together: each alone
+            measured = [_alone(model, t, timed, cuda_graphs) for t in group]
+        number = steps.next_group()
+        for item, m in zip(group, measured, strict=True):
+            cost = _cost(model.cfg, dtype_of(model), item.step)
+            row = raw_row(item, m, "ok" if m is not None else "oom", cost)
+            yield {**row, "timing_group": number}
 
 
-def _time(model, item: Timed, opts: TimingOptions, cuda_graphs: bool) -> Measurement:
+def _alone(model, item: Timed, opts: TimingOptions, cuda_graphs: bool) -> Measurement | None:
+    dev = model.embed.weight.device
+    try:
+        return measure(_prepare(model, item, opts, cuda_graphs), dev, opts)
+    except (RuntimeError, MemoryError) as e:
+        if not device.is_out_of_memory(e):
+            raise
+        return None
+    finally:
+        device.release_memory(dev)
+
+
+def _prepare(model, item: Timed, opts: TimingOptions, cuda_graphs: bool):
     if isinstance(item.step, Chunked):
         step = item.step
-        return time_chunked_prefill(model, step.prompt, step.chunk, opts, cuda_graphs=cuda_graphs)
-    return time_mixed(model, item.step, opts, cuda_graphs)
+        return prepare_chunked(model, step.prompt, step.chunk, opts, cuda_graphs=cuda_graphs)
+    return prepare_mixed(model, item.step, opts, cuda_graphs)
 
 
-def raw_row(item: Timed, m: Measurement | None, status: str = "ok") -> dict:
+def dtype_of(model: Transformer) -> str:
+    from benchbatch.device import DTYPES
+
+    return next(name for name, dt in DTYPES.items() if dt == model.embed.weight.dtype)
+
+
+def _cost(cfg, dtype: str, step: MixedStep | Chunked) -> tuple[int, int]:
+    """(FLOPs, bytes) of a timed step: a mixed step reads the weights once; a prompt in
+    chunks is one step per chunk, each reading the weights and the chunks before it."""
+    if isinstance(step, Chunked):
+        starts = range(0, step.prompt, step.chunk)
+        costs = [accounting.step_cost(cfg, dtype, 1, min(step.chunk, step.prompt - s), s)
+                 for s in starts]  # fmt: skip
+        return sum(c.flops for c in costs), sum(c.bytes for c in costs)
+    return accounting.mixed_cost(
+        cfg, dtype, step.decode_batch, step.context, step.prefill_tokens, step.prefill_start
+    )
+
+
+def raw_row(
+    item: Timed, m: Measurement | None, status: str = "ok", cost: tuple[int, int] | None = None
+) -> dict:
+    """One timed step as steps.csv keeps it; with its (FLOPs, bytes) it also carries the
+    rates and the intensity that place it on the roofline."""
     s = item.step
     chunked = isinstance(s, Chunked)
-    return {
+    ms = m.median_ms if m is not None else math.nan
+    row = {
         "part": item.part,
+        "phase": "prefill" if chunked else s.kind,
         "label": s.label,
         "decode_batch": 0 if chunked else s.decode_batch,
         "context": 0 if chunked else s.context,
         "prefill_tokens": s.prompt if chunked else s.prefill_tokens,
         "prefill_start": 0 if chunked else s.prefill_start,
         "chunk_tokens": s.chunk if chunked else s.prefill_tokens,
-        "step_ms": m.median_ms if m is not None else math.nan,
-        **_timing(m),
-        "status": status,
+        "step_ms": ms,
     }
+    if cost is not None:
+        flops, nbytes = cost
+        row |= {
+            "flops": flops,
+            "bytes": nbytes,
+            "arithmetic_intensity": flops / nbytes,
+            "tflops": flops / ms / 1e9,
+            "gbps": nbytes / ms / 1e6,
+        }
+    return {**row, **_timing(m), "status": status}
 
 
 # --- the piggyback curves ----------------------------------------------------------------------
@@ -336,7 +419,7 @@ def _chunk_row(cfg, dtype: str, r: dict, whole_ms: float) -> dict:
         "total_ms": ms,
         "ms_per_token": ms / prompt,
         "over_one_prefill": ms / whole_ms,
-        "extra_pct": 100 * (ms / whole_ms - 1),
+        "extra": ms / whole_ms - 1,  # a fraction: 0.2 is 20% longer than one prefill
         # What the extra time pays for: the weights read once per chunk, and every chunk's
         # attention re-reading the keys and values of the chunks before it.
         "weight_bytes": sum(c.weight_bytes for c in costs),
@@ -369,7 +452,10 @@ def tile_rows(raw: Sequence[dict]) -> list[dict]:
     return out
 
 
-TIMING_KEYS = ("step_ms_min", "step_ms_iqr", "cv", "repeats", "noisy", "host_ms", "launch_bound")
+TIMING_KEYS = (
+    *("step_ms_min", "step_ms_iqr", "step_ms_p10", "step_ms_p90", "cv", "repeats", "noisy"),
+    *("attempts", "interleaved", "host_ms", "launch_bound"),
+)
 FLAGS = ("throttled", "power_capped")  # the recorder's look at the GPU after each step
 
 

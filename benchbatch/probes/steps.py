@@ -11,7 +11,11 @@ On CUDA both phases replay a CUDA graph by default: a prefill step of a 1-2 ms G
 takes a few ms of host launches, so an eager prefill would time the launch gaps. Every row
 keeps the host's enqueue time (`host_ms`) beside the device time and flags `launch_bound`.
 
-Under torchrun every rank times the step (its shard of it, collectives included); the row
+Steps a verdict compares are prepared together (each its own cache and graph) and timed as a
+group, their repeats interleaved (`run_group`), as many at once as memory holds (`groups`).
+
+Under torchrun every rank times the step (one at a time: groups would need every rank to
+agree on what fits and what ran out of memory) (its shard of it, collectives included); the row
 is the slowest rank's (a step ends when its last rank does), each rank's time beside it
 (step_ms_rankN), and the step's all-reduces and logits gather timed again on their own at
 its message sizes (allreduce_ms, allgather_ms, allreduce_share of the step). FLOPs and
@@ -20,7 +24,10 @@ bytes are one rank's (accounting with tp), so mfu and mbu are against one device
 
 from __future__ import annotations
 
+import functools
+import itertools
 import math
+from collections.abc import Callable
 from dataclasses import dataclass
 
 import torch
@@ -28,7 +35,7 @@ import torch
 from benchbatch import accounting, backend, device, distributed, timing
 from benchbatch.engines.model import Transformer
 from benchbatch.engines.tensor_parallel import tp_of
-from benchbatch.timing import Measurement, TimingOptions, measure
+from benchbatch.timing import Measurement, TimingOptions, measure, measure_interleaved
 
 
 @dataclass(frozen=True)
@@ -53,7 +60,7 @@ def decode(batch: int, context: int) -> Step:
     return Step("decode", batch, 1, context)
 
 
-def time_step(
+def prepare(
     model: Transformer,
     step: Step,
     opts: TimingOptions,
@@ -61,10 +68,11 @@ def time_step(
     seed: int = 0,
     kv_layout: str = "contiguous",
     block_size: int = 16,
-) -> Measurement:
-    """Median-of-repeats time of one step; on CUDA it replays a CUDA graph when asked (the
-    graph is captured for this step's shape and dropped with it). kv_layout "paged": the
-    cache is blocks of block_size tokens in a shuffled pool, read through block tables."""
+) -> Callable[[], None]:
+    """The call that runs one step, with its own KV cache and inputs (kept alive by the
+    call); on CUDA a replay of the step's CUDA graph when asked (captured for this step's
+    shape). kv_layout "paged": the cache is blocks of block_size tokens in a shuffled pool,
+    read through block tables."""
     dev = model.embed.weight.device
     timing.prepare(dev, opts)
     gen = torch.Generator(device=dev).manual_seed(seed)
@@ -80,7 +88,22 @@ def time_step(
         model.step(tokens, cache, slots, kv_len=kv_len)
 
     b = backend.of(dev)
-    return measure(b.capture(run) if replays_graph(dev, step, cuda_graphs) else run, dev, opts)
+    return b.capture(run) if replays_graph(dev, step, cuda_graphs) else run
+
+
+def time_step(
+    model: Transformer,
+    step: Step,
+    opts: TimingOptions,
+    cuda_graphs: bool = True,
+    seed: int = 0,
+    kv_layout: str = "contiguous",
+    block_size: int = 16,
+) -> Measurement:
+    """Median-of-repeats time of one step, timed alone (see prepare)."""
+    dev = model.embed.weight.device
+    call = prepare(model, step, opts, cuda_graphs, seed, kv_layout=kv_layout, block_size=block_size)
+    return measure(call, dev, opts)
 
 
 def replays_graph(dev: torch.device, step: Step, cuda_graphs: bool) -> bool:
@@ -117,6 +140,108 @@ def step_row(
         **detail,
         **stats,
     }
+
+
+MAX_GROUP = 16  # steps timed together: more than any verdict compares
+
+
+def held_bytes(cfg, dtype: str, step: Step, tp: int = 1) -> int:
+    """Memory a prepared step holds while its group is timed: its KV cache and a step's
+    workspace (a CUDA graph keeps its own pool); one rank's under tensor parallelism."""
+    cache = accounting.kv_cache_bytes(cfg, dtype, step.batch, step.context + step.tokens, tp)
+    return cache + accounting.step_workspace_bytes(cfg, dtype, step.batch * step.tokens, tp)
+
+
+def groups(plan: list[Step], cfg, dtype: str, budget: int, tp: int = 1) -> list[list[Step]]:
+    """Consecutive steps to time together, as many as `budget` bytes hold at once and at
+    most MAX_GROUP (a group's rows are written when it ends: a Ctrl-C loses the group under
+    way, never more); a step that does not fit with others is timed alone. Under torchrun
+    every step alone (ranks would have to agree on every group and every out-of-memory)."""
+    if distributed.current().distributed:
+        return [[step] for step in plan]
+    out: list[list[Step]] = []
+    held = budget + 1
+    for step in plan:
+        need = held_bytes(cfg, dtype, step, tp)
+        if out and held + need <= budget and len(out[-1]) < MAX_GROUP:
+            out[-1].append(step)
+            held += need
+        else:
+            out.append([step])
+            held = need
+    return out
+
+
+def group_budget(dev: torch.device) -> int:
+    """Bytes the steps of one group may hold together: most of the memory free now (the
+    model built), some left for the allocator and the runtime."""
+    return int(0.8 * device.free_memory_bytes(dev))
+
+
+_group_ids = itertools.count(1)
+
+
+def run_group(
+    model: Transformer,
+    dtype: str,
+    group: list[Step],
+    opts: TimingOptions,
+    cuda_graphs: bool = True,
+    kv_layout: str = "contiguous",
+    block_size: int = 16,
+) -> list[dict]:
+    """Time the steps of a group together, their repeats interleaved (timing.py), and return
+    their rows in order; timing_group numbers the rows timed together. A step that runs out
+    of memory while being prepared is an oom row; the others are timed without it."""
+    layout = {"kv_layout": kv_layout, "block_size": block_size}
+    if len(group) == 1 or distributed.current().distributed:
+        number = next_group()
+        rows = [run_step(model, dtype, step, opts, cuda_graphs, **layout) for step in group]
+        return [{**row, "timing_group": number} for row in rows]
+    dev = model.embed.weight.device
+    makers = [
+        functools.partial(prepare, model, step, opts, cuda_graphs, 0, **layout) for step in group
+    ]
+    measured = measure_prepared(makers, dev, opts)
+    if measured is None:  # out of memory while timing them together: time each alone
+        return [run_step(model, dtype, step, opts, cuda_graphs, **layout) for step in group]
+    number = next_group()
+    return [
+        {**step_row(model, dtype, step, m), "status": "oom" if m is None else "ok",
+         "kv_layout": kv_layout, "timing_group": number}
+        for step, m in zip(group, measured, strict=True)
+    ]  # fmt: skip
+
+
+def next_group() -> int:
+    """A new timing_group number: rows that share one were timed together."""
+    return next(_group_ids)
+
+
+def measure_prepared(
+    makers: list[Callable[[], Callable[[], object]]], dev: torch.device, opts: TimingOptions
+) -> list[Measurement | None] | None:
+    """Prepare every call (a maker that runs out of memory gives None in its place), then
+    time the prepared ones together, interleaved. None when timing them together ran out
+    of memory: the caller times each alone. Their memory is released either way."""
+    calls: dict[int, Callable[[], object]] = {}
+    try:
+        for i, make in enumerate(makers):
+            try:
+                calls[i] = make()
+            except (RuntimeError, MemoryError) as e:
+                if not device.is_out_of_memory(e):
+                    raise
+        times = measure_interleaved(list(calls.values()), dev, opts) if calls else []
+        measured = dict(zip(calls, times, strict=True))
+    except (RuntimeError, MemoryError) as e:
+        if not device.is_out_of_memory(e):
+            raise
+        return None
+    finally:
+        calls.clear()
+        device.release_memory(dev)
+    return [measured.get(i) for i in range(len(makers))]
 
 
 def run_step(

@@ -54,18 +54,33 @@ def rows(
     kv_layout: str = "contiguous",
     block_size: int = 16,
 ) -> Iterator[dict]:
-    """One row per step, yielded as measured; batches over the ceiling are skipped unless
-    `try_oom`. A real out-of-memory is recorded by run_step as status 'oom' and the sweep
-    goes on."""
-    for step in plan:
-        limit = ceiling[step.context]
-        if step.batch > limit and not try_oom:
-            row = {**steps.step_row(model, dtype, step, None), "status": "skipped",
-                   "kv_layout": kv_layout}  # fmt: skip
-        else:
-            row = steps.run_step(model, dtype, step, timing, cuda_graphs, kv_layout, block_size)
-        kv = accounting.kv_cache_bytes(model.cfg, dtype, step.batch, step.context + 1, tp_of(model))
-        yield {**row, "kv_cache_bytes": kv, "predicted_max_batch": limit}
+    """One row per step, in plan order. The batches of one context are compared with each
+    other, so they are timed together, their repeats interleaved, as many at once as memory
+    holds; batches over the ceiling are skipped, or with `try_oom` timed alone (a real out
+    of memory is recorded by run_step as status 'oom' and the sweep goes on)."""
+    budget = steps.group_budget(model.embed.weight.device)
+    layout = {"kv_layout": kv_layout, "block_size": block_size}
+    tp = tp_of(model)
+    for context in dict.fromkeys(s.context for s in plan):
+        limit = ceiling[context]
+        mine = [s for s in plan if s.context == context]
+        fits = [s for s in mine if s.batch <= limit]
+        for group in steps.groups(fits, model.cfg, dtype, budget, tp):
+            measured = steps.run_group(model, dtype, group, timing, cuda_graphs, **layout)
+            for step, row in zip(group, measured, strict=True):
+                yield _memory_columns(row, model.cfg, dtype, step, limit, tp)
+        for step in (s for s in mine if s.batch > limit):
+            if try_oom:
+                row = steps.run_step(model, dtype, step, timing, cuda_graphs, **layout)
+            else:
+                row = {**steps.step_row(model, dtype, step, None), "status": "skipped",
+                       "kv_layout": kv_layout}  # fmt: skip
+            yield _memory_columns(row, model.cfg, dtype, step, limit, tp)
+
+
+def _memory_columns(row: dict, cfg, dtype: str, step: steps.Step, limit: int, tp: int) -> dict:
+    kv = accounting.kv_cache_bytes(cfg, dtype, step.batch, step.context + 1, tp)
+    return {**row, "kv_cache_bytes": kv, "predicted_max_batch": limit}
 
 
 def measured_knee(points: Iterable[tuple[int, float]], threshold: float) -> int | None:
