@@ -20,7 +20,7 @@ import torch
 from benchbatch import accounting, device
 from benchbatch.config import preset
 from benchbatch.engines.model import Transformer
-from benchbatch.probes import phases, steps
+from benchbatch.probes import steps
 from benchbatch.timing import TimingOptions, measure
 
 
@@ -45,7 +45,7 @@ def main() -> None:
     cfg = preset("article").replace(hidden=args.hidden, layers=args.layers)
     opts = TimingOptions(min_repeats=args.repeats, min_time_s=0.5)
     model = Transformer(cfg, target.device, target.dtype)
-    plan = phases.plan([128, 512], [1, 8, 32], context=512)
+    plan = [steps.prefill(1, p) for p in (128, 512)] + [steps.decode(b, 512) for b in (1, 8, 32)]
     rows = [steps.run_step(model, target.dtype_name, s, opts) for s in plan]
     weights = accounting.weight_bytes(cfg, target.dtype_name)
     plain = plain_matvec_gbps(weights, target.device, target.dtype, opts)
