@@ -291,6 +291,14 @@ class RunOptions:
         panel=RUN,
         flag="--cuda-graphs/--no-cuda-graphs",
     )
+    compile: bool = opt(
+        False,
+        "Run model steps through torch.compile (inductor; on CUDA with CUDA graphs). Compile "
+        "time is reported apart from step time (compile_s); a failure falls back to eager "
+        "and says so.",
+        panel=RUN,
+        flag="--compile/--no-compile",
+    )
     roofline: bool = opt(
         True,
         "Measure the device's matmul and memory ceilings first (seconds) and add mfu, mbu and "

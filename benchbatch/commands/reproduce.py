@@ -38,7 +38,7 @@ KNEE_THRESHOLD = 0.25  # sweep's default: a step 25% slower than the smallest ba
 CPU_REAL = dict(requests=128, slots=32, max_output=400)
 WORKLOAD_FIELDS = ("requests", "slots", "median", "sigma", "max_output", "prompt_len")
 RUN_FIELDS = ("device", "dtype", "seed", "repeats", "min_time", "warmup", "threads",
-              "cuda_graphs", "out", "force", "json_out")  # fmt: skip
+              "cuda_graphs", "compile", "out", "force", "json_out")  # fmt: skip
 
 
 @dataclass(frozen=True)
@@ -178,7 +178,7 @@ def _run_parts(rec, job: Job, model: ModelOptions, run: RunOptions) -> Built:
         rows = probe.measure(rec, probes.plan_for(target, job.probe), run)
         rec.ceilings = built.ceilings = probes.ceilings(rows, "probe_sizes")
         rec.meta["probe"] = probe.summary(built.ceilings, _peak(target))
-    net, cfg = model.build(target, run.seed)
+    net, cfg = c.build_model(rec, model, run, target)
     with _part(rec, "phases"):
         rec.meta["phases"] = phases_probe.summary(phases.measure(rec, net, job.phases, run))
     with _part(rec, "sweep"):

@@ -66,7 +66,7 @@ def sweep(
             ridge_flop_per_byte=ridge,
             ridge_source=ridge_source,
         )
-        net, _ = model.build(rec.target, run.seed)
+        net, _ = c.build_model(rec, model, run)
         rows, summary = measure(rec, net, opts, ceiling, ridge, run)
         rec.meta["knees"] = {str(s["context"]): _knees(s) for s in summary}
         rec.meta["summary"] = summary

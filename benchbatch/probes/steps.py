@@ -26,6 +26,7 @@ from dataclasses import dataclass
 import torch
 
 from benchbatch import accounting, backend, device, distributed, timing
+from benchbatch.engines import compiled
 from benchbatch.engines.model import Transformer
 from benchbatch.engines.tensor_parallel import tp_of
 from benchbatch.timing import Measurement, TimingOptions, measure
@@ -128,14 +129,20 @@ def run_step(
     kv_layout: str = "contiguous",
     block_size: int = 16,
 ) -> dict:
-    """Time a step and return its row; out of memory is recorded as such, not raised."""
+    """Time a step and return its row; out of memory is recorded as such, not raised. A
+    compiled model's row has compile_s: the seconds torch spent compiling for this step (in
+    its untimed warm-up calls), apart from step_ms."""
     timed = lambda: time_step(model, step, opts, cuda_graphs, kv_layout=kv_layout,  # noqa: E731
                               block_size=block_size)  # fmt: skip
+    before = compiled.compile_seconds(model)
     m, status = device.measured_or_oom(timed, model.embed.weight.device)
+    extra = {"kv_layout": kv_layout}
+    if getattr(model, "compiled", None) is not None:
+        extra["compile_s"] = compiled.compile_seconds(model) - before
     if distributed.current().distributed:
         row = across_ranks(model, dtype, step, m, status, opts, cuda_graphs)
-        return {**row, "kv_layout": kv_layout}
-    return {**step_row(model, dtype, step, m), "status": status, "kv_layout": kv_layout}
+        return {**row, **extra}
+    return {**step_row(model, dtype, step, m), "status": status, **extra}
 
 
 def across_ranks(model, dtype: str, step: Step, m, status: str, opts, graphs: bool) -> dict:
