@@ -126,12 +126,16 @@ def peer_decode(model, config, batch: int, context: int, kind: str):
     else:
         cache = DynamicCache(config=config)
     with torch.inference_mode():
-        model(input_ids=prompt, cache=cache, use_cache=True, logits_to_keep=1)
+        model(input_ids=prompt, past_key_values=cache, use_cache=True, logits_to_keep=1)
 
     @torch.inference_mode()
     def step():
-        model(input_ids=token, cache=cache, use_cache=True, logits_to_keep=1)
-        cache.crop(-1)
+        model(input_ids=token, past_key_values=cache, use_cache=True, logits_to_keep=1)
+        if kind == "static":  # transformers 5's static layers count their length: rewind it
+            for layer in cache.layers:
+                layer.cumulative_length.fill_(context)
+        else:
+            cache.crop(-1)
 
     return lambda opts: measure(step, dev, opts)
 
@@ -143,7 +147,8 @@ def peer_prefill(model, config, tokens: int):
 
     @torch.inference_mode()
     def step():
-        model(input_ids=prompt, cache=DynamicCache(config=config), use_cache=True, logits_to_keep=1)
+        model(input_ids=prompt, past_key_values=DynamicCache(config=config), use_cache=True,
+              logits_to_keep=1)
 
     return lambda opts: measure(step, dev, opts)
 

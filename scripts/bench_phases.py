@@ -23,7 +23,7 @@ import torch
 
 from benchbatch import accounting, device
 from benchbatch.config import preset
-from benchbatch.engines import layout
+from benchbatch.engines import compiled, layout
 from benchbatch.engines.model import Transformer
 from benchbatch.probes import steps
 from benchbatch.timing import TimingOptions, measure
@@ -39,13 +39,17 @@ def plain_matvec_gbps(weight_bytes: int, dev: torch.device, dtype, opts) -> floa
     return w.nbytes / (m.median_ms / 1e3) / 1e9
 
 
-def alternating_ratio(model, dtype_name: str, weights: int, opts, rounds: int) -> list[float]:
-    """Decode b=1's GB/s over the plain product's, one ratio per round (step, then plain)."""
-    dev, dtype = model.embed.weight.device, model.embed.weight.dtype
-    out = []
+def alternating_ratio(models: dict, dtype_name: str, weights: int, opts, rounds: int) -> dict:
+    """Each model's decode b=1 GB/s over the plain product's, one ratio per round (each
+    model's step in turn, then the plain product)."""
+    first = next(iter(models.values())).embed.weight
+    out: dict[str, list[float]] = {name: [] for name in models}
     for _ in range(rounds):
-        step = steps.run_step(model, dtype_name, steps.decode(1, 512), opts)
-        out.append(step["gbps"] / plain_matvec_gbps(weights, dev, dtype, opts))
+        gbps = {n: steps.run_step(m, dtype_name, steps.decode(1, 512), opts)["gbps"]
+                for n, m in models.items()}  # fmt: skip
+        plain = plain_matvec_gbps(weights, first.device, first.dtype, opts)
+        for name, value in gbps.items():
+            out[name].append(value / plain)
     return out
 
 
@@ -57,29 +61,44 @@ def main() -> None:
     parser.add_argument("--repeats", type=int, default=10)
     parser.add_argument("--rounds", type=int, default=5, help="alternating decode/plain rounds")
     parser.add_argument("--layout", choices=("measured", "rows", "columns"), default="measured")
+    parser.add_argument("--threads", type=int, default=None, help="default: torch's choice")
+    parser.add_argument("--compile", action="store_true", help="steps through torch.compile")
+    parser.add_argument("--decode-only", action="store_true", help="skip the prefill rows")
     args = parser.parse_args()
+    if args.threads:
+        torch.set_num_threads(args.threads)
     target = device.resolve(args.device)
     cfg = preset("article").replace(hidden=args.hidden, layers=args.layers)
     opts = TimingOptions(min_repeats=args.repeats, min_time_s=0.5)
     model = Transformer(cfg, target.device, target.dtype)
     chosen = {"rows": layout.ROWS, "columns": layout.WeightLayout(columns=True)}
     model.lay_out(chosen.get(args.layout) or layout.choose(model))
-    plan = [steps.prefill(1, p) for p in (128, 512)] + [steps.decode(b, 512) for b in (1, 8, 32)]
+    models = {"eager": model}
+    if args.compile:  # an eager twin stays, to alternate with (same seed: same weights)
+        twin = Transformer(cfg, target.device, target.dtype).lay_out(model.layout)
+        compiled.compile_model(twin, on_fallback=print)
+        model = models["compiled"] = twin
+    plan = [] if args.decode_only else [steps.prefill(1, p) for p in (128, 512)]
+    plan += [steps.decode(b, 512) for b in (1, 8, 32)]
     rows = [steps.run_step(model, target.dtype_name, s, opts) for s in plan]
     weights = accounting.weight_bytes(cfg, target.dtype_name)
     plain = plain_matvec_gbps(weights, target.device, target.dtype, opts)
     decode1 = next(r for r in rows if r["label"] == "decode b=1")
-    ratios = alternating_ratio(model, target.dtype_name, weights, opts, args.rounds)
+    every = alternating_ratio(models, target.dtype_name, weights, opts, args.rounds)
+    ratios = every["compiled" if args.compile else "eager"]
     print(
         f"{device.device_name(target.device)}, {torch.get_num_threads()} threads, "
         f"{target.dtype_name}, hidden {cfg.hidden}, {cfg.layers} layers, "
         f"weights {weights / 1e6:.0f} MB, layout {model.layout.name}"
+        + (f", compiled ({model.compiled.info})" if args.compile else ", eager")
     )
-    print(f"{'step':<14}{'ms':>9}{'us/token':>11}{'GFLOP/s':>10}{'GB/s':>8}{'CV':>7}")
+    print(f"{'step':<14}{'ms':>9}{'us/token':>11}{'GFLOP/s':>10}{'GB/s':>8}{'CV':>7}"
+          f"{'compile s':>11}")  # fmt: skip
     for r in rows:
         print(
             f"{r['label']:<14}{r['step_ms']:>9.2f}{r['us_per_token']:>11.1f}"
             f"{r['tflops'] * 1e3:>10.1f}{r['gbps']:>8.2f}{r['cv']:>7.2f}"
+            f"{r.get('compile_s', 0.0):>11.1f}"
         )
     ratio = statistics.median(ratios)
     print(
@@ -87,6 +106,11 @@ def main() -> None:
         f"the same bytes {plain:.2f} GB/s; ratio {ratio:.2f} (median of {len(ratios)} "
         f"alternating rounds: {', '.join(f'{r:.2f}' for r in ratios)})"
     )
+    if args.compile:
+        eager = statistics.median(every["eager"])
+        slower = statistics.median(e / c for e, c in zip(every["eager"], ratios, strict=True))
+        print(f"eager twin, same rounds: ratio {eager:.2f}; compiled over eager step time "
+              f"{slower:.2f}")  # fmt: skip
     print(
         json.dumps(
             {
@@ -97,18 +121,20 @@ def main() -> None:
                 "hidden": cfg.hidden,
                 "layers": cfg.layers,
                 "layout": model.layout.name,
+                "compile": model.compiled.info if args.compile else None,
                 "rows": {
                     r["label"]: {
                         "step_ms": r["step_ms"],
                         "gbps": r["gbps"],
                         "tflops": r["tflops"],
                         "cv": r["cv"],
+                        "compile_s": r.get("compile_s"),
                     }
                     for r in rows
                 },
                 "plain_matvec_gbps": plain,
                 "decode_b1_over_plain": ratio,
-                "decode_b1_over_plain_rounds": ratios,
+                "decode_b1_over_plain_rounds": every,
             }
         )
     )

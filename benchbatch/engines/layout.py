@@ -48,7 +48,7 @@ def is_columns(w: torch.Tensor) -> bool:
     return w.dim() == 2 and w.shape[0] > 1 and w.stride(0) == 1 and w.stride(1) == w.shape[0]
 
 
-def choose(model, rows: tuple[int, ...] = (1, 32), rounds: int = 5) -> WeightLayout:
+def choose(model, rows: tuple[int, ...] = (1, 32), rounds: int = 3) -> WeightLayout:
     """The measured fastest layout for this model's projections on its device (cached)."""
     from benchbatch import distributed
 
