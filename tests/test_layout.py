@@ -82,3 +82,18 @@ def test_layout_scores_time_every_layout():
     scores = layout.layout_scores(preset("tiny"), torch.device("cpu"), torch.float32, (1, 4), 1)
     assert len(scores) == len(LAYOUTS)
     assert min(scores) >= 2.0 - 1e-9  # each row count's fastest layout scores 1
+
+
+def test_a_dense_decode_needs_no_mask_and_gives_the_masked_logits():
+    from benchbatch.engines.model import _dense, grouped_attention
+
+    past = torch.tensor([7, 7])
+    assert _dense(past, 1, 8) and not _dense(past, 1, 9) and not _dense(past, 2, 9)
+    assert not _dense(torch.tensor([7, 6]), 1, 8)
+    gen = torch.Generator().manual_seed(0)
+    q = torch.randn(2, 1, 4, 16, generator=gen)  # 4 heads sharing 2 KV heads
+    keys, values = torch.randn(2, 2, 8, 16, generator=gen), torch.randn(2, 2, 8, 16, generator=gen)
+    masked = grouped_attention(q, keys, values, past)
+    torch.testing.assert_close(grouped_attention(q, keys, values, past, dense=True), masked)
+    shorter = grouped_attention(q, keys, values, torch.tensor([7, 3]))  # one sees 4 keys only
+    assert not torch.allclose(shorter[1], masked[1]) and torch.allclose(shorter[0], masked[0])
