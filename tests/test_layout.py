@@ -85,11 +85,9 @@ def test_layout_scores_time_every_layout():
 
 
 def test_a_dense_decode_needs_no_mask_and_gives_the_masked_logits():
-    from benchbatch.engines.model import _dense, grouped_attention
+    from benchbatch.engines.model import grouped_attention
 
     past = torch.tensor([7, 7])
-    assert _dense(past, 1, 8) and not _dense(past, 1, 9) and not _dense(past, 2, 9)
-    assert not _dense(torch.tensor([7, 6]), 1, 8)
     gen = torch.Generator().manual_seed(0)
     q = torch.randn(2, 1, 4, 16, generator=gen)  # 4 heads sharing 2 KV heads
     keys, values = torch.randn(2, 2, 8, 16, generator=gen), torch.randn(2, 2, 8, 16, generator=gen)
@@ -97,3 +95,34 @@ def test_a_dense_decode_needs_no_mask_and_gives_the_masked_logits():
     torch.testing.assert_close(grouped_attention(q, keys, values, past, dense=True), masked)
     shorter = grouped_attention(q, keys, values, torch.tensor([7, 3]))  # one sees 4 keys only
     assert not torch.allclose(shorter[1], masked[1]) and torch.allclose(shorter[0], masked[0])
+
+
+def test_a_dense_step_is_the_masked_step(monkeypatch):
+    """step(dense=True) drops the mask and gives the same logits; without kv_len the
+    lengths decide, and uneven slots keep their mask."""
+    import benchbatch.engines.model as model_module
+
+    cfg = preset("tiny")
+    model = Transformer(cfg, seed=4)
+    tokens = torch.randint(0, cfg.vocab, (2, 9), generator=torch.Generator().manual_seed(1))
+    seen = []
+    real = model_module.grouped_attention
+    monkeypatch.setattr(model_module, "grouped_attention",
+                        lambda *a, **k: seen.append(k["dense"]) or real(*a, **k))  # fmt: skip
+    out = {}
+    for dense, kv_len in ((False, 9), (True, 9), (False, None)):
+        cache = model.new_cache(2, 16)
+        with torch.inference_mode():
+            model.step(tokens[:, :8], cache, slice(0, 2))
+            seen.clear()
+            out[dense, kv_len] = model.step(tokens[:, 8:], cache, slice(0, 2), kv_len, dense=dense)
+        assert set(seen) == {dense or kv_len is None}
+    torch.testing.assert_close(out[True, 9], out[False, 9])
+    torch.testing.assert_close(out[False, None], out[False, 9])
+    cache = model.new_cache(2, 16)
+    with torch.inference_mode():
+        model.step(tokens[:1, :8], cache, slice(0, 1))
+        model.step(tokens[1:, :5], cache, slice(1, 2))
+        seen.clear()
+        model.step(tokens[:, 8:], cache, slice(0, 2))  # lengths 8 and 5: masked
+    assert set(seen) == {False}

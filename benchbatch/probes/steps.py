@@ -77,8 +77,8 @@ def time_step(
 
     @torch.inference_mode()
     def run() -> None:
-        cache.lengths.fill_(step.context)
-        model.step(tokens, cache, slots, kv_len=kv_len)
+        cache.lengths.fill_(step.context)  # every slot at the context: decode needs no mask
+        model.step(tokens, cache, slots, kv_len=kv_len, dense=step.tokens == 1)
 
     b = backend.of(dev)
     return measure(b.capture(run) if replays_graph(dev, step, cuda_graphs) else run, dev, opts)
