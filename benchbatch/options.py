@@ -201,8 +201,9 @@ class ModelOptions:
     def build(self, target, seed: int = 0):
         """The model on the target device and dtype, and its config (checked to fit first):
         the checkpoint's weights, or seeded random ones. With no model named, the device's
-        default preset (see device_preset)."""
-        from benchbatch.engines import tensor_parallel
+        default preset (see device_preset). Its weights are laid out as measured fastest on
+        the device (engines/layout.py; model.layout says which)."""
+        from benchbatch.engines import layout, tensor_parallel
         from benchbatch.engines.model import Transformer
 
         cfg = self.shape(device_preset(target))
@@ -211,11 +212,13 @@ class ModelOptions:
             from benchbatch import checkpoint
 
             check_fits(cfg, target, "--model")
-            return checkpoint.load(
+            net, cfg = checkpoint.load(
                 self.model, target.device, target.dtype, cfg.max_context, shard=shard
             )
-        check_fits(cfg, target, self.source())
-        return Transformer(cfg, target.device, target.dtype, seed, shard=shard), cfg
+        else:
+            check_fits(cfg, target, self.source())
+            net = Transformer(cfg, target.device, target.dtype, seed, shard=shard)
+        return net.lay_out(layout.choose(net)), cfg  # the device's faster weight layout
 
 
 def check_fits(cfg, target, option: str, cache: tuple[int, int, str] | None = None) -> None:
@@ -302,6 +305,14 @@ class RunOptions:
         "GPU work.",
         panel=RUN,
         flag="--cuda-graphs/--no-cuda-graphs",
+    )
+    compile: bool = opt(
+        False,
+        "Run model steps through torch.compile (inductor; on CUDA with CUDA graphs). Compile "
+        "time is reported apart from step time (compile_s); a failure falls back to eager "
+        "and says so.",
+        panel=RUN,
+        flag="--compile/--no-compile",
     )
     roofline: bool = opt(
         True,

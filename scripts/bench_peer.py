@@ -15,9 +15,12 @@ benchbatch's timing harness:
   long as the longest, exactly the work of benchbatch's static policy) against
   benchbatch's engine, static and continuous.
 
-Each step is timed in alternating rounds (benchbatch, then the peer, --rounds times) and
-each side's raw times pooled, so a burst of load from another process hits both alike; on a
-shared 2-core machine --threads 1 keeps OpenMP from waiting on a descheduled thread.
+Each step is timed in alternating rounds (benchbatch, then the peer, --rounds times), so a
+burst of load from another process hits both alike: a step's bb/peer is the median of the
+rounds' ratios (each round's median times), its times the medians of each side's pooled
+repeats. On a shared 2-core machine --threads 1 keeps OpenMP from waiting on a
+descheduled thread. benchbatch's weights are laid out as its commands lay them out (the
+device's measured faster layout, engines/layout.py; --layout forces one).
 The default workload (64 requests, 16 slots, lognormal outputs median 70, at most 400)
 simulates to about 1.9x fewer steps for continuous batching; more requests and slots widen
 the gap (the article's 600 requests on 32 slots: 3.9x) but take long on a CPU.
@@ -33,6 +36,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import statistics
 import sys
 import time
 
@@ -40,6 +44,7 @@ import torch
 
 from benchbatch import device as devices
 from benchbatch.config import ModelConfig, preset
+from benchbatch.engines import layout
 from benchbatch.engines.engine import Engine, prompt_ids
 from benchbatch.engines.model import Transformer
 from benchbatch.engines.workload import Request, lognormal_workload
@@ -121,12 +126,16 @@ def peer_decode(model, config, batch: int, context: int, kind: str):
     else:
         cache = DynamicCache(config=config)
     with torch.inference_mode():
-        model(input_ids=prompt, cache=cache, use_cache=True, logits_to_keep=1)
+        model(input_ids=prompt, past_key_values=cache, use_cache=True, logits_to_keep=1)
 
     @torch.inference_mode()
     def step():
-        model(input_ids=token, cache=cache, use_cache=True, logits_to_keep=1)
-        cache.crop(-1)
+        model(input_ids=token, past_key_values=cache, use_cache=True, logits_to_keep=1)
+        if kind == "static":  # transformers 5's static layers count their length: rewind it
+            for layer in cache.layers:
+                layer.cumulative_length.fill_(context)
+        else:
+            cache.crop(-1)
 
     return lambda opts: measure(step, dev, opts)
 
@@ -138,19 +147,27 @@ def peer_prefill(model, config, tokens: int):
 
     @torch.inference_mode()
     def step():
-        model(input_ids=prompt, cache=DynamicCache(config=config), use_cache=True, logits_to_keep=1)
+        model(input_ids=prompt, past_key_values=DynamicCache(config=config), use_cache=True,
+              logits_to_keep=1)
 
     return lambda opts: measure(step, dev, opts)
 
 
 def alternate(timers: list, opts: TimingOptions, rounds: int) -> list[Measurement]:
     """Time each contestant in turn, `rounds` times over, and pool each one's raw times: a
-    burst of load from another process then hits both sides alike."""
+    burst of load from another process then hits both sides alike. Each Measurement keeps
+    its rounds' medians too (`round_ms`), for ratios taken round by round."""
     times: list[list[float]] = [[] for _ in timers]
+    medians: list[list[float]] = [[] for _ in timers]
     for _ in range(rounds):
-        for pooled, timer in zip(times, timers, strict=True):
-            pooled += timer(opts).times_ms
-    return [Measurement(t) for t in times]
+        for pooled, per_round, timer in zip(times, medians, timers, strict=True):
+            m = timer(opts)
+            pooled += m.times_ms
+            per_round.append(m.median_ms)
+    out = [Measurement(t) for t in times]
+    for m, per_round in zip(out, medians, strict=True):
+        m.round_ms = per_round
+    return out
 
 
 # --- end to end --------------------------------------------------------------------------------
@@ -225,6 +242,8 @@ def parse_args() -> argparse.Namespace:
         "--threads", type=int, default=None, help="torch threads (default: torch's own choice)"
     )
     parser.add_argument("--skip-generate", action="store_true")
+    parser.add_argument("--layout", choices=("measured", "rows", "columns"), default="measured",
+                        help="benchbatch's weight layout (default: measured on the device)")
     return parser.parse_args()
 
 
@@ -243,7 +262,10 @@ def main() -> int:
     cfg = preset(args.preset or ("article" if target.device.type == "cuda" else "cpu-small"))
     opts = TimingOptions(min_repeats=args.repeats, min_time_s=args.min_time)
     ours = Transformer(cfg, target.device, target.dtype, args.seed)
+    forced = {"rows": layout.ROWS, "columns": layout.WeightLayout(columns=True)}
+    ours.lay_out(forced.get(args.layout) or layout.choose(ours))
     peer, config = peer_model(cfg, target.device, target.dtype, args.seed)
+    args.layout_name = ours.layout.name
     print(header(cfg, target, args), flush=True)
     points = step_points(ours, peer, config, args, opts)
     if not args.skip_generate:
@@ -260,7 +282,8 @@ def header(cfg: ModelConfig, target, args) -> str:
         f"{cfg.name} (hidden {cfg.hidden}, {cfg.layers} layers, {cfg.heads} heads, "
         f"{cfg.kv_heads} KV heads, MLP {cfg.intermediate}, vocab {cfg.vocab:,}), "
         f"{target.dtype_name}, {devices.device_name(target.device)} ({target.device}, "
-        f"{torch.get_num_threads()} threads), torch {torch.__version__}"
+        f"{torch.get_num_threads()} threads), torch {torch.__version__}; benchbatch's "
+        f"weight layout: {args.layout_name}"
     )
 
 
@@ -278,6 +301,8 @@ def point(name: str, ours, peer, peer_name: str, note: str = "") -> dict:
     if isinstance(ours, Measurement):
         row |= {"benchbatch_min_ms": ours.min_ms, "peer_min_ms": peer.min_ms}
         row |= {"benchbatch_cv": ours.cv, "peer_cv": peer.cv}
+        ratios = [a / b for a, b in zip(ours.round_ms, peer.round_ms, strict=True)]
+        row |= {"round_ratios": ratios, "benchbatch_over_peer": statistics.median(ratios)}
     return row
 
 

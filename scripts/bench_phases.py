@@ -4,7 +4,10 @@ A batch-1 decode step reads every weight once, so on a machine whose caches hold
 part of the weights it should move bytes at close to the memory bandwidth. This script
 measures, side by side in one run: the phases rows of a model, and a plain matrix-vector
 product over a weight of the same total size (what the memory system gives to torch).
-It prints a table, then one JSON line.
+The decode b=1 ratio is the median of --rounds alternating rounds (step, then the plain
+product), so load from other processes hits both alike. The model's weights are laid out as
+the commands lay them out (engines/layout.py measures the device's faster layout);
+--layout rows|columns forces one, to compare. It prints a table, then one JSON line.
 
     python scripts/bench_phases.py [--hidden 1024] [--layers 8] [--device cpu]
 """
@@ -14,13 +17,15 @@ from __future__ import annotations
 import argparse
 import json
 import platform
+import statistics
 
 import torch
 
 from benchbatch import accounting, device
 from benchbatch.config import preset
+from benchbatch.engines import compiled, layout
 from benchbatch.engines.model import Transformer
-from benchbatch.probes import phases, steps
+from benchbatch.probes import steps
 from benchbatch.timing import TimingOptions, measure
 
 
@@ -34,38 +39,78 @@ def plain_matvec_gbps(weight_bytes: int, dev: torch.device, dtype, opts) -> floa
     return w.nbytes / (m.median_ms / 1e3) / 1e9
 
 
+def alternating_ratio(models: dict, dtype_name: str, weights: int, opts, rounds: int) -> dict:
+    """Each model's decode b=1 GB/s over the plain product's, one ratio per round (each
+    model's step in turn, then the plain product)."""
+    first = next(iter(models.values())).embed.weight
+    out: dict[str, list[float]] = {name: [] for name in models}
+    for _ in range(rounds):
+        gbps = {n: steps.run_step(m, dtype_name, steps.decode(1, 512), opts)["gbps"]
+                for n, m in models.items()}  # fmt: skip
+        plain = plain_matvec_gbps(weights, first.device, first.dtype, opts)
+        for name, value in gbps.items():
+            out[name].append(value / plain)
+    return out
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--hidden", type=int, default=1024)
     parser.add_argument("--layers", type=int, default=8)
     parser.add_argument("--device", default="auto")
     parser.add_argument("--repeats", type=int, default=10)
+    parser.add_argument("--rounds", type=int, default=5, help="alternating decode/plain rounds")
+    parser.add_argument("--layout", choices=("measured", "rows", "columns"), default="measured")
+    parser.add_argument("--threads", type=int, default=None, help="default: torch's choice")
+    parser.add_argument("--compile", action="store_true", help="steps through torch.compile")
+    parser.add_argument("--decode-only", action="store_true", help="skip the prefill rows")
     args = parser.parse_args()
+    if args.threads:
+        torch.set_num_threads(args.threads)
     target = device.resolve(args.device)
     cfg = preset("article").replace(hidden=args.hidden, layers=args.layers)
     opts = TimingOptions(min_repeats=args.repeats, min_time_s=0.5)
     model = Transformer(cfg, target.device, target.dtype)
-    plan = phases.plan([128, 512], [1, 8, 32], context=512)
+    chosen = {"rows": layout.ROWS, "columns": layout.WeightLayout(columns=True)}
+    model.lay_out(chosen.get(args.layout) or layout.choose(model))
+    models = {"eager": model}
+    if args.compile:  # an eager twin stays, to alternate with (same seed: same weights)
+        twin = Transformer(cfg, target.device, target.dtype).lay_out(model.layout)
+        compiled.compile_model(twin, on_fallback=print)
+        model = models["compiled"] = twin
+    plan = [] if args.decode_only else [steps.prefill(1, p) for p in (128, 512)]
+    plan += [steps.decode(b, 512) for b in (1, 8, 32)]
     rows = [steps.run_step(model, target.dtype_name, s, opts) for s in plan]
     weights = accounting.weight_bytes(cfg, target.dtype_name)
     plain = plain_matvec_gbps(weights, target.device, target.dtype, opts)
     decode1 = next(r for r in rows if r["label"] == "decode b=1")
+    every = alternating_ratio(models, target.dtype_name, weights, opts, args.rounds)
+    ratios = every["compiled" if args.compile else "eager"]
     print(
         f"{device.device_name(target.device)}, {torch.get_num_threads()} threads, "
         f"{target.dtype_name}, hidden {cfg.hidden}, {cfg.layers} layers, "
-        f"weights {weights / 1e6:.0f} MB"
+        f"weights {weights / 1e6:.0f} MB, layout {model.layout.name}"
+        + (f", compiled ({model.compiled.info})" if args.compile else ", eager")
     )
-    print(f"{'step':<14}{'ms':>9}{'us/token':>11}{'GFLOP/s':>10}{'GB/s':>8}{'CV':>7}")
+    print(f"{'step':<14}{'ms':>9}{'us/token':>11}{'GFLOP/s':>10}{'GB/s':>8}{'CV':>7}"
+          f"{'compile s':>11}")  # fmt: skip
     for r in rows:
         print(
             f"{r['label']:<14}{r['step_ms']:>9.2f}{r['us_per_token']:>11.1f}"
             f"{r['tflops'] * 1e3:>10.1f}{r['gbps']:>8.2f}{r['cv']:>7.2f}"
+            f"{r.get('compile_s', 0.0):>11.1f}"
         )
-    ratio = decode1["gbps"] / plain
+    ratio = statistics.median(ratios)
     print(
         f"decode b=1 moves {decode1['gbps']:.2f} GB/s; a plain matrix-vector product over "
-        f"the same bytes {plain:.2f} GB/s (ratio {ratio:.2f})"
+        f"the same bytes {plain:.2f} GB/s; ratio {ratio:.2f} (median of {len(ratios)} "
+        f"alternating rounds: {', '.join(f'{r:.2f}' for r in ratios)})"
     )
+    if args.compile:
+        eager = statistics.median(every["eager"])
+        slower = statistics.median(e / c for e, c in zip(every["eager"], ratios, strict=True))
+        print(f"eager twin, same rounds: ratio {eager:.2f}; compiled over eager step time "
+              f"{slower:.2f}")  # fmt: skip
     print(
         json.dumps(
             {
@@ -75,17 +120,21 @@ def main() -> None:
                 "dtype": target.dtype_name,
                 "hidden": cfg.hidden,
                 "layers": cfg.layers,
+                "layout": model.layout.name,
+                "compile": model.compiled.info if args.compile else None,
                 "rows": {
                     r["label"]: {
                         "step_ms": r["step_ms"],
                         "gbps": r["gbps"],
                         "tflops": r["tflops"],
                         "cv": r["cv"],
+                        "compile_s": r.get("compile_s"),
                     }
                     for r in rows
                 },
                 "plain_matvec_gbps": plain,
                 "decode_b1_over_plain": ratio,
+                "decode_b1_over_plain_rounds": every,
             }
         )
     )

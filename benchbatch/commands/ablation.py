@@ -68,7 +68,7 @@ def ablation(
     rec = _open(opts, workload, model, run, requests, real or given is None)
     rec.meta["work"] = work
     with rec:
-        net = model.build(rec.target, run.seed)[0] if rec.target is not None else None
+        net = c.build_model(rec, model, run)[0] if rec.target is not None else None
         cost = cost_model(rec, net, budgets, requests, given, run)
         sims = _simulate(rec, requests, opts.schemes, budgets, cost, opts.slo)
         if real:

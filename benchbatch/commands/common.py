@@ -94,6 +94,25 @@ def engine_cache(slots: int, requests) -> tuple[int, int, str]:
     return slots, cache_len(requests), "slots"
 
 
+def build_model(rec: Recorder, model: ModelOptions, run: RunOptions, target=None):
+    """The model and its config (ModelOptions.build), its weight layout in metadata.json and,
+    with --compile, its steps through torch.compile: metadata's "compile" holds the mode,
+    what was applied (eager after a failure, said in one line) and the compile seconds."""
+    target = target or rec.target
+    net, cfg = model.build(target, run.seed)
+    rec.meta["weight_layout"] = net.layout.name
+    if run.compile:
+        from benchbatch.engines import compiled
+
+        def fell_back(line: str) -> None:
+            render.warning(line)
+            rec.write_meta()
+
+        # The state's info dict itself: metadata.json gets its latest compile seconds.
+        rec.meta["compile"] = compiled.compile_model(net, run.graphs(target), fell_back).info
+    return net, cfg
+
+
 def print_notes(*notes: str | None) -> None:
     for text in notes:
         if text:

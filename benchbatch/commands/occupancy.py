@@ -15,7 +15,7 @@ from benchbatch.run import Recorder
 
 CPU_HINT = "--engine real --requests 64 --slots 8 --max-output 200"
 LONG_RUN_S = 600  # over this estimate, the notice suggests a smaller run
-RUN_FIELDS = ("device", "dtype", "seed", "threads", "tp", "out", "force", "json_out")
+RUN_FIELDS = ("device", "dtype", "seed", "threads", "tp", "compile", "out", "force", "json_out")
 
 SIM_COLUMNS = {
     "policy": "policy",
@@ -253,7 +253,7 @@ def _run_real(rec, model: ModelOptions, run: RunOptions, requests, slots: int, s
     from benchbatch.plots.occupancy import engine_figure
     from benchbatch.probes import occupancy as probe
 
-    net, cfg = model.build(rec.target, run.seed)
+    net, cfg = c.build_model(rec, model, run)
     estimate = probe.estimate(net, rec.target.dtype_name, requests, slots, sims)
     rec.meta.update(estimate=estimate, sim_time_basis=probe.SIM_TIME_BASIS)
     if not run.json_out:

@@ -37,7 +37,7 @@ def phases(opts: PhasesOptions, model: ModelOptions, run: RunOptions) -> None:
     rec = c.open_model_run("phases", model, run, opts, check=opts.check)
     with rec:
         c.use_ceilings(rec, run)
-        net, _ = model.build(rec.target, run.seed)
+        net, _ = c.build_model(rec, model, run)
         _estimate(rec, net, opts, run)
         rows = measure(rec, net, opts, run)
         rec.meta["summary"] = probe.summary(rows)

@@ -51,7 +51,7 @@ def piggyback(opts: PiggybackOptions, model: ModelOptions, run: RunOptions) -> N
     rec = c.open_model_run("piggyback", model, run, opts, check=opts.check)
     with rec:
         c.use_ceilings(rec, run)
-        net, cfg = model.build(rec.target, run.seed)
+        net, cfg = c.build_model(rec, model, run)
         steps = probe.rows(net, opts, run.timing(), run.cuda_graphs)
         raw = rec.record("steps", steps, total=len(probe.plan(opts)), label="piggyback")
         rows = probe.piggyback_rows(raw)

@@ -40,7 +40,7 @@ KNEE_THRESHOLD = 0.25  # sweep's default: a step 25% slower than the smallest ba
 CPU_REAL = dict(requests=128, slots=32, max_output=400)
 WORKLOAD_FIELDS = ("requests", "slots", "median", "sigma", "max_output", "prompt_len")
 RUN_FIELDS = ("device", "dtype", "seed", "repeats", "min_time", "warmup", "threads",
-              "cuda_graphs", "out", "force", "json_out")  # fmt: skip
+              "cuda_graphs", "compile", "out", "force", "json_out")  # fmt: skip
 
 
 @dataclass(frozen=True)
@@ -190,7 +190,7 @@ def _run_parts(rec, job: Job, model: ModelOptions, run: RunOptions) -> Built:
         rec.ceilings = built.ceilings = probes.ceilings(rows, "probe_sizes")
         rec.meta["ceilings"] = built.ceilings.to_dict()
         rec.meta["probe"] = probe.summary(built.ceilings, _peak(target))
-    net, cfg = model.build(target, run.seed)
+    net, cfg = c.build_model(rec, model, run, target)
     with _part(rec, "phases"):
         phases_rows = phases.measure(rec, net, job.phases, run, timing)
         rec.meta["phases"] = phases_probe.summary(phases_rows)

@@ -117,7 +117,7 @@ def serve_sweep(
     rec = _open(opts, workload, model, run, w, real or given is None)
     rec.meta["workload"] = {"arrivals": w.arrivals, "lengths": w.lengths}
     with rec:
-        net = model.build(rec.target, run.seed)[0] if rec.target is not None else None
+        net = c.build_model(rec, model, run)[0] if rec.target is not None else None
         cost = _cost_model(rec, net, setup, w, given, run)
         rates = _simulate(rec, opts, w, setup, cost)
         if real:

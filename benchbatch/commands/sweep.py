@@ -67,7 +67,7 @@ def sweep(
             ridge_flop_per_byte=ridge,
             ridge_source=ridge_source,
         )
-        net, _ = model.build(rec.target, run.seed)
+        net, _ = c.build_model(rec, model, run)
         _estimate(rec, net, opts, ceiling, run)
         rows, summary = measure(rec, net, opts, ceiling, ridge, run)
         if roof is not None:

@@ -30,7 +30,7 @@ def reserve_output(requests: Sequence[Request] | Workload, max_output: int, trac
     longest output (a trace replaces --max-output)."""
     if trace is None:
         return max_output
-    return int(max(r.output_tokens for r in requests))
+    return int(Workload.of(requests).output_tokens.max())
 
 
 def setup(
@@ -44,7 +44,7 @@ def setup(
 ) -> MemorySetup:
     """The shared budget: kv_bytes in whole blocks, or (None) the slot count's worth. A
     UserError (--kv-memory) if it cannot hold one request's prompt and reservation."""
-    longest = int(max(r.prompt_tokens for r in requests))
+    longest = int(Workload.of(requests).prompt_tokens.max())  # columns: no Request objects
     if kv_bytes is None:
         blocks = slots * memory.slot_blocks(block_size, longest, reserve)
         source = f"{SLOTS_WORTH} ({slots} x ({longest:,} + {reserve:,}) tokens)"
@@ -67,7 +67,7 @@ def simulate(
 
 
 def prompt_total(requests: Sequence[Request] | Workload) -> int:
-    return int(sum(r.prompt_tokens for r in requests))
+    return int(Workload.of(requests).prompt_tokens.sum())
 
 
 def rows(results: dict[str, SimResult], s: MemorySetup, requests) -> list[dict]:

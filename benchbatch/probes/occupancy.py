@@ -141,13 +141,20 @@ def engine_steps(
     model, requests: Sequence[Request], runs: Sequence[EngineRun], seed: int, finished: Finished
 ) -> Iterator[dict]:
     """The one loop of the real engine: every run in turn, a row per step as it ends
-    (engine_steps.csv); finished(run, EngineResult) once a run has served every request."""
+    (engine_steps.csv); finished(run, EngineResult) once a run has served every request.
+    A compiled model's rows have compile_s: the seconds of the step torch spent compiling
+    (a new shape), which its step time includes."""
+    from benchbatch.engines.compiled import compile_seconds
     from benchbatch.engines.engine import Engine
 
+    is_compiled = getattr(model, "compiled", None) is not None
     for run in runs:
         engine = Engine(model, run.policy, run.slots, seed, run.stop_tokens, **run.settings)
+        before = compile_seconds(model)
         for record in engine.steps(requests, run.arrivals_s):
             row = {run.key: run.name, **run.columns, **record.row()}
+            if is_compiled:
+                row["compile_s"], before = compile_seconds(model) - before, compile_seconds(model)
             if run.sim_step_s is not None:
                 row["sim_step_ms"] = 1e3 * run.sim_step_s[record.step]
             yield row

@@ -33,6 +33,7 @@ from dataclasses import dataclass
 import torch
 
 from benchbatch import accounting, backend, device, distributed, timing
+from benchbatch.engines import compiled
 from benchbatch.engines.model import Transformer
 from benchbatch.engines.tensor_parallel import tp_of
 from benchbatch.timing import Measurement, TimingOptions, measure, measure_interleaved
@@ -84,8 +85,8 @@ def prepare(
 
     @torch.inference_mode()
     def run() -> None:
-        cache.lengths.fill_(step.context)
-        model.step(tokens, cache, slots, kv_len=kv_len)
+        cache.lengths.fill_(step.context)  # every slot at the context: decode needs no mask
+        model.step(tokens, cache, slots, kv_len=kv_len, dense=step.tokens == 1)
 
     b = backend.of(dev)
     return b.capture(run) if replays_graph(dev, step, cuda_graphs) else run
@@ -199,18 +200,34 @@ def run_group(
         rows = [run_step(model, dtype, step, opts, cuda_graphs, **layout) for step in group]
         return [{**row, "timing_group": number} for row in rows]
     dev = model.embed.weight.device
+    spent: dict[int, float] = {}  # compile seconds of each step, when compiled
     makers = [
-        functools.partial(prepare, model, step, opts, cuda_graphs, 0, **layout) for step in group
+        functools.partial(_prepared, model, step, opts, cuda_graphs, layout, spent, i)
+        for i, step in enumerate(group)
     ]
     measured = measure_prepared(makers, dev, opts)
     if measured is None:  # out of memory while timing them together: time each alone
         return [run_step(model, dtype, step, opts, cuda_graphs, **layout) for step in group]
     number = next_group()
-    return [
-        {**step_row(model, dtype, step, m), "status": "oom" if m is None else "ok",
-         "kv_layout": kv_layout, "timing_group": number}
-        for step, m in zip(group, measured, strict=True)
-    ]  # fmt: skip
+    rows = []
+    for i, (step, m) in enumerate(zip(group, measured, strict=True)):
+        row = {**step_row(model, dtype, step, m), "status": "oom" if m is None else "ok",
+               "kv_layout": kv_layout, "timing_group": number}  # fmt: skip
+        if i in spent:
+            row["compile_s"] = spent[i]
+        rows.append(row)
+    return rows
+
+
+def _prepared(model, step: Step, opts, cuda_graphs: bool, layout: dict, spent: dict, i: int):
+    """prepare(), and for a compiled model one call first: torch compiles for the step's
+    shape then, its seconds kept in spent[i], outside the group's timing."""
+    before = compiled.compile_seconds(model)
+    call = prepare(model, step, opts, cuda_graphs, 0, **layout)
+    if getattr(model, "compiled", None) is not None:
+        call()
+        spent[i] = compiled.compile_seconds(model) - before
+    return call
 
 
 def next_group() -> int:
@@ -253,14 +270,20 @@ def run_step(
     kv_layout: str = "contiguous",
     block_size: int = 16,
 ) -> dict:
-    """Time a step and return its row; out of memory is recorded as such, not raised."""
+    """Time a step and return its row; out of memory is recorded as such, not raised. A
+    compiled model's row has compile_s: the seconds torch spent compiling for this step (in
+    its untimed warm-up calls), apart from step_ms."""
     timed = lambda: time_step(model, step, opts, cuda_graphs, kv_layout=kv_layout,  # noqa: E731
                               block_size=block_size)  # fmt: skip
+    before = compiled.compile_seconds(model)
     m, status = device.measured_or_oom(timed, model.embed.weight.device)
+    extra = {"kv_layout": kv_layout}
+    if getattr(model, "compiled", None) is not None:
+        extra["compile_s"] = compiled.compile_seconds(model) - before
     if distributed.current().distributed:
         row = across_ranks(model, dtype, step, m, status, opts, cuda_graphs)
-        return {**row, "kv_layout": kv_layout}
-    return {**step_row(model, dtype, step, m), "status": status, "kv_layout": kv_layout}
+        return {**row, **extra}
+    return {**step_row(model, dtype, step, m), "status": status, **extra}
 
 
 def across_ranks(model, dtype: str, step: Step, m, status: str, opts, graphs: bool) -> dict:

@@ -1,0 +1,142 @@
+"""--compile: the compiled step's logits, the fallback to eager, the option on the CLI."""
+
+import json
+
+import pandas as pd
+import pytest
+import torch
+
+from benchbatch.cli import app
+from benchbatch.config import preset
+from benchbatch.engines import compiled
+from benchbatch.engines.model import Transformer
+from benchbatch.probes import steps
+
+pytestmark = pytest.mark.usefixtures("one_thread")
+
+
+def decode_logits(model, tokens, kv_lens=(9, 10)):
+    """A prefill of all but the last token, then decode steps at the given KV lengths."""
+    cache = model.new_cache(tokens.shape[0], 32)
+    slots, out = slice(0, tokens.shape[0]), []
+    with torch.inference_mode():
+        out.append(model.step(tokens[:, : kv_lens[0] - 1], cache, slots))
+        for kv in kv_lens:
+            out.append(model.step(tokens[:, kv - 1 : kv], cache, slots, kv_len=kv))
+    return torch.cat(out, dim=1)
+
+
+def tokens_for(cfg, batch=2, length=12):
+    return torch.randint(0, cfg.vocab, (batch, length), generator=torch.Generator().manual_seed(0))
+
+
+@pytest.mark.slow  # inductor builds C++ kernels: tens of seconds on a 2-core CPU
+def test_compiled_step_gives_the_eager_logits():
+    cfg = preset("tiny")
+    eager, model = Transformer(cfg, seed=2), Transformer(cfg, seed=2)
+    state = compiled.compile_model(model)
+    tokens = tokens_for(cfg)
+    want = decode_logits(eager, tokens)
+    got = decode_logits(model, tokens)  # prefill, then two KV lengths: a recompile
+    if not state.applied:
+        pytest.fail(f"inductor could not compile here: {state.fallback}")
+    torch.testing.assert_close(got, want, rtol=1e-4, atol=1e-4)
+    assert state.graphs >= 2 and state.compile_s > 0
+
+
+def test_torch_compile_raising_falls_back_to_eager_and_says_so(monkeypatch):
+    def broken(*args, **kwargs):
+        raise RuntimeError("no C++ compiler\nmore detail")
+
+    monkeypatch.setattr(torch, "compile", broken)
+    cfg = preset("tiny")
+    eager, model = Transformer(cfg, seed=2), Transformer(cfg, seed=2)
+    said = []
+    state = compiled.compile_model(model, on_fallback=said.append)
+    assert not state.applied and state.fallback == "RuntimeError: no C++ compiler"
+    assert said == ["--compile: torch.compile failed (RuntimeError: no C++ compiler); "
+                    "running eager instead"]  # fmt: skip
+    assert state.info["applied"] == "eager (fallback)"
+    tokens = tokens_for(cfg)
+    assert torch.equal(decode_logits(model, tokens), decode_logits(eager, tokens))
+
+
+def test_a_first_call_failing_in_the_compiler_falls_back(monkeypatch):
+    def compiles_to_failure(fn, **kwargs):
+        def call(*args, **kw):
+            raise OSError("inductor: cannot build the kernel")
+
+        return call
+
+    monkeypatch.setattr(torch, "compile", compiles_to_failure)
+    cfg = preset("tiny")
+    eager, model = Transformer(cfg, seed=2), Transformer(cfg, seed=2)
+    said = []
+    state = compiled.compile_model(model, on_fallback=said.append)
+    assert state.applied  # not yet known: compilation happens at the first call
+    tokens = tokens_for(cfg)
+    assert torch.equal(decode_logits(model, tokens), decode_logits(eager, tokens))
+    assert not state.applied and len(said) == 1 and "OSError" in said[0]
+
+
+def test_compile_seconds_are_a_column_apart_from_the_step(monkeypatch, quick_timing):
+    calls = []
+
+    def counting(fn, **kwargs):  # a "compiler" that takes 0.2 s and makes one graph per shape
+        from torch._dynamo.utils import counters
+
+        def call(*args, **kw):
+            key = (args[0].shape[0], len(args[1]))
+            if key not in calls:
+                calls.append(key)
+                counters["stats"]["unique_graphs"] += 1
+                import time
+
+                time.sleep(0.2)
+            return fn(*args, **kw)
+
+        return call
+
+    monkeypatch.setattr(torch, "compile", counting)
+    model = Transformer(preset("tiny"), seed=2)
+    compiled.compile_model(model)
+    row = steps.run_step(model, "fp32", steps.decode(2, 8), quick_timing)
+    assert row["compile_s"] >= 0.2 and row["step_ms"] < 200
+    again = steps.run_step(model, "fp32", steps.decode(2, 8), quick_timing)
+    assert again["compile_s"] == 0.0  # the same shape: nothing compiled
+    eager = steps.run_step(Transformer(preset("tiny")), "fp32", steps.decode(2, 8), quick_timing)
+    assert "compile_s" not in eager
+
+
+def test_mode_is_inductors_default_on_a_cpu_and_cuda_graphs_on_cuda():
+    assert compiled.mode_for(torch.device("cpu"), own_graphs=False) == "default"
+    assert compiled.mode_for(torch.device("cuda"), own_graphs=False) == "reduce-overhead"
+    assert compiled.mode_for(torch.device("cuda"), own_graphs=True) == "default"
+
+
+FAST = ["--preset", "tiny", "--repeats", "1", "--min-time", "0", "--device", "cpu", "--no-roofline"]
+
+
+def test_phases_accepts_compile_and_records_the_fallback(runner, tmp_path, monkeypatch):
+    def broken(*args, **kwargs):
+        raise RuntimeError("compiler missing")
+
+    monkeypatch.setattr(torch, "compile", broken)
+    out = tmp_path / "run"
+    result = runner.invoke(app, ["phases", *FAST, "--prefill", "16", "--decode-batch", "1",
+                                 "--context", "24", "--compile", "--out", str(out)])  # fmt: skip
+    assert result.exit_code == 0, result.output
+    assert result.output.count("running eager instead") == 1
+    meta = json.loads((out / "metadata.json").read_text())
+    assert meta["options"]["compile"] is True
+    assert meta["compile"]["applied"] == "eager (fallback)"
+    assert meta["compile"]["fallback"] == "RuntimeError: compiler missing"
+    assert meta["weight_layout"] in {"rows, fused", "rows, split", "columns, fused",
+                                     "columns, split"}  # fmt: skip
+    assert "compile_s" in pd.read_csv(out / "phases.csv").columns
+
+
+@pytest.mark.parametrize("command", ["phases", "sweep", "occupancy", "ablation", "reproduce"])
+def test_compile_is_an_option_of_the_model_commands(runner, command):
+    result = runner.invoke(app, [command, "--help"], terminal_width=200)
+    assert result.exit_code == 0 and "--compile" in result.output
