@@ -61,7 +61,11 @@ ENGINE = tests(
     "test_step_records_count_what_the_model_was_fed",
     "test_static_decode_batch_is_the_active_plus_the_padded_slots",
 )
-GRAPHS = tests("tests/test_graph_path.py", "test_the_flag_reaches_the_step_timer")
+GRAPHS = tests(
+    "tests/test_graph_path.py",
+    "test_the_flag_reaches_the_step_timer",
+    "test_a_step_timed_alone_gets_the_flag_too",
+)
 ACCOUNTING = tests("tests/test_accounting.py")
 SCHEDULER = (*tests("tests/test_scheduler.py"), *tests("tests/test_simulate.py"))
 SIMULATE = tests("tests/test_simulate.py")
@@ -167,7 +171,7 @@ BREAKS = [
         "benchbatch/probes/steps.py",
         "return cuda_graphs and backend.of(dev).graphs",
         "return backend.of(dev).graphs",
-        tests("tests/test_graph_path.py", "test_a_graph_is_replayed_for_decode_on_cuda_when_asked"),
+        tests("tests/test_graph_path.py", "test_a_graph_is_replayed_on_cuda_when_asked"),
     ),
     Break(
         "graphs: the sweep probe drops the flag",

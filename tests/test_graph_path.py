@@ -86,3 +86,13 @@ def test_a_graph_is_replayed_on_cuda_when_asked(device, phase, cuda_graphs):
     step = steps.Step(phase, 2, 1 if phase == "decode" else 8, 8 if phase == "decode" else 0)
     expected = device.startswith("cuda") and cuda_graphs
     assert steps.replays_graph(torch.device(device), step, cuda_graphs) is expected
+
+
+@pytest.mark.parametrize("cuda_graphs", [True, False])
+def test_a_step_timed_alone_gets_the_flag_too(timed, tiny_model, cuda_graphs):
+    """run_step (a group of one, --try-oom, under torchrun) passes the flag on as given."""
+    from benchbatch.timing import TimingOptions
+
+    opts = TimingOptions(min_repeats=1, min_time_s=0.0, warmup=0)
+    row = steps.run_step(tiny_model, "fp32", steps.decode(2, 8), opts, cuda_graphs)
+    assert row["status"] == "ok" and timed == [("decode", cuda_graphs)]
