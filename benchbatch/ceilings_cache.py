@@ -20,6 +20,8 @@ import os
 from dataclasses import dataclass
 from pathlib import Path
 
+from benchbatch.units import duration
+
 MAX_AGE_S = 24 * 3600  # a probe older than a day is measured again
 FILE = "ceilings.json"
 ENV = "BENCHBATCH_CACHE_DIR"
@@ -48,7 +50,7 @@ class Cached:
     path: Path  # the cache file
 
     def describe(self) -> str:
-        return f"measured {_age(self.age_s)} ago by {self.run}"
+        return f"measured {duration(self.age_s)} ago by {self.run}"
 
 
 def load(name: str, max_age_s: float = MAX_AGE_S, now: dt.datetime | None = None):
@@ -94,11 +96,3 @@ def _read(path: Path) -> dict:
 
 def _now() -> dt.datetime:
     return dt.datetime.now(dt.timezone.utc)
-
-
-def _age(seconds: float) -> str:
-    if seconds < 90:
-        return f"{seconds:.0f} s"
-    if seconds < 5400:
-        return f"{seconds / 60:.0f} min"
-    return f"{seconds / 3600:.1f} h"

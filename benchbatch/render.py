@@ -21,6 +21,7 @@ from rich.text import Text
 
 from benchbatch.distributed import is_writer
 from benchbatch.errors import one_line
+from benchbatch.units import duration  # noqa: F401  (render.duration: the commands use it)
 
 # Under torchrun every rank runs the command and rank 0 alone prints (errors excepted).
 # Text is printed as given: no rich markup or emoji codes in paths, labels or names.
@@ -143,11 +144,3 @@ def warn_untrusted(flagged: dict[str, list[str]]) -> None:
             f"{', '.join(flagged['power_capped'])} (routine under heavy matmul load on big "
             "GPUs): those times are what this board's power limit allows."
         )
-
-
-def duration(seconds: float) -> str:
-    if seconds < 90:
-        return f"{seconds:.0f} s"
-    if seconds < 5400:
-        return f"{seconds / 60:.0f} min"
-    return f"{seconds / 3600:.1f} h"

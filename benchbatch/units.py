@@ -38,3 +38,12 @@ def _number(value) -> bool:
     except (TypeError, ValueError):
         return False
     return True
+
+
+def duration(seconds: float) -> str:
+    """'45 s', '12 min', '1.5 h': a duration for people."""
+    if seconds < 90:
+        return f"{seconds:.0f} s"
+    if seconds < 5400:
+        return f"{seconds / 60:.0f} min"
+    return f"{seconds / 3600:.1f} h"

@@ -25,16 +25,13 @@ def layer_views(k: torch.Tensor, v: torch.Tensor) -> tuple[tuple, tuple]:
     return tuple(k[i] for i in range(k.shape[0])), tuple(v[i] for i in range(v.shape[0]))
 
 
-class KVCache:
-    def __init__(
-        self, cfg: ModelConfig, slots: int, max_len: int, device: torch.device, dtype: torch.dtype
-    ):
-        shape = (cfg.layers, slots, cfg.kv_heads, max_len, cfg.head_dim)
-        self.k = torch.zeros(shape, device=device, dtype=dtype)
-        self.v = torch.zeros(shape, device=device, dtype=dtype)
-        self.k_layers, self.v_layers = layer_views(self.k, self.v)
-        self.lengths = torch.zeros(slots, device=device, dtype=torch.long)
-        self.slots, self.max_len = slots, max_len
+class _SlotCache:
+    """What both layouts share: their bytes, and slots as a tensor of slot numbers."""
+
+    k: torch.Tensor
+    v: torch.Tensor
+    lengths: torch.Tensor
+    slots: int
 
     @property
     def nbytes(self) -> int:
@@ -45,6 +42,18 @@ class KVCache:
         if isinstance(slots, slice):
             return torch.arange(self.slots, device=self.lengths.device)[slots]
         return slots
+
+
+class KVCache(_SlotCache):
+    def __init__(
+        self, cfg: ModelConfig, slots: int, max_len: int, device: torch.device, dtype: torch.dtype
+    ):
+        shape = (cfg.layers, slots, cfg.kv_heads, max_len, cfg.head_dim)
+        self.k = torch.zeros(shape, device=device, dtype=dtype)
+        self.v = torch.zeros(shape, device=device, dtype=dtype)
+        self.k_layers, self.v_layers = layer_views(self.k, self.v)
+        self.lengths = torch.zeros(slots, device=device, dtype=torch.long)
+        self.slots, self.max_len = slots, max_len
 
     def write(self, layer: int, slots: Slots, positions: torch.Tensor, k, v) -> None:
         """Store k, v of shape [batch, tokens, kv_heads, head_dim] at each slot's positions."""
@@ -68,7 +77,7 @@ class KVCache:
         self.lengths[slice(None) if slots is None else slots] = 0
 
 
-class PagedKVCache:
+class PagedKVCache(_SlotCache):
     """The KV cache as a pool of fixed-size blocks and a block table per slot (PagedAttention).
 
     Token position p of a slot lives in block block_table[slot, p // block_size] at offset
@@ -117,15 +126,6 @@ class PagedKVCache:
         order = torch.randperm(slots * width, generator=gen).view(slots, width)
         cache.block_table.copy_(order.to(device))
         return cache
-
-    @property
-    def nbytes(self) -> int:
-        return self.k.nbytes + self.v.nbytes
-
-    def index(self, slots: Slots) -> torch.Tensor:
-        if isinstance(slots, slice):
-            return torch.arange(self.slots, device=self.lengths.device)[slots]
-        return slots
 
     def assign(self, slots: torch.Tensor, indices: torch.Tensor, blocks: torch.Tensor) -> None:
         """block_table[slots[i], indices[i]] = blocks[i]: blocks a scheduler handed out."""
