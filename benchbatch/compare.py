@@ -39,6 +39,7 @@ NUMERIC = (
     "output_throughput_tps", "ttft_p50_s", "ttft_p99_s", "tpot_p50_s", "tpot_p99_s",
     "sustained_rps",
 )  # fmt: skip
+UNBOUNDED = ("rate_rps",)  # may be inf
 TEXT = {"serve": ("rate",)}  # '2.4' and 'max' in one column: read as text in every folder
 
 # What each command's folder holds: (tables it always writes, tables it may write).
@@ -157,7 +158,10 @@ def _numbers(column: pd.Series, path: Path, col: str) -> pd.Series:
     numbers = pd.to_numeric(column, errors="coerce")
     if (numbers.isna() & column.notna()).any():
         raise fail(f"{path} is corrupt: column {col} holds something other than numbers")
-    if (~numbers.between(0, MAX_VALUE) & numbers.notna()).any():
+    allowed = numbers.between(0, MAX_VALUE)
+    if col in UNBOUNDED:  # inf: the 'max' point, everything queued at once
+        allowed |= numbers == math.inf
+    if (~allowed & numbers.notna()).any():
         raise fail(f"{path} is corrupt: column {col} holds a number outside [0, {MAX_VALUE:g}]")
     return numbers
 

@@ -298,3 +298,25 @@ def test_bad_input_is_one_line_and_exit_2(runner, tmp_path, extra, flag):
     lines = result.output.strip().splitlines()
     assert len(lines) == 1 and lines[0].startswith("Error:") and flag in lines[0], result.output
     assert not out.exists()
+
+
+def test_compare_overlays_two_serving_curves(runner, tmp_path, step_costs):
+    """Two folders (here two slot counts) side by side: their rows in one CSV, each labelled
+    with its run, and one figure of both curves."""
+    folders = []
+    for slots in ("4", "8"):
+        out = tmp_path / f"slots{slots}"
+        args = ["serve-sweep", "--engine", "sim", "--step-costs", str(step_costs), "--requests",
+                "60", "--rates", "2,max", "--slots", slots, "--out", str(out)]  # fmt: skip
+        assert runner.invoke(app, args).exit_code == 0
+        folders.append(out)
+    out = tmp_path / "both"
+    result = runner.invoke(app, ["compare", *map(str, folders), "--out", str(out)])
+    assert result.exit_code == 0, result.output
+    merged = pd.read_csv(out / "compare-serve.csv", dtype={"rate": str})
+    for folder in folders:
+        mine = merged[merged["run"] == folder.name].reset_index(drop=True)
+        own = pd.read_csv(folder / "serve.csv", dtype={"rate": str})
+        assert len(mine) == len(own) == 6
+        assert mine["ttft_p99_s"].tolist() == pytest.approx(own["ttft_p99_s"].tolist())
+    assert (out / "compare-serve.png").is_file()
