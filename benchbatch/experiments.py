@@ -27,6 +27,7 @@ from benchbatch.options import (
     kv_layout_field,
     opt,
     require,
+    strict_float,
 )
 
 PROBE = "Device ceilings"
@@ -620,7 +621,7 @@ def _rate(word: str, option: str) -> float:
         return math.inf
     shown = word if len(word) <= 40 else word[:40] + "..."
     try:
-        rate = float(word)
+        rate = strict_float(word)
     except ValueError:
         raise UserError(option, f"{shown!r} is not a rate (requests per second, or max)") from None
     require(

@@ -14,11 +14,30 @@ from __future__ import annotations
 
 import dataclasses
 import math
+import re
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 from benchbatch.errors import UserError
+
+# Numbers on the command line as plain decimals: float() also takes '1_000' and non-ASCII
+# digits, which no option does (the integer lists refuse them too).
+FLOAT_TEXT = re.compile(
+    r"[+-]?(([0-9]+\.?[0-9]*|\.[0-9]+)(e[+-]?[0-9]+)?|nan|inf|infinity)", re.IGNORECASE
+)
+
+
+def strict_float(value):
+    """A number option's text as a float, or ValueError for anything but a plain decimal."""
+    if not isinstance(value, str):
+        return value
+    text = value.strip()
+    if not FLOAT_TEXT.fullmatch(text):
+        shown = text if len(text) <= 40 else text[:40] + "..."
+        raise ValueError(f"{shown!r} is not a number")
+    return float(text)
+
 
 MODEL, RUN, OUTPUT, WORKLOAD, BATCHING = "Model", "Run", "Output", "Workload", "Batching"
 KV = "KV cache"

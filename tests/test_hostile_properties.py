@@ -66,6 +66,16 @@ BAD_LISTS = st.one_of(
 )
 
 
+# Lists of rates take decimals (0.5 req/s) and 'max': their own hostile values below.
+RATE_LISTS = ("--rates", "--real-rates")
+BAD_RATES = st.one_of(
+    st.sampled_from(["0", "-1", "nan", "inf", "-inf", "1e999", "1_000", "٣", "0x10", ""]),
+    st.sampled_from(["1,,2", ",", "2,x", "max,0", "1e300", "-0.0", " , "]),
+    st.floats(max_value=0, allow_nan=False, allow_infinity=False).map(repr),
+    st.text(alphabet="x[]/$:^-", min_size=1, max_size=8),
+)
+
+
 def options_of(kind: str) -> list[tuple[str, str]]:
     """(command, flag) of every visible option whose values are of this kind, read from the
     signatures commands/params.py made from the options dataclasses."""
@@ -79,7 +89,7 @@ def options_of(kind: str) -> list[tuple[str, str]]:
             if getattr(option, "hidden", False) or not decls or not decls[0].startswith("--"):
                 continue
             base = next((a for a in typing.get_args(base) if a is not type(None)), base)
-            is_list = "comma-separated" in (option.help or "")
+            is_list = "comma-separated" in (option.help or "") and decls[0] not in RATE_LISTS
             if (kind == "list" and is_list) or (kind == "int" and base is int) or (
                 kind == "float" and base is float
             ):
@@ -105,6 +115,15 @@ def test_every_number_option_refuses_a_bad_value_in_one_line(runner, tmp_path, d
     line = one_line_error(result)
     assert flag in line or command == "compare", line
     assert not (tmp_path / "run").exists()
+
+
+@QUICK
+@given(flag=st.sampled_from(RATE_LISTS), value=BAD_RATES)
+def test_every_rate_list_refuses_a_bad_value_in_one_line(runner, tmp_path, flag, value):
+    out = tmp_path / "run"
+    result = runner.invoke(app, ["serve-sweep", f"{flag}={value}", "--out", str(out)])
+    assert flag in one_line_error(result)
+    assert not out.exists()
 
 
 # --- config.json ------------------------------------------------------------------------------

@@ -14,7 +14,6 @@ from __future__ import annotations
 import dataclasses
 import functools
 import inspect
-import re
 import types
 import typing
 from dataclasses import dataclass
@@ -24,7 +23,7 @@ from typing import Annotated, Any, Literal
 import typer
 
 from benchbatch.errors import UserError
-from benchbatch.options import flag_of
+from benchbatch.options import flag_of, strict_float
 
 LIST_MAX = 2**31 - 1  # a batch, a length or a matrix size: far beyond any memory already
 
@@ -181,20 +180,6 @@ def strict_int(value):
     if number is None:
         raise ValueError(f"{_short(value)!r} is not an integer")
     return number
-
-
-FLOAT_TEXT = re.compile(
-    r"[+-]?(([0-9]+\.?[0-9]*|\.[0-9]+)(e[+-]?[0-9]+)?|nan|inf|infinity)", re.IGNORECASE
-)
-
-
-def strict_float(value):
-    if not isinstance(value, str):
-        return value
-    text = value.strip()
-    if not FLOAT_TEXT.fullmatch(text):
-        raise ValueError(f"{_short(value)!r} is not a number")
-    return float(text)
 
 
 def _cli_type(hint, meta):
