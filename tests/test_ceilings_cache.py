@@ -106,6 +106,9 @@ def test_a_step_over_the_probe_raises_the_ceiling_for_every_row(runner, tmp_path
     assert c["peak_tflops"] == pytest.approx(df["tflops"].max(), rel=1e-5)
     assert c["peak_gbps"] == pytest.approx(df["gbps"].max(), rel=1e-5)
     ridge = c["peak_tflops"] * 1e12 / (c["peak_gbps"] * 1e9)
-    expected = ["compute" if x >= ridge else "memory" for x in df["arithmetic_intensity"]]
-    assert list(df["bound"]) == expected  # every row placed on the final ceilings
+    for x, bound in zip(df["arithmetic_intensity"], df["bound"], strict=True):
+        # Every row placed on the final ceilings. A row that set both roofs sits on the
+        # ridge itself, where the CSV's 6 digits cannot say which side: either label.
+        if abs(x / ridge - 1) > 1e-4:
+            assert bound == ("compute" if x >= ridge else "memory"), (x, ridge, bound)
     assert {r["ceiling"] for r in meta["ceilings_raised"]} == {"matmul", "memory"}
