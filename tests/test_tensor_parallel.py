@@ -20,7 +20,7 @@ import time
 
 import pandas as pd
 import pytest
-from ranks import REPO, environment, launch
+from ranks import REPO, environment, free_port, launch
 
 from benchbatch import accounting
 from benchbatch.cli import app
@@ -187,7 +187,9 @@ def _alive(pid: int) -> bool:
 
 def test_ctrl_c_under_torchrun_ends_every_rank_and_marks_the_run(tmp_path):
     out = tmp_path / "run"
-    args = ["--nproc-per-node", "2", "-m", "benchbatch", "occupancy", "--engine", "real",
+    # A free port of its own: torchrun's default (29500) may be held by another job.
+    args = ["--nproc-per-node", "2", "--master-port", str(free_port()), "-m", "benchbatch",
+            "occupancy", "--engine", "real",
             "--preset", "tiny", "--requests", "3000", "--slots", "4", "--max-output", "100",
             "--prompt-len", "16", "--out", str(out)]  # fmt: skip
     torchrun = [sys.executable, "-m", "torch.distributed.run", *args]
@@ -199,7 +201,8 @@ def test_ctrl_c_under_torchrun_ends_every_rank_and_marks_the_run(tmp_path):
     try:
         deadline = time.monotonic() + TIMEOUT
         while not (out / "engine_steps.csv").is_file():  # the engine is running
-            assert proc.poll() is None and time.monotonic() < deadline, "the run never started"
+            if proc.poll() is not None or time.monotonic() > deadline:
+                pytest.fail(f"the run never started: {proc.communicate(timeout=60)[0][-3000:]}")
             time.sleep(0.2)
         workers = _children(proc.pid)
         assert len(workers) == 2
