@@ -137,6 +137,12 @@ class Run:
                     step()
                 except WriteFailed:
                     pass
+                except Exception:  # noqa: BLE001
+                    # A signal that landed inside an import (pandas, say) leaves that module
+                    # half-initialised, so writing the rows can fail too: the run still
+                    # ends as it must (metadata marked), with what is already on disk.
+                    if status == "complete":
+                        raise
             if self in _OPEN:
                 _OPEN.remove(self)
             results.remove_temporaries(self.folder)
