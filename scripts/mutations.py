@@ -72,7 +72,7 @@ SIMULATE = tests("tests/test_simulate.py")
 
 
 def threshold(name: str, find: str, replace: str) -> Break:
-    return Break(f"verdict: {name}", "benchbatch/report.py", find, replace, REPORT)
+    return Break(f"verdict: {name}", "benchbatch/report/claims.py", find, replace, REPORT)
 
 
 BREAKS = [

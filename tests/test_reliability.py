@@ -494,6 +494,30 @@ def test_flush_writes_every_table_again(tmp_path):
     assert list(pd.read_csv(tmp_path / "a.csv")["x"]) == [1, 2]
 
 
+def test_an_interrupted_run_ends_marked_even_when_its_last_write_breaks(tmp_path, monkeypatch):
+    """A signal inside pandas' import leaves pandas half-initialised, so writing the rows
+    kept in memory raises something other than WriteFailed: the run still ends marked, with
+    the rows already on disk, and no temporary file (the clean-clone CI run once saw exit 1
+    here instead of 130)."""
+    (tmp_path / "b").mkdir()
+    run, complete = Run(tmp_path, "test", {}), Run(tmp_path / "b", "test", {})
+    run.add("a", {"x": 1})
+    run.tables["a"].append({"x": 2})
+    complete.add("a", {"x": 1})
+
+    def half_imported(path, rows):
+        path.with_name(f".{path.name}.x.tmp").write_text("half")
+        raise AttributeError("partially initialized module 'pandas' has no attribute 'DataFrame'")
+
+    monkeypatch.setattr(results, "write_csv", half_imported)
+    run.end("interrupted")
+    assert json.loads((tmp_path / "metadata.json").read_text())["status"] == "interrupted"
+    assert list(pd.read_csv(tmp_path / "a.csv")["x"]) == [1]
+    assert not [p.name for p in tmp_path.iterdir() if p.name.startswith(".")]
+    with pytest.raises(AttributeError):  # a complete run whose write breaks is a failure
+        complete.end("complete")
+
+
 def test_signals_held_delivers_ctrl_c_once_the_writes_are_done():
     before, done = signal.getsignal(signal.SIGINT), []
     with pytest.raises(KeyboardInterrupt):

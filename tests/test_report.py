@@ -146,10 +146,10 @@ def test_a_raised_ceiling_is_said_in_the_roofline_section():
     }  # fmt: skip
     raised = [{"ceiling": "matmul", "unit": "TFLOP/s", "from": 0.1, "to": 0.134,
                "by": "prefill 2048"}]  # fmt: skip
-    section = report._section_roofline(probe, "roofline.png", raised)
+    section = report.section_roofline(probe, "roofline.png", raised)
     assert section.rows[0][:2] == ["matmul GFLOP/s", "134"]  # a CPU's rate in GFLOP/s
     assert "raised from 0.1 to 0.134 TFLOP/s: prefill 2048 reached it" in section.notes[0]
-    assert not report._section_roofline(probe, None).notes
+    assert not report.section_roofline(probe, None).notes
 
 
 def test_a_verdict_resting_on_noisy_rows_says_so_beside_it():
