@@ -4,6 +4,14 @@ quick timing; GPU tests skip themselves without CUDA."""
 import matplotlib.font_manager  # noqa: F401
 import pytest
 import torch
+from hypothesis import settings
+
+# No test may depend on timing: hypothesis' per-example deadline (200 ms by default) fails a
+# property when a loaded machine runs one example slowly, so it is off for every property.
+# The profile in force is kept otherwise (under CI=true hypothesis' own "ci" profile:
+# derandomized, so every CI run tries the same examples).
+settings.register_profile("benchbatch", settings.default, deadline=None)
+settings.load_profile("benchbatch")
 
 torch.set_num_threads(min(2, torch.get_num_threads()))
 # Imported above for its side effect: matplotlib builds its font cache on its first run on a
