@@ -17,6 +17,7 @@ from benchbatch.errors import UserError
 from benchbatch.experiments import ABLATION_WORKLOAD
 from benchbatch.options import WorkloadOptions
 from benchbatch.probes import ablation as probe
+from benchbatch.probes import stepcost
 from benchbatch.probes.piggyback import MixedStep
 
 # Close to what cpu-small (fp32, 2 cores) measured: a decode step of 8 about 33 ms, a
@@ -59,7 +60,7 @@ class _Plan:
 
 def points() -> list[MixedStep]:
     reqs = workload(40, seed=0)
-    return probe.fit_points(BUDGETS, reqs, 4096)
+    return stepcost.fit_points(BUDGETS, reqs, 4096)
 
 
 def test_fit_points_cover_the_schemes_steps():
@@ -73,11 +74,11 @@ def test_fit_points_cover_the_schemes_steps():
 
 
 def test_fit_recovers_known_coefficients():
-    model, fitted = probe.fit(cost_rows(CPU_LIKE, points()))
+    model, fitted = stepcost.fit(cost_rows(CPU_LIKE, points()))
     for name in ("base_s", "per_decode_token_s", "per_prefill_token_s", "per_context_token_s"):
         assert getattr(model, name) == pytest.approx(getattr(CPU_LIKE, name), rel=1e-6)
     assert all(abs(r["error"]) < 1e-9 and r["used"] for r in fitted)
-    s = probe.cost_summary(model, fitted)
+    s = stepcost.cost_summary(model, fitted)
     assert s["per_prefill_token_ms"] == pytest.approx(0.27) and s["left_out_as_noise"] == 0
 
 
@@ -89,7 +90,7 @@ def test_fit_leaves_out_noise_and_never_goes_negative():
     def noise(p):
         return 3.0 if p in slowed else 1 + rng.uniform(-0.02, 0.02)
 
-    model, fitted = probe.fit(cost_rows(CPU_LIKE, pts, noise))
+    model, fitted = stepcost.fit(cost_rows(CPU_LIKE, pts, noise))
     assert sum(not r["used"] for r in fitted) == 2
     assert model.per_prefill_token_s == pytest.approx(CPU_LIKE.per_prefill_token_s, rel=0.1)
     assert model.base_s == pytest.approx(CPU_LIKE.base_s, rel=0.2)
@@ -98,7 +99,7 @@ def test_fit_leaves_out_noise_and_never_goes_negative():
         dict(decode_tokens=b, prefill_tokens=0, context_tokens=0, step_ms=10.0 - 0.1 * b)
         for b in (1, 2, 4, 8)
     ]
-    model, _ = probe.fit(flat)
+    model, _ = stepcost.fit(flat)
     assert model.per_decode_token_s == 0 and model.base_s == pytest.approx(0.0095, rel=0.1)
 
 
@@ -109,14 +110,14 @@ def test_a_negative_base_is_fitted_through_the_origin():
         dict(decode_tokens=b, prefill_tokens=0, context_tokens=0, step_ms=ms)
         for b, ms in ((1, 0.5), (2, 2.5), (4, 6.5), (8, 14.5))  # 2 ms a token - 1.5 ms
     ]
-    model, fitted = probe.fit(rows)
+    model, fitted = stepcost.fit(rows)
     assert model.base_s == 0.0 and model.per_decode_token_s > 0
     assert all(r["fitted_ms"] > 0 for r in fitted)
 
 
 def test_fit_without_enough_steps_names_the_option():
     with pytest.raises(UserError) as e:
-        probe.fit([dict(decode_tokens=4, prefill_tokens=0, context_tokens=0, step_ms=5.0)])
+        stepcost.fit([dict(decode_tokens=4, prefill_tokens=0, context_tokens=0, step_ms=5.0)])
     assert e.value.option == "--step-costs"
 
 
@@ -133,15 +134,15 @@ def test_step_costs_read_from_phases_piggyback_and_step_cost_csvs(tmp_path):
     pd.DataFrame([dict(decode_batch=8, context=100, prefill_tokens=64, step_ms=50.0)]).to_csv(
         pig, index=False
     )
-    rows = probe.cost_rows_from_csv([phases, pig])
+    rows = stepcost.cost_rows_from_csv([phases, pig])
     features = [(r["decode_tokens"], r["prefill_tokens"], r["context_tokens"]) for r in rows]
     assert features == [(0, 512, 0), (32, 0, 32 * 512), (8, 64, 800)]
     bad = tmp_path / "bad.csv"
     bad.write_text("a,b\n1,2\n")
     with pytest.raises(UserError, match="step times"):
-        probe.cost_rows_from_csv([bad])
+        stepcost.cost_rows_from_csv([bad])
     with pytest.raises(UserError, match="cannot read"):
-        probe.cost_rows_from_csv([tmp_path / "missing.csv"])
+        stepcost.cost_rows_from_csv([tmp_path / "missing.csv"])
 
 
 # --- the stall and the paper's ordering, in simulation ------------------------------------------
@@ -153,7 +154,7 @@ def stall_trace() -> list[Request]:
 
 
 def test_stall_appears_without_chunks_and_shrinks_with_them():
-    model, _ = probe.fit(cost_rows(CPU_LIKE, points()))  # the fitted model, as the command
+    model, _ = stepcost.fit(cost_rows(CPU_LIKE, points()))  # the fitted model, as the command
     runs = probe.simulate_all(stall_trace(), probe.SCHEMES, BUDGETS, model)
     stall = {s: r.metrics.summary()["tbt_max"] for s, r in runs.items()}
     # Without chunks the whole prompt rides in one step with the 4 decodes.
@@ -310,9 +311,9 @@ def test_noise_that_hides_every_token_cost_gives_a_flat_model_and_says_so():
         dict(decode_tokens=d, prefill_tokens=p, context_tokens=0, step_ms=9.0 - 0.01 * (d + p))
         for d, p in ((1, 0), (8, 0), (0, 64), (0, 256), (8, 64))
     ]
-    model, fitted = probe.fit(rows, "repeats")
+    model, fitted = stepcost.fit(rows, "repeats")
     assert (model.per_decode_token_s, model.per_prefill_token_s) == (0, 0)
     times = [r["step_ms"] / 1e3 for r in rows]
     assert min(times) <= model.base_s <= max(times)  # one price for every step
-    summary = probe.cost_summary(model, fitted)
+    summary = stepcost.cost_summary(model, fitted)
     assert summary["per_token_costs_unmeasured"] == ["decode_tokens", "prefill_tokens"]

@@ -595,7 +595,7 @@ def test_a_byte_order_mark_is_accepted_everywhere(runner, tmp_path, where):
         path.write_text(bom + "output_tokens,prompt_tokens\n5,8\n6,9\n")
         assert read_trace(path) == [Request(0, 8, 5), Request(1, 9, 6)]
     elif where == "step-costs":
-        from benchbatch.probes.ablation import cost_rows_from_csv
+        from benchbatch.probes.stepcost import cost_rows_from_csv
 
         path.write_text(bom + GOOD_COSTS)
         assert len(cost_rows_from_csv([path])) == 5

@@ -257,12 +257,12 @@ STEP_COST_HEADERS = ["decode_tokens", "prefill_tokens", "context_tokens", "step_
 @QUICK
 @given(csv_files(STEP_COST_HEADERS))
 def test_step_costs_give_a_finite_cost_model_or_name_the_option(tmp_path, content):
-    from benchbatch.probes import ablation as probe
+    from benchbatch.probes import stepcost
 
     path = tmp_path / "costs.csv"
     path.write_bytes(content)
     try:
-        model, fitted = probe.fit(probe.cost_rows_from_csv([path]))
+        model, fitted = stepcost.fit(stepcost.cost_rows_from_csv([path]))
     except UserError as e:
         refused_in_one_line(e, "--step-costs")
         return

@@ -56,6 +56,7 @@ def ablation(
     about two minutes on 2 cores.
     """
     from benchbatch.probes import ablation as probe
+    from benchbatch.probes import stepcost
 
     opts.check(workload)
     budgets = probe.Budgets(workload.slots, opts.max_num_batched_tokens, opts.chunk)
@@ -64,7 +65,7 @@ def ablation(
     real = opts.engine == "real"
     what = "trace" if workload.trace is not None else "requests"
     work = _named(what, probe.check_work, requests, opts.schemes, budgets, opts.slo, real)
-    given = probe.fit(probe.cost_rows_from_csv(opts.step_costs)) if opts.step_costs else None
+    given = stepcost.fit(stepcost.cost_rows_from_csv(opts.step_costs)) if opts.step_costs else None
     rec = _open(opts, workload, model, run, requests, real or given is None)
     rec.meta["work"] = work
     with rec:
@@ -111,17 +112,17 @@ def cost_model(rec, net, budgets, requests, given, run: RunOptions):
     """The step-cost model fitted to steps timed now, or the one fitted to --step-costs
     (given): step_cost.csv, step_cost.json and the metadata."""
     from benchbatch import results
-    from benchbatch.probes import ablation as probe
+    from benchbatch.probes import stepcost
 
     if given is None:
-        points = probe.fit_points(budgets, requests, net.cfg.max_context)
-        rows = probe.cost_rows(net, points, run.timing())
+        points = stepcost.fit_points(budgets, requests, net.cfg.max_context)
+        rows = stepcost.cost_rows(net, points, run.timing())
         measured = rec.record(
             "step_cost", rows, total=len(points), label="timing steps for the cost model"
         )
-        given = probe.fit(measured, "repeats")
+        given = stepcost.fit(measured, "repeats")
     cost, fitted = given
-    summary = probe.cost_summary(cost, fitted)
+    summary = stepcost.cost_summary(cost, fitted)
     rec.put("step_cost", fitted)
     results.write_json(rec.folder / "step_cost.json", summary)
     rec.meta["step_cost"] = summary

@@ -121,9 +121,9 @@ def _step_cost(opts: OccupancyOptions):
     """The step-cost model fitted to --step-costs (checked before any folder is made)."""
     if not opts.step_costs:
         return None
-    from benchbatch.probes import ablation
+    from benchbatch.probes import stepcost
 
-    return ablation.fit(ablation.cost_rows_from_csv(opts.step_costs))[0]
+    return stepcost.fit(stepcost.cost_rows_from_csv(opts.step_costs))[0]
 
 
 def _memory_setup(opts, workload: WorkloadOptions, requests, cfg, target, free: bool = False):

@@ -130,9 +130,9 @@ def serve_sweep(
 def _given_costs(opts: ServeOptions):
     if not opts.step_costs:
         return None
-    from benchbatch.probes import ablation
+    from benchbatch.probes import stepcost
 
-    return ablation.fit(ablation.cost_rows_from_csv(opts.step_costs))
+    return stepcost.fit(stepcost.cost_rows_from_csv(opts.step_costs))
 
 
 def _open(opts, workload, model, run, w, need_model: bool) -> Recorder:
@@ -397,14 +397,14 @@ def reproduce_curve(rec, seed: int) -> dict:
     (no step is timed again): serve.csv, slo.csv, serve.png. Returns its summary."""
     from benchbatch.engines.serving import ServingSLO
     from benchbatch.plots.serve import serve_figure
-    from benchbatch.probes import ablation
     from benchbatch.probes import serve as probe
+    from benchbatch.probes import stepcost
 
     opts, workload = ServeOptions(), WorkloadOptions(**SERVE_WORKLOAD)
     files = [
         rec.folder / f"{t}.csv" for t in ("phases", "sweep") if (rec.folder / f"{t}.csv").exists()
     ]
-    cost, fitted = ablation.fit(ablation.cost_rows_from_csv(files), "repeats")
+    cost, fitted = stepcost.fit(stepcost.cost_rows_from_csv(files), "repeats")
     slo = ServingSLO(opts.slo_ttft, opts.slo_tpot)
     setup = probe.Setup(workload.slots, opts.max_num_batched_tokens, opts.chunk, slo)
     w = probe.draw(opts, workload, seed)
@@ -428,5 +428,5 @@ def reproduce_curve(rec, seed: int) -> dict:
         "slo": {"ttft_s": opts.slo_ttft, "tpot_s": opts.slo_tpot},
         "capacity_rps": capacity,
         "rates_rps": rates,
-        "step_cost": ablation.cost_summary(cost, fitted),
+        "step_cost": stepcost.cost_summary(cost, fitted),
     }
