@@ -23,6 +23,7 @@ from collections.abc import Callable, Iterable
 from pathlib import Path
 
 from benchbatch import __version__, machine, results
+from benchbatch.distributed import is_writer
 from benchbatch.errors import Interrupted, UserError, WriteFailed
 from benchbatch.progress import Progress
 
@@ -179,7 +180,8 @@ class Recorder(Run):
     def open(cls, command: str, run, target, cfg, options: dict) -> Recorder:
         """The run folder (--out, or a new one) and its first metadata.json, made together
         (signals held): a folder never exists without saying what it holds."""
-        if run.out is not None:
+        if run.out is not None and is_writer():  # rank 0's folder: the others neither
+            # check nor make it (rank 0 may have made it already, under torchrun)
             results.check_out(run.out, command, run.force)
         meta = {
             "config": cfg.to_dict() if cfg is not None else None,

@@ -19,6 +19,7 @@ import pytest
 from benchbatch import results, telemetry
 from benchbatch import run as runs
 from benchbatch.cli import app
+from benchbatch.errors import UserError
 from benchbatch.probes import steps
 from benchbatch.run import Run
 
@@ -270,6 +271,26 @@ def test_a_non_empty_out_is_refused_unless_forced(runner, tmp_path):
     assert forced.exit_code == 0, forced.output
     assert (out / "yesterday.csv").read_text() == "keep me\n"
     assert meta_of(out)["status"] == "complete"
+
+
+def test_under_torchrun_only_rank_0_checks_the_out_folder(tmp_path, monkeypatch):
+    """Rank 0 makes --out and writes its metadata.json; a rank that reaches the check later
+    (a loaded machine) must not find the folder 'not empty' and stop the run: the ten-run
+    check saw `torchrun ... --out DIR` fail that way, every rank exiting 2."""
+    from benchbatch.options import RunOptions
+
+    out = tmp_path / "run"
+    first = runs.Recorder.open("occupancy", RunOptions(out=out), None, None, {})
+    first.finish()
+    made = sorted(p.name for p in out.iterdir())
+    for name, value in (("RANK", "1"), ("WORLD_SIZE", "2"), ("LOCAL_RANK", "1")):
+        monkeypatch.setenv(name, value)
+    later = runs.Recorder.open("occupancy", RunOptions(out=out), None, None, {})
+    assert later.folder == out and sorted(p.name for p in out.iterdir()) == made
+    assert meta_of(out)["status"] == "complete"  # rank 0's, untouched by rank 1
+    monkeypatch.setenv("RANK", "0")  # rank 0 itself still refuses a folder that is not empty
+    with pytest.raises(UserError, match="not empty"):
+        runs.Recorder.open("occupancy", RunOptions(out=out), None, None, {})
 
 
 REPRODUCE = [
