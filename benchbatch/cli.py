@@ -55,7 +55,8 @@ from benchbatch.commands import (  # noqa: E402
 )
 from benchbatch.commands.common import check_numbers  # noqa: E402
 from benchbatch.errors import Interrupted, UserError, WriteFailed, one_line  # noqa: E402
-from benchbatch.run import HELD, abandon, interrupts_raise  # noqa: E402
+from benchbatch.run import abandon, interrupts_raise  # noqa: E402
+from benchbatch.start import HELD  # noqa: E402
 
 try:  # recent typer vendors its own click; older ones use click itself
     from typer._click import exceptions as click_errors

@@ -16,6 +16,7 @@ from pathlib import Path
 import pandas as pd
 
 from benchbatch.errors import UserError
+from benchbatch.inputs import numeric
 from benchbatch.results import SCHEMA_VERSION
 
 ARGUMENT = "RUN_DIR"
@@ -155,7 +156,7 @@ MAX_VALUE = 1e15
 
 def _numbers(column: pd.Series, path: Path, col: str) -> pd.Series:
     """A column of numbers in [0, MAX_VALUE], an empty cell NaN (a row not measured)."""
-    numbers = pd.to_numeric(column, errors="coerce")
+    numbers = numeric(column)
     if (numbers.isna() & column.notna()).any():
         raise fail(f"{path} is corrupt: column {col} holds something other than numbers")
     allowed = numbers.between(0, MAX_VALUE)

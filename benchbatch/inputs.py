@@ -133,6 +133,33 @@ def number(
     return None
 
 
+def numeric(column):
+    """A CSV column as numbers, NaN where a cell is not one: pandas.to_numeric(errors=
+    "coerce"), which raises OverflowError instead on an integer of hundreds of digits (no
+    float holds it; such a cell becomes NaN here, for the caller's range check to name)."""
+    import pandas as pd
+
+    try:
+        numbers = pd.to_numeric(column, errors="coerce")
+    except OverflowError:
+        return column.map(_float_or_nan).astype(float)
+    infinite = numbers.abs() == math.inf  # written "inf", or digits past a float's range
+    if infinite.any():
+        numbers = numbers.where(~infinite, column[infinite].map(_float_or_nan).astype(float))
+    return numbers
+
+
+def _float_or_nan(value: Any) -> float:
+    try:
+        number = float(value)
+    except (TypeError, ValueError, OverflowError):
+        return math.nan
+    spelled = str(value).strip().lower().lstrip("+-")
+    if math.isinf(number) and spelled not in ("inf", "infinity"):
+        return math.nan  # digits past a float's range, not a written infinity
+    return number
+
+
 def short(text: str, limit: int = 40) -> str:
     return text if len(text) <= limit else text[:limit] + "..."
 

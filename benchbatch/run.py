@@ -26,6 +26,7 @@ from benchbatch import __version__, machine, results
 from benchbatch.distributed import is_writer
 from benchbatch.errors import Interrupted, UserError, WriteFailed
 from benchbatch.progress import Progress
+from benchbatch.start import signals_held
 
 
 def now_utc() -> str:
@@ -357,27 +358,6 @@ def interrupts_raise():
         yield
     finally:
         signal.signal(signal.SIGTERM, previous if previous is not None else signal.SIG_DFL)
-
-
-@contextlib.contextmanager
-def signals_held():
-    """Hold Ctrl-C and SIGTERM back for a few milliseconds of writing that must finish: one
-    that comes meanwhile is delivered as soon as the writing is done, not lost."""
-    if not _in_main_thread():
-        yield
-        return
-    pending: list[int] = []
-    saved = {s: signal.signal(s, lambda n, f: pending.append(n)) for s in HELD}
-    try:
-        yield
-    finally:
-        for s, handler in saved.items():
-            signal.signal(s, handler if handler is not None else signal.SIG_DFL)
-        for s in dict.fromkeys(pending):
-            signal.raise_signal(s)
-
-
-HELD = (signal.SIGINT, signal.SIGTERM)
 
 
 def _raise_interrupt(signum, frame):

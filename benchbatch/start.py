@@ -2,13 +2,21 @@
 is imported, Ctrl-C and SIGTERM end the process with one line and exit code 130 instead of
 a traceback from the middle of an import, and the terminal's encoding can no longer turn a
 finished run into a traceback. Kept free of imports beyond the standard library's few.
+
+torch is imported with Ctrl-C and SIGTERM held (delivered the moment the import is done):
+torch's C extension imports numpy and, when that import fails, warns and carries on, so a
+KeyboardInterrupt raised inside numpy's import would be lost and numpy left half-imported
+(the run then failed later with `module 'numpy' has no attribute 'matrix'`, exit 1).
 """
 
 from __future__ import annotations
 
+import builtins
+import contextlib
 import os
 import signal
 import sys
+import threading
 
 INTERRUPTED = 130
 
@@ -22,12 +30,51 @@ def _raise_interrupt(signum, frame):
 AS_PROGRAM = False
 
 
+HELD = (signal.SIGINT, signal.SIGTERM)
+# Imported with HELD signals held: their own code swallows an exception raised inside them.
+HELD_IMPORTS = ("torch",)
+
+
+@contextlib.contextmanager
+def signals_held():
+    """Hold Ctrl-C and SIGTERM back for something that must finish (a few milliseconds of
+    writing, an import): one that comes meanwhile is delivered as soon as it is done, not
+    lost. Outside the main thread (where no handler can be set) nothing is held."""
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+    pending: list[int] = []
+    saved = {s: signal.signal(s, lambda n, f: pending.append(n)) for s in HELD}
+    try:
+        yield
+    finally:
+        for s, handler in saved.items():
+            signal.signal(s, handler if handler is not None else signal.SIG_DFL)
+        for s in dict.fromkeys(pending):
+            signal.raise_signal(s)
+
+
+def _import(name, globals=None, locals=None, fromlist=(), level=0):
+    """builtins.__import__, with HELD_IMPORTS' first import made with signals held: a signal
+    that came meanwhile is raised by the import statement once the module is whole (raised
+    inside the module's own code, the import machinery would drop the half-run module)."""
+    root = name.partition(".")[0]
+    if level == 0 and root in HELD_IMPORTS and root not in sys.modules:
+        with signals_held():
+            return _IMPORT(name, globals, locals, fromlist, level)
+    return _IMPORT(name, globals, locals, fromlist, level)
+
+
+_IMPORT = builtins.__import__
+
+
 def prepare() -> None:
-    """Signals and output streams as the command line wants them."""
+    """Signals, heavy imports and output streams as the command line wants them."""
     global AS_PROGRAM
     AS_PROGRAM = True
     signal.signal(signal.SIGTERM, _raise_interrupt)  # a scheduler's kill, as Ctrl-C
     signal.signal(signal.SIGINT, _raise_interrupt)  # even where the shell ignored it
+    builtins.__import__ = _import
     if hasattr(signal, "SIGXFSZ"):  # past a file size limit: a failed write, not a core dump
         signal.signal(signal.SIGXFSZ, signal.SIG_IGN)
     for stream in (sys.stdout, sys.stderr):

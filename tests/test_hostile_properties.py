@@ -13,7 +13,7 @@ import typing
 from pathlib import Path
 
 import pytest
-from hypothesis import HealthCheck, given, settings
+from hypothesis import HealthCheck, example, given, settings
 from hypothesis import strategies as st
 
 from benchbatch.cli import app
@@ -254,8 +254,14 @@ STEP_COST_HEADERS = ["decode_tokens", "prefill_tokens", "context_tokens", "step_
                      "phase", "batch", "tokens", "context", "decode_batch", "x"]  # fmt: skip
 
 
+# An integer no float holds: pandas raised OverflowError on it (found by a random run).
+HUGE = b"decode_tokens,prefill_tokens,context_tokens,step_ms\n0,0,0,0\n0,0,0," + b"9" * 400 + b"\n"
+
+
 @QUICK
 @given(csv_files(STEP_COST_HEADERS))
+@example(HUGE)
+@example(HUGE.replace(b"0,0,0," + b"9" * 400, b"2," + b"9" * 400 + b",0,5"))
 def test_step_costs_give_a_finite_cost_model_or_name_the_option(tmp_path, content):
     from benchbatch.probes import stepcost
 
@@ -345,6 +351,10 @@ TABLE_HEADERS = ["kind", "label", "tflops", "gbps", "status", "phase", "batch", 
 
 @QUICK
 @given(META, csv_files(TABLE_HEADERS))
+@example({"command": "phases", "schema_version": 1},
+         b"label,step_ms,tokens\nprefill 8,1.5,8\nprefill 9," + b"9" * 400 + b",9\n")
+@example({"command": "occupancy", "schema_version": 1},
+         b"policy,total_steps\nstatic," + b"9" * 400 + b"\n")  # fmt: skip
 def test_compares_folder_reader_gives_a_run_or_names_the_folder(tmp_path, meta, table):
     from benchbatch import compare
 

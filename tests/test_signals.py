@@ -7,6 +7,7 @@ marked interrupted or complete), with no temporary file left."""
 from __future__ import annotations
 
 import json
+import os
 import random
 import signal
 import subprocess
@@ -15,6 +16,8 @@ import time
 from pathlib import Path
 
 import pytest
+
+from benchbatch.start import HELD_IMPORTS
 
 ROOT = Path(__file__).resolve().parent.parent
 OCCUPANCY = ["occupancy", "--requests", "3000", "--seeds", "3"]
@@ -122,3 +125,46 @@ def test_a_signal_at_a_random_instant(tmp_path, seed):
     proc = start([*args, "--out", str(folder)])
     time.sleep(rng.uniform(0.0, 3.0))
     check_ending(proc, folder, rng.choice([signal.SIGINT, signal.SIGTERM]))
+
+
+SWALLOWING = """
+import os, signal
+try:  # Ctrl-C in the middle of this import, lost as torch's C extension loses it
+    os.kill(os.getpid(), signal.SIGINT)
+    sum(range(100_000))
+except BaseException:
+    pass
+COMPLETE = True
+"""
+HELD_IMPORT = """
+import sys
+from benchbatch import start
+start.HELD_IMPORTS = (*start.HELD_IMPORTS, *sys.argv[1:])
+start.prepare()
+try:
+    import swallowing
+except KeyboardInterrupt:
+    print("interrupted after the import; complete:", sys.modules["swallowing"].COMPLETE)
+else:
+    print("the Ctrl-C was lost")
+"""
+
+
+def test_a_signal_inside_torchs_import_is_delivered_after_it_not_lost(tmp_path):
+    """torch's C extension imports numpy and carries on when that import fails: a Ctrl-C
+    raised inside it was lost and numpy left half-imported (the run then failed with
+    `module 'numpy' has no attribute 'matrix'`, exit 1; caught by the random-instant test
+    under load). A module imported like torch, that swallows the KeyboardInterrupt itself,
+    now finishes its import and the Ctrl-C comes right after."""
+    (tmp_path / "swallowing").mkdir()
+    (tmp_path / "swallowing" / "__init__.py").write_text(SWALLOWING)
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(tmp_path), str(ROOT)])}
+
+    def imported(*held: str) -> str:
+        done = subprocess.run([sys.executable, "-c", HELD_IMPORT, *held], capture_output=True,
+                              text=True, env=env, timeout=60)  # fmt: skip
+        return done.stdout.strip() or done.stderr[-2000:]
+
+    assert imported("swallowing") == "interrupted after the import; complete: True"
+    assert imported() == "the Ctrl-C was lost"  # not held: what happened inside torch's
+    assert "torch" in HELD_IMPORTS

@@ -20,6 +20,7 @@ from benchbatch.engines.metrics import percentile
 from benchbatch.engines.simulate import StepCostModel, fit_step_cost
 from benchbatch.engines.workload import Request
 from benchbatch.errors import UserError
+from benchbatch.inputs import numeric
 from benchbatch.probes.piggyback import MixedStep, time_mixed
 from benchbatch.timing import TimingOptions
 
@@ -142,7 +143,7 @@ def _check_numbers(path, df, columns, bounds=TOKENS_RANGE, missing_ok: bool = Fa
     was not measured); else a UserError naming the file, line and column."""
     lo, hi = bounds
     for col in columns:
-        numbers = pd.to_numeric(df[col], errors="coerce")
+        numbers = numeric(df[col])
         bad = ~numbers.between(lo, hi)
         if missing_ok:
             bad &= df[col].notna()

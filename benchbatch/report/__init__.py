@@ -24,6 +24,8 @@ from benchbatch.report.claims import (
     HOLDS,
     LATENCY_HOLDS,
     LATENCY_RULE_TEXT,
+    MEMORY_RULE_TEXT,
+    PAGING_GAIN,
     PARTLY,
     PREFILL_RULE,
     SPEEDUP_RULE,
@@ -56,12 +58,12 @@ from benchbatch.report.sections import (
 )
 
 __all__ = [
-    "ARTICLE_A", "ARTICLE_B", "ARTICLE_C", "ARTICLE_C_SPEEDUP", "ArticleStep", "BATCHING_FRACTION",
-    "BATCHING_MIN_HOLDS", "BATCHING_MIN_PARTLY", "BATCHING_RULE_TEXT", "FAILS", "HOLDS",
-    "LATENCY_HOLDS", "LATENCY_RULE_TEXT", "PARTLY", "PREFILL_RULE", "SPEEDUP_RULE",
-    "THROUGHPUT_OVER_LATENCY", "UNEVEN_STEPS", "UNMEASURED", "Claim", "Rule",
-    "batching_verdict", "claims", "latency_verdict", "memory_verdict", "serve_claim",
-    "VERDICT_CLASS", "to_html", "to_markdown", "MEMORY_TITLE", "REAL_TITLE", "SERVE_TITLE",
-    "Report", "Section", "build", "pair_sizes", "section_roofline", "section_serve",
-    "sweep_context", "table_a", "table_b", "table_c",
+    "ARTICLE_A", "ARTICLE_B", "ARTICLE_C", "ARTICLE_C_SPEEDUP", "ArticleStep",
+    "BATCHING_FRACTION", "BATCHING_MIN_HOLDS", "BATCHING_MIN_PARTLY", "BATCHING_RULE_TEXT",
+    "FAILS", "HOLDS", "LATENCY_HOLDS", "LATENCY_RULE_TEXT", "MEMORY_RULE_TEXT", "PAGING_GAIN",
+    "PARTLY", "PREFILL_RULE", "SPEEDUP_RULE", "THROUGHPUT_OVER_LATENCY", "UNEVEN_STEPS",
+    "UNMEASURED", "Claim", "Rule", "batching_verdict", "claims", "latency_verdict",
+    "memory_verdict", "serve_claim", "VERDICT_CLASS", "to_html", "to_markdown", "MEMORY_TITLE",
+    "REAL_TITLE", "SERVE_TITLE", "Report", "Section", "build", "pair_sizes", "section_roofline",
+    "section_serve", "sweep_context", "table_a", "table_b", "table_c",
 ]  # fmt: skip
