@@ -181,8 +181,8 @@ def _exit(code: int) -> None:
             sys.stdout.flush()
     except (BrokenPipeError, ValueError, OSError):
         _silence_stdout()
-    if code == start.INTERRUPTED and start.AS_PROGRAM:
-        start.exit_interrupted()
+    if start.AS_PROGRAM and (code == start.INTERRUPTED or start.SIGNALLED):
+        start.exit_now(code)
     sys.exit(code)
 
 

@@ -26,7 +26,7 @@ from benchbatch import __version__, machine, results
 from benchbatch.distributed import is_writer
 from benchbatch.errors import Interrupted, UserError, WriteFailed
 from benchbatch.progress import Progress
-from benchbatch.start import signals_held
+from benchbatch.start import raise_interrupt, signals_held
 
 
 def now_utc() -> str:
@@ -353,12 +353,9 @@ def interrupts_raise():
     if not _in_main_thread():
         yield
         return
-    previous = signal.signal(signal.SIGTERM, _raise_interrupt)
+    previous = signal.signal(signal.SIGTERM, raise_interrupt)
     try:
         yield
     finally:
         signal.signal(signal.SIGTERM, previous if previous is not None else signal.SIG_DFL)
 
-
-def _raise_interrupt(signum, frame):
-    raise KeyboardInterrupt
