@@ -1,4 +1,4 @@
-# Signals first (benchbatch.start says why), then the program.
+# Signals first (benchbatch.signals says why), then the program.
 import signal
 
 
@@ -9,6 +9,6 @@ def _interrupt(signum, frame):
 signal.signal(signal.SIGTERM, _interrupt)
 signal.signal(signal.SIGINT, _interrupt)
 
-from benchbatch.start import main  # noqa: E402
+from benchbatch.app.start import main  # noqa: E402
 
 main()

@@ -22,12 +22,12 @@ import time
 
 import torch
 
-from benchbatch import device
-from benchbatch.config import preset
-from benchbatch.engines.engine import Engine
-from benchbatch.engines.model import Transformer
-from benchbatch.engines.simulate import run_policies
-from benchbatch.engines.workload import lognormal_workload
+from benchbatch.core.config import preset
+from benchbatch.core.simulate import run_policies
+from benchbatch.core.workload import lognormal_workload
+from benchbatch.runtime import device
+from benchbatch.runtime.engine import Engine
+from benchbatch.runtime.model import Transformer
 
 
 def bench_simulation(requests: int, slots: int) -> dict:

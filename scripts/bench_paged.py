@@ -19,11 +19,10 @@ import statistics
 
 import torch
 
-from benchbatch import device
-from benchbatch.config import preset
-from benchbatch.engines.model import Transformer
-from benchbatch.probes import steps
-from benchbatch.timing import TimingOptions
+from benchbatch.core.config import preset
+from benchbatch.runtime import device, steps
+from benchbatch.runtime.model import Transformer
+from benchbatch.runtime.timing import TimingOptions
 
 LAYOUTS = ("contiguous", "paged")
 

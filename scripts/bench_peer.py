@@ -42,14 +42,13 @@ import time
 
 import torch
 
-from benchbatch import device as devices
-from benchbatch.config import ModelConfig, preset
-from benchbatch.engines import layout
-from benchbatch.engines.engine import Engine, prompt_ids
-from benchbatch.engines.model import Transformer
-from benchbatch.engines.workload import Request, lognormal_workload
-from benchbatch.probes import steps
-from benchbatch.timing import Measurement, TimingOptions, measure, synchronize
+from benchbatch.core.config import ModelConfig, preset
+from benchbatch.core.workload import Request, lognormal_workload
+from benchbatch.runtime import device as devices
+from benchbatch.runtime import layout, steps
+from benchbatch.runtime.engine import Engine, prompt_ids
+from benchbatch.runtime.model import Transformer
+from benchbatch.runtime.timing import Measurement, TimingOptions, measure, synchronize
 
 try:
     import transformers

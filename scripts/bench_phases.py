@@ -21,12 +21,11 @@ import statistics
 
 import torch
 
-from benchbatch import accounting, device
-from benchbatch.config import preset
-from benchbatch.engines import compiled, layout
-from benchbatch.engines.model import Transformer
-from benchbatch.probes import steps
-from benchbatch.timing import TimingOptions, measure
+from benchbatch.core import accounting
+from benchbatch.core.config import preset
+from benchbatch.runtime import compiled, device, layout, steps
+from benchbatch.runtime.model import Transformer
+from benchbatch.runtime.timing import TimingOptions, measure
 
 
 def plain_matvec_gbps(weight_bytes: int, dev: torch.device, dtype, opts) -> float:

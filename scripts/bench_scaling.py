@@ -29,10 +29,10 @@ STAGES = ("workload", "simulate", "tables", "csv", "figure")
 def run_one(requests: int, slots: int, folder: Path) -> dict:
     """The pipeline at one size, in this process: stage times and sizes of what it wrote."""
     started = time.perf_counter()
-    from benchbatch import results
-    from benchbatch.engines.simulate import occupancy_rows, run_policies, timeline_table
-    from benchbatch.engines.workload import lognormal_columns
-    from benchbatch.plots.occupancy import occupancy_figure
+    from benchbatch.core.simulate import occupancy_rows, run_policies, timeline_table
+    from benchbatch.core.workload import lognormal_columns
+    from benchbatch.output import results
+    from benchbatch.output.plots.occupancy import occupancy_figure
 
     imported = time.perf_counter()
     rss_after_imports = _peak_rss_mib()

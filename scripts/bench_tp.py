@@ -50,9 +50,9 @@ def dtensor_model(cfg, seed: int, world):
         parallelize_module,
     )
 
-    from benchbatch import sharding
-    from benchbatch.engines.model import Transformer
-    from benchbatch.engines.tensor_parallel import place
+    from benchbatch.core import sharding
+    from benchbatch.runtime.model import Transformer
+    from benchbatch.runtime.tensor_parallel import place
 
     tp = world.tp
     model = Transformer(cfg, seed=seed)
@@ -119,9 +119,9 @@ def timed(fn, steps: int) -> float:
 def compare(preset: str, args, world) -> dict:
     import torch
 
-    from benchbatch.config import preset as shape
-    from benchbatch.engines import tensor_parallel
-    from benchbatch.engines.model import Transformer
+    from benchbatch.core.config import preset as shape
+    from benchbatch.runtime import tensor_parallel
+    from benchbatch.runtime.model import Transformer
 
     cfg = shape(preset).replace(max_context=max(args.context + 1, 256))
     by_hand = Transformer(cfg, seed=1, shard=tensor_parallel.of(world))
@@ -153,7 +153,7 @@ def compare(preset: str, args, world) -> dict:
 def worker(args) -> None:
     import torch
 
-    from benchbatch import distributed
+    from benchbatch.runtime import distributed
 
     torch.set_num_threads(1)
     world = distributed.start(torch.device("cpu"), None)

@@ -72,14 +72,14 @@ SIMULATE = tests("tests/test_simulate.py")
 
 
 def threshold(name: str, find: str, replace: str) -> Break:
-    return Break(f"verdict: {name}", "benchbatch/report/claims.py", find, replace, REPORT)
+    return Break(f"verdict: {name}", "benchbatch/output/report/claims.py", find, replace, REPORT)
 
 
 BREAKS = [
     # --- compare ------------------------------------------------------------------------
     Break(
         "compare labels run A's rows as run B (and B's as A)",
-        "benchbatch/compare.py",
+        "benchbatch/output/compare.py",
         "frames = [r.tables[table].assign(run=r.label) for r in runs if table in r.tables]",
         "frames = [r.tables[table].assign(run=runs[-1 - i].label)\n"
         "                  for i, r in enumerate(runs) if table in r.tables]",
@@ -87,14 +87,14 @@ BREAKS = [
     ),
     Break(
         "compare: first_seed keeps every seed",
-        "benchbatch/compare.py",
+        "benchbatch/output/compare.py",
         'keep.append(rows if seeds.empty else rows[rows["seed"] == seeds.iloc[0]])',
         "keep.append(rows)",
         tests("tests/test_compare.py", "test_first_seed_keeps_each_run_first_seed_only"),
     ),
     Break(
         "compare: the ratio inverted (first over second)",
-        "benchbatch/compare.py",
+        "benchbatch/output/compare.py",
         "    return b / a",
         "    return a / b",
         tests("tests/test_compare.py", "test_the_printed_ratio_is_the_second_run_over_the_first"),
@@ -139,21 +139,21 @@ BREAKS = [
     # --- the real engine -------------------------------------------------------------------
     Break(
         "engine: static drops its padded slots",
-        "benchbatch/engines/engine.py",
+        "benchbatch/runtime/engine.py",
         "decode_slots = sorted([d.slot for d in plan.decodes] + list(plan.padded_slots))",
         "decode_slots = sorted([d.slot for d in plan.decodes])",
         ENGINE,
     ),
     Break(
         "engine: the step record loses the padded rows",
-        "benchbatch/engines/engine.py",
+        "benchbatch/runtime/engine.py",
         "rows_padded = sum(s in padded for s in slots)",
         "rows_padded = 0",
         ENGINE,
     ),
     Break(
         "engine: prefill tokens counted as rows",
-        "benchbatch/engines/engine.py",
+        "benchbatch/runtime/engine.py",
         "prefill_tokens += call.tokens.numel()",
         "prefill_tokens += rows",
         ENGINE,
@@ -161,35 +161,35 @@ BREAKS = [
     # --- CUDA graphs reach the timer ------------------------------------------------------
     Break(
         "graphs: run_step ignores --no-cuda-graphs",
-        "benchbatch/probes/steps.py",
+        "benchbatch/runtime/steps.py",
         "timed = lambda: time_step(model, step, opts, cuda_graphs, kv_layout=kv_layout,",
         "timed = lambda: time_step(model, step, opts, True, kv_layout=kv_layout,",
         GRAPHS,
     ),
     Break(
         "graphs: time_step replays a graph without being asked",
-        "benchbatch/probes/steps.py",
+        "benchbatch/runtime/steps.py",
         "return cuda_graphs and backend.of(dev).graphs",
         "return backend.of(dev).graphs",
         tests("tests/test_graph_path.py", "test_a_graph_is_replayed_on_cuda_when_asked"),
     ),
     Break(
         "graphs: the sweep probe drops the flag",
-        "benchbatch/probes/sweep.py",
+        "benchbatch/experiments/sweep/probe.py",
         "measured = steps.run_group(model, dtype, group, timing, cuda_graphs, **layout)",
         "measured = steps.run_group(model, dtype, group, timing, True, **layout)",
         GRAPHS,
     ),
     Break(
         "graphs: the phases probe drops the flag",
-        "benchbatch/probes/phases.py",
+        "benchbatch/experiments/phases/probe.py",
         "yield from steps.run_group(model, dtype, group, timing, cuda_graphs, **layout)",
         "yield from steps.run_group(model, dtype, group, timing, True, **layout)",
         GRAPHS,
     ),
     Break(
         "graphs: piggyback drops the flag",
-        "benchbatch/probes/piggyback.py",
+        "benchbatch/experiments/piggyback/probe.py",
         "makers = [functools.partial(_prepare, model, t, timed, cuda_graphs) for t in group]",
         "makers = [functools.partial(_prepare, model, t, timed, True) for t in group]",
         tests("tests/test_graph_path.py", "test_the_flag_reaches_the_mixed_step_timer"),
@@ -197,28 +197,28 @@ BREAKS = [
     # --- accounting ---------------------------------------------------------------------
     Break(
         "accounting: attention FLOPs halved",
-        "benchbatch/accounting.py",
+        "benchbatch/core/accounting.py",
         "attention_flops=cfg.layers * 4 * local.q_dim * pairs",
         "attention_flops=cfg.layers * 2 * local.q_dim * pairs",
         ACCOUNTING,
     ),
     Break(
         "accounting: a query does not see itself",
-        "benchbatch/accounting.py",
+        "benchbatch/core/accounting.py",
         "tokens * (tokens + 1) // 2",
         "tokens * (tokens - 1) // 2",
         ACCOUNTING,
     ),
     Break(
         "accounting: the KV read skips the new tokens",
-        "benchbatch/accounting.py",
+        "benchbatch/core/accounting.py",
         "kv_read_bytes=batch * (context + tokens) * kv_bytes_per_token(cfg, dtype, tp)",
         "kv_read_bytes=batch * context * kv_bytes_per_token(cfg, dtype, tp)",
         ACCOUNTING,
     ),
     Break(
         "accounting: logits for every token",
-        "benchbatch/accounting.py",
+        "benchbatch/core/accounting.py",
         "logit_rows = batch * logits_per_seq",
         "logit_rows = batch * tokens * logits_per_seq",
         ACCOUNTING,
@@ -226,56 +226,56 @@ BREAKS = [
     # --- scheduler and simulator -----------------------------------------------------------
     Break(
         "scheduler: static admits before its group ends",
-        "benchbatch/engines/scheduler.py",
+        "benchbatch/core/scheduler.py",
         "        self._padding.add(slot)\n        if self.num_running == 0:",
         "        self._padding.add(slot)\n        if True:",
         SCHEDULER,
     ),
     Break(
         "scheduler: a request is admitted a step after it arrives",
-        "benchbatch/engines/scheduler.py",
+        "benchbatch/core/scheduler.py",
         "if self.items and self.items[0].arrival_step <= step:",
         "if self.items and self.items[0].arrival_step < step:",
         SCHEDULER,
     ),
     Break(
         "scheduler: a prompt that exactly fits the budget waits",
-        "benchbatch/engines/scheduler.py",
+        "benchbatch/core/scheduler.py",
         "return prompt_left if prompt_left <= budget_left else 0",
         "return prompt_left if prompt_left < budget_left else 0",
         SCHEDULER,
     ),
     Break(
         "scheduler: decode context one token too long",
-        "benchbatch/engines/scheduler.py",
+        "benchbatch/core/scheduler.py",
         "DecodeEntry(slot, s.request.id, s.request.prompt_tokens + s.generated - 1)",
         "DecodeEntry(slot, s.request.id, s.request.prompt_tokens + s.generated)",
         SCHEDULER,
     ),
     Break(
         "simulate: continuous frees a slot a step late",
-        "benchbatch/engines/article.py",
+        "benchbatch/core/article.py",
         "        take(free, start + n)\n        keep(start)\n    return starts\n",
         "        take(free, start + n + 1)\n        keep(start)\n    return starts\n",
         SIMULATE,
     ),
     Break(
         "simulate: a static group one request too large",
-        "benchbatch/engines/article.py",
+        "benchbatch/core/article.py",
         "firsts = np.arange(0, n, slots)",
         "firsts = np.arange(0, n, slots + 1)",
         SIMULATE,
     ),
     Break(
         "simulate: speedup over static inverted",
-        "benchbatch/engines/simulate.py",
+        "benchbatch/core/simulate.py",
         '"speedup_vs_static": static_time / r.total_time if static_time else None',
         '"speedup_vs_static": r.total_time / static_time if static_time else None',
         SIMULATE,
     ),
     Break(
         "simulate: first token one step early",
-        "benchbatch/engines/article.py",
+        "benchbatch/core/article.py",
         "workload.id, workload.arrival_step, starts + 1, starts + outputs,",
         "workload.id, workload.arrival_step, starts, starts + outputs,",
         SIMULATE,

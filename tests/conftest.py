@@ -39,8 +39,8 @@ def one_thread():
 @pytest.fixture(scope="module")
 def tiny_model():
     """The tiny preset (hidden 64, 2 layers, GQA) with seeded random weights, fp32 on CPU."""
-    from benchbatch.config import preset
-    from benchbatch.engines.model import Transformer
+    from benchbatch.core.config import preset
+    from benchbatch.runtime.model import Transformer
 
     return Transformer(preset("tiny"), seed=1)
 
@@ -48,7 +48,7 @@ def tiny_model():
 @pytest.fixture
 def quick_timing():
     """Two repeats, no time floor, one warm-up: enough to exercise the harness."""
-    from benchbatch.timing import TimingOptions
+    from benchbatch.runtime.timing import TimingOptions
 
     return TimingOptions(min_repeats=2, min_time_s=0.0, warmup=1, warmup_s=0.0)
 
@@ -56,7 +56,7 @@ def quick_timing():
 @pytest.fixture
 def tiny_workload():
     """Twelve requests with short prompts and outputs, all queued at step 0."""
-    from benchbatch.options import WorkloadOptions
+    from benchbatch.core.options import WorkloadOptions
 
     return WorkloadOptions(requests=12, median=6, max_output=12, prompt_len=8).draw(seed=1)
 
@@ -76,8 +76,8 @@ def linear_step_costs(monkeypatch):
     """The cost model's steps (probes/stepcost.py) 'timed' at a fixed linear cost. Timed for
     real, a busy machine can make every per-token cost come out negative and the fit refuse
     the run (a test that failed one run in several under load); the fit is tested on its own."""
-    from benchbatch.probes import stepcost
-    from benchbatch.timing import Measurement
+    from benchbatch.core import stepcost
+    from benchbatch.runtime.timing import Measurement
 
     def linear(model, step, opts, cuda_graphs=False, seed=0):
         decode, prefill, context = step.features

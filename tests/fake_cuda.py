@@ -1,4 +1,4 @@
-"""A fake torch.cuda for CPU tests of benchbatch's CUDA backend (benchbatch/cuda.py).
+"""A fake torch.cuda for CPU tests of benchbatch's CUDA backend (benchbatch/runtime/cuda.py).
 
 It runs no GPU code, but keeps torch's documented semantics for every call the backend
 makes, and records which device and stream each call used:

@@ -10,15 +10,15 @@ import random
 import pandas as pd
 import pytest
 
-from benchbatch.cli import app
-from benchbatch.engines.simulate import StepCostModel
-from benchbatch.engines.workload import Request
+from benchbatch.app.cli import app
+from benchbatch.core import stepcost
+from benchbatch.core.options import WorkloadOptions
+from benchbatch.core.simulate import StepCostModel
+from benchbatch.core.workload import Request
 from benchbatch.errors import UserError
-from benchbatch.experiments import ABLATION_WORKLOAD
-from benchbatch.options import WorkloadOptions
-from benchbatch.probes import ablation as probe
-from benchbatch.probes import stepcost
-from benchbatch.probes.piggyback import MixedStep
+from benchbatch.experiments.ablation import probe
+from benchbatch.experiments.ablation.options import ABLATION_WORKLOAD
+from benchbatch.experiments.piggyback.probe import MixedStep
 
 # Close to what cpu-small (fp32, 2 cores) measured: a decode step of 8 about 33 ms, a
 # 1,024-token prefill about 300 ms.

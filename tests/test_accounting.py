@@ -4,9 +4,9 @@ import pytest
 import torch
 from torch.utils.flop_counter import FlopCounterMode
 
-from benchbatch import accounting as acc
-from benchbatch.config import ModelConfig, RopeScaling, preset
-from benchbatch.engines.model import Transformer
+from benchbatch.core import accounting as acc
+from benchbatch.core.config import ModelConfig, RopeScaling, preset
+from benchbatch.runtime.model import Transformer
 
 SHAPES = [
     preset("tiny"),  # GQA: 4 heads over 2 KV heads

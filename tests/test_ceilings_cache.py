@@ -9,8 +9,8 @@ import json
 import pandas as pd
 import pytest
 
-from benchbatch import ceilings_cache
-from benchbatch.cli import app
+from benchbatch.app.cli import app
+from benchbatch.output import ceilings_cache
 
 pytestmark = pytest.mark.usefixtures("one_thread")
 
@@ -59,7 +59,7 @@ def _phases(runner, out, *extra):
 
 @pytest.fixture
 def small_probe(monkeypatch):
-    from benchbatch.probes import ceilings
+    from benchbatch.runtime import ceilings
 
     small = ceilings.plan([64], 2**20)
     monkeypatch.setattr(ceilings, "default_plan", lambda dev: small)

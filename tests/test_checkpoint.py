@@ -2,7 +2,7 @@
 
 Tiny Llama, Mistral, Qwen2 and Qwen3 models with random weights (norms and biases too, so
 every parameter matters) are saved with save_pretrained as safetensors, one of them sharded,
-loaded with benchbatch.checkpoint and compared with transformers' forward: prefill logits,
+loaded with benchbatch.runtime.checkpoint and compared with transformers' forward: prefill logits,
 five cached decode steps, greedy tokens. Then the ways a checkpoint can be wrong.
 """
 
@@ -11,10 +11,10 @@ import json
 import pytest
 import torch
 
-from benchbatch import checkpoint
-from benchbatch.config import preset
-from benchbatch.engines.model import rotary_tables
+from benchbatch.core.config import preset
 from benchbatch.errors import UserError
+from benchbatch.runtime import checkpoint
+from benchbatch.runtime.model import rotary_tables
 
 transformers = pytest.importorskip("transformers")
 safetensors_torch = pytest.importorskip("safetensors.torch")
@@ -168,7 +168,7 @@ def test_rotary_tables_equal_transformers_bit_for_bit(name):
 
 
 def test_loading_draws_no_random_weights(tmp_path, monkeypatch):
-    from benchbatch.engines.model import Transformer
+    from benchbatch.runtime.model import Transformer
 
     monkeypatch.setattr(Transformer, "randomize", lambda *a: pytest.fail("randomized"))
     folder = save(hf_model("qwen2"), tmp_path / "m")

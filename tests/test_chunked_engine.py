@@ -6,12 +6,12 @@ from __future__ import annotations
 
 import pytest
 
-from benchbatch.config import preset
-from benchbatch.engines.engine import Engine, run_alone
-from benchbatch.engines.model import Transformer
-from benchbatch.engines.simulate import simulate
-from benchbatch.engines.workload import Request
-from benchbatch.probes import ablation
+from benchbatch.core.config import preset
+from benchbatch.core.simulate import simulate
+from benchbatch.core.workload import Request
+from benchbatch.experiments.ablation import probe as ablation
+from benchbatch.runtime.engine import Engine, run_alone
+from benchbatch.runtime.model import Transformer
 
 SEQS, BUDGET = 3, 12
 SCHEME_SETTINGS = {  # chunk 5 divides no prompt below: every prompt ends in a short chunk

@@ -12,8 +12,8 @@ import pandas as pd
 import pytest
 from typer.testing import CliRunner
 
-from benchbatch import compare as merging
-from benchbatch.cli import app
+from benchbatch.app.cli import app
+from benchbatch.output import compare as merging
 
 FAST = ["--preset", "tiny", "--repeats", "1", "--min-time", "0", "--device", "cpu"]
 PHASES = [
@@ -242,7 +242,7 @@ def test_a_compare_cut_short_says_so_and_leaves_no_temporary_file(
 ):
     """Cut short while drawing its figure (after the merged CSV is written): metadata.json
     says how it ended and what was written, and no half-written file is left."""
-    from benchbatch.plots import compare as plots
+    from benchbatch.output.plots import compare as plots
 
     def half_drawn(table, names, path, title):
         path.with_name(f".{path.name}.tmp.png").write_bytes(b"\x89PNG half")

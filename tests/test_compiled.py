@@ -6,11 +6,10 @@ import pandas as pd
 import pytest
 import torch
 
-from benchbatch.cli import app
-from benchbatch.config import preset
-from benchbatch.engines import compiled
-from benchbatch.engines.model import Transformer
-from benchbatch.probes import steps
+from benchbatch.app.cli import app
+from benchbatch.core.config import preset
+from benchbatch.runtime import compiled, steps
+from benchbatch.runtime.model import Transformer
 
 pytestmark = pytest.mark.usefixtures("one_thread")
 

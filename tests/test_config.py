@@ -2,7 +2,7 @@ import json
 
 import pytest
 
-from benchbatch.config import (
+from benchbatch.core.config import (
     ModelConfig,
     RopeScaling,
     from_hf_config,

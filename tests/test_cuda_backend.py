@@ -12,14 +12,13 @@ import pytest
 import torch
 from fake_cuda import FakeCuda
 
-from benchbatch import backend, device
-from benchbatch.config import preset
-from benchbatch.cuda import CudaBackend
-from benchbatch.engines.model import Transformer
-from benchbatch.experiments import PiggybackOptions
-from benchbatch.probes import ceilings, steps
-from benchbatch.probes import piggyback as pb
-from benchbatch.timing import TimingOptions, measure
+from benchbatch.core.config import preset
+from benchbatch.experiments.piggyback import probe as pb
+from benchbatch.experiments.piggyback.options import PiggybackOptions
+from benchbatch.runtime import backend, ceilings, device, steps
+from benchbatch.runtime.cuda import CudaBackend
+from benchbatch.runtime.model import Transformer
+from benchbatch.runtime.timing import TimingOptions, measure
 
 CPU, GPU1 = torch.device("cpu"), torch.device("cuda", 1)
 WARM, REPEATS = 2, 3

@@ -5,13 +5,13 @@ from __future__ import annotations
 import pytest
 import torch
 
-from benchbatch.config import preset
-from benchbatch.engines.engine import Engine, prompt_ids, run_alone
-from benchbatch.engines.model import Transformer
-from benchbatch.engines.scheduler import make_scheduler
-from benchbatch.engines.simulate import simulate
-from benchbatch.engines.workload import Request, lognormal_workload
+from benchbatch.core.config import preset
+from benchbatch.core.scheduler import make_scheduler
+from benchbatch.core.simulate import simulate
+from benchbatch.core.workload import Request, lognormal_workload
 from benchbatch.errors import UserError
+from benchbatch.runtime.engine import Engine, prompt_ids, run_alone
+from benchbatch.runtime.model import Transformer
 
 SLOTS = 4
 

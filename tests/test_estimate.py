@@ -7,11 +7,11 @@ import json
 
 import pytest
 
-from benchbatch import accounting
-from benchbatch.cli import app
-from benchbatch.config import preset
-from benchbatch.probes import estimate, steps
-from benchbatch.timing import TimingOptions
+from benchbatch.app.cli import app
+from benchbatch.core import accounting
+from benchbatch.core.config import preset
+from benchbatch.runtime import estimate, steps
+from benchbatch.runtime.timing import TimingOptions
 
 pytestmark = pytest.mark.usefixtures("one_thread")
 

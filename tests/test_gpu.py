@@ -10,12 +10,13 @@ import pytest
 import torch
 from torch.utils.flop_counter import FlopCounterMode
 
-from benchbatch import accounting, backend, telemetry
-from benchbatch.config import preset
-from benchbatch.engines.model import Transformer
-from benchbatch.experiments import PiggybackOptions
-from benchbatch.probes import piggyback, steps
-from benchbatch.timing import TimingOptions, measure
+from benchbatch.core import accounting
+from benchbatch.core.config import preset
+from benchbatch.experiments.piggyback import probe as piggyback
+from benchbatch.experiments.piggyback.options import PiggybackOptions
+from benchbatch.runtime import backend, steps, telemetry
+from benchbatch.runtime.model import Transformer
+from benchbatch.runtime.timing import TimingOptions, measure
 
 pytestmark = pytest.mark.gpu
 GPU = torch.device("cuda", 0)

@@ -11,10 +11,11 @@ import pytest
 import torch
 from typer.testing import CliRunner
 
-from benchbatch.cli import app
-from benchbatch.commands import common
-from benchbatch.probes import piggyback, steps
-from benchbatch.timing import Measurement
+from benchbatch.app.cli import app
+from benchbatch.experiments import common
+from benchbatch.experiments.piggyback import probe as piggyback
+from benchbatch.runtime import steps
+from benchbatch.runtime.timing import Measurement
 
 TINY = ["--preset", "tiny", "--device", "cpu", "--repeats", "1", "--min-time", "0"]
 COMMANDS = {
@@ -91,7 +92,7 @@ def test_a_graph_is_replayed_on_cuda_when_asked(device, phase, cuda_graphs):
 @pytest.mark.parametrize("cuda_graphs", [True, False])
 def test_a_step_timed_alone_gets_the_flag_too(timed, tiny_model, cuda_graphs):
     """run_step (a group of one, --try-oom, under torchrun) passes the flag on as given."""
-    from benchbatch.timing import TimingOptions
+    from benchbatch.runtime.timing import TimingOptions
 
     opts = TimingOptions(min_repeats=1, min_time_s=0.0, warmup=0)
     row = steps.run_step(tiny_model, "fp32", steps.decode(2, 8), opts, cuda_graphs)

@@ -6,9 +6,10 @@ import dataclasses
 
 import pytest
 
-from benchbatch.cli import app
-from benchbatch.experiments import OccupancyOptions, SweepOptions
-from benchbatch.options import RunOptions, flag_of
+from benchbatch.app.cli import app
+from benchbatch.core.options import RunOptions, flag_of
+from benchbatch.experiments.occupancy.options import OccupancyOptions
+from benchbatch.experiments.sweep.options import SweepOptions
 
 COMMANDS = ["phases", "sweep", "occupancy", "reproduce", "probe", "ablation", "piggyback",
             "compare"]  # fmt: skip

@@ -14,12 +14,12 @@ import typer.main
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from benchbatch.cli import app
-from benchbatch.commands.common import check_numbers
-from benchbatch.commands.params import LIST_MAX, parse_int_list
-from benchbatch.engines.workload import Request, read_trace
+from benchbatch.app.cli import app
+from benchbatch.app.params import LIST_MAX, parse_int_list
+from benchbatch.core.options import INT_MAX
+from benchbatch.core.workload import Request, read_trace
 from benchbatch.errors import UserError
-from benchbatch.options import INT_MAX
+from benchbatch.core.options import check_numbers
 
 TINY = ["--preset", "tiny", "--device", "cpu", "--repeats", "1", "--min-time", "0"]
 LONG = "9" * 40  # past any 64-bit integer
@@ -196,7 +196,7 @@ def test_out_is_an_existing_file(runner, tmp_path):
 
 
 def test_an_unwritable_default_results_folder(runner, tmp_path, monkeypatch):
-    from benchbatch import results
+    from benchbatch.output import results
 
     (tmp_path / "file").write_text("")
     monkeypatch.setattr(results, "DEFAULT_ROOT", tmp_path / "file" / "results")
@@ -407,9 +407,9 @@ def test_read_trace_reads_every_well_formed_trace(tmp_path, trace):
     "stop", [OSError(errno.ENOSPC, "No space left on device"), KeyboardInterrupt()], ids=repr
 )
 def test_a_failed_figure_write_leaves_no_temporary_file(tmp_path, monkeypatch, stop):
-    from benchbatch import results
     from benchbatch.errors import WriteFailed
-    from benchbatch.plots import plt, save
+    from benchbatch.output import results
+    from benchbatch.output.plots import plt, save
 
     real_fdopen = results.os.fdopen
 
@@ -473,7 +473,7 @@ def sweep_summary(context: int) -> dict:
     ids=["all-skipped", "oom-and-skipped", "ok-but-nan", "one-context-empty", "one-nan", "none"],
 )
 def test_the_sweep_figure_draws_rows_where_nothing_was_measured(tmp_path, rows):
-    from benchbatch.plots.sweep import sweep_figure
+    from benchbatch.output.plots.sweep import sweep_figure
 
     summary = [sweep_summary(ctx) for ctx in dict.fromkeys(r["context"] for r in rows)]
     sweep_figure(rows, summary, tmp_path / "sweep.png", "a sweep that measured little")
@@ -595,22 +595,22 @@ def test_a_byte_order_mark_is_accepted_everywhere(runner, tmp_path, where):
         path.write_text(bom + "output_tokens,prompt_tokens\n5,8\n6,9\n")
         assert read_trace(path) == [Request(0, 8, 5), Request(1, 9, 6)]
     elif where == "step-costs":
-        from benchbatch.probes.stepcost import cost_rows_from_csv
+        from benchbatch.core.stepcost import cost_rows_from_csv
 
         path.write_text(bom + GOOD_COSTS)
         assert len(cost_rows_from_csv([path])) == 5
     elif where == "ceilings":
-        from benchbatch.roofline import ceilings_from_csv
+        from benchbatch.core.roofline import ceilings_from_csv
 
         path.write_text(bom + PROBE.format("2", "30"))
         assert ceilings_from_csv(path).peak_tflops == 2
     elif where == "config":
-        from benchbatch.config import from_hf_config
+        from benchbatch.core.config import from_hf_config
 
         path.write_text(bom + "{" + SHAPE + "}")
         assert from_hf_config(path).hidden == 64
     else:
-        from benchbatch.prompts import read_prompts
+        from benchbatch.core.prompts import read_prompts
 
         path.write_text(bom + "hello\nworld\n")
         assert read_prompts(path) == ["hello", "world"]

@@ -16,7 +16,7 @@ import pytest
 from hypothesis import HealthCheck, example, given, settings
 from hypothesis import strategies as st
 
-from benchbatch.cli import app
+from benchbatch.app.cli import app
 from benchbatch.errors import UserError
 
 # A few seconds each; HOSTILE_EXAMPLES=2000 for a longer hunt.
@@ -198,7 +198,7 @@ def check_config(cfg) -> None:
 @QUICK
 @given(configs())
 def test_config_json_gives_a_model_or_names_the_option(tmp_path, text):
-    from benchbatch.config import from_hf_config
+    from benchbatch.core.config import from_hf_config
 
     path = tmp_path / "config.json"
     path.write_text(text)
@@ -213,7 +213,7 @@ def test_config_json_gives_a_model_or_names_the_option(tmp_path, text):
 @QUICK
 @given(configs())
 def test_a_checkpoints_config_gives_a_model_or_names_model(tmp_path, text):
-    from benchbatch import checkpoint
+    from benchbatch.runtime import checkpoint
 
     (tmp_path / "ckpt").mkdir(exist_ok=True)
     (tmp_path / "ckpt" / "config.json").write_text(text)
@@ -263,7 +263,7 @@ HUGE = b"decode_tokens,prefill_tokens,context_tokens,step_ms\n0,0,0,0\n0,0,0," +
 @example(HUGE)
 @example(HUGE.replace(b"0,0,0," + b"9" * 400, b"2," + b"9" * 400 + b",0,5"))
 def test_step_costs_give_a_finite_cost_model_or_name_the_option(tmp_path, content):
-    from benchbatch.probes import stepcost
+    from benchbatch.core import stepcost
 
     path = tmp_path / "costs.csv"
     path.write_bytes(content)
@@ -284,7 +284,7 @@ PROBE_HEADERS = ["kind", "label", "dtype", "tflops", "gbps", "status", "size"]
 @QUICK
 @given(csv_files(PROBE_HEADERS))
 def test_probe_csv_gives_sane_ceilings_or_names_the_option(tmp_path, content):
-    from benchbatch.roofline import ceilings_from_csv
+    from benchbatch.core.roofline import ceilings_from_csv
 
     path = tmp_path / "probe.csv"
     path.write_bytes(content)
@@ -303,7 +303,7 @@ TRACE_HEADERS = ["output_tokens", "prompt_tokens", "arrival_step", "x"]
 @QUICK
 @given(csv_files(TRACE_HEADERS))
 def test_a_trace_through_the_options_is_within_the_limits_or_refused(tmp_path, content):
-    from benchbatch.options import WorkloadOptions
+    from benchbatch.core.options import WorkloadOptions
 
     path = tmp_path / "trace.csv"
     path.write_bytes(content)
@@ -322,7 +322,7 @@ def test_a_trace_through_the_options_is_within_the_limits_or_refused(tmp_path, c
 @given(st.one_of(st.binary(max_size=100), st.text(max_size=100).map(str.encode),
                  st.lists(JSON, max_size=3).map(lambda v: "\n".join(map(json.dumps, v)).encode())))
 def test_prompts_give_strings_or_name_the_option(tmp_path, content):  # fmt: skip
-    from benchbatch.prompts import read_prompts
+    from benchbatch.core.prompts import read_prompts
 
     path = tmp_path / "prompts.jsonl"
     path.write_bytes(content)
@@ -356,7 +356,7 @@ TABLE_HEADERS = ["kind", "label", "tflops", "gbps", "status", "phase", "batch", 
 @example({"command": "occupancy", "schema_version": 1},
          b"policy,total_steps\nstatic," + b"9" * 400 + b"\n")  # fmt: skip
 def test_compares_folder_reader_gives_a_run_or_names_the_folder(tmp_path, meta, table):
-    from benchbatch import compare
+    from benchbatch.output import compare
 
     folder = tmp_path / "run"
     folder.mkdir(exist_ok=True)
@@ -398,8 +398,8 @@ def test_a_fifo_is_refused_not_read_forever(runner, tmp_path, command, option):
 
 
 def test_a_fifo_in_compare_and_prompts_is_refused(tmp_path):
-    from benchbatch import compare
-    from benchbatch.prompts import read_prompts
+    from benchbatch.core.prompts import read_prompts
+    from benchbatch.output import compare
 
     os.mkfifo(tmp_path / "prompts.txt")
     with pytest.raises(UserError, match="not a regular file"):

@@ -11,11 +11,11 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from benchbatch.engines import memory
-from benchbatch.engines.kvblocks import PAGED, RESERVE, BlockManager, KVBudget
-from benchbatch.engines.scheduler import make_scheduler
-from benchbatch.engines.simulate import run_policies
-from benchbatch.engines.workload import Request, lognormal_columns
+from benchbatch.core import memory
+from benchbatch.core.kvblocks import PAGED, RESERVE, BlockManager, KVBudget
+from benchbatch.core.scheduler import make_scheduler
+from benchbatch.core.simulate import run_policies
+from benchbatch.core.workload import Request, lognormal_columns
 from benchbatch.errors import UserError
 
 

@@ -5,9 +5,10 @@ from __future__ import annotations
 
 import pytest
 
-from benchbatch import accounting, kvceiling, peaks, report
-from benchbatch.config import preset
-from benchbatch.engines.workload import Request
+from benchbatch.core import accounting, kvceiling, peaks
+from benchbatch.core.config import preset
+from benchbatch.core.workload import Request
+from benchbatch.output import report
 
 CFG = preset("article")  # fp16: 12 layers x 2 x 2048 x 2 B = 96 KiB of KV a token
 

@@ -3,10 +3,10 @@
 import pytest
 import torch
 
-from benchbatch.config import preset
-from benchbatch.engines import layout
-from benchbatch.engines.layout import LAYOUTS, ROWS, WeightLayout
-from benchbatch.engines.model import Transformer
+from benchbatch.core.config import preset
+from benchbatch.runtime import layout
+from benchbatch.runtime.layout import LAYOUTS, ROWS, WeightLayout
+from benchbatch.runtime.model import Transformer
 
 pytestmark = pytest.mark.usefixtures("one_thread")
 
@@ -85,7 +85,7 @@ def test_layout_scores_time_every_layout():
 
 
 def test_a_dense_decode_needs_no_mask_and_gives_the_masked_logits():
-    from benchbatch.engines.model import grouped_attention
+    from benchbatch.runtime.model import grouped_attention
 
     past = torch.tensor([7, 7])
     gen = torch.Generator().manual_seed(0)
@@ -100,7 +100,7 @@ def test_a_dense_decode_needs_no_mask_and_gives_the_masked_logits():
 def test_a_dense_step_is_the_masked_step(monkeypatch):
     """step(dense=True) drops the mask and gives the same logits; without kv_len the
     lengths decide, and uneven slots keep their mask."""
-    import benchbatch.engines.model as model_module
+    import benchbatch.runtime.model as model_module
 
     cfg = preset("tiny")
     model = Transformer(cfg, seed=4)

@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from benchbatch.cli import app
+from benchbatch.app.cli import app
 
 ROOT = Path(__file__).resolve().parent.parent
 HOSTILE = "a[/]b[bold]c:cd:d$^$e"
@@ -118,7 +118,7 @@ def test_every_kind_of_figure_draws_text_as_given(tmp_path, label):
     when the figure was saved, after every row was measured)."""
     import pandas as pd
 
-    from benchbatch.plots import compare as plots
+    from benchbatch.output.plots import compare as plots
 
     phases = pd.DataFrame(
         [{"run": r, "label": f"{label} {i}", "phase": "decode", "batch": 1, "tokens": 1,

@@ -9,9 +9,9 @@ import json
 import pandas as pd
 import pytest
 
-from benchbatch import accounting
-from benchbatch.cli import app
-from benchbatch.config import preset
+from benchbatch.app.cli import app
+from benchbatch.core import accounting
+from benchbatch.core.config import preset
 
 pytestmark = pytest.mark.usefixtures("one_thread")
 

@@ -3,8 +3,8 @@
 import pytest
 import torch
 
-from benchbatch.config import ModelConfig, preset
-from benchbatch.engines.model import Transformer
+from benchbatch.core.config import ModelConfig, preset
+from benchbatch.runtime.model import Transformer
 
 CONFIGS = {
     "gqa": preset("tiny"),

@@ -8,8 +8,8 @@ import json
 import pandas as pd
 import pytest
 
-from benchbatch.cli import app
-from benchbatch.engines.simulate import expand_timeline
+from benchbatch.app.cli import app
+from benchbatch.core.simulate import expand_timeline
 
 OCCUPANCY_COLUMNS = [
     "policy",
@@ -154,7 +154,7 @@ def test_real_engine_measures_both_policies(runner, tmp_path):
 
 def test_interrupted_real_run_keeps_its_measured_rows(runner, tmp_path, monkeypatch):
     """Ctrl-C as the 11th continuous step ends: 10 continuous steps were measured."""
-    from benchbatch.engines.engine import StepRecord
+    from benchbatch.runtime.engine import StepRecord
 
     seen, row = [], StepRecord.row
 
@@ -255,7 +255,7 @@ def _assert_user_error(result, option: str, says: str) -> None:
 
 
 def test_wide_step_spread_is_flagged_as_noise():
-    from benchbatch.probes.occupancy import noisy
+    from benchbatch.experiments.occupancy.probe import noisy
 
     rows = [
         {"policy": "static", "median_step_ms": 10.0, "p90_step_ms": 12.0},

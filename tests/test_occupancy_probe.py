@@ -5,10 +5,10 @@ from __future__ import annotations
 
 import pandas as pd
 
-from benchbatch.engines.simulate import expand_timeline, timeline_rows
-from benchbatch.engines.workload import Workload, lognormal_workload, read_trace
-from benchbatch.options import WorkloadOptions
-from benchbatch.probes import occupancy as probe
+from benchbatch.core.options import WorkloadOptions
+from benchbatch.core.simulate import expand_timeline, timeline_rows
+from benchbatch.core.workload import Workload, lognormal_workload, read_trace
+from benchbatch.experiments.occupancy import probe
 
 
 def test_columns_and_lists_give_the_same_rows_timeline_and_title(tmp_path):

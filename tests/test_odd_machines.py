@@ -13,8 +13,9 @@ from pathlib import Path
 import pytest
 import torch
 
-from benchbatch import results, telemetry
-from benchbatch.cli import app
+from benchbatch.app.cli import app
+from benchbatch.output import results
+from benchbatch.runtime import telemetry
 
 ROOT = Path(__file__).resolve().parent.parent
 GPU = torch.device("cuda", 0)  # a device object only: nothing here touches a GPU
@@ -136,7 +137,7 @@ def no_mplconfigdir(monkeypatch):
 
 
 def test_an_unwritable_home_gets_a_stable_matplotlib_folder(tmp_path, monkeypatch, no_mplconfigdir):
-    from benchbatch import cli
+    from benchbatch.app import cli
 
     (tmp_path / "file").write_text("")
     monkeypatch.setenv("HOME", str(tmp_path / "file" / "home"))  # cannot exist, even for root
@@ -147,7 +148,7 @@ def test_an_unwritable_home_gets_a_stable_matplotlib_folder(tmp_path, monkeypatc
 
 
 def test_a_writable_home_is_left_to_matplotlib(tmp_path, monkeypatch, no_mplconfigdir):
-    from benchbatch import cli
+    from benchbatch.app import cli
 
     monkeypatch.setenv("HOME", str(tmp_path))
     cli._matplotlib_config_dir()
@@ -162,7 +163,7 @@ def test_a_run_with_a_read_only_home(tmp_path):
     env = {k: v for k, v in os.environ.items() if not k.startswith(("XDG_", "MPL"))}
     env["HOME"] = str(tmp_path / "file" / "home")
     warm = subprocess.run(
-        [sys.executable, "-c", "import benchbatch.cli, matplotlib.font_manager"],
+        [sys.executable, "-c", "import benchbatch.app.cli, matplotlib.font_manager"],
         cwd=ROOT,
         env=env,
         capture_output=True,

@@ -10,7 +10,7 @@ import pandas as pd
 import pytest
 import torch
 
-from benchbatch.cli import app
+from benchbatch.app.cli import app
 
 transformers = pytest.importorskip("transformers")
 tokenizers = pytest.importorskip("tokenizers")

@@ -7,12 +7,12 @@ from __future__ import annotations
 import pytest
 import torch
 
-from benchbatch.engines.engine import Engine, run_alone
-from benchbatch.engines.kvblocks import PAGED, RESERVE, KVBudget
-from benchbatch.engines.kvcache import KVCache, PagedKVCache
-from benchbatch.engines.scheduler import make_scheduler
-from benchbatch.engines.simulate import simulate
-from benchbatch.engines.workload import Request, lognormal_workload
+from benchbatch.core.kvblocks import PAGED, RESERVE, KVBudget
+from benchbatch.core.scheduler import make_scheduler
+from benchbatch.core.simulate import simulate
+from benchbatch.core.workload import Request, lognormal_workload
+from benchbatch.runtime.engine import Engine, run_alone
+from benchbatch.runtime.kvcache import KVCache, PagedKVCache
 
 pytestmark = pytest.mark.usefixtures("one_thread")
 

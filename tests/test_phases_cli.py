@@ -6,7 +6,7 @@ import pandas as pd
 import pytest
 import torch
 
-from benchbatch.cli import app
+from benchbatch.app.cli import app
 
 FAST = ["--preset", "tiny", "--repeats", "1", "--min-time", "0", "--device", "cpu", "--no-roofline"]
 
@@ -82,7 +82,7 @@ def test_existing_results_are_never_overwritten_silently(runner, tmp_path):
 
 
 def test_out_of_memory_on_one_row_is_recorded_and_the_run_goes_on(runner, tmp_path, monkeypatch):
-    from benchbatch.probes import steps
+    from benchbatch.runtime import steps
 
     real = steps.prepare
 
@@ -177,7 +177,7 @@ def test_ceilings_of_another_dtype_are_refused(runner, tmp_path):
 
 
 def test_default_run_measures_the_ceilings(runner, tmp_path, monkeypatch):
-    from benchbatch.probes import ceilings
+    from benchbatch.runtime import ceilings
 
     small = ceilings.plan([128], 4 * 2**20)
     monkeypatch.setattr(ceilings, "default_plan", lambda dev: small)

@@ -10,12 +10,12 @@ from dataclasses import replace
 import pandas as pd
 import pytest
 
-from benchbatch import accounting
-from benchbatch.cli import app
-from benchbatch.config import preset
-from benchbatch.experiments import PiggybackOptions
-from benchbatch.probes import piggyback as probe
-from benchbatch.timing import Measurement, TimingOptions
+from benchbatch.app.cli import app
+from benchbatch.core import accounting
+from benchbatch.core.config import preset
+from benchbatch.experiments.piggyback import probe
+from benchbatch.experiments.piggyback.options import PiggybackOptions
+from benchbatch.runtime.timing import Measurement, TimingOptions
 
 QUICK = TimingOptions(min_repeats=2, min_time_s=0.0, warmup=1, warmup_s=0.0)
 ROW_COLUMNS = {
@@ -249,7 +249,7 @@ class SlowsAt:
         self.looks = 0
 
     def look(self):
-        from benchbatch.telemetry import Slowdown
+        from benchbatch.runtime.telemetry import Slowdown
 
         self.looks += 1
         return Slowdown(throttled=self.looks in self.looks_throttled)
@@ -266,7 +266,7 @@ def test_throttled_rows_are_flagged_and_warned_about(runner, tmp_path, monkeypat
     0, 8, 32; 8 and 32 alone), 2 chunked prefills and 2 tiles; one look at the GPU serves
     a group. It slows during the last group (the tiles): both tile rows are throttled, and
     nothing else is."""
-    from benchbatch import telemetry
+    from benchbatch.runtime import telemetry
 
     monkeypatch.setattr(SlowsAt, "looks_throttled", {3})
     monkeypatch.setattr(telemetry, "ThrottleWatch", SlowsAt)

@@ -10,11 +10,11 @@ import pandas as pd
 import pytest
 from matplotlib.text import Text
 
-from benchbatch.plots import compare as compare_plots
-from benchbatch.plots import phases as phases_plots
-from benchbatch.plots import roofline as roofline_plots
-from benchbatch.plots import spread
-from benchbatch.roofline import Ceilings
+from benchbatch.core.roofline import Ceilings
+from benchbatch.output.plots import compare as compare_plots
+from benchbatch.output.plots import phases as phases_plots
+from benchbatch.output.plots import roofline as roofline_plots
+from benchbatch.output.plots import spread
 
 CEIL = Ceilings("fp32", 0.18, 43.0, "matmul 1024", "read 256 MiB")
 

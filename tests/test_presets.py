@@ -5,8 +5,8 @@ from __future__ import annotations
 
 import pytest
 
-from benchbatch.cli import app
-from benchbatch.config import PRESETS
+from benchbatch.app.cli import app
+from benchbatch.core.config import PRESETS
 
 COMMANDS = [
     ["phases"],
@@ -26,8 +26,8 @@ class Checked(Exception):
 
 @pytest.fixture
 def stop_at_the_folder(monkeypatch):
-    from benchbatch import device
-    from benchbatch.run import Recorder
+    from benchbatch.output.recorder import Recorder
+    from benchbatch.runtime import device
 
     def opened(*args, **kwargs):
         raise Checked

@@ -9,10 +9,10 @@ import pytest
 import torch
 from typer.testing import CliRunner
 
-from benchbatch.cli import app
-from benchbatch.probes import ceilings as probes
-from benchbatch.roofline import ceilings_from_csv
-from benchbatch.timing import TimingOptions
+from benchbatch.app.cli import app
+from benchbatch.core.roofline import ceilings_from_csv
+from benchbatch.runtime import ceilings as probes
+from benchbatch.runtime.timing import TimingOptions
 
 CPU = torch.device("cpu")
 FAST = TimingOptions(min_repeats=2, min_time_s=0.0, warmup=1, warmup_s=0.0)

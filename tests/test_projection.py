@@ -7,12 +7,12 @@ import json
 
 import pytest
 
-from benchbatch import accounting as acc
-from benchbatch import projection
-from benchbatch.cli import app
-from benchbatch.config import preset
+from benchbatch.app.cli import app
+from benchbatch.core import accounting as acc
+from benchbatch.core import projection
+from benchbatch.core.config import preset
 from benchbatch.errors import UserError
-from benchbatch.experiments import DEFAULT_LATENCY_US, ProjectOptions
+from benchbatch.experiments.project.options import DEFAULT_LATENCY_US, ProjectOptions
 
 LLAMA70 = preset("llama3-70b")
 

@@ -5,7 +5,7 @@ import sys
 
 import pytest
 
-from benchbatch import prompts
+from benchbatch.core import prompts
 from benchbatch.errors import UserError
 
 VOCAB = {"<unk>": 0, "<s>": 1, "</s>": 2, "hello": 3, "world": 4, "the": 5, "cat": 6, ",": 7}

@@ -16,12 +16,12 @@ from pathlib import Path
 import pandas as pd
 import pytest
 
-from benchbatch import results, telemetry
-from benchbatch import run as runs
-from benchbatch.cli import app
+from benchbatch.app.cli import app
 from benchbatch.errors import UserError
-from benchbatch.probes import steps
-from benchbatch.run import Run
+from benchbatch.output import recorder as runs
+from benchbatch.output import results
+from benchbatch.output.recorder import Run
+from benchbatch.runtime import steps, telemetry
 
 ROOT = Path(__file__).resolve().parent.parent
 TINY = ["--preset", "tiny", "--device", "cpu", "--no-roofline"]
@@ -139,7 +139,7 @@ def run_phases(runner, out: Path, *extra: str):
 
 
 def test_ctrl_c_while_the_figure_is_written(runner, tmp_path, monkeypatch):
-    from benchbatch.plots import phases
+    from benchbatch.output.plots import phases
 
     def half_drawn(rows, path, title):
         path.with_name(f".{path.name}.tmp.png").write_bytes(b"\x89PNG half")
@@ -175,7 +175,7 @@ def test_ctrl_c_while_a_row_is_written_still_saves_the_row(runner, tmp_path, mon
 
 
 def test_a_second_ctrl_c_cannot_cut_the_last_writes_short(runner, tmp_path, monkeypatch):
-    from benchbatch.plots import phases
+    from benchbatch.output.plots import phases
 
     def impatient(rows, path, title):
         raise KeyboardInterrupt
@@ -205,7 +205,7 @@ def test_signal_handlers_are_restored(runner, tmp_path):
 
 
 def test_a_failed_run_says_so_and_leaves_no_temporary_file(runner, tmp_path, monkeypatch):
-    from benchbatch.plots import phases
+    from benchbatch.output.plots import phases
 
     def broken(rows, path, title):
         path.with_name(f".{path.name}.tmp.png").write_bytes(b"")
@@ -277,7 +277,7 @@ def test_under_torchrun_only_rank_0_checks_the_out_folder(tmp_path, monkeypatch)
     """Rank 0 makes --out and writes its metadata.json; a rank that reaches the check later
     (a loaded machine) must not find the folder 'not empty' and stop the run: the ten-run
     check saw `torchrun ... --out DIR` fail that way, every rank exiting 2."""
-    from benchbatch.options import RunOptions
+    from benchbatch.core.options import RunOptions
 
     out = tmp_path / "run"
     first = runs.Recorder.open("occupancy", RunOptions(out=out), None, None, {})
@@ -358,7 +358,7 @@ class FakeWatch:
         self.looks = 0
 
     def look(self):
-        from benchbatch.telemetry import Slowdown
+        from benchbatch.runtime.telemetry import Slowdown
 
         self.looks += 1
         return Slowdown(throttled=self.looks == 2)
@@ -400,7 +400,7 @@ def test_rows_are_not_throttled_on_a_cpu(runner, tmp_path):
 
 
 def test_noisy_rows_are_warned_about_with_what_to_try(runner, tmp_path, monkeypatch):
-    from benchbatch import timing
+    from benchbatch.runtime import timing
 
     monkeypatch.setattr(timing.Measurement, "noisy", property(lambda m: m.repeats > 0))
     result = runner.invoke(app, [*EVERY_COMMAND["sweep"], "--out", str(tmp_path / "run")])

@@ -7,9 +7,9 @@ import math
 
 import pytest
 
-from benchbatch import report
-from benchbatch.probes.phases import summary as phases_summary
-from benchbatch.probes.sweep import claim as sweep_claim
+from benchbatch.experiments.phases.probe import summary as phases_summary
+from benchbatch.experiments.sweep.probe import claim as sweep_claim
+from benchbatch.output import report
 
 
 def step(phase: str, size: int, step_ms: float, flops: float, status: str = "ok") -> dict:

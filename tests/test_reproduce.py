@@ -9,11 +9,12 @@ import pytest
 import torch
 from typer.testing import CliRunner
 
-from benchbatch.cli import app
-from benchbatch.commands import reproduce
-from benchbatch.device import Target
-from benchbatch.experiments import PhasesOptions, SweepOptions
-from benchbatch.options import device_preset
+from benchbatch.app.cli import app
+from benchbatch.experiments.phases.options import PhasesOptions
+from benchbatch.experiments.reproduce import run as reproduce
+from benchbatch.experiments.sweep.options import SweepOptions
+from benchbatch.runtime.device import Target
+from benchbatch.runtime.session import device_preset
 
 TINY = [
     "--preset", "tiny", "--device", "cpu", "--repeats", "1", "--min-time", "0",
@@ -229,8 +230,8 @@ def test_the_memory_claim_reads_the_ceiling_on_this_devices_free_memory(tiny_run
 def test_compared_steps_are_interleaved_and_noisy_ones_measured_again(tmp_path, monkeypatch):
     """Every repeat counts as noisy here (a CV threshold below zero): reproduce measures each
     group of steps a second time before keeping its numbers, and only once."""
-    from benchbatch.options import RunOptions
-    from benchbatch.timing import TimingOptions
+    from benchbatch.core.options import RunOptions
+    from benchbatch.runtime.timing import TimingOptions
 
     always_noisy = TimingOptions(min_repeats=2, min_time_s=0.0, warmup=1, cv_threshold=-1.0)
     monkeypatch.setattr(RunOptions, "timing", lambda self: always_noisy)

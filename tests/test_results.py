@@ -4,8 +4,8 @@ from pathlib import Path
 
 import pytest
 
-from benchbatch import results
 from benchbatch.errors import UserError
+from benchbatch.output import results
 
 
 def test_default_folders_are_new_each_time(tmp_path, monkeypatch):

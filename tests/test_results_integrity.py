@@ -15,9 +15,9 @@ from pathlib import Path
 
 import pytest
 
-from benchbatch import results
-from benchbatch.cli import app
+from benchbatch.app.cli import app
 from benchbatch.errors import WriteFailed
+from benchbatch.output import results
 
 ROOT = Path(__file__).resolve().parent.parent
 

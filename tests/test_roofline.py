@@ -6,10 +6,8 @@ import math
 
 import pytest
 
-from benchbatch import peaks, results
-from benchbatch.errors import UserError
-from benchbatch.plots.roofline import roofline_figure
-from benchbatch.roofline import (
+from benchbatch.core import peaks
+from benchbatch.core.roofline import (
     Ceilings,
     annotate,
     attainable_tflops,
@@ -19,6 +17,9 @@ from benchbatch.roofline import (
     from_datasheet,
     raised,
 )
+from benchbatch.errors import UserError
+from benchbatch.output import results
+from benchbatch.output.plots.roofline import roofline_figure
 
 # 100 TFLOP/s and 2000 GB/s: ridge at 100e12 / 2000e9 = 50 FLOP/byte
 CEIL = Ceilings("fp16", 100.0, 2000.0, "matmul 8192", "copy 1024 MiB")

@@ -8,7 +8,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from benchbatch.engines.scheduler import (
+from benchbatch.core.scheduler import (
     ContinuousScheduler,
     PrefillChunk,
     SchedulerConfig,
@@ -16,7 +16,7 @@ from benchbatch.engines.scheduler import (
     StepPlan,
     make_scheduler,
 )
-from benchbatch.engines.workload import Request
+from benchbatch.core.workload import Request
 from benchbatch.errors import UserError
 
 

@@ -12,15 +12,21 @@ import numpy as np
 import pandas as pd
 import pytest
 
-from benchbatch.cli import app
-from benchbatch.engines.engine import Engine, run_alone
-from benchbatch.engines.serving import ServingSLO
-from benchbatch.engines.simulate import StepCostModel
-from benchbatch.engines.workload import Request, output_array
+from benchbatch.app.cli import app
+from benchbatch.core.options import WorkloadOptions
+from benchbatch.core.serving import ServingSLO
+from benchbatch.core.simulate import StepCostModel
+from benchbatch.core.workload import Request, output_array
 from benchbatch.errors import UserError
-from benchbatch.experiments import SERVE_SLO, SERVE_WORKLOAD, ServeOptions, parse_rates, rate_label
-from benchbatch.options import WorkloadOptions
-from benchbatch.probes import serve as probe
+from benchbatch.experiments.serve import probe
+from benchbatch.experiments.serve.options import (
+    SERVE_SLO,
+    SERVE_WORKLOAD,
+    ServeOptions,
+    parse_rates,
+    rate_label,
+)
+from benchbatch.runtime.engine import Engine, run_alone
 
 pytestmark = pytest.mark.usefixtures("one_thread")
 

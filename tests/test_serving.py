@@ -12,10 +12,10 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from benchbatch.engines.arrivals import ArrivalFeed, at_rate, to_unit_rate, unit_poisson
-from benchbatch.engines.metrics import RequestMetrics, RunMetrics
-from benchbatch.engines.scheduler import make_scheduler
-from benchbatch.engines.serving import (
+from benchbatch.core.arrivals import ArrivalFeed, at_rate, to_unit_rate, unit_poisson
+from benchbatch.core.metrics import RequestMetrics, RunMetrics
+from benchbatch.core.scheduler import make_scheduler
+from benchbatch.core.serving import (
     ServingSLO,
     goodput_count,
     latency_columns,
@@ -25,8 +25,8 @@ from benchbatch.engines.serving import (
     timed_run_metrics,
     tpot,
 )
-from benchbatch.engines.simulate import StepCostModel, simulate, simulate_timed
-from benchbatch.engines.workload import Request
+from benchbatch.core.simulate import StepCostModel, simulate, simulate_timed
+from benchbatch.core.workload import Request
 
 # --- the metric definitions, by hand -----------------------------------------------------------
 

@@ -10,10 +10,11 @@ from __future__ import annotations
 
 import pytest
 
-from benchbatch import accounting as acc
-from benchbatch import distributed, sharding
-from benchbatch.config import ModelConfig, preset
+from benchbatch.core import accounting as acc
+from benchbatch.core import sharding
+from benchbatch.core.config import ModelConfig, preset
 from benchbatch.errors import UserError
+from benchbatch.runtime import distributed
 
 LLAMA = preset("llama3-8b")  # 32 heads over 8 KV heads
 

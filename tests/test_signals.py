@@ -17,7 +17,7 @@ from pathlib import Path
 
 import pytest
 
-from benchbatch.start import HELD_IMPORTS
+from benchbatch.signals import HELD_IMPORTS
 
 ROOT = Path(__file__).resolve().parent.parent
 OCCUPANCY = ["occupancy", "--requests", "3000", "--seeds", "3"]
@@ -86,10 +86,10 @@ def test_a_signal_during_the_imports_is_one_line(tmp_path, sig):
     typer, rich, numpy and the commands are still being imported."""
     proc = start([*OCCUPANCY, "--out", str(tmp_path / "run")], "-X", "importtime")
     started = False
-    for line in proc.stderr:  # the first import that ends after benchbatch.start's
+    for line in proc.stderr:  # the first import that ends after benchbatch.signals's
         if started:
             break
-        started = line.rstrip().endswith("| benchbatch.start")
+        started = line.rstrip().endswith("| benchbatch.signals")
     proc.send_signal(sig)
     _, err = proc.communicate(timeout=60)
     said = [line for line in err.splitlines() if not line.startswith("import time:")]
@@ -138,7 +138,7 @@ COMPLETE = True
 """
 HELD_IMPORT = """
 import sys
-from benchbatch import start
+from benchbatch import signals as start
 start.HELD_IMPORTS = (*start.HELD_IMPORTS, *sys.argv[1:])
 start.prepare()
 try:
@@ -172,7 +172,7 @@ def test_a_signal_inside_torchs_import_is_delivered_after_it_not_lost(tmp_path):
 
 IN_A_CALLBACK = """
 import os, signal, sys, time, weakref
-from benchbatch import start
+from benchbatch import signals as start
 if sys.argv[1:] == ["prepared"]:
     start.prepare()
 else:

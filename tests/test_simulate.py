@@ -11,15 +11,15 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from benchbatch.engines.metrics import (
+from benchbatch.core.metrics import (
     ColumnarRunMetrics,
     TokenRecorder,
     counts_percentile,
     percentile,
     summarize,
 )
-from benchbatch.engines.scheduler import make_scheduler
-from benchbatch.engines.simulate import (
+from benchbatch.core.scheduler import make_scheduler
+from benchbatch.core.simulate import (
     StepCostModel,
     fit_step_cost,
     occupancy_table,
@@ -27,7 +27,7 @@ from benchbatch.engines.simulate import (
     simulate,
     timeline_rows,
 )
-from benchbatch.engines.workload import Request, Workload, lognormal_columns, lognormal_workload
+from benchbatch.core.workload import Request, Workload, lognormal_columns, lognormal_workload
 
 # --- brute-force references, written independently of the scheduler -------------------------
 

@@ -13,12 +13,10 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from benchbatch.config import preset
-from benchbatch.engines.engine import Engine, observed_requests, run_alone
-from benchbatch.engines.model import Transformer
-from benchbatch.engines.scheduler import make_scheduler
-from benchbatch.engines.simulate import simulate
-from benchbatch.engines.workload import (
+from benchbatch.core.config import preset
+from benchbatch.core.scheduler import make_scheduler
+from benchbatch.core.simulate import simulate
+from benchbatch.core.workload import (
     Request,
     lognormal_workload,
     read_trace,
@@ -27,6 +25,8 @@ from benchbatch.engines.workload import (
     write_trace,
 )
 from benchbatch.errors import UserError
+from benchbatch.runtime.engine import Engine, observed_requests, run_alone
+from benchbatch.runtime.model import Transformer
 
 SETTINGS = [
     {},

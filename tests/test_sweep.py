@@ -7,10 +7,10 @@ import pandas as pd
 import pytest
 import torch
 
-from benchbatch import accounting
-from benchbatch.cli import app
-from benchbatch.config import preset
-from benchbatch.probes import sweep as probe
+from benchbatch.app.cli import app
+from benchbatch.core import accounting
+from benchbatch.core.config import preset
+from benchbatch.experiments.sweep import probe
 
 FAST = ["--preset", "tiny", "--repeats", "1", "--min-time", "0", "--device", "cpu", "--no-roofline"]
 
@@ -72,7 +72,7 @@ def test_json_output_is_one_document(runner, tmp_path):
 
 
 def test_out_of_memory_is_recorded_and_earlier_rows_stay_on_disk(runner, tmp_path, monkeypatch):
-    from benchbatch.probes import steps
+    from benchbatch.runtime import steps
 
     real, on_disk = steps.prepare, []
 
@@ -94,7 +94,7 @@ def test_out_of_memory_is_recorded_and_earlier_rows_stay_on_disk(runner, tmp_pat
 
 
 def test_out_of_memory_in_a_group_leaves_the_rest_of_it_timed(runner, tmp_path, monkeypatch):
-    from benchbatch.probes import steps
+    from benchbatch.runtime import steps
 
     real = steps.prepare
 
@@ -130,9 +130,8 @@ def test_predicted_max_batch_matches_hand_arithmetic():
 
 
 def test_batches_over_the_ceiling_are_skipped_unless_try_oom(runner, tmp_path, monkeypatch):
-    from benchbatch import device
-    from benchbatch.commands import common
-    from benchbatch.probes import steps
+    from benchbatch.experiments import common
+    from benchbatch.runtime import device, steps
 
     # Context 8: 9 tokens x 512 B + 3,584 B workspace = 8,192 B a sequence; room for 3.5
     # beside the weights (max context 256: rotary tables of 16,384 B).
@@ -241,7 +240,7 @@ def test_bad_input_is_one_line_naming_the_option(runner, tmp_path, args, option)
 
 
 def test_figure_marks_knees_ceiling_skipped_and_oom(tmp_path):
-    from benchbatch.plots.sweep import sweep_figure
+    from benchbatch.output.plots.sweep import sweep_figure
 
     statuses = {256: "skipped", 128: "oom"}
     rows = []
@@ -281,7 +280,7 @@ def test_measured_ceilings_give_the_roofline_knee_and_mfu(runner, tmp_path):
 
 
 def test_groups_hold_what_memory_allows_and_at_most_max_group_steps():
-    from benchbatch.probes import steps
+    from benchbatch.runtime import steps
 
     cfg = preset("tiny")
     plan = [steps.decode(b, 8) for b in range(1, 41)]

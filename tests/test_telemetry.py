@@ -11,8 +11,8 @@ import pytest
 import torch
 from fake_cuda import FakeCuda
 
-from benchbatch import backend, telemetry
-from benchbatch.cuda import CudaBackend
+from benchbatch.runtime import backend, telemetry
+from benchbatch.runtime.cuda import CudaBackend
 
 CPU = torch.device("cpu")
 NOT_SUPPORTED = 3

@@ -22,9 +22,9 @@ import pandas as pd
 import pytest
 from ranks import REPO, environment, free_port, launch
 
-from benchbatch import accounting
-from benchbatch.cli import app
-from benchbatch.config import preset
+from benchbatch.app.cli import app
+from benchbatch.core import accounting
+from benchbatch.core.config import preset
 
 pytestmark = pytest.mark.slow
 TIMEOUT = 150

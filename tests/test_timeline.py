@@ -11,8 +11,8 @@ import pandas as pd
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from benchbatch.engines.scheduler import make_scheduler
-from benchbatch.engines.simulate import (
+from benchbatch.core.scheduler import make_scheduler
+from benchbatch.core.simulate import (
     TIMELINE_COLUMNS,
     expand_timeline,
     run_policies,
@@ -21,9 +21,9 @@ from benchbatch.engines.simulate import (
     timeline_runs,
     timeline_table,
 )
-from benchbatch.engines.timeline import RunLengths
-from benchbatch.engines.workload import Request, lognormal_columns
-from benchbatch.plots.occupancy import MAX_POINTS, _downsample
+from benchbatch.core.timeline import RunLengths
+from benchbatch.core.workload import Request, lognormal_columns
+from benchbatch.output.plots.occupancy import MAX_POINTS, _downsample
 
 
 def per_step_active(starts: list[int], ends: list[int]) -> list[int]:

@@ -3,8 +3,14 @@ import time
 import pytest
 import torch
 
-from benchbatch import backend, timing
-from benchbatch.timing import Measurement, TimingOptions, measure, measure_interleaved, rounds
+from benchbatch.runtime import backend, timing
+from benchbatch.runtime.timing import (
+    Measurement,
+    TimingOptions,
+    measure,
+    measure_interleaved,
+    rounds,
+)
 
 
 def test_statistics_of_known_times():

@@ -9,21 +9,21 @@ import sys
 import textwrap
 
 CORE = (
-    "benchbatch.engines.scheduler",
-    "benchbatch.engines.kvblocks",
-    "benchbatch.engines.memory",
-    "benchbatch.kvceiling",
-    "benchbatch.engines.simulate",
-    "benchbatch.engines.workload",
-    "benchbatch.engines.metrics",
-    "benchbatch.accounting",
-    "benchbatch.config",
-    "benchbatch.options",
-    "benchbatch.experiments",
-    "benchbatch.noise",
-    "benchbatch.sharding",
-    "benchbatch.distributed",
-    "benchbatch.projection",
+    "benchbatch.core.scheduler",
+    "benchbatch.core.kvblocks",
+    "benchbatch.core.memory",
+    "benchbatch.core.kvceiling",
+    "benchbatch.core.simulate",
+    "benchbatch.core.workload",
+    "benchbatch.core.metrics",
+    "benchbatch.core.accounting",
+    "benchbatch.core.config",
+    "benchbatch.core.options",
+    "benchbatch.experiments.options",
+    "benchbatch.core.noise",
+    "benchbatch.core.sharding",
+    "benchbatch.runtime.distributed",
+    "benchbatch.core.projection",
 )
 
 
@@ -49,8 +49,8 @@ def test_the_core_imports_and_simulates_without_torch():
     code += "".join(f"importlib.import_module({m!r})\n" for m in CORE)
     code += textwrap.dedent(
         """
-        from benchbatch.options import WorkloadOptions
-        from benchbatch.engines.simulate import run_policies
+        from benchbatch.core.options import WorkloadOptions
+        from benchbatch.core.simulate import run_policies
         sims = run_policies(WorkloadOptions(requests=600).draw(seed=3), 32)
         print(sims["static"].total_steps, sims["continuous"].total_steps)
         """
@@ -61,7 +61,7 @@ def test_the_core_imports_and_simulates_without_torch():
 
 
 def test_the_guard_really_blocks():
-    done = run_without(("torch",), "import benchbatch.engines.model")
+    done = run_without(("torch",), "import benchbatch.runtime.model")
     assert done.returncode != 0 and "torch is blocked" in done.stderr
 
 
@@ -79,7 +79,7 @@ def test_help_and_bad_input_import_no_torch_pandas_or_matplotlib():
         ["serve-sweep", "--rates", "x"],
     ):
         code = f"import sys; sys.argv = ['benchbatch', *{argv!r}]\n"
-        code += "from benchbatch.cli import main\nmain()\n"
+        code += "from benchbatch.app.cli import main\nmain()\n"
         done = run_without(HEAVY, code)
         assert done.returncode == (2 if "x" in argv else 0), done.stderr
         assert "blocked" not in done.stderr
@@ -87,7 +87,7 @@ def test_help_and_bad_input_import_no_torch_pandas_or_matplotlib():
 
 def test_a_simulation_needs_no_torch(tmp_path):
     code = "import sys; sys.argv = ['benchbatch', 'occupancy', '--requests', '50', "
-    code += f"'--out', {str(tmp_path / 'run')!r}]\nfrom benchbatch.cli import main\nmain()\n"
+    code += f"'--out', {str(tmp_path / 'run')!r}]\nfrom benchbatch.app.cli import main\nmain()\n"
     done = run_without(("torch",), code)
     assert done.returncode == 0, done.stderr
     assert (tmp_path / "run" / "occupancy.csv").exists()
@@ -95,7 +95,7 @@ def test_a_simulation_needs_no_torch(tmp_path):
 
 def test_a_projection_needs_no_torch(tmp_path):
     code = "import sys; sys.argv = ['benchbatch', 'project', '--json', "
-    code += f"'--out', {str(tmp_path / 'run')!r}]\nfrom benchbatch.cli import main\nmain()\n"
+    code += f"'--out', {str(tmp_path / 'run')!r}]\nfrom benchbatch.app.cli import main\nmain()\n"
     done = run_without(("torch",), code)
     assert done.returncode == 0, done.stderr
     assert (tmp_path / "run" / "project.csv").is_file()

@@ -10,7 +10,7 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from benchbatch.engines.workload import (
+from benchbatch.core.workload import (
     Request,
     Workload,
     _read_trace_rows,

@@ -14,10 +14,9 @@ import os
 
 import torch
 
-from benchbatch import backend, distributed
-from benchbatch.config import preset
-from benchbatch.engines import tensor_parallel
-from benchbatch.engines.model import Transformer
+from benchbatch.core.config import preset
+from benchbatch.runtime import backend, distributed, tensor_parallel
+from benchbatch.runtime.model import Transformer
 
 TOL = dict(rtol=2e-2, atol=2e-2)  # fp16, sums in another order
 

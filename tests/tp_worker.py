@@ -15,12 +15,11 @@ import sys
 
 import torch
 
-from benchbatch import distributed
-from benchbatch.config import ModelConfig, preset
-from benchbatch.engines import tensor_parallel
-from benchbatch.engines.engine import Engine, run_alone
-from benchbatch.engines.model import Transformer
-from benchbatch.engines.workload import lognormal_columns
+from benchbatch.core.config import ModelConfig, preset
+from benchbatch.core.workload import lognormal_columns
+from benchbatch.runtime import distributed, tensor_parallel
+from benchbatch.runtime.engine import Engine, run_alone
+from benchbatch.runtime.model import Transformer
 
 TOL = dict(rtol=1e-5, atol=1e-5)  # fp32: only the order of the sums differs
 SHAPES = {
@@ -73,7 +72,7 @@ def engine_tokens(whole: Transformer, part: Transformer) -> None:
 
 
 def checkpoints(folders: list[str], world) -> None:
-    from benchbatch import checkpoint
+    from benchbatch.runtime import checkpoint
 
     for folder in folders:
         whole, _ = checkpoint.load(folder, "cpu", torch.float32)

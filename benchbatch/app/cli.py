@@ -1,0 +1,258 @@
+"""The command line: a thin typer app. Each command lives in benchbatch/commands/."""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import signal
+import sys
+import tempfile
+import threading
+from pathlib import Path
+
+
+def _matplotlib_config_dir() -> None:
+    """With a read-only home, matplotlib warns and rebuilds its font cache in a new temporary
+    folder on every run: give it one stable folder instead (before it is imported)."""
+    if os.environ.get("MPLCONFIGDIR"):
+        return
+    try:
+        home = Path(os.environ.get("XDG_CONFIG_HOME") or Path.home() / ".config")
+        (home / "matplotlib").mkdir(parents=True, exist_ok=True)
+        if os.access(home / "matplotlib", os.W_OK):
+            return
+    except (OSError, RuntimeError):
+        pass
+    user = os.getuid() if hasattr(os, "getuid") else "user"
+    fallback = Path(tempfile.gettempdir()) / f"benchbatch-matplotlib-{user}"
+    try:
+        fallback.mkdir(mode=0o700, exist_ok=True)
+        mine = not hasattr(os, "getuid") or fallback.stat().st_uid == os.getuid()
+    except OSError:
+        return  # matplotlib makes its own temporary folder
+    if mine and os.access(fallback, os.W_OK):  # not a folder another user left in /tmp
+        os.environ["MPLCONFIGDIR"] = str(fallback)
+
+
+_matplotlib_config_dir()
+
+import typer  # noqa: E402
+from typer.core import TyperCommand, TyperGroup  # noqa: E402
+
+from benchbatch import signals  # noqa: E402
+from benchbatch.app import registry  # noqa: E402
+from benchbatch.core import ranks  # noqa: E402
+from benchbatch.core.options import check_numbers  # noqa: E402
+from benchbatch.errors import Interrupted, UserError, WriteFailed, one_line  # noqa: E402
+from benchbatch.output import recorder as runs  # noqa: E402
+from benchbatch.output.recorder import abandon, interrupts_raise  # noqa: E402
+from benchbatch.runtime import distributed  # noqa: E402
+
+try:  # recent typer vendors its own click; older ones use click itself
+    from typer._click import exceptions as click_errors
+except ImportError:  # pragma: no cover
+    from click import exceptions as click_errors
+
+
+class HelpIsAFlag:
+    """--help takes no value: shown as a flag, as every boolean option is (typer would list
+    it with a <bool> type)."""
+
+    def get_help_option(self, ctx):
+        option = super().get_help_option(ctx)
+        if option is not None:
+            option.metavar = ""
+        return option
+
+
+class BenchCommand(HelpIsAFlag, TyperCommand):
+    pass
+
+
+class BenchGroup(HelpIsAFlag, TyperGroup):
+    """Every user error ends as one line on stderr naming the option, and exit code 2; Ctrl-C
+    or SIGTERM at any moment as one line saying where the rows are, and exit code 130."""
+
+    def main(self, args=None, prog_name=None, complete_var=None, standalone_mode=True, **extra):
+        for command in self.commands.values():
+            _check_numbers_first(command)
+        try:
+            with interrupts_raise():
+                code = self._main(args, prog_name, complete_var, **extra)
+        except KeyboardInterrupt:  # between two `with` blocks, or while a line was printed
+            _ignore_signals()  # exiting now: a second Ctrl-C cannot cut the last writes short
+            code = interrupted(None)
+        if code in (0, 2):  # done, or an error every rank agreed on: leave the group cleanly
+            distributed.stop()
+        if standalone_mode:
+            _exit(code)
+        return code
+
+    def _main(self, args, prog_name, complete_var, **extra) -> int:
+        try:
+            code = super().main(args, prog_name, complete_var, standalone_mode=False, **extra)
+            if code == 130:  # typer's answer to a KeyboardInterrupt it caught: say where
+                return interrupted(None)
+            return code if isinstance(code, int) else 0
+        except UserError as e:
+            return _failed(f"{e.option}: {e.message}", 2, e)
+        except WriteFailed as e:
+            return _failed(str(e), 1, e)
+        except Interrupted as e:
+            return interrupted(e.folder)
+        except click_errors.NoArgsIsHelpError as e:
+            return e.exit_code  # the help was printed: nothing else to say
+        except click_errors.UsageError as e:
+            return _fail(usage_line(e), e.exit_code)
+        except click_errors.ClickException as e:
+            return _fail(e.format_message(), e.exit_code)
+        except typer.Abort:  # click's word for Ctrl-C
+            return interrupted(None)
+        except BrokenPipeError:  # stdout's reader went away (`| head`): nothing to say
+            _silence_stdout()
+            return 0
+
+
+def usage_line(e) -> str:
+    """The option parser's complaint as 'OPTION: what is wrong', as every other error."""
+    param = getattr(e, "param", None)
+    name = getattr(e, "option_name", None)
+    if param is not None:
+        opts = [o for o in getattr(param, "opts", []) if o.startswith("--")]
+        if opts and param.param_type_name == "option":
+            name = opts[0]
+        else:  # an argument: its metavar (RUN_DIR)
+            name = getattr(param, "metavar", None) or (param.name or "argument").upper()
+    text = e.message.strip()
+    if isinstance(e, click_errors.MissingParameter):
+        text = "missing"
+    for prefix in ("Value error, ", "Input should be "):
+        text = text.replace(prefix, "must be " if prefix.startswith("Input") else "")
+    if name is None:
+        hint = f" (see '{e.ctx.command_path} --help')" if e.ctx else ""
+        return text + hint
+    text = text.replace(f"Option '{name}' requires an argument.", "needs a value")
+    if isinstance(e, click_errors.NoSuchOption):
+        maybe = sorted(getattr(e, "possibilities", None) or [])
+        text = "no such option" + (f" (did you mean {' or '.join(maybe)}?)" if maybe else "")
+    return f"{name}: {text.split(', unable to parse')[0]}"
+
+
+def interrupted(folder) -> int:
+    """Ctrl-C or SIGTERM: every open run marked interrupted, one line saying where."""
+    folders = abandon("interrupted")
+    if folder is not None or folders:
+        where = folder if folder is not None else folders[0]
+        line = f"interrupted: rows measured so far are in {where}"
+    elif runs.last_run is not None and runs.last_run.meta.get("status") != "complete":
+        line = f"interrupted: rows measured so far are in {runs.last_run.folder}"
+    elif runs.last_run is not None:
+        line = f"interrupted after the run was written: its results are in {runs.last_run.folder}"
+    else:
+        line = "interrupted: nothing was written"
+    if ranks.is_writer():  # under torchrun the folder is rank 0's: one line, not one each
+        _echo(line)
+    return 130
+
+
+def _failed(message: str, code: int, error: BaseException) -> int:
+    """An error outside a run's `with` block: a run it leaves open is marked failed."""
+    abandon("failed", error)
+    return _fail(message, code)
+
+
+def _exit(code: int) -> None:
+    """Exit with the code decided: a signal from now on cannot change it (no 143)."""
+    _ignore_signals()
+    try:
+        if sys.stdout is not None:  # None: started with stdout closed
+            sys.stdout.flush()
+    except (BrokenPipeError, ValueError, OSError):
+        _silence_stdout()
+    if signals.AS_PROGRAM and (code == signals.INTERRUPTED or signals.SIGNALLED):
+        signals.exit_now(code)
+    sys.exit(code)
+
+
+def _ignore_signals() -> None:
+    """The program is ending: no signal may change its exit code now (a library user's
+    process, the tests', keeps its handlers)."""
+    if signals.AS_PROGRAM and threading.current_thread() is threading.main_thread():
+        for sig in signals.HELD:
+            signal.signal(sig, signal.SIG_IGN)
+
+
+def _silence_stdout() -> None:
+    try:
+        devnull = os.open(os.devnull, os.O_WRONLY)
+        os.dup2(devnull, sys.stdout.fileno())
+    except (OSError, ValueError, AttributeError):
+        pass
+
+
+def _check_numbers_first(command) -> None:
+    """Before any command runs: no NaN, infinity or integer past 64 bits in its options."""
+    run = command.callback
+    if run is None or getattr(run, "numbers_checked", False):
+        return
+    names = {p.name: p.opts[0] for p in command.params if p.opts}
+
+    def checked(**values):
+        check_numbers(values, names)
+        # -0.0 means 0 (numpy's lognormal refuses a sigma with the sign bit set).
+        values = {k: v + 0.0 if type(v) is float else v for k, v in values.items()}
+        return run(**values)
+
+    checked.numbers_checked = True
+    command.callback = checked
+
+
+def _fail(message: str, code: int) -> int:
+    _echo(f"Error: {message}")
+    return code
+
+
+def _echo(line: str) -> None:
+    """One line on stderr, whatever its encoding and whatever the line holds."""
+    line = one_line(line)
+    try:
+        typer.echo(line, err=True)
+    except (UnicodeEncodeError, OSError, ValueError):
+        with contextlib.suppress(OSError, ValueError):
+            sys.stderr.buffer.write(line.encode("ascii", "backslashreplace") + b"\n")
+            sys.stderr.flush()
+
+
+app = typer.Typer(
+    cls=BenchGroup,
+    help="Measure on your own hardware why LLM inference is served in batches.",
+    no_args_is_help=True,
+    add_completion=False,
+    pretty_exceptions_enable=False,
+    rich_markup_mode="markdown",
+)
+# One command per registered experiment, in the order a reader meets them (the three
+# measurements first); each runs through registry.run and shows its own view.
+EXPERIMENTS = registry.registered()
+for _experiment, _view in EXPERIMENTS:
+    app.command(_experiment.name, cls=BenchCommand)(registry.command_of(_experiment, _view))
+
+# Commands that run under torchrun (tensor parallelism, or the interconnect's ceiling).
+SEVERAL_RANKS = tuple(e.name for e, _ in EXPERIMENTS if e.several_ranks)
+
+
+@app.callback()
+def _root(ctx: typer.Context) -> None:
+    """Measure on your own hardware why LLM inference is served in batches."""
+    command = ctx.invoked_subcommand
+    if ranks.world_size() > 1 and command not in SEVERAL_RANKS:
+        raise UserError(
+            "torchrun",
+            f"{command} runs in one process; launch it without torchrun (under torchrun: "
+            f"{', '.join(SEVERAL_RANKS)})",
+        )
+
+
+def main() -> None:
+    signals.prepare()
+    app()

@@ -1,0 +1,27 @@
+"""The program's entry point (`benchbatch` and `python -m benchbatch`): signals first
+(benchbatch/signals.py says why), then the command line, imported only once a Ctrl-C can
+no longer land in the middle of it unanswered."""
+
+from __future__ import annotations
+
+import sys
+
+from benchbatch import signals
+
+
+def main() -> None:
+    try:
+        signals.prepare()
+        from benchbatch.app.cli import main as run
+    except KeyboardInterrupt:
+        signals.ignore()
+        sys.stderr.write("interrupted while starting: nothing was run or written\n")
+        signals.exit_interrupted()
+    try:
+        run()
+    except KeyboardInterrupt:  # outside the command's own handling (typer building it)
+        signals.ignore()
+        from benchbatch.app.cli import interrupted
+
+        interrupted(None)
+        signals.exit_interrupted()

@@ -1,0 +1,574 @@
+"""Options as data: the model, the run and the workload, each one dataclass.
+
+No typer and no torch here. A command's options objects are what its run's metadata records
+(`asdict`), what `reproduce` builds from its own sizes, and what the command line is made
+from: benchbatch/app/params.py turns each field into an option, with the help text, help
+panel, flag and hidden aliases written in the field's metadata below. So an option is
+declared once, with one name, type, default and help group for every command.
+
+Values are checked here, where they enter, with the same rules on every path; a bad value is
+a UserError naming the field (the command line names the flag).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+import re
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from benchbatch.core.noise import DEFAULT_CV_THRESHOLD
+from benchbatch.errors import UserError
+
+# Numbers on the command line as plain decimals: float() also takes '1_000' and non-ASCII
+# digits, which no option does (the integer lists refuse them too).
+FLOAT_TEXT = re.compile(
+    r"[+-]?(([0-9]+\.?[0-9]*|\.[0-9]+)(e[+-]?[0-9]+)?|nan|inf|infinity)", re.IGNORECASE
+)
+
+
+def strict_float(value):
+    """A number option's text as a float, or ValueError for anything but a plain decimal."""
+    if not isinstance(value, str):
+        return value
+    text = value.strip()
+    if not FLOAT_TEXT.fullmatch(text):
+        shown = text if len(text) <= 40 else text[:40] + "..."
+        raise ValueError(f"{shown!r} is not a number")
+    return float(text)
+
+
+MODEL, RUN, OUTPUT, WORKLOAD, BATCHING = "Model", "Run", "Output", "Workload", "Batching"
+KV = "KV cache"
+
+
+def opt(
+    default: Any,
+    help: str,
+    *,
+    panel: str | None = None,
+    flag: str | None = None,
+    aliases: tuple[str, ...] = (),
+    hidden: bool = False,
+    parse: str | None = None,
+    choices: tuple[str, ...] | None = None,
+    argument: bool = False,
+    metavar: str | None = None,
+) -> Any:
+    """A dataclass field that knows how it appears on the command line.
+
+    flag: the option's name (default --field-name); aliases: old spellings that still work,
+    hidden from --help; parse "ints": a comma-separated list given as text, held as a tuple
+    of positive integers ("ints0": zero allowed); choices: the allowed values of a str.
+    """
+    meta = dict(help=help, panel=panel, flag=flag, aliases=aliases, hidden=hidden)
+    meta |= dict(parse=parse, choices=choices, argument=argument, metavar=metavar)
+    if isinstance(default, list):
+        return field(default_factory=lambda: list(default), metadata=meta)
+    return field(default=default, metadata=meta)
+
+
+def flag_of(f: dataclasses.Field) -> str:
+    return f.metadata.get("flag") or "--" + f.name.replace("_", "-")
+
+
+def record(*objects) -> dict:
+    """The options of a run as metadata records them: every field, paths as text."""
+    out: dict = {}
+    for obj in objects:
+        for k, v in dataclasses.asdict(obj).items():
+            out[k] = _plain(v)
+    return out
+
+
+def _plain(value):
+    if isinstance(value, Path):
+        return str(value)
+    if isinstance(value, tuple | list):
+        return [_plain(v) for v in value]
+    return value
+
+
+# --- which fields a command takes ---------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Use:
+    """Which fields of an options class an experiment takes, and its own defaults for them.
+    A name in only, skip or defaults that is no field of the class is refused when the Use
+    is made (a typo would otherwise drop or keep an option silently)."""
+
+    cls: type
+    only: tuple[str, ...] | None = None
+    skip: tuple[str, ...] = ()
+    defaults: dict | None = None
+
+    def __post_init__(self) -> None:
+        known = {f.name for f in dataclasses.fields(self.cls)}
+        named = [*(self.only or ()), *self.skip, *(self.defaults or {})]
+        unknown = [n for n in named if n not in known]
+        if unknown:
+            raise ValueError(f"{self.cls.__name__} has no field {', '.join(map(repr, unknown))}")
+
+    def fields(self) -> list[dataclasses.Field]:
+        out = [f for f in dataclasses.fields(self.cls) if f.name not in self.skip]
+        return [f for f in out if self.only is None or f.name in self.only]
+
+    def default(self, f: dataclasses.Field):
+        if self.defaults and f.name in self.defaults:
+            return self.defaults[f.name]
+        if f.default is not dataclasses.MISSING:
+            return f.default
+        return f.default_factory()  # type: ignore[misc]
+
+
+def use(cls: type, *, only=None, skip=(), defaults=None) -> Use:
+    return Use(cls, tuple(only) if only else None, tuple(skip), defaults)
+
+
+# --- checks shared by every options object ------------------------------------------------
+
+INT_MAX = 2**63 - 1  # every integer ends in Python ints, torch sizes or numpy seeds
+
+
+def require(ok: bool, name: str, message: str) -> None:
+    if not ok:
+        raise UserError(name, message)
+
+
+def check_count(name: str, value: int, least: int = 1, most: int = INT_MAX) -> None:
+    """An integer option within [least, most]."""
+    require(value >= least, name, f"must be at least {least:,}, got {value:,}")
+    require(value <= most, name, f"must be at most {most:,}, got {value:,}")
+
+
+def check_number(name: str, value: float, least: float = 0.0, *, open_low: bool = False) -> None:
+    """A finite real option; open_low: strictly above `least`."""
+    require(math.isfinite(value), name, f"must be a finite number, got {value}")
+    ok = value > least if open_low else value >= least
+    word = "more than" if open_low else "at least"
+    require(ok, name, f"must be {word} {least:g}, got {value:g}")
+
+
+def check_numbers(values: dict, options: dict[str, str]) -> None:
+    """No command takes NaN, infinity or an integer past 64 bits: a UserError naming the
+    option. values: a command's parsed parameters; options: their names on the command line."""
+    for name, value in values.items():
+        option = options.get(name, f"--{name.replace('_', '-')}")
+        if isinstance(value, float) and not math.isfinite(value):
+            raise UserError(option, f"must be a finite number, got {value}")
+        if isinstance(value, int) and not isinstance(value, bool) and abs(value) > INT_MAX:
+            text = str(value)
+            text = text if len(text) <= 40 else text[:40] + "..."
+            raise UserError(option, f"{text} is too large (at most {INT_MAX:,})")
+
+
+# --- the model ---------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class ModelOptions:
+    """Which model: a local checkpoint with its weights, or a preset or config.json with
+    random weights and any size overridden."""
+
+    model: Path | None = opt(
+        None,
+        "A local Hugging Face checkpoint folder (config.json and .safetensors weights; Llama, "
+        "Mistral, Qwen2, Qwen3): the model you serve, with its weights. Nothing is downloaded.",
+        panel=MODEL,
+    )
+    preset: str | None = opt(
+        None,
+        "Named model shape (article, cpu-small, tiny, qwen3-0.6b, llama3.2-1b, llama2-7b, "
+        "llama3-8b, llama3-70b); other model options override it.",
+        panel=MODEL,
+    )
+    config: Path | None = opt(
+        None,
+        "A Hugging Face config.json to take the shapes from (no weights are read).",
+        panel=MODEL,
+    )
+    hidden: int | None = opt(None, "Hidden size (model width).", panel=MODEL)
+    layers: int | None = opt(None, "Transformer layers.", panel=MODEL)
+    heads: int | None = opt(None, "Attention (query) heads.", panel=MODEL)
+    kv_heads: int | None = opt(
+        None,
+        "Key/value heads (grouped-query attention); must divide --heads. Default: --heads.",
+        panel=MODEL,
+    )
+    intermediate: int | None = opt(
+        None, "SwiGLU MLP width. Default: 8/3 x hidden rounded up to a multiple of 256.",
+        panel=MODEL,
+    )  # fmt: skip
+    vocab: int | None = opt(None, "Vocabulary size (LM head width).", panel=MODEL)
+    max_context: int | None = opt(
+        None, "Longest sequence the model accepts (rotary table size).", panel=MODEL
+    )
+
+    SIZES = ("hidden", "layers", "heads", "kv_heads", "intermediate", "vocab", "max_context")
+
+    def __post_init__(self) -> None:
+        for name, value in self.overrides().items():  # also where they would be ignored
+            check_count(name, value, 1)
+        require(
+            self.preset is None or self.config is None,
+            "config",
+            "give either --preset or --config, not both",
+        )
+        if self.model is not None:
+            given = [f"--{k.replace('_', '-')}" for k in self.overrides() if k != "max_context"]
+            given += [f"--{k}" for k in ("preset", "config") if getattr(self, k) is not None]
+            require(
+                not given,
+                "model",
+                f"a checkpoint is its own shape: {', '.join(given)} cannot change it "
+                "(only a smaller --max-context)",
+            )
+
+    def overrides(self) -> dict:
+        return {k: getattr(self, k) for k in self.SIZES if getattr(self, k) is not None}
+
+    def chosen(self) -> bool:
+        """Did the user say which model (rather than leave it to the command's default)?"""
+        return any(x is not None for x in (self.model, self.preset, self.config))
+
+    def source(self) -> str:
+        """The option(s) that made the model's shape, for errors about its size."""
+        if self.model is not None:
+            return "--model"
+        given = [f"--{k.replace('_', '-')}" for k in self.overrides()]
+        return ", ".join(given) or ("--config" if self.config is not None else "--preset")
+
+    def shape(self, default_preset: str = "article"):
+        """The ModelConfig: a preset (or the command's default) or a config.json, then sizes."""
+        from benchbatch.core import config as configs
+
+        if self.model is not None:
+            return self._checkpoint_shape()
+        base = (
+            configs.from_hf_config(self.config)
+            if self.config
+            else configs.preset(self.preset or default_preset)
+        )
+        changes = self.overrides()
+        return base.replace(**changes) if changes else base
+
+    def _checkpoint_shape(self):
+        from benchbatch.runtime import checkpoint
+
+        cfg = checkpoint.read_config(self.model)
+        if self.max_context is None or self.max_context == cfg.max_context:
+            return cfg
+        require(
+            self.max_context < cfg.max_context,
+            "max_context",
+            f"{self.max_context:,} is more than the checkpoint's {cfg.max_context:,} positions",
+        )
+        return cfg.replace(max_context=self.max_context)
+
+
+@dataclass(frozen=True)
+class TimingOptions:
+    min_repeats: int = 5
+    min_time_s: float = 0.2
+    warmup: int = 2
+    warmup_s: float = 0.05
+    max_repeats: int = 1000
+    l2_flush: bool = True
+    cv_threshold: float = DEFAULT_CV_THRESHOLD
+    retry_noisy: int = 0  # measure a noisy step (or group) again this many times
+
+
+# --- the run -----------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class RunOptions:
+    """Where and how steps are timed, and where the results go."""
+
+    device: str = opt("auto", "auto (CUDA when present), cpu, cuda or cuda:N.", panel=RUN)
+    dtype: str | None = opt(
+        None,
+        "Default fp16 on CUDA, fp32 on CPU (CPUs run fp16 matmuls hundreds of times slower).",
+        panel=RUN,
+        choices=("fp16", "bf16", "fp32"),
+    )
+    seed: int = opt(0, "Seed of the random weights, inputs and workload.", panel=RUN)
+    repeats: int = opt(
+        5, "Minimum timed repeats of each step (more if --min-time is not reached).", panel=RUN
+    )
+    min_time: float = opt(0.2, "Minimum seconds of timed repeats per step.", panel=RUN)
+    warmup: int = opt(2, "Untimed calls of each step before its repeats.", panel=RUN)
+    threads: int | None = opt(
+        None, "CPU threads torch may use (default: torch's choice, one per core).", panel=RUN
+    )
+    tp: int | None = opt(
+        None,
+        "Tensor-parallel ranks that shard the model (launch with `torchrun --nproc-per-node "
+        "N -m benchbatch ...`; default: every rank torchrun started; fewer makes replicas).",
+        panel=RUN,
+    )
+    cuda_graphs: bool = opt(
+        True,
+        "Replay timed steps from CUDA graphs (CUDA only): launch overhead must not hide the "
+        "GPU work.",
+        panel=RUN,
+        flag="--cuda-graphs/--no-cuda-graphs",
+    )
+    compile: bool = opt(
+        False,
+        "Run model steps through torch.compile (inductor; on CUDA with CUDA graphs). Compile "
+        "time is reported apart from step time (compile_s); a failure falls back to eager "
+        "and says so.",
+        panel=RUN,
+        flag="--compile/--no-compile",
+    )
+    roofline: bool = opt(
+        True,
+        "Measure the device's matmul and memory ceilings first (seconds) and add mfu, mbu and "
+        "bound to every row, with roofline.png.",
+        panel=RUN,
+        flag="--roofline/--no-roofline",
+    )
+    ceilings: Path | None = opt(
+        None,
+        "A probe.csv (from `benchbatch probe` or `reproduce`) to place rows on the roofline, "
+        "instead of measuring the device's ceilings first.",
+        panel=RUN,
+    )
+    reprobe: bool = opt(
+        False,
+        "Measure the device's ceilings now, even when a probe of this device and dtype from "
+        "the last 24 hours is cached (it is reused otherwise, so every command of the day "
+        "places its steps under the same roofs).",
+        panel=RUN,
+    )
+    out: Path | None = opt(
+        None,
+        "Folder for the CSV, plots and metadata. Default: a new results/TIME-COMMAND folder (UTC).",
+        panel=OUTPUT,
+    )
+    force: bool = opt(False, "Allow writing into a non-empty --out folder.", panel=OUTPUT)
+    json_out: bool = opt(
+        False,
+        "Print one JSON document with every row at the end (for scripts).",
+        panel=OUTPUT,
+        flag="--json",
+    )
+
+    MAX_REPEATS = 1000
+
+    def __post_init__(self) -> None:
+        check_count("seed", self.seed, 0)
+        check_count("repeats", self.repeats, 1, self.MAX_REPEATS)
+        check_number("min_time", self.min_time)
+        require(self.min_time <= 3600, "min_time", f"must be at most 3600 s, got {self.min_time}")
+        check_count("warmup", self.warmup, 0, self.MAX_REPEATS)
+        if self.threads is not None:
+            check_count("threads", self.threads, 1, 4096)
+        if self.tp is not None:
+            check_count("tp", self.tp, 1, 4096)
+            from benchbatch.core.ranks import resolve_tp
+
+            resolve_tp(self.tp)  # --tp without torchrun, or beyond its ranks: every rank alike
+
+    def timing(self):
+        return TimingOptions(
+            min_repeats=self.repeats,
+            min_time_s=self.min_time,
+            warmup=self.warmup,
+            max_repeats=max(self.MAX_REPEATS, self.repeats),
+        )
+
+    def graphs(self, target) -> bool:
+        """CUDA graphs as they apply: never on a CPU, whatever the flag says."""
+        return self.cuda_graphs and target.device.type == "cuda"
+
+
+# --- the workload ------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class WorkloadOptions:
+    """The requests to serve: lognormal output lengths (the article's), or a trace."""
+
+    requests: int = opt(600, "Requests in the generated workload.", panel=WORKLOAD)
+    slots: int = opt(
+        32,
+        "Sequences served at once (KV-cache slots; vLLM's max_num_seqs).",
+        panel=BATCHING,
+        aliases=("--max-num-seqs",),
+    )
+    median: float = opt(70.0, "Median output length (tokens).", panel=WORKLOAD)
+    sigma: float = opt(0.9, "Lognormal sigma of the output lengths.", panel=WORKLOAD)
+    max_output: int = opt(2000, "Output lengths are clipped to this (tokens).", panel=WORKLOAD)
+    prompt_len: int = opt(
+        64,
+        "Prompt tokens of a request (with --trace: where prompt_tokens is missing).",
+        panel=WORKLOAD,
+    )
+    long_prompt_fraction: float = opt(
+        0.0,
+        "Fraction of requests with a long prompt (their prefill makes the stalls).",
+        panel=WORKLOAD,
+    )
+    long_prompt_len: int = opt(1024, "Tokens of a long prompt.", panel=WORKLOAD)
+    arrival_rate: float | None = opt(
+        None,
+        "Poisson arrivals, requests per scheduler step (serve-sweep takes --rates in requests "
+        "per second instead). Default: every request waits at step 0.",
+        panel=WORKLOAD,
+    )
+    trace: Path | None = opt(
+        None,
+        "Replay a CSV trace instead: column output_tokens, optional prompt_tokens and "
+        "arrival_step (replaces --requests, --median, --sigma, --max-output, --arrival-rate).",
+        panel=WORKLOAD,
+    )
+    prompts: Path | None = opt(
+        None,
+        "Real prompts for --engine real with --model: a JSONL file (a prompt or text field) "
+        "or one prompt per line, tokenized with the checkpoint's tokenizer.json; request i "
+        "gets prompt i (cycling).",
+        panel=WORKLOAD,
+    )
+
+    # Beyond these a run says nothing new and runs out of memory or time first.
+    MAX_REQUESTS = 10_000_000
+    MAX_SLOTS = 1_000_000
+    MAX_TOKENS = 10_000_000  # one prompt or one output
+    MAX_ARRIVAL_SPAN = 10_000_000  # steps over which arrivals may spread
+
+    def __post_init__(self) -> None:
+        check_count("requests", self.requests, 1, self.MAX_REQUESTS)
+        check_count("slots", self.slots, 1, self.MAX_SLOTS)
+        check_number("median", self.median, 0, open_low=True)
+        check_number("sigma", self.sigma)
+        check_count("max_output", self.max_output, 1, self.MAX_TOKENS)
+        check_count("prompt_len", self.prompt_len, 1, self.MAX_TOKENS)
+        check_number("long_prompt_fraction", self.long_prompt_fraction)
+        require(
+            self.long_prompt_fraction <= 1,
+            "long_prompt_fraction",
+            f"must be at most 1, got {self.long_prompt_fraction:g}",
+        )
+        check_count("long_prompt_len", self.long_prompt_len, 1, self.MAX_TOKENS)
+        if self.arrival_rate is not None:
+            self._check_rate(self.arrival_rate)
+
+    def _check_rate(self, rate: float) -> None:
+        check_number("arrival_rate", rate, 0, open_low=True)
+        span = self.requests / rate
+        if self.trace is None and span > self.MAX_ARRIVAL_SPAN:
+            raise UserError(
+                "arrival_rate",
+                f"{rate:g} spreads {self.requests:,} arrivals over about {span:.3g} steps "
+                f"(at most {self.MAX_ARRIVAL_SPAN:,}); raise it",
+            )
+
+    def draw(self, seed: int = 0):
+        """The requests of one run (a Workload: columns that read as a list of Requests):
+        the trace when given, else the seeded generator."""
+        from benchbatch.core.workload import lognormal_columns, read_trace_columns
+
+        if self.trace is not None:
+            return self._checked_trace(read_trace_columns(self.trace, self.prompt_len))
+        return lognormal_columns(
+            self.requests,
+            median=self.median,
+            sigma=self.sigma,
+            max_output=self.max_output,
+            prompt_len=self.prompt_len,
+            arrival_rate=self.arrival_rate,
+            seed=seed,
+            long_prompt_fraction=self.long_prompt_fraction,
+            long_prompt_len=self.long_prompt_len,
+        )
+
+    def _checked_trace(self, requests):
+        """A trace's size, lengths and arrivals within the same limits as generated ones."""
+        where = str(self.trace)
+        require(
+            len(requests) <= self.MAX_REQUESTS,
+            "trace",
+            f"{where}: {len(requests):,} requests (at most {self.MAX_REQUESTS:,})",
+        )
+        longest = int(max(requests.prompt_tokens.max(), requests.output_tokens.max()))
+        require(
+            longest <= self.MAX_TOKENS,
+            "trace",
+            f"{where}: a request of {longest:,} tokens (at most {self.MAX_TOKENS:,} a prompt "
+            "or an output)",
+        )
+        last = int(requests.arrival_step.max())
+        require(
+            last <= self.MAX_ARRIVAL_SPAN,
+            "trace",
+            f"{where}: a request arrives at step {last:,}, beyond the "
+            f"{self.MAX_ARRIVAL_SPAN:,} steps a run may span",
+        )
+        return requests
+
+
+def engine_field(help_real: str, aliases: tuple[str, ...] = (), default: str = "sim") -> Any:
+    """--engine, declared alike wherever a command can also run its plan on the model."""
+    return opt(
+        default,
+        f"sim: simulate (fast, no model); real: {help_real}",
+        panel=BATCHING,
+        choices=("sim", "real"),
+        aliases=aliases,
+    )
+
+
+KV_LAYOUTS = ("contiguous", "paged")
+MAX_BLOCK_SIZE = 1 << 20
+
+
+def kv_layout_field(what: str) -> Any:
+    """--kv-layout, declared alike wherever the model's KV cache is built."""
+    return opt(
+        "contiguous",
+        f"KV cache of {what}: contiguous (one row per sequence) or paged (blocks of "
+        "--block-size tokens in a shared pool, read through a block table per sequence, as "
+        "PagedAttention; same tokens, the table read costs a gather per layer).",
+        panel=KV,
+        choices=KV_LAYOUTS,
+    )
+
+
+def block_size_field() -> Any:
+    """--block-size: the KV block in tokens (vLLM's default 16)."""
+    return opt(16, "Tokens per KV-cache block (vLLM's default: 16).", panel=KV)
+
+
+def check_block_size(value: int) -> None:
+    check_count("block_size", value, 1, MAX_BLOCK_SIZE)
+
+
+PROBE = "Device ceilings"
+
+
+@dataclass(frozen=True)
+class ProbeOptions:
+    sizes: tuple[int, ...] | None = opt(
+        None,
+        "Square matmul sizes n of the ceiling probe, comma-separated. Default: 1024,2048 on a "
+        "CPU, 2048,4096,8192 on CUDA.",
+        panel=PROBE,
+        parse="ints",
+        aliases=("--probe-sizes",),
+    )
+    buffer_mb: int | None = opt(
+        None,
+        "MiB of each copy/read buffer of the ceiling probe; keep it far above the last-level "
+        "cache. Default: 256 on a CPU, 1024 on CUDA.",
+        panel=PROBE,
+        aliases=("--probe-buffer-mb",),
+    )
+
+    def __post_init__(self) -> None:
+        if self.buffer_mb is not None:
+            check_count("buffer_mb", self.buffer_mb, 1, 2**40)

@@ -1,0 +1,332 @@
+"""What the commands share beyond their options: opening a run that times a model.
+
+Every input is checked before the run folder exists; once it does, metadata.json says what
+the run is, and notes (the device's dtype, the default model) are printed, since no user
+error can follow any more. Under torchrun every rank checks, and an error on any rank
+stops them all (distributed.together); rank 0 makes the folder and writes, the metadata
+records every rank.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Callable
+
+from benchbatch.core.options import (
+    ModelOptions,
+    RunOptions,
+    record,
+)
+from benchbatch.errors import UserError
+from benchbatch.output import render
+from benchbatch.output.recorder import Recorder
+from benchbatch.runtime import distributed, session
+
+
+def open_model_run(
+    command: str,
+    model: ModelOptions,
+    run: RunOptions,
+    *options,
+    check: Callable | None = None,
+    before: Callable | None = None,
+    cache: Callable | None = None,
+) -> Recorder:
+    """A run that times the model: device, shape and options checked, the folder made and
+    metadata.json written (before the model is built), then before(cfg) (a header) and the
+    notes printed. cache(cfg) -> (slots, tokens per slot, option): a real engine's KV cache,
+    checked to fit beside the model."""
+    target = session.target_of(run)
+    rec = distributed.together(lambda: _open(command, model, run, target, options, check, cache))
+    join(rec)
+    if before is not None:
+        before(rec.cfg)
+    print_notes(target.notice, session.preset_note(model, target))
+    if run.threads is not None:
+        import torch
+
+        torch.set_num_threads(run.threads)
+    return rec
+
+
+def _open(command: str, model: ModelOptions, run: RunOptions, target, options, check, cache):
+    from benchbatch.core import sharding
+
+    cfg = model.shape(session.device_preset(target))
+    if check is not None:
+        check(cfg)
+    sharding.check(cfg, target.tp)
+    session.check_fits(cfg, target, model.source(), cache(cfg) if cache is not None else None)
+    given = load_ceilings(run, target)
+    applied = dataclasses.replace(run, cuda_graphs=run.graphs(target), tp=target.tp)
+    rec = Recorder.open(command, applied, target, cfg, record(*options, model, applied))
+    rec.given_ceilings = given
+    rec.cfg = cfg
+    return rec
+
+
+def join(rec: Recorder) -> None:
+    """Under torchrun: every rank takes rank 0's folder, and metadata.json records the
+    world (size, backend, tp, each rank's host and device)."""
+    world = rec.target.world if rec.target is not None else None
+    if world is None or not world.distributed:
+        return
+    rec.folder = distributed.gather(rec.folder)[0]
+    rec.meta["distributed"] = distributed.metadata(rec.target.device)
+    rec.write_meta()
+
+
+def engine_cache(slots: int, requests) -> tuple[int, int, str]:
+    """The real engine's KV cache, for open_model_run's cache: every slot holds the longest
+    prompt plus the longest output."""
+    from benchbatch.runtime.engine import cache_len
+
+    return slots, cache_len(requests), "slots"
+
+
+def build_model(rec: Recorder, model: ModelOptions, run: RunOptions, target=None):
+    """The model and its config (ModelOptions.build), its weight layout in metadata.json and,
+    with --compile, its steps through torch.compile: metadata's "compile" holds the mode,
+    what was applied (eager after a failure, said in one line) and the compile seconds."""
+    target = target or rec.target
+    net, cfg = session.build_model(model, target, run.seed)
+    rec.meta["weight_layout"] = net.layout.name
+    if run.compile:
+        from benchbatch.runtime import compiled
+
+        def fell_back(line: str) -> None:
+            render.warning(line)
+            rec.write_meta()
+
+        # The state's info dict itself: metadata.json gets its latest compile seconds.
+        rec.meta["compile"] = compiled.compile_model(net, run.graphs(target), fell_back).info
+    return net, cfg
+
+
+def print_notes(*notes: str | None) -> None:
+    for text in notes:
+        if text:
+            render.note(text)
+
+
+def load_ceilings(run: RunOptions, target):
+    """Ceilings from a probe.csv given with --ceilings, checked against this run's dtype."""
+    if run.ceilings is None:
+        return None
+    from benchbatch.core.roofline import ceilings_from_csv
+
+    ceilings = ceilings_from_csv(run.ceilings, option="--ceilings")
+    if ceilings.dtype != target.dtype_name:
+        raise UserError(
+            "--ceilings",
+            f"{run.ceilings} was measured in {ceilings.dtype}, this run is {target.dtype_name}",
+        )
+    return ceilings
+
+
+def use_ceilings(rec: Recorder, run: RunOptions):
+    """The run's one set of ceilings: given with --ceilings, else the latest probe of this
+    device and dtype when recent (ceilings_cache.py; written to probe.csv and said), else
+    measured now into probe.csv and kept as the latest (unless --no-roofline). Every row
+    recorded afterwards is placed against them."""
+    ceilings = rec.given_ceilings
+    if ceilings is None and run.roofline:
+        from benchbatch.core.roofline import ceilings_from_rows
+
+        cached = None if run.reprobe else _cached_probe(rec)
+        if cached is not None:
+            rows = cached.rows
+            rec.put("probe", rows)
+            rec.meta["ceilings_from"] = {"cache": str(cached.path), "run": cached.run,
+                                         "measured_utc": cached.measured_utc,
+                                         "age_s": round(cached.age_s)}  # fmt: skip
+            if not rec.quiet:
+                render.note(
+                    f"ceilings: the latest probe of this device in {rec.target.dtype_name}, "
+                    f"{cached.describe()} (--reprobe measures them again)"
+                )
+        else:
+            rows = measure_probe(rec, run)
+        ceilings = ceilings_from_rows(rows)
+        interconnect_ceiling(rec, run)
+    if ceilings is not None:
+        rec.meta["ceilings"] = ceilings.to_dict()
+    rec.ceilings = ceilings
+    return ceilings
+
+
+def interconnect_ceiling(rec: Recorder, run: RunOptions) -> list[dict]:
+    """Under torchrun: all-reduce bus bandwidth over message sizes between every rank, into
+    probe.csv (the roof a step's all-reduces sit under). Nothing on one process."""
+    world = rec.target.world
+    if world is None or not world.distributed:
+        return []
+    from benchbatch.runtime import interconnect
+
+    t = rec.target
+    sizes = interconnect.plan(t.device)
+    rows = interconnect.sweep(world, t.device, t.dtype_name, run.timing(), sizes, run.graphs(t))
+    return rec.record("probe", rows, total=len(sizes), label="measuring the all-reduce")
+
+
+def allreduce_plot(rec: Recorder, rows: list[dict], what: str) -> None:
+    """allreduce.png: a tensor-parallel run's step all-reduces under the measured sweep."""
+    if rec.target.tp == 1:
+        return
+    from benchbatch.output.plots.interconnect import allreduce_figure
+
+    probe = [r for r in rec.rows("probe") if r.get("kind") == "allreduce"]
+    allreduce_figure(probe, rows, rec.folder / "allreduce.png", title(rec, what))
+
+
+def measure_probe(rec: Recorder, run: RunOptions, plan=None, timing=None) -> list[dict]:
+    """probe.csv, measured now (the default plan of this device unless one is given), and
+    kept as the latest probe of this device and dtype."""
+    from benchbatch.runtime import ceilings as probes
+
+    t = rec.target
+    plan = plan or probes.default_plan(t.device)
+    timing = timing or run.timing()
+    rows = rec.record("probe", probes.run(plan, t.device, t.dtype_name, timing),
+                      total=len(plan), label="measuring the device's ceilings")  # fmt: skip
+    if any(r["status"] == "ok" for r in rows) and distributed.is_writer():  # one rank writes
+        from benchbatch.output import ceilings_cache
+
+        ceilings_cache.save(cache_key(t), rows, rec.folder)
+    return rows
+
+
+def cache_key(target) -> str:
+    from benchbatch.core import machine
+    from benchbatch.output import ceilings_cache
+    from benchbatch.runtime import device
+
+    name = device.device_name(target.device)
+    return ceilings_cache.key(name, target.dtype_name, machine.version("torch"))
+
+
+def _cached_probe(rec: Recorder):
+    from benchbatch.core.roofline import ceilings_from_rows
+    from benchbatch.output import ceilings_cache
+
+    cached = ceilings_cache.load(cache_key(rec.target))
+    try:
+        return cached if cached is not None and ceilings_from_rows(cached.rows) else None
+    except ValueError:  # rows without a measured roof: measure again
+        return None
+
+
+LONG_RUN_S = 180  # an estimate over three minutes comes with a shorter run to try
+SAID_FROM_S = 10  # shorter runs finish before an estimate would help anyone
+LIST_FLAGS = {"prefill": "--prefill", "decode_batch": "--decode-batch", "batch": "--batch",
+              "context": "--context"}  # fmt: skip
+
+
+def estimate_run(rec: Recorder, net, run: RunOptions, lists: dict, keep: dict, plan_of) -> None:
+    """Time two small steps, price every planned step from them and say how long the run
+    will take (stderr, and metadata `estimate`); over LONG_RUN_S, which of the command's
+    lists to shorten (and on a CPU, a smaller model) to finish sooner. plan_of(lists)
+    gives the steps a run of those lists times."""
+    from benchbatch.runtime import estimate
+
+    dtype = rec.target.dtype_name
+    context = min(lists.get("context", (512,)))
+    rates = estimate.measure_rates(net, dtype, context)
+    timing = run.timing()
+
+    def seconds(ls: dict) -> float:
+        return estimate.run_s(plan_of(ls), lambda s: rates.step_s(net.cfg, dtype, s), timing)
+
+    total = seconds(lists)
+    cut = estimate.shorter(lists, keep, seconds, LONG_RUN_S) if total > LONG_RUN_S else None
+    rec.meta["estimate"] = {
+        "estimated_s": total,
+        "steps": len(plan_of(lists)),
+        "decode_step_ms": rates.decode_ms,
+        "decode_context": rates.context,
+        "prefill_ms": rates.prefill_ms,
+        "prefill_tokens": rates.prefill_tokens,
+        "shorter": None if cut is None else {"lists": cut.lists, "estimated_s": cut.seconds},
+    }
+    if rec.quiet or total < SAID_FROM_S:  # a short run: in metadata.json only
+        return
+    render.err_console.print(
+        f"estimated duration: about {render.duration(total)} for {len(plan_of(lists))} steps "
+        f"(a decode step of one sequence at context {rates.context:,} took "
+        f"{rates.decode_ms:.3g} ms here, a {rates.prefill_tokens}-token prefill "
+        f"{rates.prefill_ms:.3g} ms)",
+        highlight=False,
+    )
+    if total > LONG_RUN_S:
+        render.note(f"that is long; {_shorter_hint(rec, cut, lists)}")
+
+
+def _shorter_hint(rec: Recorder, cut, lists: dict) -> str:
+    parts = []
+    if cut is not None:
+        flags = " ".join(
+            f"{LIST_FLAGS[k]} {','.join(map(str, v))}" for k, v in cut.lists.items()
+            if v != lists[k]
+        )  # fmt: skip
+        parts.append(f"{flags} (about {render.duration(cut.seconds)})")
+    if rec.target.device.type == "cpu" and _larger_than_cpu_small(rec):
+        parts.append("--preset cpu-small (the CPU's default model)")
+    if not parts:
+        return "fewer --repeats or a shorter --min-time make it shorter"
+    return "for a shorter run, the same command with " + ", or ".join(parts)
+
+
+def _larger_than_cpu_small(rec: Recorder) -> bool:
+    from benchbatch.core import accounting, config
+
+    dtype = rec.target.dtype_name
+    small = accounting.weight_bytes(config.preset("cpu-small"), dtype)
+    return accounting.weight_bytes(rec.cfg, dtype) > small
+
+
+def roofline_plot(rec: Recorder, rows: list[dict], source: str, title: str) -> None:
+    """roofline.png: the rows against the measured roof (and the datasheet's, if known)."""
+    from benchbatch.core import peaks
+    from benchbatch.output.plots.roofline import roofline_figure
+    from benchbatch.runtime import device
+
+    target = rec.target
+    sheet = (
+        peaks.lookup(device.device_name(target.device)) if target.device.type == "cuda" else None
+    )
+    tagged = [{**r, "source": source} for r in rows]
+    roofline_figure(tagged, rec.ceilings, rec.folder / "roofline.png", sheet, title)
+
+
+def title(rec: Recorder, what: str = "", rows: list[dict] | None = None, noise: str = "") -> str:
+    """The figures' title: the model, the dtype and the device, and how sure the timed rows
+    are (how many were noisy), from the rows or as given."""
+    from benchbatch.runtime.device import device_name
+
+    cfg, t = rec.cfg, rec.target
+    ranks = f", tensor-parallel over {t.tp} ranks" if t.tp > 1 else ""
+    head = (
+        f"{cfg.name}: hidden {cfg.hidden}, {cfg.layers} layers, {t.dtype_name}, "
+        f"{device_name(t.device)}{ranks}"
+    )
+    if rows is not None:
+        from benchbatch.output.plots.spread import noise_note
+
+        noise = noise_note(rows)
+    tail = f"\n{what}" + (f"; {noise}" if noise else "") if what or noise else ""
+    return head + tail
+
+
+def engine_noise(rows: list[dict]) -> str:
+    """For the real engine's title: which policies' steps spread (noise.py's rule)."""
+    from benchbatch.core.noise import NOISY_P90_OVER_MEDIAN
+    from benchbatch.experiments.occupancy import probe
+
+    uneven = probe.noisy(rows)
+    if uneven:
+        return f"noisy: {', '.join(uneven)} (p90 step over {NOISY_P90_OVER_MEDIAN:g}x the median)"
+    return "steady steps (p90 within 2x the median)"
+
+
+def report_json(rec: Recorder, **parts) -> None:
+    render.print_json({"folder": str(rec.folder), **parts})

@@ -1,0 +1,97 @@
+"""Option fields and checks that several experiments share: one name, type, default and
+help wherever a concept appears (`decode_batch`, `context`, the token budget, the SLOs)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from benchbatch.core.options import (
+    BATCHING,
+    WorkloadOptions,
+    opt,
+    require,
+)
+
+LENGTH_KINDS = ("fixed", "uniform", "lognormal")  # engines/lengths.py's KINDS (no numpy here)
+
+
+INT_MAX_TOKENS = WorkloadOptions.MAX_TOKENS
+
+
+SLO_PANEL = "SLO mode"
+
+
+def decode_batch_field():
+    return opt((1, 32), "Decode batch sizes (sequences per step), comma-separated.", parse="ints")
+
+
+def context_field():
+    return opt(
+        (512,),
+        "Tokens already in each sequence's KV cache when it decodes, comma-separated.",
+        parse="ints0",
+    )
+
+
+def step_costs_field(tail: str):
+    """--step-costs: measured steps to fit a step-cost model to, for simulated time."""
+    return opt(
+        None,
+        "Fit the step-cost model to these CSVs (phases, sweep, piggyback or an ablation's "
+        f"step_cost.csv; repeatable) {tail}",
+    )
+
+
+def check_context(cfg, contexts: tuple[int, ...], option: str = "context") -> None:
+    """A decode step at context c holds c + 1 tokens: the model must take them."""
+    longest = max(contexts)
+    require(
+        longest + 1 <= cfg.max_context,
+        option,
+        f"{longest} + 1 new token exceeds --max-context {cfg.max_context}",
+    )
+
+
+def check_lengths(cfg, option: str, lengths: tuple[int, ...]) -> None:
+    longest = max(lengths)
+    require(
+        longest <= cfg.max_context, option, f"{longest} exceeds --max-context {cfg.max_context}"
+    )
+
+
+DEFAULT_CHUNK = 128
+
+
+@dataclass(frozen=True)
+class SLO:
+    """Latency limits a request must meet: time to first token and time between tokens."""
+
+    ttft_s: float
+    tbt_s: float
+
+    def met(self, m) -> bool:
+        """A request (its RequestMetrics) meets the SLOs: its TTFT and its own P99 gap."""
+        return m.ttft <= self.ttft_s and m.tbt_p99 <= self.tbt_s
+
+
+def token_budget_field(where: str):
+    """--max-num-batched-tokens: where says which of the command's schemes it limits."""
+    return opt(
+        256,
+        "Tokens per step, decodes and prefill chunks together (vLLM's max_num_batched_tokens), "
+        + where,
+        panel=BATCHING,
+    )
+
+
+def chunk_size_field(where: str):
+    return opt(
+        None,
+        f"Largest prefill chunk {where}. Default: {DEFAULT_CHUNK}, or the token budget if smaller.",
+        panel=BATCHING,
+    )
+
+
+def chunk_of(chunk_size: int | None, budget: int) -> int:
+    """The chunk: --chunk-size, else 128 tokens or the whole budget if that is smaller."""
+    return chunk_size if chunk_size is not None else min(DEFAULT_CHUNK, budget)

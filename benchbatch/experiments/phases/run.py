@@ -1,0 +1,52 @@
+"""`benchbatch phases`: prefill against decode steps, timed and accounted."""
+
+from __future__ import annotations
+
+from dataclasses import replace
+
+from benchbatch.core.options import ModelOptions, RunOptions
+from benchbatch.experiments import common as c
+from benchbatch.experiments.phases import probe
+from benchbatch.experiments.phases.options import PhasesOptions
+from benchbatch.output.plots.phases import phases_figure
+
+HELP = """Prefill vs decode: step time, achieved TFLOP/s, bandwidth and arithmetic intensity.
+
+Prefill multiplies each weight by a whole prompt (compute-bound); decode by one token per
+sequence (memory-bound). Default model: the article's (12 layers, hidden 2048) on CUDA,
+cpu-small on a CPU.
+"""
+
+
+def open_run(opts: PhasesOptions, model: ModelOptions, run: RunOptions):
+    return c.open_model_run("phases", model, run, opts, check=opts.check)
+
+
+def measure_run(rec, opts: PhasesOptions, model: ModelOptions, run: RunOptions) -> None:
+    c.use_ceilings(rec, run)
+    net, _ = c.build_model(rec, model, run)
+    _estimate(rec, net, opts, run)
+    rows = measure(rec, net, opts, run)
+    rec.meta["summary"] = probe.summary(rows)
+    rec.meta["untrusted"] = rec.untrusted("phases", lambda r: r["label"])
+    if rec.ceilings:
+        c.roofline_plot(rec, rows, "phases", c.title(rec, "roofline", rows))
+
+
+def _estimate(rec, net, opts: PhasesOptions, run: RunOptions) -> None:
+    """The run's duration first, and a shorter one when it is long: one prefill and two
+    decode batches (the claims' minimum) are kept."""
+    lists = {"prefill": opts.prefill, "decode_batch": opts.decode_batch, "context": opts.context}
+    keep = {"decode_batch": min(2, len(opts.decode_batch))}
+    c.estimate_run(rec, net, run, lists, keep, lambda ls: probe.plan(replace(opts, **ls)))
+
+
+def measure(rec, net, opts: PhasesOptions, run: RunOptions, timing=None) -> list[dict]:
+    """phases.csv as each step is measured, and phases.png (phases and reproduce, whose
+    `timing` measures a noisy group again)."""
+    timing = timing or run.timing()
+    steps = probe.rows(net, rec.target.dtype_name, opts, timing, run.cuda_graphs)
+    rows = rec.record("phases", steps, total=len(probe.plan(opts)))
+    phases_figure(rows, rec.folder / "phases.png", c.title(rec, "prefill vs decode", rows))
+    c.allreduce_plot(rec, rows, "each step's all-reduces")
+    return rows

@@ -1,0 +1,145 @@
+"""The project experiment's own options, as data (no typer, no torch)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+
+from benchbatch.core.options import (
+    check_number,
+    opt,
+    require,
+)
+from benchbatch.errors import UserError
+from benchbatch.experiments.fields import (
+    context_field,
+    decode_batch_field,
+)
+
+PROJECTION = "Machine"
+
+
+DEFAULT_LATENCY_US = 20.0  # per all-reduce: what gpt-fast's A100 numbers imply (16-26 us)
+
+
+@dataclass(frozen=True)
+class ProjectOptions:
+    gpu: str = opt(
+        "H100 SXM",
+        "The GPU to project for, by datasheet name (H200, H100 SXM, H100 NVL, A100 80GB SXM, "
+        "L40S, ...: `benchbatch probe` lists them).",
+        panel=PROJECTION,
+    )
+    tp: tuple[int, ...] = opt(
+        (1, 2, 4, 8), "Tensor-parallel GPU counts, comma-separated.", parse="ints",
+        panel=PROJECTION,
+    )  # fmt: skip
+    decode_batch: tuple[int, ...] = decode_batch_field()
+    context: tuple[int, ...] = context_field()
+    dtype: str = opt("bf16", "Weights and KV cache dtype.", choices=("fp16", "bf16", "fp32"))
+    nvlink_gbps: float | None = opt(
+        None,
+        "GPU-to-GPU bandwidth per GPU, both directions together, GB/s (datasheet NVLink: 900 "
+        "on H100/H200 SXM, 600 on A100 SXM). Default: the GPU's. The all-reduce's bus "
+        "bandwidth is taken as half of it (one direction).",
+        panel=PROJECTION,
+    )
+    busbw: float | None = opt(
+        None,
+        "All-reduce bus bandwidth in GB/s as nccl-tests (or `torchrun ... benchbatch probe`) "
+        "measure it, instead of half of --nvlink-gbps.",
+        panel=PROJECTION,
+    )
+    allreduce_latency_us: float | None = opt(
+        None,
+        f"Fixed cost of one all-reduce in microseconds (default {DEFAULT_LATENCY_US:g}: what "
+        "gpt-fast's published A100 tokens/s at 2-8 GPUs imply; a --ceilings probe.csv from "
+        "torchrun gives a measured one).",
+        panel=PROJECTION,
+    )
+    efficiency: float = opt(
+        1.0,
+        "Fraction of the roofline a decode step reaches (1: the roof itself; gpt-fast's "
+        "Llama-2-7B at batch 1 on an A100 reached about 0.69 of its memory bandwidth).",
+        panel=PROJECTION,
+    )
+    ceilings: Path | None = opt(
+        None,
+        "A probe.csv measured on the GPU in question: its matmul and memory ceilings (and, "
+        "measured under torchrun, its all-reduce) replace the datasheet's.",
+        panel=PROJECTION,
+    )
+    memory_gib: float | None = opt(
+        None, "Memory per GPU in GiB (default: the datasheet's).", panel=PROJECTION
+    )
+
+    def __post_init__(self) -> None:
+        check_number("efficiency", self.efficiency, 0, open_low=True)
+        require(self.efficiency <= 1, "efficiency", f"must be at most 1, got {self.efficiency}")
+        for name in ("nvlink_gbps", "busbw", "memory_gib"):
+            if getattr(self, name) is not None:
+                check_number(name, getattr(self, name), 0, open_low=True)
+        if self.allreduce_latency_us is not None:
+            check_number("allreduce_latency_us", self.allreduce_latency_us)
+        require(max(self.tp) <= 4096, "tp", f"at most 4,096 GPUs, got {max(self.tp):,}")
+
+    def machine(self):
+        """The GPU and its link as the projection prices them, each number's source kept."""
+        from benchbatch.core import peaks
+        from benchbatch.core.projection import Machine
+
+        peak = peaks.lookup(self.gpu)
+        if peak is None:
+            known = ", ".join(dict.fromkeys(p.name for _, p in peaks.KNOWN))
+            raise UserError("gpu", f"unknown GPU {self.gpu!r} (known: {known})")
+        require(self.dtype in peak.tflops, "dtype", f"{peak.name} has no {self.dtype} rate")
+        sheet = f"datasheet {peak.name}"
+        tflops, gbps = peak.tflops[self.dtype], peak.gbps
+        sources = {"tflops": sheet, "gbps": sheet}
+        link = None
+        if self.ceilings is not None:
+            tflops, gbps, link = self._measured(sources)
+        busbw, latency = self._link(peak, link, sources)
+        memory = self.memory_gib or peak.memory_gib
+        sources["memory"] = "given" if self.memory_gib else sheet
+        return Machine(peak.name, tflops, gbps, memory * 2**30 if memory else None, busbw,
+                       latency, self.efficiency, tuple(sources.items()))  # fmt: skip
+
+    def _measured(self, sources: dict):
+        from benchbatch.core.projection import interconnect_from_csv
+        from benchbatch.core.roofline import ceilings_from_csv
+
+        c = ceilings_from_csv(self.ceilings, option="ceilings")
+        require(
+            c.dtype == self.dtype,
+            "ceilings",
+            f"{self.ceilings} was measured in {c.dtype}, the projection is {self.dtype}",
+        )
+        sources["tflops"] = f"measured ({self.ceilings}: {c.tflops_source})"
+        sources["gbps"] = f"measured ({self.ceilings}: {c.gbps_source})"
+        return c.peak_tflops, c.peak_gbps, interconnect_from_csv(self.ceilings)
+
+    def _link(self, peak, link, sources: dict) -> tuple[float, float]:
+        """Bus bandwidth and latency: given, measured (probe.csv), or the datasheet's."""
+        latency = self.allreduce_latency_us
+        sources["latency"] = "given"
+        if latency is None and link is not None:
+            latency, sources["latency"] = link.latency_us, link.source
+        if latency is None:
+            latency, sources["latency"] = DEFAULT_LATENCY_US, "assumed (gpt-fast's A100s)"
+        if self.busbw is not None:
+            sources["busbw"] = "given"
+            return self.busbw, latency
+        if link is not None:
+            sources["busbw"] = link.source
+            return link.busbw_gbps, latency
+        nvlink = self.nvlink_gbps or peak.nvlink_gbps
+        if nvlink is None:
+            raise UserError(
+                "nvlink_gbps",
+                f"{peak.name} has no NVLink figure in benchbatch's table (PCIe?); give "
+                "--nvlink-gbps or --busbw",
+            )
+        where = "given" if self.nvlink_gbps else f"datasheet {peak.name}"
+        sources["busbw"] = f"half of {nvlink:g} GB/s NVLink per GPU, both ways ({where})"
+        return nvlink / 2, latency

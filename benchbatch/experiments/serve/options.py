@@ -1,0 +1,232 @@
+"""The serve experiment's own options, as data (no typer, no torch)."""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from pathlib import Path
+
+from benchbatch.core.options import (
+    BATCHING,
+    WORKLOAD,
+    check_count,
+    check_number,
+    engine_field,
+    opt,
+    require,
+    strict_float,
+)
+from benchbatch.errors import UserError
+from benchbatch.experiments.fields import (
+    INT_MAX_TOKENS,
+    LENGTH_KINDS,
+    SLO_PANEL,
+    chunk_of,
+    chunk_size_field,
+    step_costs_field,
+    token_budget_field,
+)
+
+SERVE_PANEL = "Serving curve"
+
+
+SERVE_POLICIES = ("static", "continuous", "chunked")
+
+
+MAX_RATE = "max"
+
+
+# The serving curve's workload on a 2-core CPU with cpu-small (a decode step of 8 sequences
+# about 30 ms): 8 slots, short outputs (median 16 tokens, at most 64) so a static group lasts
+# about a second and a half, prompts lognormal around 128 tokens (up to 1,024: the long ones
+# are what chunked prefill is for).
+SERVE_WORKLOAD = dict(requests=500, slots=8, median=16.0, max_output=64, prompt_len=128)
+
+
+# MLPerf's Llama-2-70B server limits (conversational): TTFT 2 s, TPOT 200 ms. A CPU's TPOT
+# sits well under them, so queueing (TTFT) decides where a policy leaves the SLO.
+SERVE_SLO = (2.0, 0.2)
+
+
+def parse_rates(words: tuple[str, ...], option: str) -> tuple[float, ...]:
+    """'0.5', '2', 'max' -> (0.5, 2.0, inf), sorted, duplicates dropped: requests per second,
+    each finite and positive; 'max' queues every request at once."""
+    require(bool(words), option, "give at least one rate (requests per second, or max)")
+    rates = {_rate(word, option) for word in words}
+    most = ServeOptions.MAX_RATES
+    require(len(rates) <= most, option, f"{len(rates)} rates; at most {most}")
+    return tuple(sorted(rates))
+
+
+def _rate(word: str, option: str) -> float:
+    if word.lower() == MAX_RATE:
+        return math.inf
+    shown = word if len(word) <= 40 else word[:40] + "..."
+    try:
+        rate = strict_float(word)
+    except ValueError:
+        raise UserError(option, f"{shown!r} is not a rate (requests per second, or max)") from None
+    require(
+        math.isfinite(rate) and rate > 0,
+        option,
+        f"a rate must be a positive number of requests per second, got {shown}",
+    )
+    most = ServeOptions.MAX_RATE_RPS
+    require(
+        rate <= most,
+        option,
+        f"{shown} is more than {most:,.0f} requests per second; use max for everything "
+        "queued at once",
+    )
+    return rate
+
+
+def rate_label(rate: float) -> str:
+    return MAX_RATE if math.isinf(rate) else f"{rate:g}"
+
+
+@dataclass(frozen=True)
+class ServeOptions:
+    rates: tuple[str, ...] | None = opt(
+        None,
+        "Request rates in requests per second (Poisson arrivals, seeded), comma-separated; "
+        "'max' queues every request at once. Default: the simulated capacity (the best "
+        "policy's request throughput at max) times 0.1, 0.2, ... 1.1, and max, so the knee "
+        "shows on any device.",
+        panel=SERVE_PANEL,
+        parse="words",
+    )
+    policies: tuple[str, ...] = opt(
+        SERVE_POLICIES,
+        "Policies, comma-separated: static (groups of --slots run to their longest), "
+        "continuous (free slots refilled every step, whole prompts), chunked (continuous "
+        "with chunked prefill under --max-num-batched-tokens, Sarathi-Serve).",
+        panel=BATCHING,
+        parse="words",
+    )
+    engine: str = engine_field(
+        "also serve the rates that fit --real-time on the model, arrivals on the wall clock "
+        "(default model: article on CUDA, cpu-small on CPU), each beside its simulation.",
+        default="real",
+    )
+    real_rates: tuple[str, ...] | None = opt(
+        None,
+        "Rates to serve on the real engine. Default: chosen to fit --real-time: first, per "
+        "policy, the last rate the simulation keeps within the SLO and the first it does not "
+        "(where the real engine must confirm the knee), then the cheapest others.",
+        panel=SERVE_PANEL,
+        parse="words",
+    )
+    real_requests: int = opt(
+        40,
+        "Requests per real-engine point (the first of the simulated workload, same lengths "
+        "and arrival times). A point lasts at least this over its rate, so on a CPU they "
+        "are few, and their p99s say they are uncertain.",
+        panel=SERVE_PANEL,
+    )
+    real_time: float = opt(
+        150.0,
+        "Seconds the real engine may take, by the simulation's estimate of each point "
+        "(default rates only).",
+        panel=SERVE_PANEL,
+    )
+    slo_ttft: float = opt(
+        SERVE_SLO[0],
+        "Time-to-first-token limit (s). Default: MLPerf's Llama-2-70B server limit "
+        "(conversational).",
+        panel=SLO_PANEL,
+    )
+    slo_tpot: float = opt(
+        SERVE_SLO[1],
+        "Time-per-output-token limit (s). Goodput counts requests meeting both limits; a "
+        "point is within the SLO when its p99 TTFT and p99 TPOT are (MLPerf's server rule).",
+        panel=SLO_PANEL,
+    )
+    step_costs: tuple[Path, ...] | None = step_costs_field(
+        "instead of timing steps on the model first (with --engine sim, no model is built)."
+    )
+    max_num_batched_tokens: int = token_budget_field("in the chunked policy.")
+    chunk_size: int | None = chunk_size_field("in the chunked policy")
+    output_dist: str = opt(
+        "lognormal",
+        "Output lengths: fixed (--median each), uniform (integers from --min-output to "
+        "--max-output), lognormal (median --median, sigma --sigma, clipped to "
+        "[--min-output, --max-output]).",
+        panel=WORKLOAD,
+        choices=LENGTH_KINDS,
+    )
+    min_output: int = opt(1, "Shortest output (tokens).", panel=WORKLOAD)
+    prompt_dist: str = opt(
+        "lognormal",
+        "Prompt lengths: fixed (--prompt-len each), uniform (integers from --min-prompt to "
+        "--max-prompt), lognormal (median --prompt-len, sigma --prompt-sigma, clipped to "
+        "[--min-prompt, --max-prompt]).",
+        panel=WORKLOAD,
+        choices=LENGTH_KINDS,
+    )
+    prompt_sigma: float = opt(0.6, "Lognormal sigma of the prompt lengths.", panel=WORKLOAD)
+    min_prompt: int = opt(1, "Shortest prompt (tokens).", panel=WORKLOAD)
+    max_prompt: int = opt(1024, "Longest prompt (tokens).", panel=WORKLOAD)
+
+    MAX_RATES = 64
+    MAX_RATE_RPS = 1e9
+    MAX_REAL_REQUESTS = 100_000
+
+    def __post_init__(self) -> None:
+        bad = [p for p in self.policies if p not in SERVE_POLICIES]
+        require(
+            bool(self.policies) and not bad,
+            "policies",
+            f"unknown policy {bad[0] if bad else ''!r}; choose from {', '.join(SERVE_POLICIES)}",
+        )
+        object.__setattr__(self, "policies", tuple(p for p in SERVE_POLICIES if p in self.policies))
+        for name in ("rates", "real_rates"):
+            if getattr(self, name) is not None:
+                parse_rates(getattr(self, name), name)
+        check_count("real_requests", self.real_requests, 1, self.MAX_REAL_REQUESTS)
+        check_number("real_time", self.real_time, 0, open_low=True)
+        for name in ("slo_ttft", "slo_tpot"):
+            value = getattr(self, name)
+            check_number(name, value, 0, open_low=True)
+        check_count("max_num_batched_tokens", self.max_num_batched_tokens, 1)
+        if self.chunk_size is not None:
+            check_count("chunk_size", self.chunk_size, 1)
+        check_number("prompt_sigma", self.prompt_sigma)
+        for name in ("min_output", "min_prompt", "max_prompt"):
+            check_count(name, getattr(self, name), 1, INT_MAX_TOKENS)
+
+    @property
+    def rate_values(self) -> tuple[float, ...] | None:
+        return None if self.rates is None else parse_rates(self.rates, "rates")
+
+    @property
+    def real_rate_values(self) -> tuple[float, ...] | None:
+        return None if self.real_rates is None else parse_rates(self.real_rates, "real_rates")
+
+    @property
+    def chunk(self) -> int:
+        return chunk_of(self.chunk_size, self.max_num_batched_tokens)
+
+    def lengths(self, workload):
+        """The prompt and output length distributions, checked against each other."""
+        from benchbatch.core.lengths import LengthDist
+
+        prompt = LengthDist(self.prompt_dist, workload.prompt_len, self.prompt_sigma,
+                            self.min_prompt, self.max_prompt, "prompt")  # fmt: skip
+        output = LengthDist(self.output_dist, workload.median, workload.sigma,
+                            self.min_output, workload.max_output, "output")  # fmt: skip
+        prompt.check({"center": "prompt_len", "low": "min_prompt", "high": "max_prompt"})
+        output.check({"center": "median", "low": "min_output", "high": "max_output"})
+        return prompt, output
+
+    def check(self, workload) -> None:
+        """Options that need the workload's: the lengths, and the real engine's requests."""
+        self.lengths(workload)
+        if self.chunk_size is not None and "chunked" not in self.policies:
+            raise UserError("chunk_size", "only applies with the chunked policy")
+        if self.engine == "real" and self.real_requests > workload.requests and not workload.trace:
+            raise UserError(
+                "real_requests",
+                f"{self.real_requests:,} is more than the {workload.requests:,} --requests "
+                "(the real engine serves the first of them)",
+            )

@@ -1,0 +1,404 @@
+"""The serving curve: request rate against latency and throughput for static batching,
+continuous batching and continuous batching with chunked prefill.
+
+Requests arrive in seconds (a seeded Poisson process, or a trace's own shape) at each rate
+of a sweep, plus a 'max' point with everything queued at once. Each (policy, rate) is
+simulated with the step-cost model fitted on this device (a step lasts what the model says,
+so a request arriving at t is first seen by the first step starting at or after t), and
+the rates that fit the time are served by the real engine on the model, arrivals on the
+wall clock. Every point is measured with the serving benchmarks' metrics (engines/serving):
+TTFT, TPOT, ITL and E2E percentiles, throughput, goodput under the SLO; and with what the
+scheduler did (slot occupancy, mean batch), which explains where the curve bends.
+
+Everything here returns rows or plain results; nothing prints.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable, Iterator, Sequence
+from dataclasses import dataclass
+
+import numpy as np
+
+from benchbatch.core.arrivals import at_rate, read_arrivals, to_unit_rate, unit_poisson
+from benchbatch.core.metrics import RunMetrics
+from benchbatch.core.scheduler import SchedulerConfig, StepPlan, make_scheduler
+from benchbatch.core.serving import (
+    ServingSLO,
+    latency_columns,
+    scheduler_columns,
+    throughput_columns,
+    tpot,
+)
+from benchbatch.core.simulate import StepCostModel, simulate_timed
+from benchbatch.core.workload import Request, Workload
+from benchbatch.errors import UserError
+from benchbatch.experiments.serve.options import SERVE_POLICIES as POLICIES
+from benchbatch.experiments.serve.options import ServeOptions as Options
+from benchbatch.experiments.serve.options import rate_label
+
+__all__ = ["Options", "POLICIES", "Setup", "draw", "simulate_point", "point_row", "sustained"]
+
+LABELS = {
+    "static": "static",
+    "continuous": "continuous",
+    "chunked": "continuous + chunked prefill",
+}
+# Sources of a point: the sweep's simulation, the real engine, and the simulation of exactly
+# the requests and arrival times the real engine served (its like-for-like twin).
+SIM, REAL, MATCHED = "sim", "real", "sim-matched"
+SOURCES = (SIM, REAL, MATCHED)
+# Default rates: these fractions of the simulated capacity (GuideLLM sweeps between its
+# synchronous and its maximum-throughput rates the same way).
+AUTO_FRACTIONS = tuple(round(0.1 * k, 1) for k in range(1, 12))
+# What the sim-vs-real table sets side by side.
+COMPARED = (
+    "duration_s",
+    "output_throughput_tps",
+    "ttft_p50_s",
+    "ttft_p99_s",
+    "tpot_p50_s",
+    "tpot_p99_s",
+    "itl_p99_s",
+    "e2e_p50_s",
+    "slot_occupancy",
+    "mean_batch",
+)
+
+
+@dataclass(frozen=True)
+class Setup:
+    """What every point shares: the slots, the chunked policy's budgets, the SLO."""
+
+    slots: int
+    budget: int
+    chunk: int
+    slo: ServingSLO
+
+
+def settings(policy: str, setup: Setup) -> tuple[str, dict]:
+    """The scheduler policy and its settings (SchedulerConfig's fields) of a serving policy."""
+    if policy == "chunked":
+        return "continuous", {
+            "chunked_prefill": True,
+            "max_num_batched_tokens": setup.budget,
+            "chunk_size": setup.chunk,
+            "mixed": True,
+        }
+    return policy, {}
+
+
+def check_setup(policies: Sequence[str], setup: Setup) -> None:
+    """A UserError naming the option for budgets the chunked policy would refuse."""
+    if "chunked" in policies:
+        SchedulerConfig(setup.slots, **settings("chunked", setup)[1])
+
+
+def priced(cost: StepCostModel) -> Callable[[StepPlan], float]:
+    """The cost model as the engine pays it: a static group's finished slots still compute a
+    padding token each step (the real engine decodes them), priced as decode tokens."""
+
+    def step_cost(plan: StepPlan) -> float:
+        return cost(plan) + cost.per_decode_token_s * len(plan.padded_slots)
+
+    return step_cost
+
+
+# --- the workload -------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class ServeWorkload:
+    """The requests (lengths) and their arrival times at 1 request per second; every rate
+    scales the same times, and every policy serves the same requests."""
+
+    requests: list[Request]
+    unit_arrivals: np.ndarray
+    arrivals: str  # how they were made, for the metadata
+    lengths: str
+
+    def at(self, rate: float, n: int | None = None) -> tuple[list[Request], np.ndarray]:
+        """The first n requests (all by default) and their arrival times at `rate`."""
+        k = len(self.requests) if n is None else min(n, len(self.requests))
+        return self.requests[:k], at_rate(self.unit_arrivals[:k], rate)
+
+
+def draw(opts: Options, workload, seed: int) -> ServeWorkload:
+    """The lengths from the distributions (or the trace) and the arrivals: a Poisson process
+    (seeded), or the trace's arrival_s scaled to each rate."""
+    if workload.trace is not None:
+        return _from_trace(workload, seed)
+    prompt, output = opts.lengths(workload)
+    n = workload.requests
+    # Output lengths from default_rng(seed), as occupancy draws them: lognormal outputs of a
+    # seed are the article workload's own.
+    outputs = output.draw(n, np.random.default_rng(seed))
+    prompts = prompt.draw(n, np.random.default_rng([seed, 5]))
+    columns = Workload(np.arange(n), prompts, outputs, np.zeros(n, np.int64))
+    lengths = f"prompts {prompt.describe()}; outputs {output.describe()} tokens"
+    return ServeWorkload(columns.to_requests(), unit_poisson(n, seed), "poisson", lengths)
+
+
+def _from_trace(workload, seed: int) -> ServeWorkload:
+    columns = workload.draw()
+    if columns.arrival_step.any():
+        raise UserError(
+            "trace",
+            f"{workload.trace} has arrival_step (scheduler steps): serve-sweep takes arrival_s, "
+            "in seconds (or no arrival column: Poisson arrivals at each rate)",
+        )
+    times = read_arrivals(workload.trace)
+    requests = columns.to_requests()
+    lengths = f"{len(requests):,} requests from {workload.trace}"
+    if times is None:
+        return ServeWorkload(requests, unit_poisson(len(requests), seed), "poisson", lengths)
+    return ServeWorkload(requests, to_unit_rate(times), f"trace {workload.trace}", lengths)
+
+
+# --- points ---------------------------------------------------------------------------------------
+
+
+@dataclass
+class Point:
+    """One policy served at one rate: per-request metrics and what each step did."""
+
+    policy: str
+    rate: float
+    source: str
+    requests: list[Request]
+    arrivals: np.ndarray
+    metrics: RunMetrics
+    step_starts: list[float]
+    step_ends: list[float]
+    active: list[int]
+
+
+def simulate_point(
+    w: ServeWorkload,
+    policy: str,
+    rate: float,
+    setup: Setup,
+    cost: StepCostModel,
+    n: int | None = None,
+    source: str = SIM,
+) -> Point:
+    requests, arrivals = w.at(rate, n)
+    name, config = settings(policy, setup)
+    sched = make_scheduler(name, setup.slots, **config)
+    r = simulate_timed(requests, arrivals, sched, priced(cost))
+    active = r.timeline.active_slots
+    return Point(
+        policy,
+        rate,
+        source,
+        requests,
+        arrivals,
+        r.metrics,
+        r.step_start_times,
+        r.step_end_times,
+        active,
+    )
+
+
+def real_point(result, policy: str, rate: float, requests, arrivals) -> Point:
+    """A real engine run (EngineResult with arrivals in seconds) as a Point."""
+    steps = result.steps
+    return Point(
+        policy,
+        rate,
+        REAL,
+        list(requests),
+        np.asarray(arrivals),
+        result.metrics,
+        [s.start_s for s in steps],
+        [s.end_s for s in steps],
+        [s.active for s in steps],
+    )
+
+
+def point_row(p: Point, setup: Setup) -> dict:
+    """serve.csv's row: every metric of one (policy, rate, source)."""
+    prompts = {r.id: r.prompt_tokens for r in p.requests}
+    row = {
+        "policy": p.policy,
+        "label": LABELS[p.policy],
+        "source": p.source,
+        "rate": rate_label(p.rate),
+        "rate_rps": p.rate,
+        **throughput_columns(p.metrics, prompts, setup.slo),
+    }
+    row |= latency_columns(p.metrics)
+    row |= scheduler_columns(p.step_starts, p.step_ends, p.active, setup.slots, row["duration_s"])
+    row["slots"] = setup.slots
+    row["within_slo"] = setup.slo.within(row)
+    return row
+
+
+def request_rows(p: Point, slo: ServingSLO) -> list[dict]:
+    """requests.csv: every request's latencies at one (policy, rate, source)."""
+    by_id = {r.id: r for r in p.requests}
+    rows = []
+    for m in p.metrics.requests:
+        r = by_id[m.request_id]
+        per = tpot(m)
+        rows.append(
+            {
+                "policy": p.policy,
+                "source": p.source,
+                "rate": rate_label(p.rate),
+                "request_id": m.request_id,
+                "prompt_tokens": r.prompt_tokens,
+                "output_tokens": m.num_tokens,
+                "arrival_s": m.arrival,
+                "ttft_s": m.ttft,
+                "tpot_s": math.nan if per is None else per,
+                "itl_max_s": m.tbt_max,
+                "e2e_s": m.e2e,
+                "slo_met": slo.met(m),
+            }
+        )
+    return rows
+
+
+def sim_vs_real(real: dict, matched: dict) -> list[dict]:
+    """sim_vs_real.csv: each compared metric of a real point beside its simulation (the same
+    requests at the same arrival times) and measured over simulated."""
+    out = []
+    for key in COMPARED:
+        sim, meas = matched[key], real[key]
+        ratio = meas / sim if sim and math.isfinite(sim) and math.isfinite(meas) else math.nan
+        out.append(
+            {
+                "policy": real["policy"],
+                "rate": real["rate"],
+                "metric": key,
+                "simulated": sim,
+                "measured": meas,
+                "measured_over_simulated": ratio,
+            }
+        )
+    return out
+
+
+# --- the sweep's rates ---------------------------------------------------------------------------
+
+
+def capacity(rows: Sequence[dict]) -> float:
+    """Requests per second the best policy served with everything queued (the max point)."""
+    served = [r["request_throughput_rps"] for r in rows if math.isinf(r["rate_rps"])]
+    return max(served)
+
+
+def auto_rates(capacity_rps: float) -> tuple[float, ...]:
+    """The default sweep: AUTO_FRACTIONS of the capacity, to two significant digits, and max."""
+    rates = {float(f"{f * capacity_rps:.2g}") for f in AUTO_FRACTIONS}
+    return (*sorted(r for r in rates if r > 0), math.inf)
+
+
+def knee_rates(rows: Sequence[dict], source: str = SIM) -> list[float]:
+    """Per policy, the last rate within the SLO and the first one not (the lowest rate if even
+    it misses): where a policy leaves the SLO."""
+    out = []
+    for policy in dict.fromkeys(r["policy"] for r in rows):
+        mine = sorted(
+            (r for r in rows if r["policy"] == policy and r["source"] == source),
+            key=lambda r: r["rate_rps"],
+        )
+        miss = next((i for i, r in enumerate(mine) if not r["within_slo"]), None)
+        if miss is not None:
+            out += [mine[i]["rate_rps"] for i in (miss - 1, miss) if i >= 0]
+    return list(dict.fromkeys(out))
+
+
+def choose_real_rates(rows: Sequence[dict], cost_s: dict[float, float], budget_s: float):
+    """The rates the real engine serves within budget_s seconds. rows: the simulations of
+    the real engine's own requests at every rate (MATCHED; fewer requests than the sweep
+    build shorter queues, so their knees lie further right); cost_s: each rate's simulated
+    duration, all policies. The knees first, then the cheapest others."""
+    knees = [r for r in knee_rates(rows, MATCHED) if r in cost_s]
+    rest = sorted((r for r in cost_s if r not in knees), key=lambda r: cost_s[r])
+    chosen, spent = [], 0.0
+    for rate in [*knees, *rest]:
+        if spent + cost_s[rate] <= budget_s:
+            chosen.append(rate)
+            spent += cost_s[rate]
+    return sorted(chosen), spent
+
+
+# --- within the SLO ----------------------------------------------------------------------------
+
+
+def sustained(rows: Sequence[dict]) -> list[dict]:
+    """slo.csv: per policy and source, the largest rate it sustains within the SLO (every
+    rate up to it within) and the first rate where it leaves it."""
+    out = []
+    for source in SOURCES:
+        for policy in POLICIES:
+            mine = sorted(
+                (r for r in rows if r["policy"] == policy and r["source"] == source),
+                key=lambda r: r["rate_rps"],
+            )
+            if mine:
+                out.append(_sustained_row(policy, source, mine))
+    return out
+
+
+def _sustained_row(policy: str, source: str, mine: list[dict]) -> dict:
+    miss = next((i for i, r in enumerate(mine) if not r["within_slo"]), len(mine))
+    last = mine[miss - 1] if miss > 0 else None
+    left = mine[miss] if miss < len(mine) else None
+    return {
+        "policy": policy,
+        "label": LABELS[policy],
+        "source": source,
+        "rates": len(mine),
+        "sustained_rate": last["rate"] if last else None,
+        "sustained_rps": last["rate_rps"] if last else math.nan,
+        "goodput_rps": last["goodput_rps"] if last else math.nan,
+        "output_throughput_tps": last["output_throughput_tps"] if last else math.nan,
+        "leaves_slo_at": left["rate"] if left else None,
+        "leaves_slo_rps": left["rate_rps"] if left else math.nan,
+    }
+
+
+# --- the real engine ------------------------------------------------------------------------------
+
+
+def engine_runs(
+    w: ServeWorkload,
+    rates: Sequence[float],
+    policies: Sequence[str],
+    setup: Setup,
+    n: int,
+    matched: dict,
+) -> list:
+    """The real engine's runs, one per (rate, policy): EngineRun specs over the first n
+    requests at that rate (matched: their simulations, for the progress total)."""
+    from benchbatch.experiments.occupancy.probe import EngineRun
+
+    runs = []
+    for rate in rates:
+        _, arrivals = w.at(rate, n)
+        for policy in policies:
+            name, config = settings(policy, setup)
+            runs.append(
+                EngineRun(
+                    policy,
+                    setup.slots,
+                    name,
+                    config,
+                    sim_steps=len(matched[(policy, rate)].step_ends),
+                    arrivals_s=arrivals.tolist(),
+                    columns={"rate": rate_label(rate)},
+                )
+            )
+    return runs
+
+
+def real_steps(model, w: ServeWorkload, runs, n: int, seed: int, finished) -> Iterator[dict]:
+    """real_steps.csv's rows, a step at a time, through the real engine's one loop."""
+    from benchbatch.experiments.occupancy.probe import engine_steps
+
+    requests, _ = w.at(math.inf, n)
+    yield from engine_steps(model, requests, runs, seed, finished)

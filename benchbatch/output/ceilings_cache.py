@@ -1,0 +1,98 @@
+"""The latest measured ceilings of each device, kept between runs (no torch here).
+
+Every command that places steps on the roofline needs the device's ceilings. Measured anew
+by each command, they differ from run to run on a shared machine (another process during
+the probe), and the same step comes out compute-bound in one command and memory-bound in
+the next. So the probe rows of the latest measurement of a device in a dtype, with the torch
+build that ran them (a new torch brings new kernels), are kept in the user's cache folder
+and reused while recent: one set of ceilings for every command run on that machine that
+day, stated in the output with its age. `--reprobe` measures again; `benchbatch probe` and
+`reproduce` always measure, and their probe becomes the latest.
+
+A cache that cannot be read or written is no cache: the command measures, as without one.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+import json
+import os
+from dataclasses import dataclass
+from pathlib import Path
+
+from benchbatch.core.units import duration
+
+MAX_AGE_S = 24 * 3600  # a probe older than a day is measured again
+FILE = "ceilings.json"
+ENV = "BENCHBATCH_CACHE_DIR"
+
+
+def folder() -> Path:
+    """$BENCHBATCH_CACHE_DIR, else $XDG_CACHE_HOME/benchbatch, else ~/.cache/benchbatch."""
+    if os.environ.get(ENV):
+        return Path(os.environ[ENV])
+    base = os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache"
+    return Path(base) / "benchbatch"
+
+
+def key(device_name: str, dtype: str, torch_version: str | None) -> str:
+    return f"{device_name} | {dtype} | torch {torch_version}"
+
+
+@dataclass(frozen=True)
+class Cached:
+    """A device's latest probe: its rows (as probe.csv holds them) and where it came from."""
+
+    rows: list[dict]
+    measured_utc: str
+    age_s: float
+    run: str  # the run folder that measured them
+    path: Path  # the cache file
+
+    def describe(self) -> str:
+        return f"measured {duration(self.age_s)} ago by {self.run}"
+
+
+def load(name: str, max_age_s: float = MAX_AGE_S, now: dt.datetime | None = None):
+    """The latest probe stored under `name` when younger than max_age_s, else None."""
+    path = folder() / FILE
+    entry = _read(path).get(name)
+    if not isinstance(entry, dict) or not isinstance(entry.get("rows"), list):
+        return None
+    try:
+        when = dt.datetime.fromisoformat(entry["measured_utc"])
+    except (KeyError, TypeError, ValueError):
+        return None
+    age = ((now or _now()) - when).total_seconds()
+    if not 0 <= age <= max_age_s:
+        return None
+    return Cached(entry["rows"], entry["measured_utc"], age, str(entry.get("run")), path)
+
+
+def save(name: str, rows: list[dict], run: Path | str, now: dt.datetime | None = None):
+    """Keep `rows` as the latest probe under `name`; the cache file's path, or None when it
+    cannot be written (the run goes on: the rows are in its probe.csv anyway)."""
+    from benchbatch.output.results import atomic_write_text, json_safe
+
+    path = folder() / FILE
+    entries = _read(path)
+    measured = (now or _now()).isoformat(timespec="seconds")
+    entries[name] = {"measured_utc": measured, "run": str(run), "rows": json_safe(rows)}
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        atomic_write_text(path, json.dumps(entries, indent=1) + "\n")
+    except OSError:
+        return None
+    return path
+
+
+def _read(path: Path) -> dict:
+    try:
+        data = json.loads(path.read_text())
+    except (OSError, ValueError):
+        return {}
+    return data if isinstance(data, dict) else {}
+
+
+def _now() -> dt.datetime:
+    return dt.datetime.now(dt.timezone.utc)

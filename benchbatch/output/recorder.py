@@ -1,0 +1,386 @@
+"""One run, from its folder to its end: the one recording loop every command goes through.
+
+`Recorder.open` makes the run folder and writes metadata.json at once (so a folder never
+exists without saying what it holds); `record` consumes a probe's rows generator and, for
+each row as it comes, adds the columns every timed row carries (`throttled`, and mfu, mbu
+and bound against the run's one set of ceilings), writes it to its CSV and advances the
+progress display. Leaving the `with` block finishes metadata.json: complete, failed, or
+interrupted (Ctrl-C or SIGTERM: every measured row is on disk, then `Interrupted` is raised
+for the command line to exit with code 130).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import datetime as dt
+import os
+import platform
+import signal
+import sys
+import threading
+import time
+from collections.abc import Callable, Iterable, Iterator
+from pathlib import Path
+
+from benchbatch import __version__
+from benchbatch.core import machine
+from benchbatch.core.ranks import is_writer
+from benchbatch.errors import Interrupted, UserError, WriteFailed
+from benchbatch.output import render, results
+from benchbatch.output.progress import Progress
+from benchbatch.signals import raise_interrupt, signals_held
+
+
+def now_utc() -> str:
+    return dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds")
+
+
+def environment(target=None) -> dict:
+    """What a reader needs to trust or compare the numbers: software, machine, device. A
+    run that uses no device (a simulation) records the machine without importing torch."""
+    out = {
+        "benchbatch_version": __version__,
+        "git_commit": results.git_commit(),
+        "python": sys.version.split()[0],
+        "platform": platform.platform(),
+        "torch_version": machine.version("torch"),
+        "cpu": {"model": machine.cpu_model(), "logical_cpus": os.cpu_count()},
+        "load_average": machine.load_average(),
+    }
+    if target is None:
+        return out
+    import torch
+
+    from benchbatch.runtime import device
+
+    return out | {
+        "torch_cuda": torch.version.cuda,
+        "device": str(target.device),
+        "device_name": device.device_name(target.device),
+        "dtype": target.dtype_name,
+        "cpu": device.cpu_info(),
+    }
+
+
+# Runs whose metadata.json still says "running": whatever ends the process early (a signal
+# between two `with` blocks, an error outside one) finishes them (see abandon), so a run
+# folder never stays marked running. The last run made, for the interrupt message.
+_OPEN: list[Run] = []
+last_run: Run | None = None
+
+
+class Run:
+    """A run folder's tables and metadata; every row reaches the disk as it is added."""
+
+    # A table of many fast rows (the engine's steps) is rewritten at most this often.
+    STREAM_INTERVAL_S = 0.5
+
+    def __init__(self, folder: Path, command: str, meta: dict):
+        self.folder = folder
+        self.tables: dict[str, list[dict]] = {}
+        self._streams: dict[str, float] = {}  # table -> time of its last write
+        self.meta = {
+            "schema_version": results.SCHEMA_VERSION,
+            "command": command,
+            "command_line": results.command_line(),
+            "started_utc": now_utc(),
+            "status": "running",
+            **meta,
+        }
+        self.write_meta()
+        _OPEN.append(self)
+        global last_run
+        last_run = self
+
+    def add(self, table: str, row: dict, stream: bool = False) -> None:
+        """Keep one measured row, on disk at once (a stream table: within STREAM_INTERVAL_S,
+        and at once when the run ends or is interrupted)."""
+        self.tables.setdefault(table, []).append(row)
+        if stream:
+            last = self._streams.setdefault(table, 0.0)
+            if time.monotonic() - last < self.STREAM_INTERVAL_S:
+                return
+            self._streams[table] = time.monotonic()
+        self._write(table)
+
+    def put(self, table: str, rows) -> None:
+        """A whole table at once (rows, or a pandas DataFrame for large tables)."""
+        self.tables[table] = rows if hasattr(rows, "to_csv") else list(rows)
+        self._write(table)
+
+    def _write(self, table: str) -> None:
+        results.write_csv(self.folder / f"{table}.csv", self.tables[table])
+
+    def flush(self) -> None:
+        """Write every table again: a row kept in memory whose write was cut short (by
+        Ctrl-C, say) reaches the disk too."""
+        for table in self.tables:
+            self._write(table)
+
+    def rows(self, table: str) -> list[dict]:
+        rows = self.tables.get(table, [])
+        return rows.to_dict("records") if hasattr(rows, "to_dict") else rows
+
+    def write_meta(self) -> None:
+        results.write_json(self.folder / "metadata.json", self.meta)
+
+    def finish(self, status: str = "complete", **extra) -> None:
+        if self in _OPEN:
+            _OPEN.remove(self)
+        self.meta.update(extra, status=status, finished_utc=now_utc())
+        self.meta["load_average_after"] = machine.load_average()
+        self.write_meta()
+
+    def end(self, status: str, **extra) -> None:
+        """Finish a run that did not complete (interrupted, failed): every row kept in
+        memory written, metadata.json marked, half-written files removed. A write that
+        fails now (the disk still full) leaves what is on disk: it cannot be helped."""
+        with signals_held():
+            for step in (self.flush, lambda: self.finish(status, **extra)):
+                try:
+                    step()
+                except WriteFailed:
+                    pass
+                except Exception:  # noqa: BLE001
+                    # A signal that landed inside an import (pandas, say) leaves that module
+                    # half-initialised, so writing the rows can fail too: the run still
+                    # ends as it must (metadata marked), with what is already on disk.
+                    if status == "complete":
+                        raise
+            if self in _OPEN:
+                _OPEN.remove(self)
+            results.remove_temporaries(self.folder)
+
+
+def abandon(status: str, error: BaseException | None = None) -> list[Path]:
+    """End every run still open (a signal or an error outside its `with` block); returns
+    their folders."""
+    folders = []
+    for run in list(_OPEN):
+        extra = {"error": f"{type(error).__name__}: {error}"} if error is not None else {}
+        run.end(status, **extra)
+        folders.append(run.folder)
+    return folders
+
+
+class Recorder(Run):
+    """A Run with the machinery around it: signals, progress, throttle watch, ceilings."""
+
+    def __init__(self, folder: Path, command: str, meta: dict, target=None, quiet=False):
+        if target is not None and meta.get("telemetry_before") is None:
+            from benchbatch.runtime import telemetry
+
+            meta = {**meta, "telemetry_before": telemetry.snapshot(target.device)}
+        super().__init__(folder, command, meta)
+        self.target = target
+        self.quiet = quiet
+        self.ceilings = None  # the run's one set of ceilings, once known
+        self._watch = None
+        self._group_look: tuple[int, object] | None = None  # (timing_group, its look)
+        self._stack = contextlib.ExitStack()
+
+    @classmethod
+    def open(cls, command: str, run, target, cfg, options: dict) -> Recorder:
+        """The run folder (--out, or a new one) and its first metadata.json, made together
+        (signals held): a folder never exists without saying what it holds."""
+        if run.out is not None and is_writer():  # rank 0's folder: the others neither
+            # check nor make it (rank 0 may have made it already, under torchrun)
+            results.check_out(run.out, command, run.force)
+        meta = {
+            "config": cfg.to_dict() if cfg is not None else None,
+            "options": options,
+            "environment": environment(target),
+            "telemetry_before": None,
+        }
+        if target is not None:  # slow (NVML): before the folder exists
+            from benchbatch.runtime import telemetry
+
+            meta["telemetry_before"] = telemetry.snapshot(target.device)
+        return create(cls, run.out, run.force, command, meta, target, quiet=run.json_out)
+
+    # --- the run's lifetime ---------------------------------------------------------------
+
+    def __enter__(self) -> Recorder:
+        self._stack.enter_context(interrupts_raise())
+        if self.target is not None:
+            from benchbatch.runtime import telemetry
+
+            self._watch = self._stack.enter_context(telemetry.ThrottleWatch(self.target.device))
+        return self
+
+    def __exit__(self, kind, error, tb) -> bool:
+        try:
+            if error is None:
+                try:
+                    with signals_held():
+                        self.flush()
+                        self.finish("complete", telemetry_after=self._telemetry())
+                except WriteFailed as e:  # the last rows do not fit on the disk
+                    self.end("failed", error=f"{type(e).__name__}: {e}")
+                    raise
+            elif isinstance(error, KeyboardInterrupt):
+                with signals_held():  # a second Ctrl-C waits for the last writes
+                    self.end("interrupted", telemetry_after=self._telemetry())
+                raise Interrupted(self.folder) from None
+            else:
+                self.end("failed", error=f"{type(error).__name__}: {error}")
+        finally:
+            self._stack.close()
+        return False
+
+    def _telemetry(self) -> dict | None:
+        if self.target is None:
+            return None
+        from benchbatch.runtime import telemetry
+
+        return telemetry.snapshot(self.target.device)
+
+    # --- rows -----------------------------------------------------------------------------
+
+    def record(
+        self,
+        table: str,
+        rows: Iterable[dict],
+        *,
+        total: int | None = None,
+        label: str | None = None,
+        timed: bool = True,
+        stream: bool = False,
+    ) -> list[dict]:
+        """Consume a rows generator: each row gets the shared columns, reaches its CSV and
+        advances the progress display. Returns every row of the table."""
+        with self.progress(label or table, total) as task:
+            for row in rows:
+                self.add(table, self.columns(row) if timed else row, stream=stream)
+                task.advance()
+        return self.rows(table)
+
+    def engine_rows(self, table: str, events: Iterable, *, total: int | None = None,
+                    label: str | None = None) -> Iterator:
+        """Consume the real engine's events (benchbatch/runtime/runs.py): each step's row
+        into `table` as it ends (streamed), and every other event (a run's Finished) handed
+        back to the caller, in order, for its summary row."""
+        with self.progress(label or table, total) as task:
+            for event in events:
+                if isinstance(event, dict):
+                    self.add(table, self.columns(event), stream=True)
+                    task.advance()
+                else:
+                    yield event
+
+    def note(self, text: str | None) -> None:
+        """A note for the user, on stderr now (rank 0 only): what an experiment says while
+        it runs goes through its run, never printed by the experiment itself."""
+        if text:
+            render.note(text)
+
+    def warning(self, text: str | None) -> None:
+        if text:
+            render.warning(text)
+
+    def columns(self, row: dict) -> dict:
+        """throttled (the GPU slowed its clocks while the row was measured) and, against the
+        run's ceilings, mfu, mbu and bound."""
+        from benchbatch.core.roofline import annotate, raised
+
+        measured = row.get("status", "ok") == "ok"
+        look = self._look(row.get("timing_group"))
+        row = {
+            **row,
+            "throttled": bool(look and look.throttled) and measured,
+            "power_capped": bool(look and look.power_capped) and measured,
+        }
+        if self.ceilings is not None and "arithmetic_intensity" in row:
+            higher = raised(self.ceilings, row)
+            if higher is not None:
+                self.raise_ceilings(higher, row)
+            row = annotate(row, self.ceilings)
+        return row
+
+    def raise_ceilings(self, higher, row: dict) -> None:
+        """A row beat the run's ceilings: they become what it reached, for every row of
+        the run (those already recorded are placed again, so one set of ceilings holds
+        everywhere), and the run says so (metadata, and a note)."""
+        from benchbatch.core.roofline import annotate
+        from benchbatch.output import render
+
+        before, self.ceilings = self.ceilings, higher
+        self.meta["ceilings"] = higher.to_dict()
+        for name, old, new, unit in (
+            ("matmul", before.peak_tflops, higher.peak_tflops, "TFLOP/s"),
+            ("memory", before.peak_gbps, higher.peak_gbps, "GB/s"),
+        ):
+            if new == old:
+                continue
+            change = {"ceiling": name, "unit": unit, "from": old, "to": new, "by": row.get("label")}
+            self.meta.setdefault("ceilings_raised", []).append(change)
+            if not self.quiet:
+                render.note(
+                    f"{row.get('label')} reached {new:.3g} {unit}, over the probe's {name} "
+                    f"ceiling of {old:.3g}: the ceiling is raised to it for every row of this run"
+                )
+        for table, rows in self.tables.items():
+            if isinstance(rows, list) and rows and "bound" in rows[0]:
+                self.tables[table] = [annotate(r, higher) for r in rows]
+                self._write(table)
+        self.write_meta()
+
+    def _look(self, group):
+        """One look at the GPU per row; rows timed together as a group (their repeats
+        interleaved) were measured over the same stretch of time: one look serves them all."""
+        if self._watch is None:
+            return None
+        if group is not None and self._group_look and self._group_look[0] == group:
+            return self._group_look[1]
+        look = self._watch.look()
+        self._group_look = (group, look) if group is not None else None
+        return look
+
+    def progress(self, label: str, total: int | None):
+        return Progress.task(label, total, quiet=self.quiet)
+
+    def untrusted(self, table: str, name: Callable[[dict], str]) -> dict[str, list[str]]:
+        """Rows whose times are hard to trust, by name: noisy and throttled."""
+        rows = self.rows(table)
+        return {flag: [name(r) for r in rows if r.get(flag) is True] for flag in NOT_TRUSTED}
+
+
+NOT_TRUSTED = ("noisy", "throttled", "power_capped")
+
+
+def create(cls, out: Path | None, force: bool, command: str, meta: dict, *args, **kwargs):
+    """cls(folder, command, meta, ...) in a folder made for it, with signals held from the
+    folder's mkdir to its metadata.json: Ctrl-C never finds a folder that says nothing. A
+    first write that fails means --out cannot be written to (the folder made is removed)."""
+    with signals_held():
+        existed = out is not None and out.is_dir()
+        folder = results.run_dir(out, command, force)
+        try:
+            return cls(folder, command, meta, *args, **kwargs)
+        except WriteFailed as e:
+            if not existed:
+                with contextlib.suppress(OSError):
+                    results.remove_temporaries(folder)
+                    folder.rmdir()
+            raise UserError("--out", f"cannot write to {folder}: {e.reason}") from None
+
+
+# --- signals -----------------------------------------------------------------------------
+
+
+def _in_main_thread() -> bool:
+    return threading.current_thread() is threading.main_thread()
+
+
+@contextlib.contextmanager
+def interrupts_raise():
+    """SIGTERM (a scheduler's kill, `timeout`) raises KeyboardInterrupt, as Ctrl-C does."""
+    if not _in_main_thread():
+        yield
+        return
+    previous = signal.signal(signal.SIGTERM, raise_interrupt)
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGTERM, previous if previous is not None else signal.SIG_DFL)
+

@@ -1,0 +1,146 @@
+"""The terminal's view of a run: rich tables of result rows, notes, warnings, JSON.
+
+Probes never print; commands and the report print through these helpers. stdout carries
+the results (tables, the folder); stderr the notes, warnings and progress.
+
+Text is printed as it is: paths, labels, model names and CSV values come from users and
+files, so neither console reads rich markup (`[bold]`) or emoji codes (`:cd:`) in it; a
+style is given as a Text span instead. Lines are never wrapped (soft wrap): a path stays
+whole on one line in a pipe or a narrow terminal, for scripts to read.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+
+from rich import box
+from rich.console import Console
+from rich.table import Table
+from rich.text import Text
+
+from benchbatch.core.ranks import is_writer
+from benchbatch.core.units import duration  # noqa: F401  (render.duration: the commands use it)
+from benchbatch.errors import one_line
+
+# Under torchrun every rank runs the command and rank 0 alone prints (errors excepted).
+# Text is printed as given: no rich markup or emoji codes in paths, labels or names.
+out_console = Console(markup=False, emoji=False, soft_wrap=True, quiet=not is_writer())
+err_console = Console(stderr=True, markup=False, emoji=False, quiet=not is_writer())
+
+NOISY_HINT = "try more --repeats or --min-time"
+
+
+def fmt(value) -> str:
+    """Numbers to 3 significant figures; big counts with thousands separators."""
+    if isinstance(value, bool) or value is None:
+        return {True: "yes", False: "", None: "-"}[value]
+    if isinstance(value, int):
+        return f"{value:,}"
+    if isinstance(value, float):
+        if math.isnan(value):
+            return "-"
+        if abs(value) >= 1e3:
+            return f"{value:,.0f}"
+        return f"{value:.3g}"
+    return str(value)
+
+
+def rows_table(rows: list[dict], columns: dict[str, str], title: str | None = None) -> Table:
+    """columns maps a row key to its header; numbers are right-aligned."""
+    table = Table(
+        title=title,
+        title_justify="left",
+        box=box.SIMPLE_HEAD,
+        pad_edge=False,
+        collapse_padding=True,
+    )
+    first = rows[0] if rows else {}
+    for i, (key, header) in enumerate(columns.items()):
+        numeric = isinstance(first.get(key), int | float) and not isinstance(first.get(key), bool)
+        table.add_column(header, justify="right" if numeric else "left", no_wrap=i == 0)
+    for row in rows:
+        table.add_row(*(fmt(row.get(key)) for key in columns))
+    return table
+
+
+def table(rows: list[dict], columns: dict[str, str], title: str) -> None:
+    """Print rows as a table with the given columns (key -> header)."""
+    t = rows_table(rows, columns, title=title)
+    t.box, t.pad_edge = box.SIMPLE_HEAD, False
+    out_console.print(t)
+
+
+def with_flop_unit(rows: list[dict], columns: dict[str, str], key: str = "tflops"):
+    """Rows and headers with the FLOP rate in the unit that suits the measured rates
+    (GFLOP/s on a CPU, units.py) and each step's spread: p10-p90 of its repeats (ms)."""
+    from benchbatch.core.units import flop_unit
+
+    unit = flop_unit(r.get(key) for r in rows if r.get("status", "ok") == "ok")
+    shown = [{**r, "flop_rate": unit(r.get(key)), "spread_ms": spread(r)} for r in rows]
+    headers = {("flop_rate" if k == key else k): (unit.name if k == key else v)
+               for k, v in columns.items()}  # fmt: skip
+    return shown, headers
+
+
+def spread(row: dict) -> str:
+    """'15.1-17.3': the 10th and 90th percentiles of a step's repeats, in ms."""
+    lo, hi = row.get("step_ms_p10"), row.get("step_ms_p90")
+    if not isinstance(lo, float | int) or not isinstance(hi, float | int):
+        return "-"
+    if math.isnan(lo) or math.isnan(hi):
+        return "-"
+    return f"{fmt(float(lo))}-{fmt(float(hi))}"
+
+
+def note(text: str) -> None:
+    labelled("note:", text)
+
+
+def warning(text: str) -> None:
+    labelled("warning:", text)
+
+
+def labelled(label: str, text: str, style: str = "yellow") -> None:
+    """'label: text' on stderr, the label in colour, the text exactly as given."""
+    err_console.print(Text.assemble((label, style), " ", one_line(text)), highlight=False,
+                      soft_wrap=True)  # fmt: skip
+
+
+def line(text: str) -> None:
+    """One line of results on stdout, exactly as given, never wrapped."""
+    out_console.print(one_line(text), highlight=False)
+
+
+def results_line(folder) -> None:
+    line(f"results: {folder}")
+
+
+def print_json(document: dict) -> None:
+    from benchbatch.output.results import json_safe
+
+    out_console.out(json.dumps(json_safe(document), indent=2), highlight=False)
+
+
+def warn_untrusted(flagged: dict[str, list[str]]) -> None:
+    """Say which rows are noisy or throttled, and what to try."""
+    from benchbatch.core.noise import DEFAULT_CV_THRESHOLD
+
+    if flagged.get("noisy"):
+        warning(
+            f"noisy (CV over {DEFAULT_CV_THRESHOLD:.0%}): {', '.join(flagged['noisy'])}; "
+            f"something else may be using the device: {NOISY_HINT}."
+        )
+    if flagged.get("throttled"):
+        warning(
+            "the GPU slowed its clocks (thermal or power limit) during: "
+            f"{', '.join(flagged['throttled'])}; those times are pessimistic: let it cool or "
+            "check its power limit (nvidia-smi -q -d PERFORMANCE) and rerun, with more "
+            "--repeats or --min-time."
+        )
+    if flagged.get("power_capped"):
+        note(
+            "the GPU held its power limit during: "
+            f"{', '.join(flagged['power_capped'])} (routine under heavy matmul load on big "
+            "GPUs): those times are what this board's power limit allows."
+        )

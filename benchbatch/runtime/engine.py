@@ -1,0 +1,528 @@
+"""Drive the scheduler with the real model: the simulator's steps, executed and timed.
+
+The engine runs exactly the StepPlan the scheduler hands out, so a real run takes the same
+steps as the simulation of the same requests; only what a step costs is measured instead of
+assumed. One engine serves both policies:
+
+- continuous: each step prefills the requests admitted into free slots (their first token
+  comes from the prompt's last logits) and decodes every running request, all in one
+  forward (model.mixed_step: the matmuls run once over the step's tokens, attention per part);
+- static: the same, but a group's finished slots keep decoding a padding token until the
+  group's longest request ends, as Transformers' generate() does for a padded batch. That
+  work is real (it is timed) but its outputs are thrown away.
+
+Output lengths are forced by the scheduler (end-of-sequence is ignored), unless the engine
+is given stop tokens (a checkpoint's end-of-sequence ids): then a request ends at the first
+one it generates, its forced length a cap, and the lengths that came out are recorded
+(observed_requests) for the simulator to replay. Prompts are a request's real token ids
+when it carries them (workload.with_prompts), else random ids seeded per request, so the
+same request gets the same prompt in any engine and in the one-request-at-a-time reference.
+Generation is greedy (argmax).
+
+Tensor parallelism (a sharded model, under torchrun): every rank runs this same loop; the
+scheduler is deterministic and each rank picks greedy tokens from the same gathered
+logits, so every rank schedules the same steps without being told, and each request gets
+the tokens it gets on one device. A step's times are its slowest rank's.
+
+KV memory: by default each slot is a contiguous KV-cache row as long as the longest request.
+kv_layout "paged" keeps the cache in blocks read through block tables (PagedKVCache): with a
+KV budget in the settings (kv=KVBudget) the blocks are the ones the scheduler hands out, so
+the run lives in exactly that memory and a preempted request is prefilled again (its prompt
+and the tokens it had generated) when readmitted; without one, each slot gets its own
+scattered blocks, the contiguous cache's memory read the paged way.
+
+Timing: each step is timed on the host clock with a device synchronize before each reading;
+model_s is the time of the model's forward and the greedy pick of the next tokens; the rest
+of step_s is the engine's own work (scheduling, building inputs, bookkeeping): the
+scheduling overhead.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import time
+from collections import defaultdict
+from collections.abc import Callable, Collection, Iterator, Sequence
+from dataclasses import dataclass, field, replace
+
+import numpy as np
+import torch
+
+from benchbatch.core.arrivals import ArrivalFeed
+from benchbatch.core.kvblocks import PAGED
+from benchbatch.core.metrics import RunMetrics
+from benchbatch.core.scheduler import PrefillChunk, StepPlan, make_scheduler
+from benchbatch.core.serving import timed_run_metrics
+from benchbatch.core.workload import Request, Workload
+from benchbatch.errors import UserError
+from benchbatch.runtime.distributed import each
+from benchbatch.runtime.model import Transformer
+from benchbatch.runtime.timing import synchronize
+
+PAD_TOKEN = 0  # what a finished slot of a static group is fed while it waits for the group
+
+
+@dataclass(frozen=True)
+class StepRecord:
+    """One executed step: what it computed and what it cost."""
+
+    policy: str
+    step: int
+    active: int  # slots doing useful work (decoding or prefilling)
+    decode_tokens: int
+    prefill_tokens: int
+    padded: int  # finished slots of a static group that still computed a padding token
+    step_s: float
+    model_s: float
+    rank_step_s: tuple[float, ...] = ()  # under torchrun: every rank's step (step_s: slowest)
+    kv_blocks: int = 0  # with a KV budget: blocks held during the step
+    kv_tokens: int = 0  # tokens the active sequences hold in them after it
+    preempted: int = 0  # requests preempted before it ran
+    start_s: float | None = None  # with arrivals in seconds: on the run's clock (0: start)
+    end_s: float | None = None
+
+    def row(self) -> dict:
+        ranks = {f"step_ms_rank{i}": s * 1e3 for i, s in enumerate(self.rank_step_s)}
+        timed = {} if self.end_s is None else {"start_s": self.start_s, "end_s": self.end_s}
+        return {
+            "policy": self.policy,
+            "step": self.step,
+            "active": self.active,
+            "decode_tokens": self.decode_tokens,
+            "prefill_tokens": self.prefill_tokens,
+            "padded": self.padded,
+            "step_ms": self.step_s * 1e3,
+            "model_ms": self.model_s * 1e3,
+            **ranks,
+            "kv_blocks": self.kv_blocks,
+            "kv_tokens": self.kv_tokens,
+            "preempted": self.preempted,
+            **timed,
+        }
+
+
+@dataclass
+class EngineResult:
+    """A run of one policy; filled step by step, so an interrupted run keeps what it did."""
+
+    policy: str
+    slots: int
+    requests: int
+    steps: list[StepRecord] = field(default_factory=list)
+    tokens: dict[int, list[int]] = field(default_factory=lambda: defaultdict(list))
+    metrics: RunMetrics | None = None  # in seconds; set when the run completes
+    complete: bool = False
+
+    @property
+    def total_steps(self) -> int:
+        return len(self.steps)
+
+    @property
+    def wall_s(self) -> float:
+        return sum(s.step_s for s in self.steps)
+
+    @property
+    def model_s(self) -> float:
+        return sum(s.model_s for s in self.steps)
+
+    @property
+    def useful_slot_steps(self) -> int:
+        """Slot-steps that produced or prefilled something (= output tokens, unchunked)."""
+        return sum(s.active for s in self.steps)
+
+    @property
+    def generated_tokens(self) -> int:
+        return sum(len(t) for t in self.tokens.values())
+
+    @property
+    def output_lengths(self) -> dict[int, int]:
+        """Tokens each request generated (its forced length, or fewer if it stopped)."""
+        return {rid: len(t) for rid, t in self.tokens.items()}
+
+    @property
+    def occupancy(self) -> float:
+        steps = self.total_steps
+        return self.useful_slot_steps / (steps * self.slots) if steps else float("nan")
+
+    @property
+    def overhead(self) -> float:
+        """Time outside the model (forward and greedy pick) over the whole step time."""
+        wall = self.wall_s
+        return (wall - self.model_s) / wall if wall else float("nan")
+
+    def step_end_times(self) -> list[float]:
+        """When each step ended: on the run's clock with arrivals in seconds (idle waits
+        included), else the sum of the step times so far."""
+        if self.steps and self.steps[0].end_s is not None:
+            return [s.end_s for s in self.steps]
+        ends, now = [], 0.0
+        for s in self.steps:
+            now += s.step_s
+            ends.append(now)
+        return ends
+
+
+OnStep = Callable[[StepRecord], None]
+
+
+def prompt_ids(request: Request, vocab: int, seed: int = 0) -> torch.Tensor:
+    """The request's prompt on the CPU: its own token ids, or random ones seeded by
+    (seed, request id)."""
+    if request.prompt_ids is not None:
+        return torch.tensor(request.prompt_ids, dtype=torch.long)
+    rng = np.random.default_rng([seed, request.id])
+    return torch.from_numpy(rng.integers(0, vocab, request.prompt_tokens, dtype=np.int64))
+
+
+def check_prompt_ids(vocab: int, requests: Sequence[Request]) -> None:
+    """A user error if a real prompt holds a token the model has no embedding for (a
+    tokenizer from another model)."""
+    if isinstance(requests, Workload):
+        return  # columns: random prompts, no ids to check
+    for r in requests:
+        if r.prompt_ids is not None and (max(r.prompt_ids) >= vocab or min(r.prompt_ids) < 0):
+            bad = max(r.prompt_ids) if max(r.prompt_ids) >= vocab else min(r.prompt_ids)
+            raise UserError(
+                "prompts",
+                f"prompt {r.id} holds token id {bad}, outside the model's vocabulary of "
+                f"{vocab:,}: is the tokenizer the checkpoint's?",
+            )
+
+
+def observed_requests(requests: Sequence[Request], result: EngineResult) -> list[Request]:
+    """The requests with the output lengths the run produced (with stop tokens, the real
+    distribution): workload.write_trace saves them for `occupancy --trace` to replay."""
+    lengths = result.output_lengths
+    missing = [r.id for r in requests if not lengths.get(r.id)]
+    if missing:
+        raise ValueError(f"requests {missing[:5]} produced no tokens: the run did not finish")
+    return [dataclasses.replace(r, output_tokens=lengths[r.id]) for r in requests]
+
+
+def cache_len(requests: Sequence[Request]) -> int:
+    """Tokens a slot must hold: the longest prompt plus the longest output. A padded static
+    slot grows for as long as its group runs, which never passes this either."""
+    if isinstance(requests, Workload):  # columns: no Request built for each
+        return int(requests.prompt_tokens.max()) + int(requests.output_tokens.max())
+    return max(r.prompt_tokens for r in requests) + max(r.output_tokens for r in requests)
+
+
+def check_fits(max_context: int, requests: Sequence[Request]) -> None:
+    """A user error if some request would outgrow the model's rotary table."""
+    need = cache_len(requests)
+    if need > max_context:
+        raise UserError(
+            "max_output",
+            f"the longest prompt plus the longest output is {need:,} tokens, more than the "
+            f"model's --max-context {max_context:,}",
+        )
+
+
+class Engine:
+    """Runs requests to completion under one policy, on one model and a per-slot KV cache."""
+
+    def __init__(
+        self,
+        model: Transformer,
+        policy: str,
+        slots: int,
+        seed: int = 0,
+        stop_tokens: Collection[int] | None = None,
+        kv_layout: str = "contiguous",
+        block_size: int = 16,
+        **settings,
+    ) -> None:
+        """stop_tokens: end a request at the first of these it generates (the checkpoint's
+        end-of-sequence ids); None forces every request to its output_tokens. kv_layout:
+        "contiguous" or "paged" (blocks of block_size tokens, unless a KV budget in the
+        settings sets them)."""
+        self.model, self.policy, self.slots, self.seed = model, policy, slots, seed
+        self.kv_layout, self.block_size = kv_layout, block_size
+        self.stop_tokens = frozenset(stop_tokens or ())
+        self.settings = settings
+        self.device = model.embed.weight.device
+        self.result: EngineResult | None = None  # the run in progress, or the last one
+
+    def run(self, requests: Sequence[Request], on_step: OnStep | None = None) -> EngineResult:
+        """Every request to its last token. on_step sees each step's record as it ends."""
+        for record in self.steps(requests):
+            if on_step is not None:
+                on_step(record)
+        return self.result
+
+    @torch.no_grad()
+    def steps(
+        self, requests: Sequence[Request], arrivals_s: Sequence[float] | None = None
+    ) -> Iterator[StepRecord]:
+        """Every request to its last token, one record per step as it ends. `self.result`
+        holds the run so far (an interrupted run keeps its steps); complete once exhausted.
+
+        arrivals_s: each request's arrival in seconds on the wall clock from the start of the
+        run: a request joins the queue of the first step that starts after its time has
+        passed, and with nothing to run the engine sleeps until the next arrival. Without
+        it every request is queued at once, at its arrival_step."""
+        requests = list(requests)
+        check_fits(self.model.cfg.max_context, requests)
+        check_prompt_ids(self.model.cfg.vocab, requests)
+        sched = make_scheduler(self.policy, self.slots, **self.settings)
+        feed = None if arrivals_s is None else ArrivalFeed(requests, arrivals_s)
+        if feed is None:
+            sched.add_requests(requests)
+        state = _RunState(self, requests)
+        self.result = result = EngineResult(self.policy, self.slots, len(requests))
+        origin = time.perf_counter()  # prompts are ready: the clock of the arrivals starts
+        while not sched.done or (feed is not None and not feed.empty):
+            if feed is not None:
+                _release(feed, sched, origin)
+            record = state.step(sched, result, None if feed is None else origin)
+            result.steps.append(record)
+            yield record
+        if feed is None:
+            result.metrics = sched.recorder.metrics(result.step_end_times())
+            result.metrics.unit = "s"
+        else:
+            ends = result.step_end_times()
+            result.metrics = timed_run_metrics(sched.recorder.token_steps, ends, feed.arrival_s)
+        result.complete = True
+
+
+def _release(feed: ArrivalFeed, sched, origin: float) -> None:
+    """Queue every request whose arrival time has passed; with nothing to run, sleep until
+    the next one arrives (an idle server waits; it does not spin steps)."""
+    feed.release(sched, time.perf_counter() - origin)
+    while sched.done and not feed.empty:
+        time.sleep(max(0.0, feed.next_arrival - (time.perf_counter() - origin)))
+        feed.release(sched, time.perf_counter() - origin)
+
+
+class _RunState:
+    """The device side of one run: the cache, each slot's next input token, the prompts."""
+
+    def __init__(self, engine: Engine, requests: list[Request]) -> None:
+        model, dev = engine.model, engine.device
+        self.model, self.device, self.policy = model, dev, engine.policy
+        self.stop_tokens = engine.stop_tokens
+        self.cache, self.scheduled_blocks = _cache(engine, cache_len(requests))
+        kv = engine.settings.get("kv")
+        self.keep_prompts = kv is not None and kv.policy == PAGED  # preempted: prefill again
+        self.next_token = torch.full((engine.slots,), PAD_TOKEN, dtype=torch.long, device=dev)
+        self.lengths = [0] * engine.slots  # host copy of cache.lengths: no device reads
+        # Prompts are the workload's input, made before the clock starts (like tokenized text).
+        self.prompts = {r.id: prompt_ids(r, model.cfg.vocab, engine.seed) for r in requests}
+        self.output_tokens = {r.id: r.output_tokens for r in requests}
+
+    def step(self, sched, result: EngineResult, origin: float | None = None) -> StepRecord:
+        """One step, timed; origin: the run's clock, for steps stamped with their start and
+        end (arrivals in seconds)."""
+        synchronize(self.device)
+        start = time.perf_counter()
+        plan = sched.schedule()
+        calls = self._prepare(plan, result)
+        synchronize(self.device)
+        model_start = time.perf_counter()
+        chosen = self._forward(calls)
+        synchronize(self.device)
+        model_s = time.perf_counter() - model_start
+        stopped = self._collect(plan, calls, chosen, result)
+        sched.update(plan, stopped)
+        end = time.perf_counter()
+        step_s = end - start
+        ranks = each(step_s, model_s)  # under torchrun: every rank's; a step is its slowest's
+        step_s, model_s = max(r[0] for r in ranks), max(r[1] for r in ranks)
+        per_rank = tuple(r[0] for r in ranks) if len(ranks) > 1 else ()
+        record = _record(self.policy, plan, calls, step_s, model_s, per_rank)
+        if origin is None:
+            return record
+        return replace(record, start_s=start - origin, end_s=end - origin)  # this rank's clock
+
+    # --- inputs -------------------------------------------------------------------------
+
+    def _prepare(self, plan: StepPlan, result: EngineResult) -> list[_Call]:
+        """The step's parts, run as one forward (model.mixed_step: every matmul once over all
+        the step's tokens): a group per length of prefill chunks, then one decode batch over
+        the decoding slots (and, for static, the padded ones)."""
+        fresh = [c.slot for c in plan.prefills if c.start == 0]
+        if fresh:  # a reused slot starts empty; its old keys are masked out by the length
+            self.cache.reset(self._index(fresh))
+            if self.scheduled_blocks:  # and its old blocks may be someone else's now
+                self.cache.clear(self._index(fresh))
+            for slot in fresh:
+                self.lengths[slot] = 0
+        if plan.new_blocks and self.scheduled_blocks:
+            new = torch.tensor(plan.new_blocks, dtype=torch.long).to(self.device)
+            self.cache.assign(new[:, 0], new[:, 1], new[:, 2])  # (slot, index, block) rows
+        calls = [self._prefill_call(group, result) for group in _groups(plan.prefills)]
+        decode_slots = sorted([d.slot for d in plan.decodes] + list(plan.padded_slots))
+        if decode_slots:
+            calls.append(self._decode_call(decode_slots, set(plan.padded_slots)))
+        return calls
+
+    def _prefill_call(self, chunks: list[PrefillChunk], result: EngineResult) -> _Call:
+        rows = [self._tokens(c, result)[c.start : c.start + c.num_tokens] for c in chunks]
+        tokens = torch.stack(rows).to(self.device, non_blocking=True)
+        slots = [c.slot for c in chunks]
+        return _Call(tokens, self._slots(slots), self._kv_len(slots, tokens.shape[1]), chunks)
+
+    def _tokens(self, chunk: PrefillChunk, result: EngineResult) -> torch.Tensor:
+        """What a chunk prefills: the prompt, and after a preemption the tokens the request
+        had generated too (recomputed, as vLLM does)."""
+        prompt = self.prompts[chunk.request_id]
+        if chunk.start + chunk.num_tokens <= len(prompt):
+            return prompt
+        done = torch.tensor(result.tokens[chunk.request_id], dtype=torch.long)
+        return torch.cat((prompt, done))
+
+    def _decode_call(self, slots: list[int], padded: set[int]) -> _Call:
+        index = self._slots(slots)
+        tokens = self.next_token[index][:, None]
+        rows_padded = sum(s in padded for s in slots)
+        return _Call(tokens, index, self._kv_len(slots, 1), None, slots, rows_padded)
+
+    def _kv_len(self, slots: list[int], t: int) -> int:
+        """Keys the call attends to, from the host's lengths (reading the device's would
+        wait for it), and the lengths advanced."""
+        kv_len = max(self.lengths[s] for s in slots) + t
+        for s in slots:
+            self.lengths[s] += t
+        return kv_len
+
+    def _slots(self, slots: list[int]) -> slice | torch.Tensor:
+        """A slice when the slots are contiguous and ascending (cache views, no gather)."""
+        if slots == list(range(slots[0], slots[0] + len(slots))):
+            return slice(slots[0], slots[0] + len(slots))
+        return self._index(slots)
+
+    def _index(self, slots: list[int]) -> torch.Tensor:
+        return torch.tensor(slots, dtype=torch.long).to(self.device, non_blocking=True)
+
+    # --- the model and its outputs -------------------------------------------------------
+
+    def _forward(self, calls: list[_Call]) -> torch.Tensor | None:
+        """One forward over every part, then the greedy pick of each row's next token."""
+        if not calls:
+            return None  # nothing has arrived yet: an idle step
+        parts = [(c.tokens, c.slots, c.kv_len) for c in calls]
+        logits = self.model.mixed_step(self.cache, parts)
+        return torch.cat([part[:, -1].argmax(-1) for part in logits])
+
+    def _collect(
+        self, plan: StepPlan, calls: list[_Call], chosen, result: EngineResult
+    ) -> list[int]:
+        """Greedy next tokens: recorded per request and fed back as the slots' next inputs.
+        Returns the requests that generated a stop token before their forced length."""
+        slot_request = {d.slot: d.request_id for d in plan.decodes}
+        emitted: list[tuple[int, int | None]] = []  # (slot, request id or None if padded)
+        for call in calls:
+            if call.chunks is not None:  # a chunk short of the prompt's end yields nothing
+                emitted += [
+                    (c.slot, c.request_id if c.completes_prompt else None) for c in call.chunks
+                ]
+            else:
+                emitted += [(s, slot_request.get(s)) for s in call.slot_list]
+        stopped = self._emit(emitted, chosen.tolist(), result) if emitted else []
+        for chunk in plan.prefills:
+            if chunk.completes_prompt and not self.keep_prompts:
+                del self.prompts[chunk.request_id]
+        return stopped
+
+    def _emit(self, emitted: list[tuple[int, int | None]], chosen: list[int], result) -> list[int]:
+        """A finished request's slot is fed PAD_TOKEN from now on (static keeps computing it);
+        a padded slot's output is discarded. Returns the requests a stop token ended early."""
+        slots, feeds, stopped = [], [], []
+        for (slot, rid), token in zip(emitted, chosen, strict=True):
+            if rid is None:
+                continue
+            result.tokens[rid].append(token)
+            finished = len(result.tokens[rid]) == self.output_tokens[rid]
+            if not finished and token in self.stop_tokens:
+                stopped.append(rid)
+                finished = True
+            slots.append(slot)
+            feeds.append(PAD_TOKEN if finished else token)
+        if slots:
+            feed = torch.tensor(feeds, dtype=torch.long).to(self.device, non_blocking=True)
+            self.next_token[self._index(slots)] = feed
+        return stopped
+
+
+@dataclass
+class _Call:
+    """One part of a step's forward: its inputs, and what its rows stand for."""
+
+    tokens: torch.Tensor
+    slots: slice | torch.Tensor
+    kv_len: int
+    chunks: list[PrefillChunk] | None = None  # a prefill call: its chunks in row order
+    slot_list: list[int] | None = None  # a decode call: its slots in row order
+    padded: int = 0  # rows of a decode call fed padding (finished slots of a static group)
+
+
+def _record(
+    policy: str,
+    plan: StepPlan,
+    calls: list[_Call],
+    step_s: float,
+    model_s: float,
+    rank_step_s: tuple[float, ...] = (),
+) -> StepRecord:
+    """The step's record, its counts taken from the tensors the model was fed (not from the
+    plan): what the step computed, padding included, is what its time paid for. The KV
+    blocks held and the preemptions are the scheduler's."""
+    prefill_rows = prefill_tokens = decode_tokens = padded = 0
+    for call in calls:
+        rows = call.tokens.shape[0]
+        if call.chunks is not None:
+            prefill_rows += rows
+            prefill_tokens += call.tokens.numel()
+        else:
+            decode_tokens += rows - call.padded
+            padded += call.padded
+    active = prefill_rows + decode_tokens
+    return StepRecord(
+        policy,
+        plan.step,
+        active,
+        decode_tokens,
+        prefill_tokens,
+        padded,
+        step_s,
+        model_s,
+        rank_step_s,
+        plan.kv_blocks,
+        plan.kv_tokens if plan.kv_blocks else 0,
+        len(plan.preempted),
+    )
+
+
+def _cache(engine: Engine, max_len: int):
+    """The run's KV cache, and whether its block tables follow the scheduler's blocks."""
+    kv, model = engine.settings.get("kv"), engine.model
+    if engine.kv_layout != "paged":
+        return model.new_cache(engine.slots, max_len), False
+    if kv is None:  # each slot its own blocks: the contiguous cache's memory, paged
+        return model.new_cache(engine.slots, max_len, "paged", engine.block_size), False
+    return model.new_cache(engine.slots, max_len, "paged", kv.block_size, kv.blocks), True
+
+
+def _groups(chunks: Sequence[PrefillChunk]) -> list[list[PrefillChunk]]:
+    """Chunks of equal length share one call: the model appends each at its slot's length."""
+    by_len: dict[int, list[PrefillChunk]] = {}
+    for c in chunks:
+        by_len.setdefault(c.num_tokens, []).append(c)
+    return list(by_len.values())
+
+
+def run_alone(
+    model: Transformer, request: Request, seed: int = 0, stop_tokens: Collection[int] = ()
+) -> list[int]:
+    """The reference: one request through a 1-slot cache, no batching at all."""
+    with torch.no_grad():
+        dev = model.embed.weight.device
+        cache = model.new_cache(1, request.prompt_tokens + request.output_tokens)
+        prompt = prompt_ids(request, model.cfg.vocab, seed).to(dev)[None]
+        token = model.step(prompt, cache, slice(0, 1))[:, -1].argmax(-1)
+        out = [int(token)]
+        while len(out) < request.output_tokens and out[-1] not in stop_tokens:
+            token = model.step(token[:, None], cache, slice(0, 1))[:, -1].argmax(-1)
+            out.append(int(token))
+        return out

@@ -1,0 +1,90 @@
+"""A run's session on its device: the target (device, dtype, this rank's place among the
+ranks, the process group joined), the model built on it, and the checks that must pass
+before either is made. The options stay data (benchbatch/core/options.py); what they
+build is made here."""
+
+from __future__ import annotations
+
+import dataclasses
+
+from benchbatch.core import accounting
+from benchbatch.core.options import ModelOptions, RunOptions
+from benchbatch.errors import UserError
+from benchbatch.runtime import device, distributed
+
+
+def target_of(run: RunOptions):
+    """The device (auto: CUDA when present) and dtype (fp16 on CUDA, fp32 on CPU). Under
+    torchrun each rank takes cuda:LOCAL_RANK (or the CPU) and joins the process group."""
+    target = device.resolve(distributed.device_spec(run.device), run.dtype)
+    return dataclasses.replace(target, world=distributed.start(target.device, run.tp))
+
+
+def build_model(model: ModelOptions, target, seed: int = 0):
+    """The model on the target device and dtype, and its config (checked to fit first):
+    the checkpoint's weights, or seeded random ones. With no model named, the device's
+    default preset (see device_preset). Its weights are laid out as measured fastest on
+    the device (engines/layout.py; model.layout says which)."""
+    from benchbatch.runtime import layout, tensor_parallel
+    from benchbatch.runtime.model import Transformer
+
+    cfg = model.shape(device_preset(target))
+    shard = tensor_parallel.of(target.world)  # this rank's part of the model, or None
+    if model.model is not None:
+        from benchbatch.runtime import checkpoint
+
+        check_fits(cfg, target, "--model")
+        net, cfg = checkpoint.load(
+            model.model, target.device, target.dtype, cfg.max_context, shard=shard
+        )
+    else:
+        check_fits(cfg, target, model.source())
+        net = Transformer(cfg, target.device, target.dtype, seed, shard=shard)
+    return net.lay_out(layout.choose(net)), cfg  # the device's faster weight layout
+
+
+def check_fits(cfg, target, option: str, cache: tuple[int, int, str] | None = None) -> None:
+    """Refuse, before building it, a model whose weights (and rotary tables, built in
+    float64) exceed the memory free on the device: the allocator would crash or swap.
+    Under tensor parallelism: this rank's shard of it, on this rank's device. cache (slots,
+    tokens per slot, the option that set the slots): a real engine's KV cache (this rank's
+    heads of it), which must fit beside the weights too."""
+    tp = target.tp
+    need = accounting.weight_bytes(cfg, target.dtype_name, tp) + 16 * cfg.max_context * cfg.head_dim
+    free = device.free_memory_bytes(target.device)
+    where = "free on the GPU" if target.device.type == "cuda" else "of available RAM"
+    if need > free:
+        raise UserError(
+            option,
+            f"the model ({cfg.name}: hidden {cfg.hidden}, {cfg.layers} layers, max context "
+            f"{cfg.max_context:,}) needs {need / 2**30:,.1f} GiB, more than the "
+            f"{free / 2**30:,.1f} GiB {where}",
+        )
+    if cache is None:
+        return
+    slots, tokens, slots_option = cache
+    kv = accounting.kv_cache_bytes(cfg, target.dtype_name, slots, tokens, tp)
+    if need + kv > free:
+        raise UserError(
+            slots_option,
+            f"a KV cache of {slots:,} slots x {tokens:,} tokens needs {kv / 2**30:,.1f} GiB; "
+            f"beside the model's {need / 2**30:,.1f} GiB that is more than the "
+            f"{free / 2**30:,.1f} GiB {where}",
+        )
+
+
+def device_preset(target) -> str:
+    """The model a command builds when none is named: the article's on CUDA, a CPU-sized one
+    on a CPU (the article's model runs minutes per command there)."""
+    return "article" if target.device.type == "cuda" else "cpu-small"
+
+
+def preset_note(model: ModelOptions, target) -> str | None:
+    if model.chosen():
+        return None
+    name = device_preset(target)
+    where = "CUDA" if name == "article" else "CPU"
+    return (
+        f"using the {name} preset, the default on {where} (article on CUDA, cpu-small on CPU); "
+        "pass --preset or --config to change it"
+    )

@@ -1,0 +1,238 @@
+"""The one timing harness: warm-up, repeats sized from the device's own time, raw times kept.
+
+Every probe times through `measure`, on the device's backend (benchbatch/runtime/backend.py): on
+CUDA each repeat is bracketed by CUDA events on the device's stream and preceded by an L2
+flush outside the timed region; on CPU the host clock is the device clock.
+
+The repeat count comes from the warm-up, as triton's do_bench sizes it: each warm-up call
+is synchronised and timed on the device, and min_time / (one call's device time) repeats
+follow. Counting min_time on the host clock instead would be wrong on a GPU: the host only
+enqueues, runs far ahead of the device, and would queue hundreds of repeats. The warm-up
+calls (queue empty) also give the host's time to enqueue one call: a step whose host time
+is at least its device time is launch-bound (the GPU waits for launches).
+
+Steps whose times a verdict compares (prefill against decode, batch 1 against batch 128)
+are timed together by `measure_interleaved`: their repeats alternate (A B A B, not A A B B),
+so a load that comes and goes on a shared machine slows each of them alike and the ratio
+between them holds. A noisy measurement can be taken again once (`retry_noisy`); the less
+spread of the two attempts is kept.
+
+Under torchrun every rank times the same call, and a call may hold collectives (a
+tensor-parallel step's all-reduces) that need every rank to make it: the ranks agree on
+each warm-up call and on the repeat count (the largest any rank wants), so each rank makes
+exactly as many calls (benchbatch/runtime/distributed.py; without torchrun agreeing is free).
+"""
+
+from __future__ import annotations
+
+import math
+import statistics
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+
+import torch
+
+from benchbatch.core.noise import DEFAULT_CV_THRESHOLD
+from benchbatch.core.options import TimingOptions  # noqa: F401  (the harness's options)
+from benchbatch.runtime import backend, distributed
+
+MAX_WARMUP_CALLS = 100
+
+
+@dataclass
+class Measurement:
+    """Device times of the repeats; `host_times_ms` is the host's time to enqueue one call
+    (None where the host runs the work itself, as on a CPU: there it is the device time)."""
+
+    times_ms: list[float] = field(repr=False)
+    cv_threshold: float = DEFAULT_CV_THRESHOLD
+    host_times_ms: list[float] | None = field(default=None, repr=False)
+    attempts: int = 1  # 2: the first attempt was noisy, so it was measured again (the less
+    # spread attempt is kept)
+    interleaved: int = 1  # steps whose repeats alternated with this one's (itself included)
+
+    @property
+    def repeats(self) -> int:
+        return len(self.times_ms)
+
+    @property
+    def median_ms(self) -> float:
+        return statistics.median(self.times_ms)
+
+    @property
+    def min_ms(self) -> float:
+        return min(self.times_ms)
+
+    @property
+    def iqr_ms(self) -> float:
+        if len(self.times_ms) < 2:
+            return 0.0
+        q1, _, q3 = statistics.quantiles(self.times_ms, n=4, method="inclusive")
+        return q3 - q1
+
+    def percentile_ms(self, q: int) -> float:
+        """The q-th percentile (10, 90, ...) of the repeats, interpolated between them."""
+        if len(self.times_ms) < 2:
+            return self.times_ms[0]
+        return statistics.quantiles(self.times_ms, n=100, method="inclusive")[q - 1]
+
+    @property
+    def cv(self) -> float:
+        """Coefficient of variation: standard deviation over mean."""
+        mean = statistics.fmean(self.times_ms)
+        if len(self.times_ms) < 2 or mean <= 0:
+            return 0.0
+        return statistics.stdev(self.times_ms) / mean
+
+    @property
+    def noisy(self) -> bool:
+        return self.cv > self.cv_threshold
+
+    @property
+    def host_ms(self) -> float:
+        if not self.host_times_ms:
+            return self.median_ms
+        return statistics.median(self.host_times_ms)
+
+    @property
+    def launch_bound(self) -> bool:
+        """The host took at least as long to enqueue a call as the device took to run it:
+        the device time is launch gaps as much as work (capture a graph, or batch more)."""
+        return bool(self.host_times_ms) and self.host_ms >= self.median_ms
+
+    def summary(self) -> dict:
+        return {
+            "step_ms": self.median_ms,
+            "step_ms_min": self.min_ms,
+            "step_ms_iqr": self.iqr_ms,
+            "step_ms_p10": self.percentile_ms(10),
+            "step_ms_p90": self.percentile_ms(90),
+            "cv": self.cv,
+            "repeats": self.repeats,
+            "noisy": self.noisy,
+            "attempts": self.attempts,
+            "interleaved": self.interleaved,
+            "host_ms": self.host_ms,
+            "launch_bound": self.launch_bound,
+        }
+
+
+def unmeasured() -> dict:
+    """summary()'s columns for a row that was not measured (out of memory, skipped)."""
+    nan = math.nan
+    return {
+        "step_ms": nan,
+        "step_ms_min": nan,
+        "step_ms_iqr": nan,
+        "step_ms_p10": nan,
+        "step_ms_p90": nan,
+        "cv": nan,
+        "repeats": 0,
+        "noisy": False,
+        "attempts": 0,
+        "interleaved": 0,
+        "host_ms": nan,
+        "launch_bound": False,
+    }
+
+
+def prepare(device: torch.device, opts: TimingOptions) -> None:
+    """Allocate what timing needs (the L2-flush buffer, once per device) before a step
+    allocates its own tensors, so the buffer can never be what runs the step out of memory.
+    """
+    if opts.l2_flush:
+        backend.of(device).flusher()
+
+
+def measure(fn: Callable[[], object], device: torch.device, opts: TimingOptions) -> Measurement:
+    """Time fn: warm up (synchronised, timed), then as many repeats as min_time_s of the
+    device's time needs, at least min_repeats and at most max_repeats."""
+    return measure_interleaved([fn], device, opts)[0]
+
+
+def measure_interleaved(
+    fns: Sequence[Callable[[], object]], device: torch.device, opts: TimingOptions
+) -> list[Measurement]:
+    """Time several prepared calls together: each is warmed up (and its repeat count sized
+    from its own device time, as `measure` does), then the repeats run in rounds, every
+    call in every round, so each call's repeats spread over the same stretch of time. A
+    call that needs more repeats than the slowest takes several in each round. When
+    opts.retry_noisy allows and any call came out noisy, the whole group is measured again
+    (the ratios between the calls must come from one stretch of time): the attempt whose
+    worst spread is smaller is kept."""
+    best = _attempt(fns, device, opts)
+    for attempt in range(2, 2 + opts.retry_noisy):
+        if not distributed.agree_any(any(m.noisy for m in best)):  # every rank retries, or none
+            break
+        again = _attempt(fns, device, opts)
+        if _worst_cv(again) <= _worst_cv(best):
+            best = again
+        for m in best:
+            m.attempts = attempt
+    return best
+
+
+def _worst_cv(ms: list[Measurement]) -> float:
+    return max(m.cv for m in ms)
+
+
+def _attempt(fns, device: torch.device, opts: TimingOptions) -> list[Measurement]:
+    b = backend.of(device)
+    with b.activate():
+        flush = b.flusher() if opts.l2_flush else None
+        warm = [_warm_up(fn, b, opts) for fn in fns]
+        # Under torchrun every rank makes as many calls: the largest count any rank wants.
+        counts = [distributed.agree_max(repeat_count(warm_ms, opts)) for warm_ms, _ in warm]
+        timers = [b.timer() for _ in fns]
+        for per_call in rounds(counts):
+            for fn, timer, n in zip(fns, timers, per_call, strict=True):
+                for _ in range(n):
+                    if flush is not None:
+                        flush()
+                    timer.time(fn)
+        out = []
+        for timer, (_, warm_host_ms) in zip(timers, warm, strict=True):
+            times_ms, _queued_host_ms = timer.read()  # a running-ahead queue's: unused
+            host = warm_host_ms if b.queued else None
+            out.append(Measurement(times_ms, opts.cv_threshold, host, interleaved=len(fns)))
+    return out
+
+
+def rounds(counts: list[int]) -> list[list[int]]:
+    """Repeats of each call in each round: as many rounds as the fewest repeats any call
+    needs, each call's repeats spread evenly over them (a call needing 13 in 5 rounds takes
+    2, 3, 2, 3, 3)."""
+    n = min(counts)
+    return [[(r + 1) * c // n - r * c // n for c in counts] for r in range(n)]
+
+
+def repeat_count(call_ms: list[float], opts: TimingOptions) -> int:
+    """min_time_s over one call's device time (the median of the timed warm-up calls)."""
+    one = statistics.median(call_ms)
+    wanted = math.ceil(opts.min_time_s * 1e3 / one) if one > 0 else opts.max_repeats
+    return min(opts.max_repeats, max(opts.min_repeats, wanted))
+
+
+def _warm_up(fn, b, opts: TimingOptions) -> tuple[list[float], list[float]]:
+    """Keep first-call costs (allocation, autotuning, lazy init) out of the measurement.
+    Each call is timed alone and waited for, so the queue is empty when the next one is
+    enqueued: (device ms, host enqueue ms) of each call after the first."""
+    device_ms: list[float] = []
+    host_ms: list[float] = []
+    start = time.perf_counter()
+    while len(device_ms) < MAX_WARMUP_CALLS and distributed.agree_any(
+        len(device_ms) < max(1, opts.warmup) or time.perf_counter() - start < opts.warmup_s
+    ):
+        timer = b.timer()
+        timer.time(fn)
+        d, h = timer.read()
+        device_ms += d
+        host_ms += h
+    first = 1 if len(device_ms) > 1 else 0
+    return device_ms[first:], host_ms[first:]
+
+
+def synchronize(device: torch.device) -> None:
+    """Wait until the device has run everything queued so far (a no-op on a CPU)."""
+    backend.of(device).synchronize()
