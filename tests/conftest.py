@@ -73,17 +73,17 @@ def pytest_collection_modifyitems(config, items):
 
 @pytest.fixture
 def linear_step_costs(monkeypatch):
-    """The cost model's steps (probes/stepcost.py) 'timed' at a fixed linear cost. Timed for
+    """The cost model's steps (runtime/mixed.py) 'timed' at a fixed linear cost. Timed for
     real, a busy machine can make every per-token cost come out negative and the fit refuse
     the run (a test that failed one run in several under load); the fit is tested on its own."""
-    from benchbatch.core import stepcost
+    from benchbatch.runtime import mixed
     from benchbatch.runtime.timing import Measurement
 
     def linear(model, step, opts, cuda_graphs=False, seed=0):
         decode, prefill, context = step.features
         return Measurement([1.0 + 0.05 * decode + 0.01 * prefill + 0.0005 * context])
 
-    monkeypatch.setattr(stepcost, "time_mixed", linear)
+    monkeypatch.setattr(mixed, "time_mixed", linear)
 
 
 @pytest.fixture(autouse=True, scope="session")

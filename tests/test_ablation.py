@@ -19,6 +19,7 @@ from benchbatch.errors import UserError
 from benchbatch.experiments.ablation import probe
 from benchbatch.experiments.ablation.options import ABLATION_WORKLOAD
 from benchbatch.experiments.piggyback.probe import MixedStep
+from benchbatch.runtime import mixed
 
 # Close to what cpu-small (fp32, 2 cores) measured: a decode step of 8 about 33 ms, a
 # 1,024-token prefill about 300 ms.
@@ -60,7 +61,7 @@ class _Plan:
 
 def points() -> list[MixedStep]:
     reqs = workload(40, seed=0)
-    return stepcost.fit_points(BUDGETS, reqs, 4096)
+    return mixed.fit_points(BUDGETS, reqs, 4096)
 
 
 def test_fit_points_cover_the_schemes_steps():

@@ -5,10 +5,10 @@ import pytest
 from benchbatch.core.config import (
     ModelConfig,
     RopeScaling,
-    from_hf_config,
     preset,
     swiglu_intermediate,
 )
+from benchbatch.core.hfconfig import from_hf_config
 from benchbatch.errors import UserError
 
 

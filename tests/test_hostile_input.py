@@ -16,10 +16,9 @@ from hypothesis import strategies as st
 
 from benchbatch.app.cli import app
 from benchbatch.app.params import LIST_MAX, parse_int_list
-from benchbatch.core.options import INT_MAX
+from benchbatch.core.options import INT_MAX, check_numbers
 from benchbatch.core.workload import Request, read_trace
 from benchbatch.errors import UserError
-from benchbatch.core.options import check_numbers
 
 TINY = ["--preset", "tiny", "--device", "cpu", "--repeats", "1", "--min-time", "0"]
 LONG = "9" * 40  # past any 64-bit integer

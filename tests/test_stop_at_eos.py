@@ -22,9 +22,9 @@ from benchbatch.core.workload import (
     read_trace,
     trace_rows,
     with_prompts,
-    write_trace,
 )
 from benchbatch.errors import UserError
+from benchbatch.output.results import write_trace
 from benchbatch.runtime.engine import Engine, observed_requests, run_alone
 from benchbatch.runtime.model import Transformer
 

@@ -10,7 +10,6 @@ from __future__ import annotations
 import dataclasses
 import math
 from dataclasses import dataclass
-from pathlib import Path
 
 from benchbatch.errors import UserError
 
@@ -146,7 +145,7 @@ def _was_derived(cfg: ModelConfig, field: str) -> bool:
 
 
 # Real models exactly as their published config.json describes them (tests/test_config.py
-# reads a copy of each through from_hf_config and compares), plus the articles' 12 x 2048
+# reads a copy of each through hfconfig.from_hf_config and compares), plus the articles' 12 x 2048
 # and a tiny one for tests.
 PRESETS: dict[str, ModelConfig] = {
     "article": ModelConfig(hidden=2048, layers=12, heads=16, name="article"),
@@ -236,10 +235,3 @@ def preset(name: str) -> ModelConfig:
     except KeyError:
         known = ", ".join(PRESETS)
         raise UserError("preset", f"unknown preset {name!r} (known: {known})") from None
-
-
-def from_hf_config(path: str | Path, option: str = "--config") -> ModelConfig:
-    """The model a Hugging Face config.json describes (benchbatch.core.hfconfig reads it)."""
-    from benchbatch.core.hfconfig import read_config  # it builds ModelConfigs: import it late
-
-    return read_config(Path(path), option)

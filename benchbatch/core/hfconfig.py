@@ -314,3 +314,8 @@ def _window(f: Fields, family: Family, layers: int) -> int | None:
     if not isinstance(types, list) or len(types) != layers or any(t not in known for t in types):
         f.fail("layer_types", f"must list {layers} of {', '.join(known)}")
     return window if "sliding_attention" in types else None
+
+
+def from_hf_config(path: str | Path, option: str = "--config") -> ModelConfig:
+    """The model a Hugging Face config.json describes."""
+    return read_config(Path(path), option)

@@ -244,11 +244,12 @@ class ModelOptions:
     def shape(self, default_preset: str = "article"):
         """The ModelConfig: a preset (or the command's default) or a config.json, then sizes."""
         from benchbatch.core import config as configs
+        from benchbatch.core import hfconfig
 
         if self.model is not None:
             return self._checkpoint_shape()
         base = (
-            configs.from_hf_config(self.config)
+            hfconfig.from_hf_config(self.config)
             if self.config
             else configs.preset(self.preset or default_preset)
         )
@@ -256,7 +257,7 @@ class ModelOptions:
         return base.replace(**changes) if changes else base
 
     def _checkpoint_shape(self):
-        from benchbatch.runtime import checkpoint
+        from benchbatch.core import checkpoint_config as checkpoint
 
         cfg = checkpoint.read_config(self.model)
         if self.max_context is None or self.max_context == cfg.max_context:

@@ -3,80 +3,26 @@ tokens, prefill tokens, KV entries read), fitted to steps timed on this device, 
 earlier runs' CSVs (--step-costs). The ablation, the serving curve and occupancy's timed
 simulation all price their simulated steps with it.
 
-The fit is least squares on relative error; a per-token cost never comes out negative, and
+The steps to fit are timed by benchbatch/runtime/mixed.py (fit_points, cost_rows). The fit is
+least squares on relative error; a per-token cost never comes out negative, and
 a step measured far above the first fit (another process had the cores) is left out of a
 second one. Everything here returns rows or models; nothing prints.
 """
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Iterator, Sequence
+from collections.abc import Iterable
 from pathlib import Path
-from typing import TYPE_CHECKING
 
 import pandas as pd
 
 from benchbatch.core.inputs import numeric
 from benchbatch.core.metrics import percentile
 from benchbatch.core.simulate import StepCostModel, fit_step_cost
-from benchbatch.core.workload import Request
 from benchbatch.errors import UserError
-from benchbatch.experiments.piggyback.probe import MixedStep, time_mixed
-from benchbatch.runtime.timing import TimingOptions
-
-if TYPE_CHECKING:
-    from benchbatch.experiments.ablation.probe import Budgets
 
 STEP_COSTS_OPTION = "--step-costs"
 OUTLIER = 0.5  # a step measured over 1.5x the fitted cost is treated as noise and refitted
-
-
-def fit_points(b: Budgets, requests: Sequence[Request], max_context: int) -> list[MixedStep]:
-    """Steps to time for the fit, at the workload's operating points: decode batches, the
-    prompts and chunks alone, a chunk late in a long prompt (KV re-read), and the mixed
-    steps each scheme runs (decodes + a chunk, decodes + a whole long prompt)."""
-    seqs, chunk, budget = b.max_num_seqs, b.chunk_size, b.max_num_batched_tokens
-    prompts = sorted(r.prompt_tokens for r in requests)
-    outputs = sorted(r.output_tokens for r in requests)
-    short, longest = prompts[len(prompts) // 2], prompts[-1]
-    ctx = min(short + outputs[len(outputs) // 2], max_context - 1)
-    ctx_long = min(longest + outputs[len(outputs) // 2], max_context - 1)
-    late = max(0, min(longest, max_context) - chunk)
-    points = [
-        *(MixedStep(n, ctx) for n in sorted({1, max(1, seqs // 2), seqs})),
-        MixedStep(seqs, ctx_long),
-        *(MixedStep(0, 0, p) for p in sorted({short, chunk, budget, longest})),
-        MixedStep(0, 0, chunk, late),
-        MixedStep(seqs, ctx, chunk),
-        MixedStep(seqs, ctx, max(1, budget - seqs)),
-        MixedStep(max(1, seqs - 1), ctx, short),
-        MixedStep(max(1, seqs - 1), ctx, longest),
-    ]
-    fits = [p for p in points if p.prefill_start + p.prefill_tokens <= max_context]
-    return list(dict.fromkeys(fits))
-
-
-def cost_rows(model, points: Sequence[MixedStep], opts: TimingOptions) -> Iterator[dict]:
-    """step_cost.csv's rows: every fit point timed through the shared harness, yielded as
-    it is measured; eagerly, since the fit predicts the real engine, which runs eagerly."""
-    for p in points:
-        m = time_mixed(model, p, opts, cuda_graphs=False)  # the fit predicts the eager engine
-        d, n, c = p.features
-        yield (
-            {
-                "source": "measured",
-                "label": p.label,
-                "kind": p.kind,
-                "decode_tokens": d,
-                "prefill_tokens": n,
-                "context_tokens": c,
-                "step_ms": m.median_ms,
-                "step_ms_min": m.min_ms,
-                "cv": m.cv,
-                "repeats": m.repeats,
-                "noisy": m.noisy,
-            }
-        )
 
 
 def cost_rows_from_csv(paths: Iterable[Path]) -> list[dict]:

@@ -480,15 +480,13 @@ def trace_rows(requests: Sequence[Request]) -> list[dict]:
     return [{c: getattr(r, c) for c in WRITTEN_COLUMNS} for r in requests]
 
 
-def write_trace(path: str | Path, requests: Sequence[Request]) -> None:
-    """A CSV trace of the requests (e.g. the output lengths a real run produced), written
-    whole or not at all, for `occupancy --trace` to replay."""
+def trace_text(requests: Sequence[Request]) -> str:
+    """A CSV trace of the requests (e.g. the output lengths a real run produced), for
+    `occupancy --trace` to replay (benchbatch/output/results.py writes it)."""
     import io
-
-    from benchbatch.output.results import atomic_write_text
 
     text = io.StringIO(newline="")
     writer = csv.DictWriter(text, fieldnames=WRITTEN_COLUMNS)
     writer.writeheader()
     writer.writerows(trace_rows(requests))
-    atomic_write_text(Path(path), text.getvalue())
+    return text.getvalue()

@@ -10,17 +10,26 @@ __init__.py; the command line makes one command of each (benchbatch/app/registry
 
 from __future__ import annotations
 
-from collections.abc import Callable
+import importlib
 from dataclasses import dataclass
 from typing import Any
 
 
 @dataclass(frozen=True)
 class Experiment:
+    """runs: the module with `open_run(*groups) -> Recorder` (everything checked, the folder
+    made) and `measure_run(rec, *groups)` (the rows, into the run), imported only when the
+    command runs: --help and a user error never import torch."""
+
     name: str  # the command: `benchbatch NAME`
     help: str  # --help's text: a first line, then a paragraph or two
     options: tuple[Any, ...]  # options classes, or Use(cls, only=...) for some of a class's fields
-    open: Callable[..., Any]  # open(*groups) -> the run (a Recorder), folder made
-    measure: Callable[..., None]  # measure(rec, *groups): its rows, into the run
+    runs: str  # the module of open_run and measure_run
     several_ranks: bool = False  # may run under torchrun (tensor parallelism, all-reduce)
     order: int = 100  # where --help lists it: the three measurements first
+
+    def open(self, *groups):
+        return importlib.import_module(self.runs).open_run(*groups)
+
+    def measure(self, rec, *groups) -> None:
+        importlib.import_module(self.runs).measure_run(rec, *groups)

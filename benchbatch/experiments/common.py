@@ -17,8 +17,8 @@ from benchbatch.core.options import (
     RunOptions,
     record,
 )
+from benchbatch.core.units import duration
 from benchbatch.errors import UserError
-from benchbatch.output import render
 from benchbatch.output.recorder import Recorder
 from benchbatch.runtime import distributed, session
 
@@ -41,7 +41,8 @@ def open_model_run(
     join(rec)
     if before is not None:
         before(rec.cfg)
-    print_notes(target.notice, session.preset_note(model, target))
+    rec.note(target.notice)
+    rec.note(session.preset_note(model, target))
     if run.threads is not None:
         import torch
 
@@ -95,18 +96,12 @@ def build_model(rec: Recorder, model: ModelOptions, run: RunOptions, target=None
         from benchbatch.runtime import compiled
 
         def fell_back(line: str) -> None:
-            render.warning(line)
+            rec.warning(line)
             rec.write_meta()
 
         # The state's info dict itself: metadata.json gets its latest compile seconds.
         rec.meta["compile"] = compiled.compile_model(net, run.graphs(target), fell_back).info
     return net, cfg
-
-
-def print_notes(*notes: str | None) -> None:
-    for text in notes:
-        if text:
-            render.note(text)
 
 
 def load_ceilings(run: RunOptions, target):
@@ -141,7 +136,7 @@ def use_ceilings(rec: Recorder, run: RunOptions):
                                          "measured_utc": cached.measured_utc,
                                          "age_s": round(cached.age_s)}  # fmt: skip
             if not rec.quiet:
-                render.note(
+                rec.note(
                     f"ceilings: the latest probe of this device in {rec.target.dtype_name}, "
                     f"{cached.describe()} (--reprobe measures them again)"
                 )
@@ -250,15 +245,14 @@ def estimate_run(rec: Recorder, net, run: RunOptions, lists: dict, keep: dict, p
     }
     if rec.quiet or total < SAID_FROM_S:  # a short run: in metadata.json only
         return
-    render.err_console.print(
-        f"estimated duration: about {render.duration(total)} for {len(plan_of(lists))} steps "
+    rec.say(
+        f"estimated duration: about {duration(total)} for {len(plan_of(lists))} steps "
         f"(a decode step of one sequence at context {rates.context:,} took "
         f"{rates.decode_ms:.3g} ms here, a {rates.prefill_tokens}-token prefill "
-        f"{rates.prefill_ms:.3g} ms)",
-        highlight=False,
+        f"{rates.prefill_ms:.3g} ms)"
     )
     if total > LONG_RUN_S:
-        render.note(f"that is long; {_shorter_hint(rec, cut, lists)}")
+        rec.note(f"that is long; {_shorter_hint(rec, cut, lists)}")
 
 
 def _shorter_hint(rec: Recorder, cut, lists: dict) -> str:
@@ -268,7 +262,7 @@ def _shorter_hint(rec: Recorder, cut, lists: dict) -> str:
             f"{LIST_FLAGS[k]} {','.join(map(str, v))}" for k, v in cut.lists.items()
             if v != lists[k]
         )  # fmt: skip
-        parts.append(f"{flags} (about {render.duration(cut.seconds)})")
+        parts.append(f"{flags} (about {duration(cut.seconds)})")
     if rec.target.device.type == "cpu" and _larger_than_cpu_small(rec):
         parts.append("--preset cpu-small (the CPU's default model)")
     if not parts:
@@ -329,4 +323,6 @@ def engine_noise(rows: list[dict]) -> str:
 
 
 def report_json(rec: Recorder, **parts) -> None:
+    from benchbatch.output import render  # to go: views print the JSON document
+
     render.print_json({"folder": str(rec.folder), **parts})

@@ -278,6 +278,12 @@ class Recorder(Run):
         if text:
             render.warning(text)
 
+    def say(self, text: str | None) -> None:
+        """A line for the user on stderr now, exactly as given, unlabelled (rank 0 only):
+        what a run is about to do, e.g. its estimated duration."""
+        if text:
+            render.err_console.print(text, highlight=False)
+
     def columns(self, row: dict) -> dict:
         """throttled (the GPU slowed its clocks while the row was measured) and, against the
         run's ceilings, mfu, mbu and bound."""

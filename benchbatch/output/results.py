@@ -248,3 +248,11 @@ def git_commit() -> str | None:
 
 def command_line() -> str:
     return " ".join([Path(sys.argv[0]).name, *sys.argv[1:]])
+
+
+def write_trace(path: str | Path, requests) -> None:
+    """The requests as a CSV trace (core/workload.py's trace_text), written whole or not at
+    all, for `occupancy --trace` to replay."""
+    from benchbatch.core.workload import trace_text
+
+    atomic_write_text(Path(path), trace_text(requests))

@@ -58,7 +58,7 @@ def of(device: torch.device) -> Backend:
     if device.type == "cuda":
         device = torch.device("cuda", _current_index() if device.index is None else device.index)
     if device not in _backends:
-        # Imported here: benchbatch.runtime.cuda imports benchbatch.runtime.device, which imports this module.
+        # Imported here: the CPU-only paths never load the CUDA backend.
         from benchbatch.runtime.cuda import CudaBackend
 
         _backends[device] = CudaBackend(device) if device.type == "cuda" else CpuBackend(device)

@@ -16,86 +16,28 @@ import functools
 import re
 from collections.abc import Callable
 from pathlib import Path
-from typing import NoReturn
 
 import torch
 
 from benchbatch.core import hfconfig
+from benchbatch.core.checkpoint_config import (  # noqa: F401  (the checkpoint's config)
+    ARCHITECTURES,
+    CONFIG_DTYPES,
+    HUB_ID,
+    OPTION,
+    fail,
+    folder,
+    read_config,
+    stored_dtype,
+)
 from benchbatch.core.config import ModelConfig
 from benchbatch.errors import UserError
 from benchbatch.runtime.model import Transformer
 
-OPTION = "--model"
-ARCHITECTURES = {
-    "LlamaForCausalLM": "llama",
-    "MistralForCausalLM": "mistral",
-    "Qwen2ForCausalLM": "qwen2",
-    "Qwen3ForCausalLM": "qwen3",
-}
 STORED_DTYPES = {"F32": torch.float32, "F16": torch.float16, "BF16": torch.bfloat16}
-CONFIG_DTYPES = {"float32": "fp32", "float16": "fp16", "bfloat16": "bf16"}
 # Old checkpoints saved the rotary frequencies; transformers recomputes them from the config
 # and so does benchbatch.
 IGNORED = re.compile(r"model\.layers\.\d+\.self_attn\.rotary_emb\.inv_freq")
-HUB_ID = re.compile(r"[A-Za-z0-9][\w.-]*/[\w.-]+")
-
-
-def fail(message: str) -> NoReturn:
-    raise UserError(OPTION, message)
-
-
-def folder(path: str | Path) -> Path:
-    """The checkpoint folder, or a UserError saying what is wrong and how to get one."""
-    p = Path(path).expanduser()
-    if p.is_dir():
-        if not (p / "config.json").is_file():
-            fail(f"{p} has no config.json (give the folder of a Hugging Face checkpoint)")
-        return p
-    if p.exists():
-        fail(f"{p} is a file; give the folder that holds config.json and the .safetensors")
-    text = str(path)
-    if HUB_ID.fullmatch(text):
-        local = text.split("/")[-1]
-        fail(
-            f"no folder {text!r} here, and benchbatch downloads nothing; fetch it first with "
-            f"`hf download {text} --local-dir {local}`, then pass --model {local}"
-        )
-    fail(f"no such folder: {p}")
-
-
-def read_config(path: str | Path) -> ModelConfig:
-    """The checkpoint's model (its config.json), without touching the weights."""
-    p = folder(path)
-    raw = hfconfig.load_json(p / "config.json", OPTION)
-    _check_architecture(raw, p / "config.json")
-    return hfconfig.read_config(p / "config.json", OPTION, name=p.resolve().name)
-
-
-def _check_architecture(raw: dict, path: Path) -> None:
-    fields = hfconfig.Fields(raw, path, OPTION)
-    known = ", ".join(ARCHITECTURES)
-    archs = raw.get("architectures")
-    if archs is None:  # older configs: model_type alone says the family
-        if raw.get("model_type") not in ARCHITECTURES.values():
-            fields.fail("model_type", f"{hfconfig._short(raw.get('model_type'))} is not one of "
-                        f"{known}")  # fmt: skip
-        return
-    if not isinstance(archs, list) or len(archs) != 1:
-        fields.fail("architectures", f"expected one architecture, got {hfconfig._short(archs)}")
-    if not isinstance(archs[0], str) or archs[0] not in ARCHITECTURES:
-        fields.fail(
-            "architectures", f"{hfconfig._short(archs[0])} is not one benchbatch loads ({known})"
-        )
-    if raw.get("model_type") != ARCHITECTURES[archs[0]]:
-        fields.fail("model_type", f"{hfconfig._short(raw.get('model_type'))} does not match "
-                    f"{archs[0]}")  # fmt: skip
-
-
-def stored_dtype(path: str | Path) -> str | None:
-    """The dtype config.json says the weights are in (fp32, fp16, bf16), or None."""
-    raw = hfconfig.load_json(folder(path) / "config.json", OPTION)
-    stored = raw.get("torch_dtype") or raw.get("dtype")
-    return CONFIG_DTYPES.get(stored) if isinstance(stored, str) else None
 
 
 def load(

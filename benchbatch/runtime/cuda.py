@@ -22,7 +22,7 @@ from contextlib import AbstractContextManager
 
 import torch
 
-from benchbatch.runtime import device as devices
+from benchbatch.runtime.oom import is_out_of_memory
 
 FLUSH_BYTES = 256 * 2**20  # at least this much (and twice L2): each repeat starts cold
 CAPTURE_WARMUP_CALLS = 3  # capture needs the first-call allocations and autotuning done
@@ -78,7 +78,7 @@ class CudaBackend:
             try:
                 buf = torch.empty(size // 4, dtype=torch.int32, device=self.alloc_device)
             except (RuntimeError, MemoryError) as e:
-                if not devices.is_out_of_memory(e):
+                if not is_out_of_memory(e):
                     raise
                 self.flush_error = f"no memory for a {size / 2**20:.0f} MiB L2-flush buffer"
                 return None

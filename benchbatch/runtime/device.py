@@ -10,6 +10,7 @@ import torch
 from benchbatch.core.machine import cpu_model
 from benchbatch.errors import UserError
 from benchbatch.runtime import backend
+from benchbatch.runtime.oom import OUT_OF_MEMORY_TEXTS, is_out_of_memory  # noqa: F401
 
 DTYPES = {"fp32": torch.float32, "fp16": torch.float16, "bf16": torch.bfloat16}
 
@@ -95,28 +96,6 @@ def cpu_info() -> dict:
 def free_memory_bytes(dev: torch.device) -> int:
     """Memory a run could still take: free GPU memory, or available RAM on the CPU."""
     return backend.of(dev).free_memory()
-
-
-OUT_OF_MEMORY_TEXTS = (
-    "out of memory",
-    "can't allocate memory",
-    "Storage size calculation overflowed",  # more bytes than a 64-bit size can count
-)
-
-
-def is_out_of_memory(error: BaseException | None) -> bool:
-    """CUDA's OutOfMemoryError, the CPU allocator's failure, or a size no memory holds;
-    also an error raised while handling one (a graph capture that ran out of memory fails
-    again when it is closed, and that second error is the one raised)."""
-    seen = set()
-    while error is not None and id(error) not in seen:
-        seen.add(id(error))
-        if isinstance(error, torch.cuda.OutOfMemoryError | MemoryError):
-            return True
-        if any(text in str(error) for text in OUT_OF_MEMORY_TEXTS):
-            return True
-        error = error.__cause__ or error.__context__
-    return False
 
 
 def measured_or_oom(measure, dev: torch.device):

@@ -191,7 +191,7 @@ def check_prompt_ids(vocab: int, requests: Sequence[Request]) -> None:
 
 def observed_requests(requests: Sequence[Request], result: EngineResult) -> list[Request]:
     """The requests with the output lengths the run produced (with stop tokens, the real
-    distribution): workload.write_trace saves them for `occupancy --trace` to replay."""
+    distribution): output/results.write_trace saves them for `occupancy --trace` to replay."""
     lengths = result.output_lengths
     missing = [r.id for r in requests if not lengths.get(r.id)]
     if missing:

@@ -10,14 +10,6 @@ from benchbatch.experiments.phases import probe
 from benchbatch.experiments.phases.options import PhasesOptions
 from benchbatch.output.plots.phases import phases_figure
 
-HELP = """Prefill vs decode: step time, achieved TFLOP/s, bandwidth and arithmetic intensity.
-
-Prefill multiplies each weight by a whole prompt (compute-bound); decode by one token per
-sequence (memory-bound). Default model: the article's (12 layers, hidden 2048) on CUDA,
-cpu-small on a CPU.
-"""
-
-
 def open_run(opts: PhasesOptions, model: ModelOptions, run: RunOptions):
     return c.open_model_run("phases", model, run, opts, check=opts.check)
 

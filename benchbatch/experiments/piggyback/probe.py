@@ -25,153 +25,23 @@ import math
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 
-import torch
-
 from benchbatch.core import accounting
 from benchbatch.experiments.piggyback.options import PiggybackOptions as Options
-from benchbatch.runtime import backend, device, timing
+from benchbatch.runtime import device, timing
+from benchbatch.runtime.mixed import (  # noqa: F401  (the steps this experiment times)
+    MixedStep,
+    graphed,
+    prepare_chunked,
+    prepare_mixed,
+    time_chunked_prefill,
+    time_mixed,
+)
 from benchbatch.runtime.model import Transformer
 from benchbatch.runtime.timing import Measurement, TimingOptions, measure
 
 __all__ = ["Options", "MixedStep", "plan", "rows", "piggyback_rows", "chunk_rows", "tile_rows"]
 
 PAPER_PREFILL_PER_DECODE_TOKEN = 128  # Sarathi-Serve: linear layers, one decode ~ 128 prefill
-
-
-@dataclass(frozen=True)
-class MixedStep:
-    """One forward: `decode_batch` sequences holding `context` tokens decode one token each,
-    and one prompt's chunk of `prefill_tokens` tokens, `prefill_start` of them already
-    cached (0: a fresh prompt), rides along. decode_batch 0 is a prefill-only step,
-    prefill_tokens 0 a decode-only one."""
-
-    decode_batch: int
-    context: int
-    prefill_tokens: int = 0
-    prefill_start: int = 0
-
-    def __post_init__(self) -> None:
-        assert self.decode_batch >= 0 and self.prefill_tokens >= 0 and self.prefill_start >= 0
-        assert self.decode_batch or self.prefill_tokens, "an empty step"
-
-    @property
-    def kind(self) -> str:
-        if not self.prefill_tokens:
-            return "decode"
-        return "mixed" if self.decode_batch else "prefill"
-
-    @property
-    def context_tokens(self) -> int:
-        """KV entries read, counted as a scheduler StepPlan counts them."""
-        chunk = self.prefill_start if self.prefill_tokens else 0
-        return self.decode_batch * self.context + chunk
-
-    @property
-    def features(self) -> tuple[int, int, int]:
-        """(decode tokens, prefill tokens, context tokens): the step-cost model's inputs."""
-        return self.decode_batch, self.prefill_tokens, self.context_tokens
-
-    @property
-    def label(self) -> str:
-        parts = []
-        if self.decode_batch:
-            parts.append(f"decode b={self.decode_batch} ctx={self.context}")
-        if self.prefill_tokens:
-            at = f" at {self.prefill_start}" if self.prefill_start else ""
-            parts.append(f"chunk {self.prefill_tokens}{at}")
-        return " + ".join(parts)
-
-
-def time_mixed(
-    model: Transformer,
-    step: MixedStep,
-    opts: TimingOptions,
-    cuda_graphs: bool = True,
-    seed: int = 0,
-) -> Measurement:
-    """Median-of-repeats time of one mixed step (one model.mixed_step, as the engine runs it:
-    the prefill chunk's part first, then the decode batch). On CUDA the step can be replayed
-    from a CUDA graph (shapes are static: every kv_len is given)."""
-    dev = model.embed.weight.device
-    return measure(prepare_mixed(model, step, opts, cuda_graphs, seed), dev, opts)
-
-
-def prepare_mixed(
-    model: Transformer,
-    step: MixedStep,
-    opts: TimingOptions,
-    cuda_graphs: bool = True,
-    seed: int = 0,
-):
-    """The call that runs one mixed step on its own KV cache (random values), its cache
-    lengths reset inside the call; a CUDA graph replay when asked."""
-    dev = model.embed.weight.device
-    timing.prepare(dev, opts)
-    gen = torch.Generator(device=dev).manual_seed(seed)
-    b, p, start = step.decode_batch, step.prefill_tokens, step.prefill_start
-    cache = model.new_cache(b + (1 if p else 0), max(step.context + 1, start + p))
-    cache.k.normal_(generator=gen)
-    cache.v.normal_(generator=gen)
-    parts = []
-    if p:
-        chunk = torch.randint(0, model.cfg.vocab, (1, p), device=dev, generator=gen)
-        parts.append((chunk, slice(b, b + 1), start + p))
-    if b:
-        tokens = torch.randint(0, model.cfg.vocab, (b, 1), device=dev, generator=gen)
-        parts.append((tokens, slice(0, b), step.context + 1))
-
-    @torch.inference_mode()
-    def run() -> None:
-        cache.lengths[:b].fill_(step.context)
-        cache.lengths[b:].fill_(start)
-        model.mixed_step(cache, parts)
-
-    return _graphed(run, dev, cuda_graphs)
-
-
-def time_chunked_prefill(
-    model: Transformer,
-    prompt: int,
-    chunk: int,
-    opts: TimingOptions,
-    seed: int = 0,
-    cuda_graphs: bool = True,
-) -> Measurement:
-    """Time to prefill one `prompt`-token prompt as consecutive steps of `chunk` tokens (the
-    last may be shorter), each attending to the earlier chunks through the KV cache. On
-    CUDA the whole loop is one graph: the chunks' launches would otherwise be timed too."""
-    dev = model.embed.weight.device
-    return measure(prepare_chunked(model, prompt, chunk, opts, seed, cuda_graphs), dev, opts)
-
-
-def prepare_chunked(
-    model: Transformer,
-    prompt: int,
-    chunk: int,
-    opts: TimingOptions,
-    seed: int = 0,
-    cuda_graphs: bool = True,
-):
-    """The call that prefills one prompt in chunks on its own cache (see time_chunked_prefill)."""
-    dev = model.embed.weight.device
-    timing.prepare(dev, opts)
-    gen = torch.Generator(device=dev).manual_seed(seed)
-    cache = model.new_cache(1, prompt)
-    tokens = torch.randint(0, model.cfg.vocab, (1, prompt), device=dev, generator=gen)
-    bounds = [(s, min(s + chunk, prompt)) for s in range(0, prompt, chunk)]
-
-    @torch.inference_mode()
-    def run() -> None:
-        cache.lengths.zero_()
-        for s, e in bounds:
-            model.step(tokens[:, s:e], cache, slice(0, 1), kv_len=e)
-
-    return _graphed(run, dev, cuda_graphs)
-
-
-def _graphed(run, dev: torch.device, cuda_graphs: bool):
-    b = backend.of(dev)
-    return b.capture(run) if cuda_graphs and b.graphs else run
 
 
 # --- the plan and its raw rows ---------------------------------------------------------------

@@ -1,0 +1,27 @@
+"""Running out of memory, recognised wherever it is raised: a row's status (`oom`), never a
+crash. Below the backends (benchbatch/runtime/cuda.py asks it while capturing a graph)."""
+
+from __future__ import annotations
+
+import torch
+
+OUT_OF_MEMORY_TEXTS = (
+    "out of memory",
+    "can't allocate memory",
+    "Storage size calculation overflowed",  # more bytes than a 64-bit size can count
+)
+
+
+def is_out_of_memory(error: BaseException | None) -> bool:
+    """CUDA's OutOfMemoryError, the CPU allocator's failure, or a size no memory holds;
+    also an error raised while handling one (a graph capture that ran out of memory fails
+    again when it is closed, and that second error is the one raised)."""
+    seen = set()
+    while error is not None and id(error) not in seen:
+        seen.add(id(error))
+        if isinstance(error, torch.cuda.OutOfMemoryError | MemoryError):
+            return True
+        if any(text in str(error) for text in OUT_OF_MEMORY_TEXTS):
+            return True
+        error = error.__cause__ or error.__context__
+    return False
