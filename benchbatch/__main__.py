@@ -1,5 +1,6 @@
-# Signals first (benchbatch.signals says why), then the program.
+# Signals first (benchbatch/signals.py says why), then the program.
 import signal
+import sys
 
 
 def _interrupt(signum, frame):
@@ -9,6 +10,15 @@ def _interrupt(signum, frame):
 signal.signal(signal.SIGTERM, _interrupt)
 signal.signal(signal.SIGINT, _interrupt)
 
-from benchbatch.app.start import main  # noqa: E402
+try:
+    from benchbatch.app.start import main
+except KeyboardInterrupt:  # before the entry point could take it: nothing ran yet
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+    signal.signal(signal.SIGTERM, signal.SIG_IGN)
+    sys.stderr.write("interrupted while starting: nothing was run or written\n")
+    sys.stderr.flush()
+    import os
+
+    os._exit(130)
 
 main()

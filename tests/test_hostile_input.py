@@ -604,7 +604,7 @@ def test_a_byte_order_mark_is_accepted_everywhere(runner, tmp_path, where):
         path.write_text(bom + PROBE.format("2", "30"))
         assert ceilings_from_csv(path).peak_tflops == 2
     elif where == "config":
-        from benchbatch.core.config import from_hf_config
+        from benchbatch.core.hfconfig import from_hf_config
 
         path.write_text(bom + "{" + SHAPE + "}")
         assert from_hf_config(path).hidden == 64

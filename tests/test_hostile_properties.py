@@ -198,7 +198,7 @@ def check_config(cfg) -> None:
 @QUICK
 @given(configs())
 def test_config_json_gives_a_model_or_names_the_option(tmp_path, text):
-    from benchbatch.core.config import from_hf_config
+    from benchbatch.core.hfconfig import from_hf_config
 
     path = tmp_path / "config.json"
     path.write_text(text)

@@ -147,3 +147,58 @@ def test_the_rule_catches_an_upward_import_and_a_circle(tmp_path):
     edges = graph(modules(pkg))
     assert upward(edges) == ["benchbatch.core.a (core) imports benchbatch.app.cli (app)"]
     assert circles(edges) == [["benchbatch.core.b", "benchbatch.core.c"]]
+
+
+def _experiment_of(module: str) -> str | None:
+    parts = module.split(".")
+    return parts[2] if len(parts) > 3 and parts[1] == "experiments" else None
+
+
+def private_reaches(known: dict[str, Path]) -> list[str]:
+    """Names starting with an underscore that one experiment takes from another's modules:
+    imported by name, or read as an attribute of the other's module."""
+    found = []
+    for module, path in known.items():
+        mine = _experiment_of(module)
+        if mine is None:
+            continue
+        tree = ast.parse(path.read_text())
+        aliases = {}  # local name -> another experiment's module
+        for node in ast.walk(tree):
+            if isinstance(node, ast.ImportFrom) and node.module and node.level == 0:
+                for a in node.names:
+                    full = f"{node.module}.{a.name}"
+                    other = _experiment_of(full if full in known else node.module)
+                    if other is None or other == mine:
+                        continue
+                    if full in known:
+                        aliases[a.asname or a.name] = full
+                    elif a.name.startswith("_"):
+                        found.append(f"{module} imports {node.module}.{a.name}")
+        for node in ast.walk(tree):
+            if (isinstance(node, ast.Attribute) and isinstance(node.value, ast.Name)
+                    and node.value.id in aliases and node.attr.startswith("_")):  # fmt: skip
+                found.append(f"{module} reads {aliases[node.value.id]}.{node.attr}")
+    return sorted(set(found))
+
+
+def test_no_experiment_reaches_into_another_experiments_private_names():
+    assert private_reaches(modules()) == []
+
+
+def test_the_private_check_can_fail(tmp_path):
+    pkg = tmp_path / "benchbatch"
+    for sub in ("experiments", "experiments/a", "experiments/b"):
+        (pkg / sub).mkdir(parents=True)
+        (pkg / sub / "__init__.py").write_text("")
+    (pkg / "__init__.py").write_text("")
+    (pkg / "experiments" / "a" / "run.py").write_text("def _hidden():\n    pass\n")
+    (pkg / "experiments" / "b" / "run.py").write_text(
+        "from benchbatch.experiments.a import run as a\n"
+        "from benchbatch.experiments.a.run import _hidden\n"
+        "a._hidden()\n"
+    )
+    assert private_reaches(modules(pkg)) == [
+        "benchbatch.experiments.b.run imports benchbatch.experiments.a.run._hidden",
+        "benchbatch.experiments.b.run reads benchbatch.experiments.a.run._hidden",
+    ]

@@ -87,7 +87,6 @@ def ceiling(
     )
 
 
-
 def for_workload(
     cfg: ModelConfig,
     dtype: str,

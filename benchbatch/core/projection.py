@@ -59,9 +59,7 @@ def project(cfg: ModelConfig, dtype: str, tp: int, batch: int, context: int, m: 
     memory_ms = cost.bytes / (m.gbps * GB) * 1e3
     model_ms = max(compute_ms, memory_ms) / m.efficiency
     message = accounting.allreduce_bytes(cfg, dtype, batch)
-    reduce_ms = accounting.allreduces_per_step(cfg, tp) * comm_ms(
-        message, tp, m, 2 * (tp - 1) / tp
-    )
+    reduce_ms = accounting.allreduces_per_step(cfg, tp) * comm_ms(message, tp, m, 2 * (tp - 1) / tp)
     logits = batch * sharding.vocab_per_rank(cfg, tp) * tp * DTYPE_BYTES[dtype]
     gather_ms = comm_ms(logits, tp, m, (tp - 1) / tp)
     step_ms = model_ms + reduce_ms + gather_ms

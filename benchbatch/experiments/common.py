@@ -320,9 +320,3 @@ def engine_noise(rows: list[dict]) -> str:
     if uneven:
         return f"noisy: {', '.join(uneven)} (p90 step over {NOISY_P90_OVER_MEDIAN:g}x the median)"
     return "steady steps (p90 within 2x the median)"
-
-
-def report_json(rec: Recorder, **parts) -> None:
-    from benchbatch.output import render  # to go: views print the JSON document
-
-    render.print_json({"folder": str(rec.folder), **parts})

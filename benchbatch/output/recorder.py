@@ -175,6 +175,9 @@ class Recorder(Run):
         self.target = target
         self.quiet = quiet
         self.ceilings = None  # the run's one set of ceilings, once known
+        # What the experiment's open_run checked, for its measure_run to run on (the requests
+        # as served, a fitted cost): kept in memory, never written.
+        self.inputs: object = None
         self._watch = None
         self._group_look: tuple[int, object] | None = None  # (timing_group, its look)
         self._stack = contextlib.ExitStack()
@@ -255,8 +258,9 @@ class Recorder(Run):
                 task.advance()
         return self.rows(table)
 
-    def engine_rows(self, table: str, events: Iterable, *, total: int | None = None,
-                    label: str | None = None) -> Iterator:
+    def engine_rows(
+        self, table: str, events: Iterable, *, total: int | None = None, label: str | None = None
+    ) -> Iterator:
         """Consume the real engine's events (benchbatch/runtime/runs.py): each step's row
         into `table` as it ends (streamed), and every other event (a run's Finished) handed
         back to the caller, in order, for its summary row."""
@@ -389,4 +393,3 @@ def interrupts_raise():
         yield
     finally:
         signal.signal(signal.SIGTERM, previous if previous is not None else signal.SIG_DFL)
-

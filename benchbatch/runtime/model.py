@@ -343,8 +343,11 @@ class Transformer(nn.Module):
             if p.is_contiguous():
                 p.normal_(0.0, 0.02, generator=gen)
             else:  # the same draws in any layout: drawn in row order, then stored
-                p.copy_(torch.empty_like(p, memory_format=torch.contiguous_format).normal_(
-                    0.0, 0.02, generator=gen))
+                p.copy_(
+                    torch.empty_like(p, memory_format=torch.contiguous_format).normal_(
+                        0.0, 0.02, generator=gen
+                    )
+                )
 
     def new_cache(
         self,

@@ -1,0 +1,105 @@
+"""compare in the terminal: who is who, then each merged table as rows x runs, with each
+run's ratio to the first."""
+
+from __future__ import annotations
+
+import math
+
+from rich import box
+from rich.table import Table
+
+from benchbatch.output import render
+from benchbatch.output.render import fmt
+
+PREFIX = "compare-"  # the run's tables, as the experiment names them
+RUN_COLUMNS = ("run", "kind", "device", "dtype", "model", "cuda_graphs", "status")
+
+# What the terminal shows of each table: rows (index) x runs, one value, and its name.
+VIEWS = {
+    "probe": (["label"], "tflops", "TFLOP/s (matmul) and GB/s (copy, read)"),
+    "phases": (["label"], "step_ms", "step ms"),
+    "sweep": (["context", "batch"], "tokens_per_s", "decode tokens/s"),
+    "occupancy": (["policy"], "occupancy", "slot occupancy (simulated)"),
+    "engine": (["policy"], "wall_s", "real engine wall s"),
+    "serve": (["policy", "source", "rate"], "ttft_p99_s", "p99 TTFT s at each rate (req/s)"),
+    "slo": (["policy", "source"], "sustained_rps", "largest rate within the SLO (req/s)"),
+}
+
+
+def _tables(rec) -> dict:
+    """The merged tables (DataFrames), by the folders' table names, in the run's order."""
+    return {
+        name.removeprefix(PREFIX): df for name, df in rec.tables.items() if name.startswith(PREFIX)
+    }
+
+
+def document(rec) -> dict:
+    rows = {t: df.to_dict(orient="records") for t, df in _tables(rec).items()}
+    return {"runs": rec.meta["runs"], "rows": rows}
+
+
+def show(rec) -> None:
+    from benchbatch.output import compare as merging
+
+    runs = rec.meta["runs"]
+    names = [d["run"] for d in runs]
+    who = _table("runs", list(RUN_COLUMNS))
+    for d in runs:
+        who.add_row(*(fmt(d[k]) if d[k] is not None else "-" for k in RUN_COLUMNS))
+    render.out_console.print(who)
+    for table, df in _tables(rec).items():
+        if table == "occupancy":
+            df = merging.first_seed(df)
+        render.out_console.print(_view(table, df, names))
+    if any(d["status"] != "complete" for d in runs):
+        render.warning("some runs did not complete (see status): their tables may miss rows.")
+    files = rec.meta["files"]
+    render.out_console.print(f"results: {rec.folder} ({', '.join(files)})", highlight=False)
+
+
+def _view(table: str, df, names: list[str]) -> Table:
+    from benchbatch.output import compare as merging
+
+    index, value, what = VIEWS[table]
+    if table == "probe":
+        df = df.assign(value=df["tflops"].where(df["kind"] == "matmul", df["gbps"]))
+        value = "value"
+    wide = merging.pivot(df, index, value, names)
+    first = names[0]
+    others = [n for n in wide.columns if n != first]
+    headers = [*index, *wide.columns, *(f"{n} / {first}" for n in others if first in wide)]
+    view = _table(f"{table}: {what}", headers)
+    for key, row in wide.iterrows():
+        keys = key if isinstance(key, tuple) else (key,)
+        cells = [fmt(_plain(k)) for k in keys]
+        cells += [_cell(row[n], table) for n in wide.columns]
+        if first in wide:
+            cells += [_ratio(row[first], row[n]) for n in others]
+        view.add_row(*cells)
+    return view
+
+
+def _table(title: str, headers: list[str]) -> Table:
+    table = Table(title=title, title_justify="left", box=box.SIMPLE_HEAD, pad_edge=False)
+    for h in headers:
+        table.add_column(h)
+    return table
+
+
+def _plain(value):
+    """numpy scalars to Python's, so fmt formats them."""
+    return value.item() if hasattr(value, "item") else value
+
+
+def _cell(value, table: str) -> str:
+    value = _plain(value)
+    if value is None or (isinstance(value, float) and math.isnan(value)):
+        return "-"
+    return f"{value:.1%}" if table == "occupancy" else fmt(value)
+
+
+def _ratio(a, b) -> str:
+    from benchbatch.output import compare as merging
+
+    r = merging.ratio(_plain(a), _plain(b))
+    return "-" if math.isnan(r) else f"x{r:.3g}"

@@ -1,0 +1,197 @@
+"""occupancy in the terminal: the simulated policies (and their spread over seeds), the
+memory policies on one KV budget, and with --engine real the model's runs beside them."""
+
+from __future__ import annotations
+
+from benchbatch.core.noise import NOISY_P90_OVER_MEDIAN
+from benchbatch.output import render
+
+SIM_COLUMNS = {
+    "policy": "policy",
+    "total_steps": "steps",
+    "useful_slot_steps": "useful slot-steps",
+    "idle_slot_steps": "idle slot-steps",
+    "occupancy_pct": "occupancy %",
+    "speedup_vs_static": "speedup",
+}
+SEED_COLUMNS = {
+    "policy": "policy",
+    "seeds": "seeds",
+    "steps": "steps mean (min-max)",
+    "occupancy": "occupancy % mean (min-max)",
+    "speedup": "speedup mean (min-max)",
+}
+ENGINE_COLUMNS = {
+    "policy": "policy",
+    "total_steps": "steps",
+    "wall_s": "wall s",
+    "tokens_per_s": "tok/s",
+    "occupancy_pct": "occupancy %",
+    "sim_s": "sim s",
+    "measured_over_sim": "meas/sim",
+    "overhead_pct": "overhead %",
+}
+MEMORY_COLUMNS = {  # running sequences, slot occupancy, mean KV memory, preemptions, steps
+    "policy": "policy",
+    "peak_running": "peak",
+    "mean_running": "mean",
+    "slot_occupancy_pct": "slots%",
+    "reserved": "resv",
+    "used": "used",
+    "fragmentation_pct": "frag%",
+    "preemptions": "preempt",
+    "total_steps": "steps",
+}
+LATENCY_COLUMNS = {
+    "policy": "policy",
+    "e2e_mean_s": "latency mean",
+    "e2e_p50_s": "p50",
+    "e2e_p99_s": "p99",
+    "ttft_mean_s": "TTFT mean",
+    "ttft_p50_s": "p50",
+    "ttft_p99_s": "p99",
+}
+
+
+def document(rec) -> dict:
+    doc = {"summary": rec.meta.get("summary", {}), "rows": rec.rows("occupancy")}
+    spread, memory, engine = rec.rows("occupancy_seeds"), rec.rows("memory"), rec.rows("engine")
+    if spread:
+        doc["seeds"] = spread
+    if memory:
+        doc |= {"memory": memory, "memory_summary": rec.meta.get("memory", {})}
+    if engine:
+        doc |= {"engine": engine, "engine_summary": rec.meta.get("engine_summary", {})}
+    if rec.rows("memory_engine"):
+        doc["memory_engine"] = rec.rows("memory_engine")
+    return doc
+
+
+def show(rec) -> None:
+    rows, spread, engine = rec.rows("occupancy"), rec.rows("occupancy_seeds"), rec.rows("engine")
+    summary, memory = rec.meta.get("summary", {}), rec.rows("memory")
+    first = rows[:2]
+    render.table([{**r, "occupancy_pct": 100 * r["occupancy"]} for r in first], SIM_COLUMNS,
+                 "simulated")  # fmt: skip
+    render.out_console.print(
+        f"continuous batching: {summary['speedup']:.2f}x fewer steps "
+        f"(static {summary['static_occupancy']:.1%}, "
+        f"continuous {summary['continuous_occupancy']:.1%} occupancy)"
+    )
+    if spread:
+        render.table([_spread_display(r) for r in spread], SEED_COLUMNS, "over seeds")
+        render.out_console.print(_spread_line(spread))
+    if memory:
+        _memory_report(memory, rec.meta.get("memory", {}), "simulated")
+    if rec.rows("memory_engine"):
+        _memory_report(rec.rows("memory_engine"), None, "real engine, paged cache of the budget")
+    if engine:
+        shown = [_engine_display(r) for r in engine]
+        render.table(shown, ENGINE_COLUMNS, "real engine (sim s: simulated steps x median step)")
+        render.table(shown, LATENCY_COLUMNS,
+                     "real engine: request latency and time to first token (s)")  # fmt: skip
+        line = _engine_line(rec.meta.get("engine_summary", {}))
+        if line:
+            render.out_console.print(line)
+        _collectives_line(rec.meta.get("collectives"))
+        _warn_noisy(engine)
+    render.results_line(rec.folder)
+
+
+def _memory_report(rows: list[dict], meta: dict | None, how: str) -> None:
+    gib = rows[0].get("kv_budget_gib") is not None
+    unit = "GiB" if gib else "tokens"
+    title = f"memory policies ({how}): running sequences; mean KV memory reserved, used ({unit})"
+    render.table([_memory_display(r, gib) for r in rows], MEMORY_COLUMNS, title)
+    if rows[0]["time_unit"] == "s":  # priced by a fitted step cost, or measured
+        times = ", ".join(f"{r['policy']} {render.fmt(r['total_time'])} s" for r in rows)
+        basis = "measured" if "wall_s" in rows[0] else "fitted step cost"
+        render.out_console.print(f"time ({basis}): {times}", highlight=False)
+    if meta:
+        render.out_console.print(
+            f"on one KV budget ({meta['budget']}): paged blocks ran "
+            f"{meta['paged_mean_running']:.3g} sequences at once on average (peak "
+            f"{meta['paged_peak_running']:,}) against {meta['reserve_mean_running']:.3g} "
+            f"(peak {meta['reserve_peak_running']:,}) reserving prompt + maximum output; "
+            f"{meta['reserve_fragmentation']:.0%} of the reserved memory was never written, "
+            f"{meta['paged_fragmentation']:.1%} of the paged; {meta['preemptions']:,} "
+            "preemptions",
+            highlight=False,
+        )
+
+
+def _memory_display(r: dict, gib: bool) -> dict:
+    unit = "_gib" if gib else "_tokens"
+    occupancy = r.get("slot_occupancy")
+    return {
+        **r,
+        "slot_occupancy_pct": 100 * occupancy if occupancy is not None else None,
+        "reserved": r["kv_reserved_mean" + unit],
+        "used": r["kv_used_mean" + unit],
+        "fragmentation_pct": 100 * r["fragmentation"],
+    }
+
+
+def _spread_display(r: dict) -> dict:
+    def span(key: str, scale: float = 1.0, digits: int = 0) -> str:
+        lo, mean, hi = (scale * r[f"{key}_{s}"] for s in ("min", "mean", "max"))
+        return f"{mean:,.{digits}f} ({lo:,.{digits}f}-{hi:,.{digits}f})"
+
+    return {
+        "policy": r["policy"],
+        "seeds": r["seeds"],
+        "steps": span("total_steps"),
+        "occupancy": span("occupancy", 100, 1),
+        "speedup": span("speedup_vs_static", 1, 2),
+    }
+
+
+def _spread_line(spread: list[dict]) -> str:
+    by = {r["policy"]: r for r in spread}
+    s, cont = by["static"], by["continuous"]
+    return (
+        f"over {s['seeds']} seeds: continuous batching {cont['speedup_vs_static_mean']:.2f}x "
+        f"fewer steps ({cont['speedup_vs_static_min']:.2f}-{cont['speedup_vs_static_max']:.2f}x); "
+        f"static {s['occupancy_mean']:.1%} ({s['occupancy_min']:.1%}-{s['occupancy_max']:.1%}), "
+        f"continuous {cont['occupancy_mean']:.1%} "
+        f"({cont['occupancy_min']:.1%}-{cont['occupancy_max']:.1%}) occupancy"
+    )
+
+
+def _collectives_line(c: dict | None) -> None:
+    if c and c.get("allreduce_ms") is not None:
+        render.out_console.print(
+            f"tensor-parallel over {c['tp']} ranks: a decode step of {c['batch']} sequences at "
+            f"context {c['context']:,} took {c['step_ms']:.3g} ms, its all-reduces "
+            f"{c['allreduce_ms']:.3g} ms on their own ({c['allreduce_share']:.0%}; "
+            "collectives.csv)"
+        )
+
+
+def _engine_display(r: dict) -> dict:
+    return {**r, "occupancy_pct": 100 * r["occupancy"], "overhead_pct": 100 * r["overhead"]}
+
+
+def _warn_noisy(engine: list[dict]) -> None:
+    from benchbatch.experiments.occupancy.probe import noisy
+
+    policies = noisy(engine)
+    if policies:
+        render.warning(
+            f"step times of {', '.join(policies)} spread wide (p90 over "
+            f"{NOISY_P90_OVER_MEDIAN:g}x the median): something else may have used the "
+            "device meanwhile, which inflates wall time and measured/simulated; see "
+            "engine_steps.csv"
+        )
+
+
+def _engine_line(s: dict) -> str | None:
+    if not s:
+        return None
+    return (
+        f"real engine: continuous batching {s['wall_speedup']:.2f}x faster in wall time "
+        f"(simulated: {s['sim_speedup']:.2f}x fewer steps); measured/simulated time "
+        f"static {s['static_measured_over_sim']:.2f}, continuous "
+        f"{s['continuous_measured_over_sim']:.2f}; scheduling overhead "
+        f"{s['continuous_overhead']:.1%} of a continuous step"
+    )

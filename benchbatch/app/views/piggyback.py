@@ -1,0 +1,71 @@
+"""piggyback in the terminal: prefill riding on decode, each decode batch's summary, the
+chunked prompt and the tile effects."""
+
+from __future__ import annotations
+
+from benchbatch.output import render
+
+COLUMNS = {
+    "decode_batch": "decode b",
+    "context": "ctx",
+    "prefill_tokens": "prefill tokens",
+    "step_ms": "mixed ms",
+    "over_decode": "x decode-only",
+    "prefill_alone_ms": "prefill alone ms",
+    "saved_ms": "saved ms",
+    "extra_us_per_prefill_token": "us/extra token",
+}
+CHUNK_COLUMNS = {
+    "chunk_tokens": "chunk",
+    "chunks": "chunks",
+    "total_ms": "total ms",
+    "over_one_prefill": "x one prefill",
+    "extra_pct": "extra %",  # chunks.csv keeps the fraction (extra)
+}
+TILE_COLUMNS = {
+    "chunk_tokens": "tokens",
+    "total_ms": "step ms",
+    "ms_per_token": "ms/token",
+    "over_previous": "x previous",
+}
+
+
+def document(rec) -> dict:
+    return {
+        "summary": rec.meta["summary"],
+        "piggyback": rec.rows("piggyback"),
+        "chunks": rec.rows("chunks"),
+    }
+
+
+def show(rec) -> None:
+    rows, chunk_rows, summaries = rec.rows("piggyback"), rec.rows("chunks"), rec.meta["summary"]
+    render.table(rows, COLUMNS, "prefill chunks riding on a decode step (one forward)")
+    for s in summaries:
+        render.out_console.print(_summary_line(s))
+    chunked = [r for r in chunk_rows if r["kind"] == "chunked"]
+    tiles = [r for r in chunk_rows if r["kind"] == "tile"]
+    if chunked:
+        chunked = [{**r, "extra_pct": 100 * r["extra"]} for r in chunked]
+        render.table(
+            chunked,
+            CHUNK_COLUMNS,
+            f"a {chunked[0]['prompt_tokens']:,}-token prompt prefilled in chunks (each re-reads "
+            "the weights and the earlier chunks' KV)",
+        )
+    if tiles:
+        render.table(tiles, TILE_COLUMNS, "tile effects: one prefill step of each length")
+    render.warn_untrusted(rec.meta["untrusted"])
+    render.results_line(rec.folder)
+
+
+def _summary_line(s: dict) -> str:
+    return (
+        f"decode b={s['decode_batch']} at context {s['context']:,} "
+        f"({s['decode_only_ms']:.3g} ms): {s['free_prefill_tokens']} prefill tokens ride within "
+        f"{s['threshold']:.0%} ({s['free_prefill_per_decode_token']:.3g} per decode token); at "
+        f"the marginal cost of a prefill token ({s['largest_prefill_tokens']} riding) the decode "
+        f"step costs as much as {s['prefill_tokens_per_decode_step']:.0f} prefill tokens: "
+        f"{s['prefill_tokens_per_decode_token']:.3g} per decode token (the paper's linear "
+        f"layers: about {s['paper_prefill_per_decode_token']})."
+    )

@@ -33,7 +33,7 @@ from benchbatch.experiments.fields import SLO
 if TYPE_CHECKING:
     from benchbatch.runtime.engine import EngineResult
 
-__all__ = ["Options", "SCHEMES", "SLO", "Budgets", "simulate_all", "summary_row"]
+__all__ = ["Options", "SCHEMES", "SLO", "Budgets", "simulate_all", "summary_row", "cost_line"]
 LABELS = {
     "mixed-only": "mixed batching, no chunks",
     "chunks-only": "chunks, no mixed batching",
@@ -293,10 +293,12 @@ def step_costs(sim: SchemeRun) -> list[float]:
 
 def noisy(steps: Sequence[dict]) -> list[str]:
     """Schemes whose real steps, each over the cost model's price of the same step, spread
-    wide (p90 over twice the median): another process likely took the device meanwhile."""
+    wide (p90 over twice the median): another process likely took the device meanwhile.
+    A step the cost model prices at 0 (every cost hidden by timing noise) has no ratio."""
     out = []
     for scheme in SCHEMES:
-        ratios = [r["step_ms"] / r["sim_step_ms"] for r in steps if r["scheme"] == scheme]
+        mine = [r for r in steps if r["scheme"] == scheme and r["sim_step_ms"] > 0]
+        ratios = [r["step_ms"] / r["sim_step_ms"] for r in mine]
         if ratios and percentile(ratios, 90) > NOISY_P90_OVER_MEDIAN * percentile(ratios, 50):
             out.append(scheme)
     return out
@@ -379,3 +381,19 @@ def slo_best(rows: Sequence[dict]) -> dict:
         "largest_budget": pick(by_budget),
         "best_goodput": pick(best),
     }
+
+
+# --- in words -------------------------------------------------------------------------------------
+
+
+def cost_line(s: dict) -> str:
+    """The fitted step-cost model in one line, from its summary (step_cost.json): the
+    ablation's view and serve-sweep's say it."""
+    return (
+        f"step cost fitted to {s['samples']} steps: {s['base_ms']:.3g} ms + "
+        f"{s['per_decode_token_ms']:.3g} ms/decode token + {s['per_prefill_token_ms']:.3g} "
+        f"ms/prefill token + {s['per_context_token_us']:.3g} us/context token "
+        f"(median error {s['median_abs_error']:.0%}, largest {s['max_abs_error']:.0%}"
+        + (f"; {s['left_out_as_noise']} slowed by noise left out" if s["left_out_as_noise"] else "")
+        + ")"
+    )

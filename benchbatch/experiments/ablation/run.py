@@ -3,59 +3,34 @@ on one workload, simulated with a step-cost model fitted here and run on the mod
 
 from __future__ import annotations
 
-from benchbatch.core.noise import NOISY_P90_OVER_MEDIAN
-from benchbatch.core.options import ModelOptions, RunOptions, WorkloadOptions, record, use
-from benchbatch.experiments import common as c
-from benchbatch.experiments.ablation.options import ABLATION_WORKLOAD, AblationOptions
-from benchbatch.output import render
+from dataclasses import dataclass
+
+from benchbatch.core.options import ModelOptions, RunOptions, WorkloadOptions, record
+from benchbatch.experiments.ablation import probe
+from benchbatch.experiments.ablation.options import AblationOptions
+from benchbatch.experiments.ablation.probe import cost_line  # noqa: F401  (serve-sweep's)
 from benchbatch.output.recorder import Recorder
+from benchbatch.runtime.runs import EngineRun, engine_events
 
 CPU_RECOMMENDATION = "benchbatch ablation --engine real --preset cpu-small"
-# The ablation times steps for their cost, not against the device's ceilings.
-ROOFLINE_FIELDS = ("roofline", "ceilings", "reprobe")
-
-COLUMNS = {
-    "label": "scheme",
-    "source": "source",
-    "ttft_p50_s": "P50 TTFT s",
-    "tbt_p99_s": "P99 TBT s",
-    "tbt_max_s": "TBT max s",
-    "e2e_p50_s": "e2e p50 s",
-    "total_s": "total s",
-}
-SLO_COLUMNS = {
-    "label": "scheme",
-    "source": "source",
-    "slo_met": "met SLO",
-    "requests": "of",
-    "goodput_rps": "goodput req/s",
-}
 
 
-@command(
-    AblationOptions,
-    use(WorkloadOptions, skip=("prompts",), defaults=ABLATION_WORKLOAD),
-    ModelOptions,
-    use(RunOptions, skip=ROOFLINE_FIELDS),
-)
-def ablation(
+@dataclass(frozen=True)
+class Inputs:
+    """What open_run checked and measure_run runs on: the requests, the scheduler's
+    budgets and the step-cost model fitted to --step-costs (None: fitted in the run)."""
+
+    requests: object
+    budgets: probe.Budgets
+    given: object = None
+
+
+def open_run(
     opts: AblationOptions, workload: WorkloadOptions, model: ModelOptions, run: RunOptions
-) -> None:
-    """Mixed batching, chunked prefill and both (Sarathi-Serve): P50 TTFT and P99 TBT.
-
-    A long prompt prefilled whole stalls every running decode for a step; chunks bound the
-    step, and mixing them into the decodes' steps keeps prompts moving. The paper (Yi-34B):
-    P50 TTFT / P99 TBT 0.53 / 0.68 s mixed without chunks, 1.04 / 0.17 s chunks without
-    mixing, 0.76 / 0.14 s both. All three run on one workload, simulated with a step-cost
-    model fitted to steps timed here (or --step-costs), and with --engine real on the model
-    (default preset: article on CUDA, cpu-small on CPU).
-
-    On a CPU: `benchbatch ablation --engine real --preset cpu-small` (the defaults: 40
-    requests, a fifth with 1,024-token prompts, 8 sequences, budget 256, chunk 128) takes
-    about two minutes on 2 cores.
-    """
+) -> Recorder:
+    """Every input checked (the schemes' budgets, the work the simulation would take, the
+    step costs, the model's context), then the run folder."""
     from benchbatch.core import stepcost
-    from benchbatch.experiments.ablation import probe
 
     opts.check(workload)
     budgets = probe.Budgets(workload.slots, opts.max_num_batched_tokens, opts.chunk)
@@ -67,16 +42,29 @@ def ablation(
     given = stepcost.fit(stepcost.cost_rows_from_csv(opts.step_costs)) if opts.step_costs else None
     rec = _open(opts, workload, model, run, requests, real or given is None)
     rec.meta["work"] = work
-    with rec:
-        net = c.build_model(rec, model, run)[0] if rec.target is not None else None
-        cost = cost_model(rec, net, budgets, requests, given, run)
-        sims = _simulate(rec, requests, opts.schemes, budgets, cost, opts.slo)
-        if real:
-            _run_real(rec, net, requests, budgets, sims, opts.slo, run)
-        if opts.slo is not None:
-            _slo_search(rec, requests, budgets, cost, opts.slo)
-        _figures(rec, budgets)
-    _report(rec, run.json_out)
+    rec.inputs = Inputs(requests, budgets, given)
+    return rec
+
+
+def measure_run(
+    rec, opts: AblationOptions, workload: WorkloadOptions, model: ModelOptions, run: RunOptions
+) -> None:
+    """The cost model (fitted to steps timed now, or to --step-costs), every scheme
+    simulated, with --engine real on the model, with --slo the search; the figures."""
+    inputs = rec.inputs
+    requests, budgets = inputs.requests, inputs.budgets
+    net = None
+    if rec.target is not None:
+        from benchbatch.experiments import common as c
+
+        net = c.build_model(rec, model, run)[0]
+    cost = cost_model(rec, net, budgets, requests, inputs.given, run)
+    sims = _simulate(rec, requests, opts.schemes, budgets, cost, opts.slo)
+    if opts.engine == "real":
+        _run_real(rec, net, requests, budgets, sims, opts.slo, run)
+    if opts.slo is not None:
+        _slo_search(rec, requests, budgets, cost, opts.slo)
+    _figures(rec, budgets)
 
 
 def _open(opts, workload, model, run, requests, need_model: bool) -> Recorder:
@@ -84,6 +72,7 @@ def _open(opts, workload, model, run, requests, need_model: bool) -> Recorder:
     --step-costs and no real engine, a simulation that touches no device."""
     if not need_model:
         return Recorder.open("ablation", run, None, None, record(opts, workload, run))
+    from benchbatch.experiments import common as c
     from benchbatch.runtime.engine import check_fits
 
     real = opts.engine == "real"
@@ -109,13 +98,15 @@ def _named(option: str, check, *args):
 
 def cost_model(rec, net, budgets, requests, given, run: RunOptions):
     """The step-cost model fitted to steps timed now, or the one fitted to --step-costs
-    (given): step_cost.csv, step_cost.json and the metadata."""
+    (given): step_cost.csv, step_cost.json and the metadata (ablation and serve-sweep)."""
     from benchbatch.core import stepcost
     from benchbatch.output import results
 
     if given is None:
-        points = stepcost.fit_points(budgets, requests, net.cfg.max_context)
-        rows = stepcost.cost_rows(net, points, run.timing())
+        from benchbatch.runtime import mixed
+
+        points = mixed.fit_points(budgets, requests, net.cfg.max_context)
+        rows = mixed.cost_rows(net, points, run.timing())
         measured = rec.record(
             "step_cost", rows, total=len(points), label="timing steps for the cost model"
         )
@@ -132,8 +123,6 @@ def cost_model(rec, net, budgets, requests, given, run: RunOptions):
 
 
 def _simulate(rec, requests, schemes, budgets, cost, slo) -> dict:
-    from benchbatch.experiments.ablation import probe
-
     sims = probe.simulate_all(requests, schemes, budgets, cost)
     for s in sims.values():
         rec.add("ablation", probe.summary_row(s, budgets, slo))
@@ -146,14 +135,10 @@ def _run_real(rec, net, requests, budgets, sims, slo, run: RunOptions) -> None:
     """Every scheme on the model, through the real engine's one loop: steps.csv as the steps
     end (beside the cost model's price of each), the real rows of ablation.csv, requests.csv
     and tbt.csv as each scheme ends."""
-    from benchbatch.experiments.ablation import probe
-    from benchbatch.experiments.occupancy.probe import EngineRun, engine_steps
-
     estimate = sum(s.total_s for s in sims.values())
-    render.err_console.print(
+    rec.say(
         f"real engine: {len(sims)} schemes, {sum(s.steps for s in sims.values()):,} steps; "
-        f"the fitted cost model expects about {estimate:.0f} s",
-        highlight=False,
+        f"the fitted cost model expects about {estimate:.0f} s"
     )
     sim_rows = {r["scheme"]: r for r in rec.rows("ablation")}
     runs = [
@@ -167,22 +152,18 @@ def _run_real(rec, net, requests, budgets, sims, slo, run: RunOptions) -> None:
         )
         for scheme, sim in sims.items()
     ]
-
-    def finished(spec, result) -> None:
-        real = probe.real_scheme(result, sims[spec.name])
+    events = engine_events(net, requests, runs, run.seed)
+    total = sum(r.sim_steps for r in runs)
+    for done in rec.engine_rows("steps", events, total=total, label="real engine"):
+        scheme, result = done.run.name, done.result
+        real = probe.real_scheme(result, sims[scheme])
         row = probe.summary_row(real, budgets, slo)
-        rec.add("ablation", probe.real_columns(row, sim_rows[spec.name], result))
+        rec.add("ablation", probe.real_columns(row, sim_rows[scheme], result))
         rec.put("requests", rec.rows("requests") + probe.request_rows(real, requests, slo))
         rec.put("tbt", rec.rows("tbt") + probe.gap_rows(real))
 
-    steps = engine_steps(net, requests, runs, run.seed, finished)
-    rec.record("steps", steps, total=sum(r.sim_steps for r in runs), label="real engine",
-               stream=True)  # fmt: skip
-
 
 def _slo_search(rec, requests, budgets, cost, slo) -> None:
-    from benchbatch.experiments.ablation import probe
-
     rows = probe.slo_search(requests, budgets, cost, slo)
     rec.put("slo", rows)
     rec.meta["slo"] = {
@@ -198,7 +179,6 @@ def _slo_search(rec, requests, budgets, cost, slo) -> None:
 
 
 def _figures(rec, budgets) -> None:
-    from benchbatch.experiments.ablation import probe
     from benchbatch.output.plots.ablation import latency_figure, slo_figure, tbt_figure
 
     rows = rec.rows("ablation")
@@ -214,119 +194,13 @@ def _figures(rec, budgets) -> None:
 
 
 def _title(rec, b) -> str:
-    model = "cost model from --step-costs" if rec.target is None else c.title(rec)
+    if rec.target is None:
+        model = "cost model from --step-costs"
+    else:
+        from benchbatch.experiments import common as c
+
+        model = c.title(rec)
     return (
         f"{model}; max_num_seqs {b.max_num_seqs}, token budget {b.max_num_batched_tokens}, "
         f"chunk {b.chunk_size}"
-    )
-
-
-# --- report ---------------------------------------------------------------------------------------
-
-
-def _report(run, json_out: bool) -> None:
-    rows, meta = run.rows("ablation"), run.meta
-    if json_out:
-        doc = {
-            "folder": str(run.folder),
-            "step_cost": meta.get("step_cost"),
-            "ordering": meta.get("ordering"),
-            "rows": rows,
-        }
-        if "slo" in meta:
-            doc["slo"] = meta["slo"]
-        render.print_json(doc)
-        return
-    render.out_console.print(cost_line(meta["step_cost"]))
-    lost = meta["step_cost"]["per_token_costs_unmeasured"]
-    if lost:
-        render.warning(
-            f"the cost of {' and '.join(lost)} could not be measured (every step timed about "
-            f"the same: timing noise hides it), so the simulation prices them at 0: "
-            f"{render.NOISY_HINT}, or a larger model"
-        )
-    paper = [
-        {
-            "label": r["label"],
-            "source": "paper",
-            "ttft_p50_s": r["paper_ttft_p50_s"],
-            "tbt_p99_s": r["paper_tbt_p99_s"],
-        }
-        for r in rows
-        if r["source"] == "sim"
-    ]
-    render.table(rows + paper, COLUMNS, "schemes side by side (paper: Yi-34B)")
-    for source, verdict in meta["ordering"].items():
-        if verdict is not None:
-            render.out_console.print(_ordering_line(source, verdict))
-    real = [r for r in rows if r["source"] == "real"]
-    if real:
-        render.out_console.print(
-            "real/simulated total time: "
-            + ", ".join(f"{r['scheme']} {r['real_over_sim']:.2f}" for r in real)
-        )
-    if "slo" in meta:
-        _slo_report(rows, meta["slo"])
-    from benchbatch.experiments.ablation import probe
-
-    wide = probe.noisy(run.rows("steps"))
-    if wide:
-        render.warning(
-            f"real step times of {', '.join(wide)} spread wide against the cost model (p90 "
-            f"over {NOISY_P90_OVER_MEDIAN:g}x the median): another process may have used the "
-            "device meanwhile; see steps.csv"
-        )
-    render.results_line(run.folder)
-
-
-def cost_line(s: dict) -> str:
-    return (
-        f"step cost fitted to {s['samples']} steps: {s['base_ms']:.3g} ms + "
-        f"{s['per_decode_token_ms']:.3g} ms/decode token + {s['per_prefill_token_ms']:.3g} "
-        f"ms/prefill token + {s['per_context_token_us']:.3g} us/context token "
-        f"(median error {s['median_abs_error']:.0%}, largest {s['max_abs_error']:.0%}"
-        + (f"; {s['left_out_as_noise']} slowed by noise left out" if s["left_out_as_noise"] else "")
-        + ")"
-    )
-
-
-def _ordering_line(source: str, v: dict) -> str:
-    name = {"sim": "simulated", "real": "real engine"}[source]
-    verdict = "same ordering as the paper" if v["as_paper"] else "NOT the paper's ordering"
-    return (
-        f"{name}: {verdict} (P99 TBT both < chunks-only < mixed-only: "
-        f"{_yes(v['tbt_p99_order'])}; P50 TTFT mixed-only < both < chunks-only: "
-        f"{_yes(v['ttft_p50_order'])}); {_stall(v['stall_shrink'])}"
-    )
-
-
-def _stall(shrink: float) -> str:
-    if shrink != shrink:  # NaN: no request had a second token, so no gap
-        return "no gap between tokens to stall"
-    return f"chunking cut the stall {shrink:.1f}x"
-
-
-def _yes(ok: bool) -> str:
-    return "yes" if ok else "no"
-
-
-def _slo_report(rows: list[dict], slo: dict) -> None:
-    render.table(
-        rows,
-        SLO_COLUMNS,
-        f"goodput: TTFT <= {slo['ttft_s']:g} s and own P99 TBT <= {slo['tbt_s']:g} s",
-    )
-    head = (
-        "SLO search (scheme both, chunk = budget, simulated): "
-        f"P99 TTFT <= {slo['ttft_s']:g} s and P99 TBT <= {slo['tbt_s']:g} s"
-    )
-    if not slo["met"]:
-        render.out_console.print(f"{head}: no max_num_seqs and token budget on the grid meets it")
-        return
-    s, b, g = slo["largest_seqs"], slo["largest_budget"], slo["best_goodput"]
-    render.out_console.print(
-        f"{head}: largest max_num_seqs {s['max_num_seqs']} (token budget "
-        f"{s['max_num_batched_tokens']}); largest token budget {b['max_num_batched_tokens']} "
-        f"(max_num_seqs {b['max_num_seqs']}); best goodput {g['goodput_rps']:.3g} req/s at "
-        f"max_num_seqs {g['max_num_seqs']}, budget {g['max_num_batched_tokens']}"
     )

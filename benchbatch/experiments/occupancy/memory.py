@@ -18,7 +18,7 @@ from benchbatch.core.simulate import SimResult, StepCost
 from benchbatch.core.timeline import Timeline
 from benchbatch.core.workload import Request, Workload
 from benchbatch.experiments.occupancy.options import check_kv_budget
-from benchbatch.experiments.occupancy.probe import EngineRun
+from benchbatch.runtime.runs import EngineRun
 
 GIB = memory.GIB
 SLOTS_WORTH = "the slot count's worth"

@@ -5,7 +5,8 @@ the short ones sit idle (padded); continuous (iteration-level) batching refills 
 the step after it frees. Output lengths are long-tailed (lognormal), so static batching
 leaves most slot-steps idle. The simulation counts steps; the real engine runs the same
 scheduler's steps on the model and times them, so measured over simulated time says how
-well "time is proportional to steps" holds on this machine.
+well "time is proportional to steps" holds on this machine. The engine's loop itself is
+benchbatch/runtime/runs.py (run.py runs it through the recorder).
 
 Everything here returns rows (dicts, the CSV's shape); nothing prints.
 """
@@ -13,8 +14,7 @@ Everything here returns rows (dicts, the CSV's shape); nothing prints.
 from __future__ import annotations
 
 import statistics
-from collections.abc import Callable, Iterator, Sequence
-from dataclasses import dataclass, field
+from collections.abc import Sequence
 from typing import TYPE_CHECKING
 
 import numpy as np
@@ -25,7 +25,7 @@ from benchbatch.core.simulate import SimResult, occupancy_rows, run_policies, ti
 from benchbatch.core.workload import Request, Workload
 from benchbatch.experiments.occupancy.options import OccupancyOptions as Options
 
-__all__ = ["Options", "simulate", "occupancy", "seed_spread", "summary", "EngineRun"]
+__all__ = ["Options", "simulate", "occupancy", "seed_spread", "summary", "engine_row"]
 
 if TYPE_CHECKING:
     import pandas as pd
@@ -113,52 +113,6 @@ def summary(rows: list[dict]) -> dict:
 
 
 # --- the real engine --------------------------------------------------------------------------
-
-
-@dataclass
-class EngineRun:
-    """One run of the real engine: a policy (or an ablation scheme) on the workload.
-
-    name: what the rows call it (their `key` column); sim_step_s: the simulation's price of
-    each step, when a cost model priced them, set beside each measured step."""
-
-    name: str
-    slots: int
-    policy: str = "continuous"
-    settings: dict = field(default_factory=dict)
-    sim_steps: int = 0
-    key: str = "policy"
-    sim_step_s: Sequence[float] | None = None
-    stop_tokens: frozenset[int] = frozenset()  # end a request at one (end-of-sequence)
-    arrivals_s: Sequence[float] | None = None  # arrivals in seconds, on the wall clock
-    columns: dict = field(default_factory=dict)  # set in each of its rows (serve-sweep: rate)
-
-
-Finished = Callable[[EngineRun, object], None]
-
-
-def engine_steps(
-    model, requests: Sequence[Request], runs: Sequence[EngineRun], seed: int, finished: Finished
-) -> Iterator[dict]:
-    """The one loop of the real engine: every run in turn, a row per step as it ends
-    (engine_steps.csv); finished(run, EngineResult) once a run has served every request.
-    A compiled model's rows have compile_s: the seconds of the step torch spent compiling
-    (a new shape), which its step time includes."""
-    from benchbatch.runtime.compiled import compile_seconds
-    from benchbatch.runtime.engine import Engine
-
-    is_compiled = getattr(model, "compiled", None) is not None
-    for run in runs:
-        engine = Engine(model, run.policy, run.slots, seed, run.stop_tokens, **run.settings)
-        before = compile_seconds(model)
-        for record in engine.steps(requests, run.arrivals_s):
-            row = {run.key: run.name, **run.columns, **record.row()}
-            if is_compiled:
-                row["compile_s"], before = compile_seconds(model) - before, compile_seconds(model)
-            if run.sim_step_s is not None:
-                row["sim_step_ms"] = 1e3 * run.sim_step_s[record.step]
-            yield row
-        finished(run, engine.result)
 
 
 def estimate(

@@ -8,7 +8,7 @@ from benchbatch.core.options import ModelOptions, RunOptions
 from benchbatch.experiments import common as c
 from benchbatch.experiments.phases import probe
 from benchbatch.experiments.phases.options import PhasesOptions
-from benchbatch.output.plots.phases import phases_figure
+
 
 def open_run(opts: PhasesOptions, model: ModelOptions, run: RunOptions):
     return c.open_model_run("phases", model, run, opts, check=opts.check)
@@ -36,6 +36,8 @@ def _estimate(rec, net, opts: PhasesOptions, run: RunOptions) -> None:
 def measure(rec, net, opts: PhasesOptions, run: RunOptions, timing=None) -> list[dict]:
     """phases.csv as each step is measured, and phases.png (phases and reproduce, whose
     `timing` measures a noisy group again)."""
+    from benchbatch.output.plots.phases import phases_figure
+
     timing = timing or run.timing()
     steps = probe.rows(net, rec.target.dtype_name, opts, timing, run.cuda_graphs)
     rows = rec.record("phases", steps, total=len(probe.plan(opts)))

@@ -16,7 +16,7 @@ Everything here returns rows or plain results; nothing prints.
 from __future__ import annotations
 
 import math
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
 import numpy as np
@@ -375,7 +375,7 @@ def engine_runs(
 ) -> list:
     """The real engine's runs, one per (rate, policy): EngineRun specs over the first n
     requests at that rate (matched: their simulations, for the progress total)."""
-    from benchbatch.experiments.occupancy.probe import EngineRun
+    from benchbatch.runtime.runs import EngineRun
 
     runs = []
     for rate in rates:
@@ -394,11 +394,3 @@ def engine_runs(
                 )
             )
     return runs
-
-
-def real_steps(model, w: ServeWorkload, runs, n: int, seed: int, finished) -> Iterator[dict]:
-    """real_steps.csv's rows, a step at a time, through the real engine's one loop."""
-    from benchbatch.experiments.occupancy.probe import engine_steps
-
-    requests, _ = w.at(math.inf, n)
-    yield from engine_steps(model, requests, runs, seed, finished)
