@@ -85,12 +85,15 @@ class CudaBackend:
             self._flush, self.flush_bytes = (lambda: buf.fill_(0)), size
         return self._flush
 
-    def capture(self, fn: Callable[[], object]) -> Callable[[], None]:
+    def capture(self, fn: Callable[[], object]) -> Replay:
         """Record fn's kernels once and return a replay: one launch instead of hundreds.
 
-        fn must use static shapes, tensors that stay alive, and no host reads of device
-        values. It is warmed up on a side stream of this device, and the graph is captured
-        on that same stream (torch's own default would be a stream of the current device).
+        fn must use static shapes and no host reads of device values. It is warmed up on a
+        side stream of this device, and the graph is captured on that same stream (torch's
+        own default would be a stream of the current device). The replay keeps fn, and so
+        every tensor fn's closure holds, alive: a CUDAGraph owns only its own pool, and
+        the tensors it read or wrote outside it would otherwise be freed (and handed out
+        again) while the graph still replays into them.
         """
         api = self.api
         with self.activate():
@@ -103,7 +106,7 @@ class CudaBackend:
             graph = api.CUDAGraph()
             with api.graph(graph, stream=side):
                 fn()
-        return graph.replay
+        return Replay(graph, fn)
 
     def free_memory(self) -> int:
         free, _total = self.api.mem_get_info(self.device)
@@ -125,6 +128,26 @@ class CudaBackend:
         import pynvml
 
         return pynvml
+
+
+class Replay:
+    """A captured graph and the call it was captured from, which owns the graph's inputs
+    (the KV cache, tokens, lengths): both live as long as the replay, and `release` frees
+    them (the timing group is done) so the allocator can give their memory back."""
+
+    def __init__(self, graph, fn: Callable[[], object]):
+        self._graph, self._fn = graph, fn
+
+    def __call__(self) -> None:
+        if self._graph is None:
+            raise RuntimeError("replay of a released graph")
+        self._graph.replay()
+
+    def release(self) -> None:
+        """Drop the graph (its pool) and its inputs; replaying afterwards raises."""
+        graph, self._graph, self._fn = self._graph, None, None
+        if graph is not None and hasattr(graph, "reset"):
+            graph.reset()
 
 
 class EventTimer:

@@ -71,9 +71,10 @@ def prepare(
     block_size: int = 16,
 ) -> Callable[[], None]:
     """The call that runs one step, with its own KV cache and inputs (kept alive by the
-    call); on CUDA a replay of the step's CUDA graph when asked (captured for this step's
-    shape). kv_layout "paged": the cache is blocks of block_size tokens in a shuffled pool,
-    read through block tables."""
+    call: on CUDA a replay of the step's CUDA graph when asked, captured for this step's
+    shape, which owns the eager call and so its tensors until released). kv_layout
+    "paged": the cache is blocks of block_size tokens in a shuffled pool, read through
+    block tables."""
     dev = model.embed.weight.device
     timing.prepare(dev, opts)
     gen = torch.Generator(device=dev).manual_seed(seed)
@@ -104,7 +105,10 @@ def time_step(
     """Median-of-repeats time of one step, timed alone (see prepare)."""
     dev = model.embed.weight.device
     call = prepare(model, step, opts, cuda_graphs, seed, kv_layout=kv_layout, block_size=block_size)
-    return measure(call, dev, opts)
+    try:
+        return measure(call, dev, opts)
+    finally:
+        backend.release_calls([call])
 
 
 def replays_graph(dev: torch.device, step: Step, cuda_graphs: bool) -> bool:
@@ -256,6 +260,7 @@ def measure_prepared(
             raise
         return None
     finally:
+        backend.release_calls(calls.values())  # the group is done: graphs and their inputs
         calls.clear()
         device.release_memory(dev)
     return [measured.get(i) for i in range(len(makers))]
