@@ -287,3 +287,87 @@ def test_an_error_raised_while_handling_an_oom_is_an_oom():
     except RuntimeError as e:
         assert device.is_out_of_memory(e)
     assert not device.is_out_of_memory(RuntimeError("shape mismatch"))
+
+
+# --- graph inputs: a graph owns only its pool; the replay owns the rest -------------------------
+
+
+def test_the_fake_graph_does_not_own_the_captured_calls_tensors(fake):
+    """As a real CUDAGraph: tensors made outside the capture are not kept alive by the
+    graph, and replaying after they died is an illegal access, not a quiet success."""
+    x = torch.ones(4)
+    graph = fake.CUDAGraph()
+    with fake.graph(graph):
+        x.mul_(2)
+    graph.replay()
+    assert x.tolist() == [4.0] * 4  # the capture ran it once, the replay once more
+    del x
+    with pytest.raises(RuntimeError, match="illegal memory access"):
+        graph.replay()
+
+
+def test_the_fake_allocator_hands_freed_blocks_out_and_empty_cache_returns_them(fake):
+    x = torch.empty(1000)  # 4000 bytes, allocated inside kernels_on
+    assert fake.allocated == 4000 and fake.reserved == 4000
+    del x
+    assert fake.allocated == 0 and fake.reserved == 4000 and fake.cached == [4000]
+    y = torch.empty(500)  # fits the freed block: no new memory
+    assert fake.reused == 1 and fake.reserved == 4000 and fake.allocated == 4000
+    del y
+    fake.empty_cache()
+    assert fake.reserved == 0 and fake.cached == []
+
+
+def test_a_replay_owns_its_inputs_until_released(fake):
+    def prepared():  # as steps.prepare leaves it: the call's closure is the only owner
+        x = torch.ones(4)
+        return backend.of(CPU).capture(lambda: x.mul_(2)), weakref.ref(x)
+
+    replay, kept = prepared()
+    replay()
+    assert kept() is not None and kept().tolist() == [32.0] * 4  # 3 warm-ups, capture, replay
+    replay.release()
+    assert kept() is None
+    with pytest.raises(RuntimeError, match="released"):
+        replay()
+
+
+def test_a_group_frees_its_caches_when_done(fake, model, monkeypatch):
+    made = keep_caches(model, monkeypatch)
+    group = [steps.decode(1, 8), steps.decode(4, 8), steps.prefill(1, 8)]
+    rows = steps.run_group(model, "fp32", group, FEW)
+    assert [r["status"] for r in rows] == ["ok"] * 3
+    assert len(fake.called("replay")) == 3 * (WARM + REPEATS)
+    freed = [weakref.ref(c.k) for c in made]
+    made.clear()
+    assert [f() for f in freed] == [None] * 3
+
+
+GROUPED = ["--preset", "tiny", "--device", "cpu", "--repeats", "2", "--min-time", "0"]
+GROUPED_COMMANDS = {
+    "phases": ["phases", *GROUPED, "--no-roofline", "--prefill", "8,16"]
+    + ["--decode-batch", "1,4", "--context", "8"],
+    "sweep": ["sweep", *GROUPED, "--no-roofline", "--batch", "1,2,4", "--context", "8"],
+}
+
+
+@pytest.mark.parametrize("command", list(GROUPED_COMMANDS))
+def test_grouped_commands_replay_graphs_whose_inputs_are_alive(fake, tmp_path, command):
+    """The whole plan is one timing group on the fake (3 GiB free): every step is prepared
+    (its cache allocated, its graph captured, empty_cache called) before the first replay,
+    so a replay that did not own its inputs would raise here."""
+    import pandas as pd
+    from typer.testing import CliRunner
+
+    from benchbatch.cli import app
+    from benchbatch.commands import common
+
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setattr(common, "estimate_run", lambda *a, **k: None)  # its eager steps: not timed
+        out = tmp_path / "run"
+        result = CliRunner().invoke(app, [*GROUPED_COMMANDS[command], "--out", str(out)])
+    assert result.exit_code == 0, (result.output, result.exc_info)
+    df = pd.read_csv(out / f"{command}.csv")
+    assert (df["status"] == "ok").all() and df["timing_group"].nunique() == 1
+    assert len(fake.captures) == len(df) >= 3
+    assert len(fake.called("empty_cache")) >= len(df)  # each capture's, then the group's
