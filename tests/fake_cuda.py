@@ -12,6 +12,9 @@ makes, and records which device and stream each call used:
   `ms` on that device (the model's work, as the GPU would see it); an event reads the
   clock of the device it was recorded on, and elapsed_time refuses events that device
   has not been synchronized past ("device not ready");
+- the host has a clock of its own (`host_clock`, seconds; `host_work(ms)` is the host
+  busy enqueueing): nothing starts on a device before the host has launched it, so a
+  device whose host is slower than its kernels idles, as a starved GPU does;
 - graph capture records the aten ops the captured call runs (a TorchDispatchMode), refuses
   host reads of device values while capturing, and a replay runs the recorded ops again
   on the same tensors, with every Python-side value frozen, as a CUDA graph replays its
@@ -69,6 +72,8 @@ class FakeCuda:
         self.allocated = self.reserved = 0  # bytes of live tensors; of blocks held
         self.cached: list[int] = []  # sizes of freed blocks the allocator keeps
         self.reused = 0  # allocations served from a freed block
+        self.host_ms = 0.0  # the host's own clock (advanced by host_work and records)
+        self.record_ms = 0.0  # host time an Event.record costs (a real one: microseconds)
 
     # --- devices and streams ---------------------------------------------------------------
 
@@ -119,6 +124,7 @@ class FakeCuda:
     def synchronize(self, device=None) -> None:
         i = self._index(device)
         self._done[i] = self._recorded[i]
+        self.host_ms = max(self.host_ms, self.clock[i])  # the host waited for the device
         self.calls.append(("synchronize", i, None))
 
     # --- events, graphs, memory ------------------------------------------------------------
@@ -176,8 +182,17 @@ class FakeCuda:
     # --- work ------------------------------------------------------------------------------
 
     def launch(self, ms: float, device: int) -> None:
-        """A kernel running `ms` on `device`."""
-        self.clock[device] += ms
+        """A kernel running `ms` on `device`, once the device is free and the host has
+        launched it (an idle device waits for the host)."""
+        self.clock[device] = max(self.clock[device], self.host_ms) + ms
+
+    def host_work(self, ms: float) -> None:
+        """The host spends `ms` (enqueueing, Python) before its next launch."""
+        self.host_ms += ms
+
+    def host_clock(self) -> float:
+        """The host's time in seconds: CudaBackend(host_clock=...) times enqueues by it."""
+        return self.host_ms / 1e3
 
     @contextlib.contextmanager
     def kernels_on(self, device: int, ms: float):
@@ -210,7 +225,10 @@ class FakeEvent:
         if self.stream is not None and self.stream.index != stream.index:
             raise RuntimeError("an event is recorded by streams of one device only")
         api._recorded[stream.index] += 1
+        api.host_ms += api.record_ms
         self.stream, self.seq = stream, api._recorded[stream.index]
+        # The device reaches the event once its queue is done and the host has recorded it.
+        api.clock[stream.index] = max(api.clock[stream.index], api.host_ms)
         self.at = api.clock[stream.index]
         api.calls.append(("record", stream.index, stream.name))
 

@@ -19,10 +19,11 @@ from benchbatch.engines.model import Transformer
 from benchbatch.experiments import PiggybackOptions
 from benchbatch.probes import ceilings, steps
 from benchbatch.probes import piggyback as pb
-from benchbatch.timing import TimingOptions, measure
+from benchbatch.timing import QUEUED_CALLS, TimingOptions, measure
 
 CPU, GPU1 = torch.device("cpu"), torch.device("cuda", 1)
 WARM, REPEATS = 2, 3
+CALLS = WARM + REPEATS + QUEUED_CALLS  # warm-up, repeats, the queued launch-bound probe
 FEW = TimingOptions(min_repeats=REPEATS, min_time_s=0.0, warmup=WARM, warmup_s=0.0)
 
 
@@ -61,7 +62,7 @@ def test_cuda1_is_timed_on_its_own_stream_and_synchronized(fake):
     m = measure(kernel(fake, 2.0), GPU1, opts)
     assert m.times_ms == pytest.approx([2.0] * 6)  # 11 ms of 2 ms calls
     records = fake.called("record")
-    assert len(records) == 2 * (2 + 6)  # a pair per warm-up call and per repeat
+    assert len(records) == 2 * (2 + 6 + 1)  # a pair per warm-up call, repeat, queued probe
     assert set(records) == {("record", 1, "default1")}
     assert set(fake.called("synchronize")) == {("synchronize", 1, None)}
     assert ("device", 1, None) in fake.calls and fake.current_device() == 0  # restored after
@@ -114,7 +115,7 @@ def test_the_repeat_count_follows_device_time(fake, call_ms, repeats):
     opts = TimingOptions(min_repeats=4, min_time_s=0.021, warmup=3, warmup_s=0.0, max_repeats=50)
     calls = []
     m = measure(lambda: (calls.append(1), fake.launch(call_ms, 1)), GPU1, opts)
-    assert m.repeats == repeats and len(calls) == repeats + 3
+    assert m.repeats == repeats and len(calls) == repeats + 3 + QUEUED_CALLS
     assert m.median_ms == pytest.approx(call_ms)
 
 
@@ -126,6 +127,37 @@ def test_host_enqueue_time_and_launch_bound(fake):
     assert launches.host_ms >= 2.0 and launches.launch_bound  # the GPU waits for the host
     row = launches.summary()
     assert row["launch_bound"] is True and row["host_ms"] == launches.host_ms
+
+
+@pytest.mark.parametrize(
+    ("host_ms", "kernel_ms", "bound"),
+    [
+        (0.3, 0.1, True),
+        (0.3, 0.28, True),
+        (0.3, 0.36, False),
+        (0.3, 0.5, False),
+        (0.01, 2.0, False),
+    ],
+)
+def test_launch_bound_means_the_device_waited_for_the_host(host_ms, kernel_ms, bound):
+    """The fake host spends host_ms per call and its device idles until each launch. A
+    starved device's repeats take the host's time plus a few microseconds each, so "host
+    time >= device time" said not launch-bound; queued back to back, a starved device's
+    calls take the host's time each, and a busy device's their own."""
+    api = FakeCuda(devices=2)
+    b = CudaBackend(GPU1, api=api, alloc_device=CPU, min_flush_bytes=1 << 16,
+                    host_clock=api.host_clock)  # fmt: skip
+    api.record_ms = 0.002  # 2 us of host time per event recorded
+    with backend.use(b):
+        m = measure(lambda: (api.host_work(host_ms), api.launch(kernel_ms, 1)), GPU1, FEW)
+    assert m.host_ms == pytest.approx(host_ms)
+    # A repeat takes the slower of the two, and a starved one the records' 4 us on top:
+    # so one call's host time never reaches its device time, starved or not.
+    assert m.median_ms == pytest.approx(max(host_ms, kernel_ms), abs=0.005)
+    assert m.host_ms < m.median_ms
+    per_call = max(host_ms, kernel_ms) + min(host_ms, kernel_ms) / QUEUED_CALLS
+    assert m.queued_ms == pytest.approx(per_call, abs=0.005)
+    assert m.launch_bound is bound and m.summary()["launch_bound"] is bound
 
 
 # --- graphs: on the device, per shape, replayed in place -----------------------------------------
@@ -143,7 +175,7 @@ def test_prefill_is_captured_like_decode_unless_graphs_are_off(fake, model):
     steps.time_step(model, steps.prefill(1, 16), FEW)
     assert len(fake.captures) == 1
     steps.time_step(model, steps.prefill(1, 16), FEW, cuda_graphs=False)
-    assert len(fake.captures) == 1 and len(fake.called("replay")) == WARM + REPEATS
+    assert len(fake.captures) == 1 and len(fake.called("replay")) == CALLS
 
 
 def test_a_graph_is_captured_per_shape_and_never_reused(fake, model):
@@ -163,14 +195,14 @@ def test_a_graph_is_captured_per_shape_and_never_reused(fake, model):
             captured += 1
         elif call == "replay":
             assert name == f"graph{captured}"
-    assert len(fake.called("replay")) == 5 * (WARM + REPEATS)  # warm-up and repeats, per step
+    assert len(fake.called("replay")) == 5 * CALLS  # warm-up and repeats, per step
 
 
 def test_replays_do_not_advance_the_kv_cache(fake, model, monkeypatch):
     made = keep_caches(model, monkeypatch)
     steps.time_step(model, steps.decode(3, 10), FEW)
     steps.time_step(model, steps.prefill(2, 12), FEW)
-    assert len(fake.called("replay")) == 2 * (WARM + REPEATS)
+    assert len(fake.called("replay")) == 2 * CALLS
     assert made[0].lengths.tolist() == [11] * 3 and made[1].lengths.tolist() == [12] * 2
 
 
@@ -337,7 +369,7 @@ def test_a_group_frees_its_caches_when_done(fake, model, monkeypatch):
     group = [steps.decode(1, 8), steps.decode(4, 8), steps.prefill(1, 8)]
     rows = steps.run_group(model, "fp32", group, FEW)
     assert [r["status"] for r in rows] == ["ok"] * 3
-    assert len(fake.called("replay")) == 3 * (WARM + REPEATS)
+    assert len(fake.called("replay")) == 3 * CALLS
     freed = [weakref.ref(c.k) for c in made]
     made.clear()
     assert [f() for f in freed] == [None] * 3
