@@ -99,6 +99,35 @@ def test_out_of_memory_on_one_row_is_recorded_and_the_run_goes_on(runner, tmp_pa
     assert df["step_ms"].isna().tolist() == [False, False, False, True]
 
 
+def test_a_cublas_allocation_failure_is_an_oom_row_and_the_run_goes_on(
+    runner, tmp_path, monkeypatch
+):
+    """cuBLAS allocates its workspace on a step's first matmul, outside torch's allocator:
+    a full GPU raises its RuntimeError from the timed call, not torch's OutOfMemoryError.
+    The group it fails is timed step by step, and only that step is an oom row."""
+    from benchbatch.probes import steps
+
+    real = steps.prepare
+    error = "CUDA error: CUBLAS_STATUS_ALLOC_FAILED when calling `cublasCreate(handle)`"
+
+    def fail_big(model, step, opts, cuda_graphs=True, seed=0, **layout):
+        call = real(model, step, opts, cuda_graphs, seed, **layout)
+        if step.batch != 4:
+            return call
+
+        def run():
+            raise RuntimeError(error)
+
+        return run
+
+    monkeypatch.setattr(steps, "prepare", fail_big)
+    result = run_phases(runner, tmp_path / "run")
+    assert result.exit_code == 0, result.output
+    df = pd.read_csv(tmp_path / "run" / "phases.csv")
+    assert list(df["status"]) == ["ok", "ok", "ok", "oom"]
+    assert df["step_ms"].isna().tolist() == [False, False, False, True]
+
+
 BAD = [
     (["--prefill", "1,,x"], "--prefill"),
     (["--prefill", "0"], "--prefill"),
