@@ -143,21 +143,23 @@ def engine_steps(
     """The one loop of the real engine: every run in turn, a row per step as it ends
     (engine_steps.csv); finished(run, EngineResult) once a run has served every request.
     A compiled model's rows have compile_s: the seconds of the step torch spent compiling
-    (a new shape), which its step time includes."""
-    from benchbatch.engines.compiled import compile_seconds
+    (a new shape), which its step time includes, and compile_columns' others; the run's
+    result keeps its total (engine.csv's compile_s)."""
+    from benchbatch.engines import compiled
     from benchbatch.engines.engine import Engine
 
-    is_compiled = getattr(model, "compiled", None) is not None
     for run in runs:
         engine = Engine(model, run.policy, run.slots, seed, run.stop_tokens, **run.settings)
-        before = compile_seconds(model)
+        start = before = compiled.counts(model)
         for record in engine.steps(requests, run.arrivals_s):
             row = {run.key: run.name, **run.columns, **record.row()}
-            if is_compiled:
-                row["compile_s"], before = compile_seconds(model) - before, compile_seconds(model)
+            row |= compiled.row_columns(model, before)
+            before = compiled.counts(model)
             if run.sim_step_s is not None:
                 row["sim_step_ms"] = 1e3 * run.sim_step_s[record.step]
             yield row
+        if start is not None:  # the run's compile seconds: in its wall time, said apart
+            engine.result.compile_s = compiled.row_columns(model, start)["compile_s"]
         finished(run, engine.result)
 
 
@@ -223,6 +225,7 @@ def engine_row(result, sim: SimResult, static_wall_s: float | None) -> dict:
         "p90_step_ms": percentile([s.step_s for s in result.steps], 90) * 1e3,
         "sim_s": sim_s,
         "measured_over_sim": wall / sim_s,
+        **({} if getattr(result, "compile_s", None) is None else {"compile_s": result.compile_s}),
         "sim_time_basis": SIM_TIME_BASIS,
         "model_s": result.model_s,
         "overhead": result.overhead,

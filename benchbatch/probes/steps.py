@@ -204,7 +204,7 @@ def run_group(
         rows = [run_step(model, dtype, step, opts, cuda_graphs, **layout) for step in group]
         return [{**row, "timing_group": number} for row in rows]
     dev = model.embed.weight.device
-    spent: dict[int, float] = {}  # compile seconds of each step, when compiled
+    spent: dict[int, dict] = {}  # each step's compile columns, when compiled
     makers = [
         functools.partial(_prepared, model, step, opts, cuda_graphs, layout, spent, i)
         for i, step in enumerate(group)
@@ -217,20 +217,19 @@ def run_group(
     for i, (step, m) in enumerate(zip(group, measured, strict=True)):
         row = {**step_row(model, dtype, step, m), "status": "oom" if m is None else "ok",
                "kv_layout": kv_layout, "timing_group": number}  # fmt: skip
-        if i in spent:
-            row["compile_s"] = spent[i]
-        rows.append(row)
+        rows.append({**row, **spent.get(i, {})})
     return rows
 
 
 def _prepared(model, step: Step, opts, cuda_graphs: bool, layout: dict, spent: dict, i: int):
     """prepare(), and for a compiled model one call first: torch compiles for the step's
-    shape then, its seconds kept in spent[i], outside the group's timing."""
-    before = compiled.compile_seconds(model)
+    shape then, outside the group's timing; spent[i] keeps its compile columns (seconds,
+    recompiles, calls run eagerly past dynamo's recompile limit: compiled.row_columns)."""
+    before = compiled.counts(model)
     call = prepare(model, step, opts, cuda_graphs, 0, **layout)
-    if getattr(model, "compiled", None) is not None:
+    if before is not None:
         call()
-        spent[i] = compiled.compile_seconds(model) - before
+        spent[i] = compiled.row_columns(model, before)
     return call
 
 
@@ -280,11 +279,9 @@ def run_step(
     its untimed warm-up calls), apart from step_ms."""
     timed = lambda: time_step(model, step, opts, cuda_graphs, kv_layout=kv_layout,  # noqa: E731
                               block_size=block_size)  # fmt: skip
-    before = compiled.compile_seconds(model)
+    before = compiled.counts(model)
     m, status = device.measured_or_oom(timed, model.embed.weight.device)
-    extra = {"kv_layout": kv_layout}
-    if getattr(model, "compiled", None) is not None:
-        extra["compile_s"] = compiled.compile_seconds(model) - before
+    extra = {"kv_layout": kv_layout, **compiled.row_columns(model, before)}
     if distributed.current().distributed:
         row = across_ranks(model, dtype, step, m, status, opts, cuda_graphs)
         return {**row, **extra}
