@@ -64,6 +64,31 @@ def test_phases_writes_rows_metadata_and_plot(runner, tmp_path):
     assert "ran at" in result.stdout
 
 
+def test_rows_and_metadata_say_which_sdpa_backend_ran(runner, tmp_path):
+    """torch's own selector, asked with each step's attention shapes: on this CPU build in
+    fp32 the flash kernel for every kind; metadata has each kind at the article's sizes."""
+    result = run_phases(runner, tmp_path / "run")
+    assert result.exit_code == 0, result.output
+    df = pd.read_csv(tmp_path / "run" / "phases.csv")
+    assert list(df["sdpa_backend"]) == ["flash"] * 4
+    meta = json.loads((tmp_path / "run" / "metadata.json").read_text())
+    assert meta["sdpa_backends"] == {"prefill": "flash", "decode": "flash", "masked": "flash"}
+
+
+def test_the_sdpa_backend_follows_what_torch_allows():
+    from torch.nn.attention import SDPBackend, sdpa_kernel
+
+    from benchbatch.config import preset
+    from benchbatch.engines import sdpa
+
+    cfg, cpu = preset("tiny"), torch.device("cpu")
+    with sdpa_kernel(SDPBackend.MATH):  # only math enabled: torch must pick it
+        assert sdpa.by_kind(cfg, cpu, torch.float32) == dict.fromkeys(sdpa.KINDS, "math")
+        assert sdpa.for_step(cfg, "decode", 1, 8, cpu, torch.float32) == "math"
+    assert sdpa.name_of(SDPBackend.CUDNN_ATTENTION.value) == "cudnn"
+    assert sdpa.name_of(SDPBackend.EFFICIENT_ATTENTION.value) == "memory-efficient"
+
+
 def test_json_output_is_one_document(runner, tmp_path):
     result = run_phases(runner, tmp_path / "run", "--json")
     assert result.exit_code == 0

@@ -142,9 +142,19 @@ def step_row(
         "tokens_per_s": new_tokens / seconds,
         "tflops": cost.flops / seconds / 1e12,
         "gbps": cost.bytes / seconds / 1e9,
+        "sdpa_backend": _sdpa_backend(model, step),
         **detail,
         **stats,
     }
+
+
+def _sdpa_backend(model: Transformer, step: Step) -> str:
+    """The attention kernel torch picks for this step's shape (benchbatch/engines/sdpa.py)."""
+    from benchbatch.engines import sdpa
+
+    w = model.embed.weight
+    cfg = getattr(model, "local_cfg", model.cfg)  # a rank's own heads under tensor parallel
+    return sdpa.for_step(cfg, step.phase, step.tokens, step.context, w.device, w.dtype)
 
 
 MAX_GROUP = 16  # steps timed together: more than any verdict compares
