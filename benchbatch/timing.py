@@ -8,8 +8,9 @@ The repeat count comes from the warm-up, as triton's do_bench sizes it: each war
 is synchronised and timed on the device, and min_time / (one call's device time) repeats
 follow. Counting min_time on the host clock instead would be wrong on a GPU: the host only
 enqueues, runs far ahead of the device, and would queue hundreds of repeats. The warm-up
-calls (queue empty) also give the host's time to enqueue one call: a step whose host time
-is at least its device time is launch-bound (the GPU waits for launches).
+calls (queue empty) also give the host's time to enqueue one call. Whether a step is
+launch-bound (the GPU waits for launches) comes from QUEUED_CALLS calls queued back to back
+after the warm-up: see Measurement.launch_bound.
 
 Steps whose times a verdict compares (prefill against decode, batch 1 against batch 128)
 are timed together by `measure_interleaved`: their repeats alternate (A B A B, not A A B B),
@@ -65,6 +66,8 @@ class Measurement:
     attempts: int = 1  # 2: the first attempt was noisy, so it was measured again (the less
     # spread attempt is kept)
     interleaved: int = 1  # steps whose repeats alternated with this one's (itself included)
+    queued_ms: float | None = None  # device time per call of QUEUED_CALLS queued at once
+    queued_host_ms: float | None = None  # the host's time per call to enqueue them
 
     @property
     def repeats(self) -> int:
@@ -108,9 +111,6 @@ class Measurement:
         if not self.host_times_ms:
             return self.median_ms
         return statistics.median(self.host_times_ms)
-
-    queued_ms: float | None = None  # device time per call of QUEUED_CALLS queued at once
-    queued_host_ms: float | None = None  # the host's time per call to enqueue them
 
     @property
     def launch_bound(self) -> bool:
