@@ -20,7 +20,7 @@ burst of load from another process hits both alike: a step's bb/peer is the medi
 rounds' ratios (each round's median times), its times the medians of each side's pooled
 repeats. On a shared 2-core machine --threads 1 keeps OpenMP from waiting on a
 descheduled thread. benchbatch's weights are laid out as its commands lay them out (the
-device's measured faster layout, engines/layout.py; --layout forces one).
+device's measured faster layout, runtime/layout.py; --layout forces one).
 The default workload (64 requests, 16 slots, lognormal outputs median 70, at most 400)
 simulates to about 1.9x fewer steps for continuous batching; more requests and slots widen
 the gap (the article's 600 requests on 32 slots: 3.9x) but take long on a CPU.

@@ -6,7 +6,7 @@ measures, side by side in one run: the phases rows of a model, and a plain matri
 product over a weight of the same total size (what the memory system gives to torch).
 The decode b=1 ratio is the median of --rounds alternating rounds (step, then the plain
 product), so load from other processes hits both alike. The model's weights are laid out as
-the commands lay them out (engines/layout.py measures the device's faster layout);
+the commands lay them out (runtime/layout.py measures the device's faster layout);
 --layout rows|columns forces one, to compare. It prints a table, then one JSON line.
 
     python scripts/bench_phases.py [--hidden 1024] [--layers 8] [--device cpu]

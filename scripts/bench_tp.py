@@ -1,7 +1,7 @@
 """Benchmark (not a test): a tensor-parallel decode step, sharded by hand against torch's
 tensor-parallel API, side by side.
 
-A: benchbatch's own sharding (engines/tensor_parallel.py): each rank builds its layers on
+A: benchbatch's own sharding (runtime/tensor_parallel.py): each rank builds its layers on
 its shapes and calls the functional collectives' ops (one all-reduce after wo and after
 w2, a gather of the logits). B: the whole model with torch's DTensor API, `DeviceMesh` and
 `parallelize_module` with ColwiseParallel on wqkv and w13 (their rows laid out per rank

@@ -12,21 +12,33 @@ makes, and records which device and stream each call used:
   `ms` on that device (the model's work, as the GPU would see it); an event reads the
   clock of the device it was recorded on, and elapsed_time refuses events that device
   has not been synchronized past ("device not ready");
+- the host has a clock of its own (`host_clock`, seconds; `host_work(ms)` is the host
+  busy enqueueing): nothing starts on a device before the host has launched it, so a
+  device whose host is slower than its kernels idles, as a starved GPU does;
 - graph capture records the aten ops the captured call runs (a TorchDispatchMode), refuses
   host reads of device values while capturing, and a replay runs the recorded ops again
   on the same tensors, with every Python-side value frozen, as a CUDA graph replays its
-  kernels. Unlike a real capture, the capture pass also runs the ops once.
+  kernels. Unlike a real capture, the capture pass also runs the ops once;
+- like a real CUDAGraph, a graph owns only the memory its capture allocated (its pool):
+  the tensors the captured call reads or writes that were made outside the capture (a KV
+  cache, tokens) are held by weak references, so a replay after they died raises, as a
+  real replay reads freed memory (an illegal address, or another tensor's bytes);
+- inside `kernels_on`, every tensor an op allocates goes through a caching allocator: a
+  freed tensor's block is kept (reserved) and handed to the next allocation that fits,
+  and `empty_cache` gives back the blocks nothing owns (`memory_allocated`,
+  `memory_reserved`, `reused` count them).
 """
 
 from __future__ import annotations
 
 import contextlib
 import itertools
+import weakref
 from types import SimpleNamespace
 
 import torch
 from torch.utils._python_dispatch import TorchDispatchMode
-from torch.utils._pytree import tree_leaves
+from torch.utils._pytree import tree_leaves, tree_map
 
 aten = torch.ops.aten
 # Ops that read a device value on the host: a CUDA stream being captured refuses them.
@@ -57,6 +69,11 @@ class FakeCuda:
         self._capture_stream: FakeStream | None = None  # torch.cuda.graph's own, made once
         self._recorded = [0] * devices
         self._done = [0] * devices
+        self.allocated = self.reserved = 0  # bytes of live tensors; of blocks held
+        self.cached: list[int] = []  # sizes of freed blocks the allocator keeps
+        self.reused = 0  # allocations served from a freed block
+        self.host_ms = 0.0  # the host's own clock (advanced by host_work and records)
+        self.record_ms = 0.0  # host time an Event.record costs (a real one: microseconds)
 
     # --- devices and streams ---------------------------------------------------------------
 
@@ -107,6 +124,7 @@ class FakeCuda:
     def synchronize(self, device=None) -> None:
         i = self._index(device)
         self._done[i] = self._recorded[i]
+        self.host_ms = max(self.host_ms, self.clock[i])  # the host waited for the device
         self.calls.append(("synchronize", i, None))
 
     # --- events, graphs, memory ------------------------------------------------------------
@@ -131,13 +149,50 @@ class FakeCuda:
         )
 
     def empty_cache(self) -> None:
+        """Give back every cached block: the ones no live tensor owns."""
+        self.reserved -= sum(self.cached)
+        self.cached.clear()
         self.calls.append(("empty_cache", self._current, None))
+
+    def memory_allocated(self, device=None) -> int:
+        return self.allocated
+
+    def memory_reserved(self, device=None) -> int:
+        return self.reserved
+
+    def _allocate(self, t: torch.Tensor) -> None:
+        """A new tensor's block: a freed one that fits when there is one (the allocator
+        hands freed memory back out), else a new one; freed when the tensor dies."""
+        size = t.untyped_storage().nbytes()
+        fits = [b for b in self.cached if b >= size]
+        if fits:
+            block = min(fits)
+            self.cached.remove(block)
+            self.reused += 1
+        else:
+            block = size
+            self.reserved += block
+        self.allocated += block
+        weakref.finalize(t, self._free, block)
+
+    def _free(self, block: int) -> None:
+        self.allocated -= block
+        self.cached.append(block)
 
     # --- work ------------------------------------------------------------------------------
 
     def launch(self, ms: float, device: int) -> None:
-        """A kernel running `ms` on `device`."""
-        self.clock[device] += ms
+        """A kernel running `ms` on `device`, once the device is free and the host has
+        launched it (an idle device waits for the host)."""
+        self.clock[device] = max(self.clock[device], self.host_ms) + ms
+
+    def host_work(self, ms: float) -> None:
+        """The host spends `ms` (enqueueing, Python) before its next launch."""
+        self.host_ms += ms
+
+    def host_clock(self) -> float:
+        """The host's time in seconds: CudaBackend(host_clock=...) times enqueues by it."""
+        return self.host_ms / 1e3
 
     @contextlib.contextmanager
     def kernels_on(self, device: int, ms: float):
@@ -170,7 +225,10 @@ class FakeEvent:
         if self.stream is not None and self.stream.index != stream.index:
             raise RuntimeError("an event is recorded by streams of one device only")
         api._recorded[stream.index] += 1
+        api.host_ms += api.record_ms
         self.stream, self.seq = stream, api._recorded[stream.index]
+        # The device reaches the event once its queue is done and the host has recorded it.
+        api.clock[stream.index] = max(api.clock[stream.index], api.host_ms)
         self.at = api.clock[stream.index]
         api.calls.append(("record", stream.index, stream.name))
 
@@ -196,8 +254,48 @@ class FakeGraph:
         self.api.calls.append(("replay", self.index, f"graph{self.number}"))
         with torch.inference_mode():
             for func, args, kwargs, out in self.ops:
+                args, kwargs, out = _resolve((args, kwargs, out))
                 _write_back(out, func(*args, **kwargs), tree_leaves((args, kwargs)))
         self.api.clock[self.index] += self.api.replay_ms
+
+    def reset(self) -> None:
+        """CUDAGraph.reset: the graph and its pool are gone."""
+        self.ops, self.number = [], None
+
+
+class _Weak:
+    """A tensor the captured call used that the graph does not own: a weak reference to
+    the tensor it was (or, for a view made while capturing, the tensor owning its memory)
+    and where it lies in that tensor's storage."""
+
+    def __init__(self, owner: torch.Tensor, t: torch.Tensor):
+        self.owner = weakref.ref(owner)
+        self.same = owner is t
+        self.where = (t.size(), t.stride(), t.storage_offset())
+
+    def get(self) -> torch.Tensor:
+        owner = self.owner()
+        if owner is None:
+            raise RuntimeError(
+                "CUDA error: an illegal memory access was encountered "
+                "(a replayed graph's input was freed after capture)"
+            )
+        if self.same:
+            return owner
+        with _no_modes():
+            return owner.as_strided(*self.where)
+
+
+def _no_modes():
+    from torch.utils._python_dispatch import _disable_current_modes
+
+    return _disable_current_modes()
+
+
+def _resolve(tree):
+    """The recorded values with every weak tensor looked up (raises if one died)."""
+    return tree_map(lambda x: x.get() if isinstance(x, _Weak) else x, tree,
+                    is_leaf=lambda x: isinstance(x, _Weak))  # fmt: skip
 
 
 def _write_back(recorded, fresh, inputs) -> None:
@@ -221,21 +319,53 @@ class _OpClock(TorchDispatchMode):
 
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):
         self.api.clock[self.device] += self.ms
-        return func(*args, **(kwargs or {}))
+        out = func(*args, **(kwargs or {}))
+        used = {_storage(t) for t in tree_leaves((args, kwargs)) if isinstance(t, torch.Tensor)}
+        for t in tree_leaves(out):
+            # Only a result in memory no input has is an allocation (not a view or in-place).
+            if isinstance(t, torch.Tensor) and t._base is None and _storage(t) not in used:
+                if t.untyped_storage().nbytes() > 0:
+                    self.api._allocate(t)
+        return out
+
+
+def _storage(t: torch.Tensor) -> int:
+    return t.untyped_storage().data_ptr()
 
 
 class _Recorder(TorchDispatchMode):
+    """Records each op; tensors in memory made outside the capture are kept weakly (the
+    graph does not own them), tensors the capture allocated strongly (its pool)."""
+
     def __init__(self):
         super().__init__()
         self.ops: list[tuple] = []
+        self.outside: dict[int, weakref.ref] = {}  # storage address: a tensor owning it
+        self.pool: set[int] = set()  # storages the capture allocated
 
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):
         kwargs = kwargs or {}
         if func in HOST_READS:
             raise RuntimeError("operation not permitted when stream is capturing")
         out = func(*args, **kwargs)
-        self.ops.append((func, args, kwargs, out))
+        for t in tree_leaves((args, kwargs)):
+            if isinstance(t, torch.Tensor) and _storage(t) not in self.pool:
+                self.outside.setdefault(_storage(t), weakref.ref(t))
+        for t in tree_leaves(out):
+            if isinstance(t, torch.Tensor) and _storage(t) not in self.outside:
+                self.pool.add(_storage(t))
+        self.ops.append((func, *self._weak((args, kwargs, out))))
         return out
+
+    def _weak(self, tree):
+        def weak(t):
+            if not isinstance(t, torch.Tensor) or _storage(t) == 0:
+                return t  # no memory to lose
+            owner = self.outside.get(_storage(t))
+            owner = owner() if owner is not None else None
+            return t if owner is None else _Weak(owner, t)
+
+        return tree_map(weak, tree)
 
 
 class FakeCapture:

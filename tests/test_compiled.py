@@ -139,3 +139,100 @@ def test_phases_accepts_compile_and_records_the_fallback(runner, tmp_path, monke
 def test_compile_is_an_option_of_the_model_commands(runner, command):
     result = runner.invoke(app, [command, "--help"], terminal_width=200)
     assert result.exit_code == 0 and "--compile" in result.output
+
+
+QUICK = dict(min_repeats=2, min_time_s=0.0, warmup=1, warmup_s=0.0, l2_flush=False)
+
+
+def test_inductor_skipping_its_cuda_graphs_is_recorded_as_what_ran(monkeypatch):
+    """reduce-overhead with a step that writes its KV cache: inductor compiles the kernels
+    but skips its CUDA graphs, through its own counter and logger (called here exactly as
+    inductor calls them). The state and the rows say so, not just "reduce-overhead"."""
+    from torch._dynamo.utils import counters
+    from torch._inductor.cudagraph_utils import log_cudagraph_skip_and_bump_counter
+
+    from benchbatch.runtime.timing import TimingOptions
+
+    shapes = []
+
+    def inductor(fn, **kwargs):  # one graph per shape, each without its CUDA graphs
+        def call(*args, **kw):
+            if args[0].shape not in shapes:
+                shapes.append(args[0].shape)
+                counters["stats"]["unique_graphs"] += 1
+                log_cudagraph_skip_and_bump_counter(
+                    "skipping cudagraphs due to mutated inputs (2 instances)"
+                )
+            return fn(*args, **kw)
+
+        return call
+
+    monkeypatch.setattr(torch, "compile", inductor)
+    monkeypatch.setattr(torch.compiler, "is_compiling", lambda: True)  # "traced" calls
+    monkeypatch.setattr(compiled, "mode_for", lambda device, own: "reduce-overhead")
+    model = Transformer(preset("tiny"), seed=2)
+    state = compiled.compile_model(model)
+    opts = TimingOptions(**QUICK)
+    rows = [steps.run_step(model, "fp32", steps.decode(b, 8), opts) for b in (2, 4, 2)]
+    assert state.cudagraph_skips == 2 and state.eager_calls == 0
+    assert state.info["cudagraph_skip_reasons"] == [
+        "skipping cudagraphs due to mutated inputs (2 instances)"
+    ]
+    assert "without CUDA graphs" in state.info["ran"] and state.info["mode"] == "reduce-overhead"
+    assert [r["recompiles"] for r in rows] == [0, 1, 0]  # the first graph is no recompile
+    assert all("without CUDA graphs" in r["compiled_ran"] and not r["eager"] for r in rows)
+
+
+def test_calls_past_dynamos_recompile_limit_are_recorded_as_eager(monkeypatch):
+    """Real dynamo (its eager backend: no C++ build) with a recompile limit of 1: the second
+    batch size would need a recompile, so dynamo runs it as plain Python, with no error.
+    That row says eager; the first shape, run again, is compiled."""
+    import torch._dynamo
+
+    from benchbatch.runtime.timing import TimingOptions
+
+    real = torch.compile
+    monkeypatch.setattr(torch, "compile", lambda fn, mode=None: real(fn, backend="eager"))
+    torch._dynamo.reset()
+    try:
+        with torch._dynamo.config.patch(recompile_limit=1):
+            model = Transformer(preset("tiny"), seed=2)
+            state = compiled.compile_model(model)
+            opts = TimingOptions(**QUICK)
+            rows = [steps.run_step(model, "fp32", steps.decode(b, 8), opts) for b in (2, 4, 2)]
+            assert state.info["recompile_limit"] == 1
+    finally:
+        torch._dynamo.reset()
+    assert [r["eager"] for r in rows] == [False, True, False]
+    assert rows[1]["compiled_ran"] == "eager (past dynamo's recompile limit)"
+    assert rows[0]["compile_s"] > 0 and rows[1]["compile_s"] == 0.0
+    assert state.graphs == 1 and state.eager_calls == state.info["eager_calls"] >= 2
+
+
+def test_engine_runs_record_their_compile_seconds(runner, tmp_path, monkeypatch):
+    """The real engine with --compile: each step row has its compile columns, and each
+    policy's engine.csv row the run's total compile seconds (inside its wall time)."""
+    shapes = []
+
+    def counting(fn, **kwargs):  # a "compiler" making one graph per new input shape
+        from torch._dynamo.utils import counters
+
+        def call(*args, **kw):
+            if args[0].shape not in shapes:
+                shapes.append(args[0].shape)
+                counters["stats"]["unique_graphs"] += 1
+            return fn(*args, **kw)
+
+        return call
+
+    monkeypatch.setattr(torch, "compile", counting)
+    out = tmp_path / "run"
+    args = ["occupancy", "--engine", "real", "--preset", "tiny", "--device", "cpu", "--compile"]
+    args += ["--requests", "8", "--slots", "2", "--median", "4", "--max-output", "8"]
+    result = runner.invoke(app, [*args, "--prompt-len", "4", "--out", str(out)])
+    assert result.exit_code == 0, result.output
+    engine = pd.read_csv(out / "engine.csv").set_index("policy")
+    per_step = pd.read_csv(out / "engine_steps.csv").groupby("policy")["compile_s"].sum()
+    assert (engine["compile_s"] > 0).all()
+    assert ((engine["compile_s"] - per_step.reindex(engine.index)).abs() < 1e-5).all()
+    assert "recompiles" in pd.read_csv(out / "engine_steps.csv").columns

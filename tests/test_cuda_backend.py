@@ -18,10 +18,11 @@ from benchbatch.experiments.piggyback.options import PiggybackOptions
 from benchbatch.runtime import backend, ceilings, device, steps
 from benchbatch.runtime.cuda import CudaBackend
 from benchbatch.runtime.model import Transformer
-from benchbatch.runtime.timing import TimingOptions, measure
+from benchbatch.runtime.timing import QUEUED_CALLS, TimingOptions, measure
 
 CPU, GPU1 = torch.device("cpu"), torch.device("cuda", 1)
 WARM, REPEATS = 2, 3
+CALLS = WARM + REPEATS + QUEUED_CALLS  # warm-up, repeats, the queued launch-bound probe
 FEW = TimingOptions(min_repeats=REPEATS, min_time_s=0.0, warmup=WARM, warmup_s=0.0)
 
 
@@ -60,7 +61,7 @@ def test_cuda1_is_timed_on_its_own_stream_and_synchronized(fake):
     m = measure(kernel(fake, 2.0), GPU1, opts)
     assert m.times_ms == pytest.approx([2.0] * 6)  # 11 ms of 2 ms calls
     records = fake.called("record")
-    assert len(records) == 2 * (2 + 6)  # a pair per warm-up call and per repeat
+    assert len(records) == 2 * (2 + 6 + 1)  # a pair per warm-up call, repeat, queued probe
     assert set(records) == {("record", 1, "default1")}
     assert set(fake.called("synchronize")) == {("synchronize", 1, None)}
     assert ("device", 1, None) in fake.calls and fake.current_device() == 0  # restored after
@@ -113,7 +114,7 @@ def test_the_repeat_count_follows_device_time(fake, call_ms, repeats):
     opts = TimingOptions(min_repeats=4, min_time_s=0.021, warmup=3, warmup_s=0.0, max_repeats=50)
     calls = []
     m = measure(lambda: (calls.append(1), fake.launch(call_ms, 1)), GPU1, opts)
-    assert m.repeats == repeats and len(calls) == repeats + 3
+    assert m.repeats == repeats and len(calls) == repeats + 3 + QUEUED_CALLS
     assert m.median_ms == pytest.approx(call_ms)
 
 
@@ -125,6 +126,37 @@ def test_host_enqueue_time_and_launch_bound(fake):
     assert launches.host_ms >= 2.0 and launches.launch_bound  # the GPU waits for the host
     row = launches.summary()
     assert row["launch_bound"] is True and row["host_ms"] == launches.host_ms
+
+
+@pytest.mark.parametrize(
+    ("host_ms", "kernel_ms", "bound"),
+    [
+        (0.3, 0.1, True),
+        (0.3, 0.28, True),
+        (0.3, 0.36, False),
+        (0.3, 0.5, False),
+        (0.01, 2.0, False),
+    ],
+)
+def test_launch_bound_means_the_device_waited_for_the_host(host_ms, kernel_ms, bound):
+    """The fake host spends host_ms per call and its device idles until each launch. A
+    starved device's repeats take the host's time plus a few microseconds each, so "host
+    time >= device time" said not launch-bound; queued back to back, a starved device's
+    calls take the host's time each, and a busy device's their own."""
+    api = FakeCuda(devices=2)
+    b = CudaBackend(GPU1, api=api, alloc_device=CPU, min_flush_bytes=1 << 16,
+                    host_clock=api.host_clock)  # fmt: skip
+    api.record_ms = 0.002  # 2 us of host time per event recorded
+    with backend.use(b):
+        m = measure(lambda: (api.host_work(host_ms), api.launch(kernel_ms, 1)), GPU1, FEW)
+    assert m.host_ms == pytest.approx(host_ms)
+    # A repeat takes the slower of the two, and a starved one the records' 4 us on top:
+    # so one call's host time never reaches its device time, starved or not.
+    assert m.median_ms == pytest.approx(max(host_ms, kernel_ms), abs=0.005)
+    assert m.host_ms < m.median_ms
+    per_call = max(host_ms, kernel_ms) + min(host_ms, kernel_ms) / QUEUED_CALLS
+    assert m.queued_ms == pytest.approx(per_call, abs=0.005)
+    assert m.launch_bound is bound and m.summary()["launch_bound"] is bound
 
 
 # --- graphs: on the device, per shape, replayed in place -----------------------------------------
@@ -142,7 +174,7 @@ def test_prefill_is_captured_like_decode_unless_graphs_are_off(fake, model):
     steps.time_step(model, steps.prefill(1, 16), FEW)
     assert len(fake.captures) == 1
     steps.time_step(model, steps.prefill(1, 16), FEW, cuda_graphs=False)
-    assert len(fake.captures) == 1 and len(fake.called("replay")) == WARM + REPEATS
+    assert len(fake.captures) == 1 and len(fake.called("replay")) == CALLS
 
 
 def test_a_graph_is_captured_per_shape_and_never_reused(fake, model):
@@ -162,14 +194,14 @@ def test_a_graph_is_captured_per_shape_and_never_reused(fake, model):
             captured += 1
         elif call == "replay":
             assert name == f"graph{captured}"
-    assert len(fake.called("replay")) == 5 * (WARM + REPEATS)  # warm-up and repeats, per step
+    assert len(fake.called("replay")) == 5 * CALLS  # warm-up and repeats, per step
 
 
 def test_replays_do_not_advance_the_kv_cache(fake, model, monkeypatch):
     made = keep_caches(model, monkeypatch)
     steps.time_step(model, steps.decode(3, 10), FEW)
     steps.time_step(model, steps.prefill(2, 12), FEW)
-    assert len(fake.called("replay")) == 2 * (WARM + REPEATS)
+    assert len(fake.called("replay")) == 2 * CALLS
     assert made[0].lengths.tolist() == [11] * 3 and made[1].lengths.tolist() == [12] * 2
 
 
@@ -286,3 +318,88 @@ def test_an_error_raised_while_handling_an_oom_is_an_oom():
     except RuntimeError as e:
         assert device.is_out_of_memory(e)
     assert not device.is_out_of_memory(RuntimeError("shape mismatch"))
+
+
+# --- graph inputs: a graph owns only its pool; the replay owns the rest -------------------------
+
+
+def test_the_fake_graph_does_not_own_the_captured_calls_tensors(fake):
+    """As a real CUDAGraph: tensors made outside the capture are not kept alive by the
+    graph, and replaying after they died is an illegal access, not a quiet success."""
+    x = torch.ones(4)
+    graph = fake.CUDAGraph()
+    with fake.graph(graph):
+        x.mul_(2)
+    graph.replay()
+    assert x.tolist() == [4.0] * 4  # the capture ran it once, the replay once more
+    del x
+    with pytest.raises(RuntimeError, match="illegal memory access"):
+        graph.replay()
+
+
+def test_the_fake_allocator_hands_freed_blocks_out_and_empty_cache_returns_them(fake):
+    x = torch.empty(1000)  # 4000 bytes, allocated inside kernels_on
+    assert fake.allocated == 4000 and fake.reserved == 4000
+    del x
+    assert fake.allocated == 0 and fake.reserved == 4000 and fake.cached == [4000]
+    y = torch.empty(500)  # fits the freed block: no new memory
+    assert fake.reused == 1 and fake.reserved == 4000 and fake.allocated == 4000
+    del y
+    fake.empty_cache()
+    assert fake.reserved == 0 and fake.cached == []
+
+
+def test_a_replay_owns_its_inputs_until_released(fake):
+    def prepared():  # as steps.prepare leaves it: the call's closure is the only owner
+        x = torch.ones(4)
+        return backend.of(CPU).capture(lambda: x.mul_(2)), weakref.ref(x)
+
+    replay, kept = prepared()
+    replay()
+    assert kept() is not None and kept().tolist() == [32.0] * 4  # 3 warm-ups, capture, replay
+    replay.release()
+    assert kept() is None
+    with pytest.raises(RuntimeError, match="released"):
+        replay()
+
+
+def test_a_group_frees_its_caches_when_done(fake, model, monkeypatch):
+    made = keep_caches(model, monkeypatch)
+    group = [steps.decode(1, 8), steps.decode(4, 8), steps.prefill(1, 8)]
+    rows = steps.run_group(model, "fp32", group, FEW)
+    assert [r["status"] for r in rows] == ["ok"] * 3
+    assert len(fake.called("replay")) == 3 * CALLS
+    freed = [weakref.ref(c.k) for c in made]
+    made.clear()
+    assert [f() for f in freed] == [None] * 3
+
+
+GROUPED = ["--preset", "tiny", "--device", "cpu", "--repeats", "2", "--min-time", "0"]
+GROUPED_COMMANDS = {
+    "phases": ["phases", *GROUPED, "--no-roofline", "--prefill", "8,16"]
+    + ["--decode-batch", "1,4", "--context", "8"],
+    "sweep": ["sweep", *GROUPED, "--no-roofline", "--batch", "1,2,4", "--context", "8"],
+}
+
+
+@pytest.mark.parametrize("command", list(GROUPED_COMMANDS))
+def test_grouped_commands_replay_graphs_whose_inputs_are_alive(fake, tmp_path, command):
+    """The whole plan is one timing group on the fake (3 GiB free): every step is prepared
+    (its cache allocated, its graph captured, empty_cache called) before the first replay,
+    so a replay that did not own its inputs would raise here."""
+    import pandas as pd
+    from typer.testing import CliRunner
+
+    from benchbatch.app.cli import app
+    from benchbatch.experiments import common
+
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setattr(common, "estimate_run", lambda *a, **k: None)  # its eager steps: not timed
+        out = tmp_path / "run"
+        result = CliRunner().invoke(app, [*GROUPED_COMMANDS[command], "--out", str(out)])
+    assert result.exit_code == 0, (result.output, result.exc_info)
+    df = pd.read_csv(out / f"{command}.csv")
+    assert (df["status"] == "ok").all() and df["timing_group"].nunique() == 1
+    assert len(fake.captures) == len(df) >= 3
+    assert len(fake.called("empty_cache")) >= len(df)  # each capture's, then the group's
+    assert fake.reused > 0  # freed blocks were handed out again, as a GPU's allocator does

@@ -78,7 +78,7 @@ BAD_RATES = st.one_of(
 
 def options_of(kind: str) -> list[tuple[str, str]]:
     """(command, flag) of every visible option whose values are of this kind, read from the
-    signatures commands/params.py made from the options dataclasses."""
+    signatures app/params.py made from the options dataclasses."""
     out = []
     for info in app.registered_commands:
         for p in inspect.signature(info.callback).parameters.values():

@@ -64,6 +64,31 @@ def test_phases_writes_rows_metadata_and_plot(runner, tmp_path):
     assert "ran at" in result.stdout
 
 
+def test_rows_and_metadata_say_which_sdpa_backend_ran(runner, tmp_path):
+    """torch's own selector, asked with each step's attention shapes: on this CPU build in
+    fp32 the flash kernel for every kind; metadata has each kind at the article's sizes."""
+    result = run_phases(runner, tmp_path / "run")
+    assert result.exit_code == 0, result.output
+    df = pd.read_csv(tmp_path / "run" / "phases.csv")
+    assert list(df["sdpa_backend"]) == ["flash"] * 4
+    meta = json.loads((tmp_path / "run" / "metadata.json").read_text())
+    assert meta["sdpa_backends"] == {"prefill": "flash", "decode": "flash", "masked": "flash"}
+
+
+def test_the_sdpa_backend_follows_what_torch_allows():
+    from torch.nn.attention import SDPBackend, sdpa_kernel
+
+    from benchbatch.core.config import preset
+    from benchbatch.runtime import sdpa
+
+    cfg, cpu = preset("tiny"), torch.device("cpu")
+    with sdpa_kernel(SDPBackend.MATH):  # only math enabled: torch must pick it
+        assert sdpa.by_kind(cfg, cpu, torch.float32) == dict.fromkeys(sdpa.KINDS, "math")
+        assert sdpa.for_step(cfg, "decode", 1, 8, cpu, torch.float32) == "math"
+    assert sdpa.name_of(SDPBackend.CUDNN_ATTENTION.value) == "cudnn"
+    assert sdpa.name_of(SDPBackend.EFFICIENT_ATTENTION.value) == "memory-efficient"
+
+
 def test_json_output_is_one_document(runner, tmp_path):
     result = run_phases(runner, tmp_path / "run", "--json")
     assert result.exit_code == 0
@@ -90,6 +115,35 @@ def test_out_of_memory_on_one_row_is_recorded_and_the_run_goes_on(runner, tmp_pa
         if step.batch == 4:
             raise torch.cuda.OutOfMemoryError("CUDA out of memory. Tried to allocate 2.00 GiB")
         return real(model, step, opts, cuda_graphs, seed, **layout)
+
+    monkeypatch.setattr(steps, "prepare", fail_big)
+    result = run_phases(runner, tmp_path / "run")
+    assert result.exit_code == 0, result.output
+    df = pd.read_csv(tmp_path / "run" / "phases.csv")
+    assert list(df["status"]) == ["ok", "ok", "ok", "oom"]
+    assert df["step_ms"].isna().tolist() == [False, False, False, True]
+
+
+def test_a_cublas_allocation_failure_is_an_oom_row_and_the_run_goes_on(
+    runner, tmp_path, monkeypatch
+):
+    """cuBLAS allocates its workspace on a step's first matmul, outside torch's allocator:
+    a full GPU raises its RuntimeError from the timed call, not torch's OutOfMemoryError.
+    The group it fails is timed step by step, and only that step is an oom row."""
+    from benchbatch.runtime import steps
+
+    real = steps.prepare
+    error = "CUDA error: CUBLAS_STATUS_ALLOC_FAILED when calling `cublasCreate(handle)`"
+
+    def fail_big(model, step, opts, cuda_graphs=True, seed=0, **layout):
+        call = real(model, step, opts, cuda_graphs, seed, **layout)
+        if step.batch != 4:
+            return call
+
+        def run():
+            raise RuntimeError(error)
+
+        return run
 
     monkeypatch.setattr(steps, "prepare", fail_big)
     result = run_phases(runner, tmp_path / "run")

@@ -187,6 +187,11 @@ def test_command_writes_rows_plot_and_json(runner, tmp_path):
     assert [s["decode_batch"] for s in doc["summary"]] == [2]
     steps = pd.read_csv(out / "steps.csv")
     assert len(steps) == 9 and set(steps["part"]) == {"piggyback", "chunked", "tile"}
+    # Each kind of attention call a step makes, and the backend torch picks for it here.
+    assert (
+        list(steps["sdpa_backend"][:3]) == ["decode: flash"] + ["decode: flash; prefill: flash"] * 2
+    )
+    assert list(steps["sdpa_backend"][5:7]) == ["prefill: flash; masked: flash", "prefill: flash"]
     rows = pd.read_csv(out / "piggyback.csv")
     assert set(ROW_COLUMNS) <= set(rows.columns) and list(rows["prefill_tokens"]) == [0, 8, 32]
     assert (rows["step_ms"] > 0).all()

@@ -122,6 +122,33 @@ def test_datasheet_ceilings_and_unknown_devices():
     assert from_datasheet(peaks.lookup("Tesla T4"), "bf16") is None  # no bf16 on a T4
 
 
+@pytest.mark.parametrize(
+    ("name", "entry"),
+    [
+        ("NVIDIA H200", "H200 SXM"),
+        ("NVIDIA H200 NVL", "H200 NVL"),  # not the SXM part: 835 TFLOP/s, not 989
+        ("NVIDIA GH200 480GB", None),  # a Grace Hopper superchip, not an H200
+        ("NVIDIA H100 80GB HBM3", "H100 SXM"),
+        ("NVIDIA H100 PCIe", "H100 PCIe"),
+        ("NVIDIA A100-SXM4-40GB", "A100 40GB"),
+        ("NVIDIA A100-SXM4-80GB", "A100 80GB SXM"),
+        ("NVIDIA L40", "L40"),
+        ("NVIDIA L4", "L4"),
+        ("NVIDIA GeForce RTX 4090 D", None),  # a cut-down 4090: no guess
+        ("Tesla V100-PCIE-32GB", None),  # slower clocks than the SXM2 part
+        ("NVIDIA H800", None),
+    ],
+)
+def test_a_datasheet_entry_matches_the_whole_gpu_name(name, entry):
+    peak = peaks.lookup(name)
+    assert (peak.name if peak else None) == entry
+
+
+def test_every_datasheet_key_finds_its_own_entry():
+    assert all(peaks.lookup(key) is peak for key, peak in peaks.KNOWN)
+    assert peaks.lookup("NVIDIA H200 NVL").tflops["fp16"] == 835
+
+
 def test_probe_rows_without_a_matmul_or_memory_row_are_refused():
     with pytest.raises(ValueError, match="matmul"):
         ceilings_from_rows([r for r in probe_rows() if r["kind"] != "matmul"])

@@ -7,6 +7,7 @@ from __future__ import annotations
 import sys
 from types import SimpleNamespace
 
+import pynvml  # nvidia-ml-py, a runtime dependency: its constants are the truth here
 import pytest
 import torch
 from fake_cuda import FakeCuda
@@ -27,10 +28,21 @@ class FakeNvml:
     `fail` names calls that raise NotSupported; `counters_fail` field ids that do."""
 
     NVML_CLOCK_SM, NVML_CLOCK_MEM, NVML_TEMPERATURE_GPU = 0, 2, 0
-    NVML_FI_DEV_CLOCKS_EVENT_REASON_SW_POWER_CAP = 74
-    NVML_FI_DEV_CLOCKS_EVENT_REASON_SW_THERM_SLOWDOWN = 269
-    NVML_FI_DEV_CLOCKS_EVENT_REASON_HW_THERM_SLOWDOWN = 270
-    NVML_FI_DEV_CLOCKS_EVENT_REASON_HW_POWER_BRAKE_SLOWDOWN = 271
+    # The field ids are the installed binding's own (nvidia-ml-py), never typed-in numbers.
+    NVML_FI_DEV_CLOCKS_EVENT_REASON_SW_POWER_CAP = (
+        pynvml.NVML_FI_DEV_CLOCKS_EVENT_REASON_SW_POWER_CAP
+    )
+    NVML_FI_DEV_CLOCKS_EVENT_REASON_SW_THERM_SLOWDOWN = (
+        pynvml.NVML_FI_DEV_CLOCKS_EVENT_REASON_SW_THERM_SLOWDOWN
+    )
+    NVML_FI_DEV_CLOCKS_EVENT_REASON_HW_THERM_SLOWDOWN = (
+        pynvml.NVML_FI_DEV_CLOCKS_EVENT_REASON_HW_THERM_SLOWDOWN
+    )
+    NVML_FI_DEV_CLOCKS_EVENT_REASON_HW_POWER_BRAKE_SLOWDOWN = (
+        pynvml.NVML_FI_DEV_CLOCKS_EVENT_REASON_HW_POWER_BRAKE_SLOWDOWN
+    )
+    NVML_FI_DEV_PERF_POLICY_POWER = pynvml.NVML_FI_DEV_PERF_POLICY_POWER
+    NVML_FI_DEV_PERF_POLICY_THERMAL = pynvml.NVML_FI_DEV_PERF_POLICY_THERMAL
 
     def __init__(self, fail=(), old_driver=False):
         self.fail, self.old_driver = set(fail), old_driver
@@ -207,11 +219,41 @@ def test_a_mig_instance_reads_its_parent_gpus_clocks(monkeypatch):
 
 
 COUNTERS = {  # field id, and what its growth means
-    74: telemetry.Slowdown(power_capped=True),
-    269: telemetry.Slowdown(throttled=True),
-    270: telemetry.Slowdown(throttled=True),
-    271: telemetry.Slowdown(throttled=True),
+    pynvml.NVML_FI_DEV_CLOCKS_EVENT_REASON_SW_POWER_CAP: telemetry.Slowdown(power_capped=True),
+    pynvml.NVML_FI_DEV_CLOCKS_EVENT_REASON_SW_THERM_SLOWDOWN: telemetry.Slowdown(throttled=True),
+    pynvml.NVML_FI_DEV_CLOCKS_EVENT_REASON_HW_THERM_SLOWDOWN: telemetry.Slowdown(throttled=True),
+    pynvml.NVML_FI_DEV_CLOCKS_EVENT_REASON_HW_POWER_BRAKE_SLOWDOWN: telemetry.Slowdown(
+        throttled=True
+    ),
 }
+
+
+def test_every_counter_and_reason_name_is_in_the_installed_binding():
+    """The newest name of each counter is a constant of the installed nvidia-ml-py (the
+    ids are looked up by name, so a renamed constant would silently drop a counter), and
+    the reason bits are the binding's own."""
+    for reason, names in telemetry.SLOWDOWN_COUNTERS.items():
+        assert all(hasattr(pynvml, name) for name in names), (reason, names)
+    bits = {name: bit for bit, name in telemetry.SLOWDOWN_REASONS.items()}
+    assert bits["sw_power_cap"] == pynvml.nvmlClocksEventReasonSwPowerCap
+    assert bits["hw_slowdown"] == pynvml.nvmlClocksEventReasonHwSlowdown
+    assert bits["sw_thermal_slowdown"] == pynvml.nvmlClocksEventReasonSwThermalSlowdown
+    assert bits["hw_thermal_slowdown"] == pynvml.nvmlClocksEventReasonHwThermalSlowdown
+    assert bits["hw_power_brake_slowdown"] == pynvml.nvmlClocksEventReasonHwPowerBrakeSlowdown
+
+
+def test_a_driver_older_than_the_binding_is_watched_through_the_old_counter_ids(monkeypatch):
+    """The binding knows SW_THERM_SLOWDOWN (a new id) but the driver refuses it: the
+    thermal counter is read through its old id, PERF_POLICY_THERMAL, not dropped."""
+    nvml = FakeNvml()
+    new = pynvml.NVML_FI_DEV_CLOCKS_EVENT_REASON_SW_THERM_SLOWDOWN
+    old = pynvml.NVML_FI_DEV_PERF_POLICY_THERMAL
+    nvml.counters_fail = {new}
+    with on_gpu(monkeypatch, nvml):
+        with telemetry.ThrottleWatch(torch.device("cuda", 1)) as watch:
+            nvml.ns["A"][old] = 5_000_000
+            assert watch.look() == telemetry.Slowdown(throttled=True)
+            assert watch.look() == telemetry.Slowdown()
 
 
 @pytest.mark.parametrize("broken", COUNTERS)

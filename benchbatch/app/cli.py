@@ -1,4 +1,4 @@
-"""The command line: a thin typer app. Each command lives in benchbatch/commands/."""
+"""The command line: a thin typer app, one command per registered experiment (app/registry.py)."""
 
 from __future__ import annotations
 

@@ -15,6 +15,7 @@ figure is not known (the projection then asks for it).
 
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass
 
 
@@ -38,9 +39,10 @@ def _p(name, fp16, bf16, fp32, gbps, memory_gib=None, nvlink_gbps=None) -> Peak:
     return Peak(name, rates, gbps, memory_gib, nvlink_gbps)
 
 
-# Matched in order against the device name (lower case): more specific names first.
+# Matched in order against the whole device name (see lookup): more specific names first.
 KNOWN: list[tuple[str, Peak]] = [
     ("h200", _p("H200 SXM", 989, 989, 67, 4800, 141, 900)),
+    ("h200 nvl", _p("H200 NVL", 835, 835, 60, 4800, 141, 900)),
     ("h100 nvl", _p("H100 NVL", 835, 835, 60, 3900, 94, 600)),
     ("h100 pcie", _p("H100 PCIe", 756, 756, 51, 2000, 80)),
     ("h100", _p("H100 SXM", 989, 989, 67, 3350, 80, 900)),
@@ -66,9 +68,27 @@ def names() -> list[str]:
     return [key for key, _ in KNOWN]
 
 
+# Words of a device name that do not change what the card is: the vendor and brand, the
+# SXM form factor, the HBM generation, a memory size the entry itself does not name.
+_NEUTRAL = {"nvidia", "tesla", "geforce", "sxm", "sxm2", "sxm4", "sxm5"}
+_NEUTRAL |= {"hbm2", "hbm2e", "hbm3", "hbm3e"}
+
+
+def _words(name: str) -> set[str]:
+    return {w for w in re.split(r"[^a-z0-9]+", name.lower()) if w}
+
+
+def _neutral(word: str) -> bool:
+    return word in _NEUTRAL or re.fullmatch(r"\d+gb", word) is not None
+
+
 def lookup(device_name: str) -> Peak | None:
-    name = device_name.lower()
+    """The entry whose words are all in the name, with nothing else in the name but neutral
+    words: "NVIDIA H200 NVL" is not an H200 SXM (its clocks and power differ), "GH200" is
+    not an H200, and a name with a word no entry accounts for is unknown, never a guess."""
+    words = _words(device_name)
     for key, peak in KNOWN:
-        if key in name:
+        mine = _words(key)
+        if mine <= words and all(_neutral(w) for w in words - mine):
             return peak
     return None

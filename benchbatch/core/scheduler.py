@@ -29,7 +29,7 @@ remain. The three schemes of the Sarathi ablation are two switches:
   every other step. This reproduces the ordering of the Sarathi ablation's middle row.
 - mixed=True,  chunked_prefill=True: Sarathi-Serve, chunks piggyback on decode steps.
 
-KV memory (kv=KVBudget, engines/kvblocks.py): without it a slot stands for a KV-cache row
+KV memory (kv=KVBudget, core/kvblocks.py): without it a slot stands for a KV-cache row
 as long as the longest request, and only the slot count limits the batch. With it, memory
 is a resource of its own, in blocks (vLLM's block manager): admitting a request takes
 blocks for its prompt (paged) or for its prompt and maximum output (reserve); a decode that

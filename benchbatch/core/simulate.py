@@ -55,7 +55,7 @@ def simulate(
     """Run every request to completion on a fresh scheduler.
 
     With the article's rule (default settings, no cost model) static and continuous runs
-    take an event-driven fast path over arrays (engines/article.py) that never builds step
+    take an event-driven fast path over arrays (core/article.py) that never builds step
     plans: it gives the same steps, timeline and metrics (tested) and leaves `scheduler`
     untouched. A Workload (columns) goes straight to it; a list of requests is converted.
     """

@@ -92,6 +92,7 @@ def build_model(rec: Recorder, model: ModelOptions, run: RunOptions, target=None
     target = target or rec.target
     net, cfg = session.build_model(model, target, run.seed)
     rec.meta["weight_layout"] = net.layout.name
+    rec.meta["sdpa_backends"] = _sdpa_backends(net)
     if run.compile:
         from benchbatch.runtime import compiled
 
@@ -102,6 +103,18 @@ def build_model(rec: Recorder, model: ModelOptions, run: RunOptions, target=None
         # The state's info dict itself: metadata.json gets its latest compile seconds.
         rec.meta["compile"] = compiled.compile_model(net, run.graphs(target), fell_back).info
     return net, cfg
+
+
+def _sdpa_backends(net) -> dict:
+    """Each kind of attention call's SDPA backend at the article's sizes (runtime/sdpa.py);
+    under tensor parallelism a rank's heads are what its calls see, so: its own config."""
+    from benchbatch.runtime import sdpa
+
+    w = net.embed.weight
+    try:
+        return sdpa.by_kind(getattr(net, "local_cfg", net.cfg), w.device, w.dtype)
+    except RuntimeError as e:  # a torch whose selector refuses these shapes: say so
+        return {"error": str(e).splitlines()[0][:200]}
 
 
 def load_ceilings(run: RunOptions, target):

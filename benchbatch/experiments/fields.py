@@ -12,7 +12,7 @@ from benchbatch.core.options import (
     require,
 )
 
-LENGTH_KINDS = ("fixed", "uniform", "lognormal")  # engines/lengths.py's KINDS (no numpy here)
+LENGTH_KINDS = ("fixed", "uniform", "lognormal")  # core/lengths.py's KINDS (no numpy here)
 
 
 INT_MAX_TOKENS = WorkloadOptions.MAX_TOKENS

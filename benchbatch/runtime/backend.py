@@ -40,7 +40,7 @@ class Backend(Protocol):
     def synchronize(self) -> None: ...
     def timer(self) -> Timer: ...
     def flusher(self) -> Callable[[], object] | None: ...
-    def capture(self, fn: Callable[[], object]) -> Callable[[], object]: ...
+    def capture(self, fn: Callable[[], object]) -> Callable[[], object]: ...  # owns fn
     def free_memory(self) -> int: ...
     def release(self) -> None: ...
     def uuid(self) -> str | None: ...
@@ -74,6 +74,15 @@ def use(backend: Backend) -> Iterator[Backend]:
         yield backend
     finally:
         _override = previous
+
+
+def release_calls(calls) -> None:
+    """A timing group is done: each replay among its calls frees its graph and the tensors
+    it kept alive for it (benchbatch.runtime.cuda.Replay); eager calls free theirs when dropped."""
+    for call in calls:
+        release = getattr(call, "release", None)
+        if callable(release):
+            release()
 
 
 def _current_index() -> int:

@@ -49,7 +49,7 @@ def load(
 ) -> tuple[Transformer, ModelConfig]:
     """The checkpoint's model on `device` in `dtype`. max_context (at most the config's)
     shortens the rotary tables: positions past it are never used. shard: a rank of a
-    tensor-parallel group (engines/tensor_parallel.py) reads only its slices of each tensor."""
+    tensor-parallel group (runtime/tensor_parallel.py) reads only its slices of each tensor."""
     cfg = read_config(path)
     if max_context is not None and max_context != cfg.max_context:
         if max_context > cfg.max_context:

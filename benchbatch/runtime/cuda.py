@@ -41,11 +41,13 @@ class CudaBackend:
         api=None,
         alloc_device: torch.device | None = None,
         min_flush_bytes: int = FLUSH_BYTES,
+        host_clock: Callable[[], float] = time.perf_counter,
     ):
         assert device.type == "cuda" and device.index is not None, device
         self.device, self.api = device, api if api is not None else torch.cuda
         self.alloc_device = alloc_device or device
         self.min_flush_bytes = min_flush_bytes
+        self.host_clock = host_clock  # seconds; a test's fake host has its own clock
         self._flush: Callable[[], object] | None = None
         self.flush_bytes: int | None = None  # the L2-flush buffer, once it is allocated
         self.flush_error: str | None = None  # why there is no L2 flush, if there is none
@@ -85,12 +87,15 @@ class CudaBackend:
             self._flush, self.flush_bytes = (lambda: buf.fill_(0)), size
         return self._flush
 
-    def capture(self, fn: Callable[[], object]) -> Callable[[], None]:
+    def capture(self, fn: Callable[[], object]) -> Replay:
         """Record fn's kernels once and return a replay: one launch instead of hundreds.
 
-        fn must use static shapes, tensors that stay alive, and no host reads of device
-        values. It is warmed up on a side stream of this device, and the graph is captured
-        on that same stream (torch's own default would be a stream of the current device).
+        fn must use static shapes and no host reads of device values. It is warmed up on a
+        side stream of this device, and the graph is captured on that same stream (torch's
+        own default would be a stream of the current device). The replay keeps fn, and so
+        every tensor fn's closure holds, alive: a CUDAGraph owns only its own pool, and
+        the tensors it read or wrote outside it would otherwise be freed (and handed out
+        again) while the graph still replays into them.
         """
         api = self.api
         with self.activate():
@@ -103,7 +108,7 @@ class CudaBackend:
             graph = api.CUDAGraph()
             with api.graph(graph, stream=side):
                 fn()
-        return graph.replay
+        return Replay(graph, fn)
 
     def free_memory(self) -> int:
         free, _total = self.api.mem_get_info(self.device)
@@ -127,6 +132,26 @@ class CudaBackend:
         return pynvml
 
 
+class Replay:
+    """A captured graph and the call it was captured from, which owns the graph's inputs
+    (the KV cache, tokens, lengths): both live as long as the replay, and `release` frees
+    them (the timing group is done) so the allocator can give their memory back."""
+
+    def __init__(self, graph, fn: Callable[[], object]):
+        self._graph, self._fn = graph, fn
+
+    def __call__(self) -> None:
+        if self._graph is None:
+            raise RuntimeError("replay of a released graph")
+        self._graph.replay()
+
+    def release(self) -> None:
+        """Drop the graph (its pool) and its inputs; replaying afterwards raises."""
+        graph, self._graph, self._fn = self._graph, None, None
+        if graph is not None and hasattr(graph, "reset"):
+            graph.reset()
+
+
 class EventTimer:
     """CUDA events on the device's own stream around each call, read once at the end so
     timing never stalls the queue; the host's time to enqueue each call is kept beside."""
@@ -143,10 +168,11 @@ class EventTimer:
     def time(self, fn) -> None:
         api, stream = self._backend.api, self._backend.stream()
         start, end = api.Event(enable_timing=True), api.Event(enable_timing=True)
+        clock = self._backend.host_clock
         start.record(stream)
-        t0 = time.perf_counter()
+        t0 = clock()
         fn()
-        host = time.perf_counter() - t0
+        host = clock() - t0
         end.record(stream)
         self._pairs.append((start, end))
         self._host_ms.append(host * 1e3)

@@ -112,6 +112,7 @@ class EngineResult:
     tokens: dict[int, list[int]] = field(default_factory=lambda: defaultdict(list))
     metrics: RunMetrics | None = None  # in seconds; set when the run completes
     complete: bool = False
+    compile_s: float | None = None  # --compile: seconds of wall_s torch spent compiling
 
     @property
     def total_steps(self) -> int:

@@ -314,7 +314,7 @@ class Transformer(nn.Module):
 
     @torch.no_grad()
     def lay_out(self, layout: WeightLayout) -> Transformer:
-        """Store the projection weights as `layout` says (engines/layout.py measures which
+        """Store the projection weights as `layout` says (runtime/layout.py measures which
         is faster on a device): the same values, so the same model; only the memory order
         of each weight and how many products read it change. One weight is copied at a
         time. A head tied to the embedding keeps the embedding's rows."""

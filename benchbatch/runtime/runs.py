@@ -45,19 +45,21 @@ def engine_events(
 ) -> Iterator[dict | Finished]:
     """Every run in turn: a row per step as it ends (the steps' CSV), then its Finished.
     A compiled model's rows have compile_s: the seconds of the step torch spent compiling
-    (a new shape), which its step time includes."""
-    from benchbatch.runtime.compiled import compile_seconds
+    (a new shape), which its step time includes, and compiled.row_columns' others; the
+    run's result keeps its total (engine.csv's compile_s)."""
+    from benchbatch.runtime import compiled
     from benchbatch.runtime.engine import Engine
 
-    is_compiled = getattr(model, "compiled", None) is not None
     for run in runs:
         engine = Engine(model, run.policy, run.slots, seed, run.stop_tokens, **run.settings)
-        before = compile_seconds(model)
+        start = before = compiled.counts(model)
         for record in engine.steps(requests, run.arrivals_s):
             row = {run.key: run.name, **run.columns, **record.row()}
-            if is_compiled:
-                row["compile_s"], before = compile_seconds(model) - before, compile_seconds(model)
+            row |= compiled.row_columns(model, before)
+            before = compiled.counts(model)
             if run.sim_step_s is not None:
                 row["sim_step_ms"] = 1e3 * run.sim_step_s[record.step]
             yield row
+        if start is not None:  # the run's compile seconds: in its wall time, said apart
+            engine.result.compile_s = compiled.row_columns(model, start)["compile_s"]
         yield Finished(run, engine.result)

@@ -24,7 +24,7 @@ def build_model(model: ModelOptions, target, seed: int = 0):
     """The model on the target device and dtype, and its config (checked to fit first):
     the checkpoint's weights, or seeded random ones. With no model named, the device's
     default preset (see device_preset). Its weights are laid out as measured fastest on
-    the device (engines/layout.py; model.layout says which)."""
+    the device (runtime/layout.py; model.layout says which)."""
     from benchbatch.runtime import layout, tensor_parallel
     from benchbatch.runtime.model import Transformer
 

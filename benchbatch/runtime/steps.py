@@ -71,9 +71,10 @@ def prepare(
     block_size: int = 16,
 ) -> Callable[[], None]:
     """The call that runs one step, with its own KV cache and inputs (kept alive by the
-    call); on CUDA a replay of the step's CUDA graph when asked (captured for this step's
-    shape). kv_layout "paged": the cache is blocks of block_size tokens in a shuffled pool,
-    read through block tables."""
+    call: on CUDA a replay of the step's CUDA graph when asked, captured for this step's
+    shape, which owns the eager call and so its tensors until released). kv_layout
+    "paged": the cache is blocks of block_size tokens in a shuffled pool, read through
+    block tables."""
     dev = model.embed.weight.device
     timing.prepare(dev, opts)
     gen = torch.Generator(device=dev).manual_seed(seed)
@@ -104,7 +105,10 @@ def time_step(
     """Median-of-repeats time of one step, timed alone (see prepare)."""
     dev = model.embed.weight.device
     call = prepare(model, step, opts, cuda_graphs, seed, kv_layout=kv_layout, block_size=block_size)
-    return measure(call, dev, opts)
+    try:
+        return measure(call, dev, opts)
+    finally:
+        backend.release_calls([call])
 
 
 def replays_graph(dev: torch.device, step: Step, cuda_graphs: bool) -> bool:
@@ -138,9 +142,19 @@ def step_row(
         "tokens_per_s": new_tokens / seconds,
         "tflops": cost.flops / seconds / 1e12,
         "gbps": cost.bytes / seconds / 1e9,
+        "sdpa_backend": _sdpa_backend(model, step),
         **detail,
         **stats,
     }
+
+
+def _sdpa_backend(model: Transformer, step: Step) -> str:
+    """The attention kernel torch picks for this step's shape (benchbatch/runtime/sdpa.py)."""
+    from benchbatch.runtime import sdpa
+
+    w = model.embed.weight
+    cfg = getattr(model, "local_cfg", model.cfg)  # a rank's own heads under tensor parallel
+    return sdpa.for_step(cfg, step.phase, step.tokens, step.context, w.device, w.dtype)
 
 
 MAX_GROUP = 16  # steps timed together: more than any verdict compares
@@ -200,7 +214,7 @@ def run_group(
         rows = [run_step(model, dtype, step, opts, cuda_graphs, **layout) for step in group]
         return [{**row, "timing_group": number} for row in rows]
     dev = model.embed.weight.device
-    spent: dict[int, float] = {}  # compile seconds of each step, when compiled
+    spent: dict[int, dict] = {}  # each step's compile columns, when compiled
     makers = [
         functools.partial(_prepared, model, step, opts, cuda_graphs, layout, spent, i)
         for i, step in enumerate(group)
@@ -213,20 +227,19 @@ def run_group(
     for i, (step, m) in enumerate(zip(group, measured, strict=True)):
         row = {**step_row(model, dtype, step, m), "status": "oom" if m is None else "ok",
                "kv_layout": kv_layout, "timing_group": number}  # fmt: skip
-        if i in spent:
-            row["compile_s"] = spent[i]
-        rows.append(row)
+        rows.append({**row, **spent.get(i, {})})
     return rows
 
 
 def _prepared(model, step: Step, opts, cuda_graphs: bool, layout: dict, spent: dict, i: int):
     """prepare(), and for a compiled model one call first: torch compiles for the step's
-    shape then, its seconds kept in spent[i], outside the group's timing."""
-    before = compiled.compile_seconds(model)
+    shape then, outside the group's timing; spent[i] keeps its compile columns (seconds,
+    recompiles, calls run eagerly past dynamo's recompile limit: compiled.row_columns)."""
+    before = compiled.counts(model)
     call = prepare(model, step, opts, cuda_graphs, 0, **layout)
-    if getattr(model, "compiled", None) is not None:
+    if before is not None:
         call()
-        spent[i] = compiled.compile_seconds(model) - before
+        spent[i] = compiled.row_columns(model, before)
     return call
 
 
@@ -256,6 +269,7 @@ def measure_prepared(
             raise
         return None
     finally:
+        backend.release_calls(calls.values())  # the group is done: graphs and their inputs
         calls.clear()
         device.release_memory(dev)
     return [measured.get(i) for i in range(len(makers))]
@@ -275,11 +289,9 @@ def run_step(
     its untimed warm-up calls), apart from step_ms."""
     timed = lambda: time_step(model, step, opts, cuda_graphs, kv_layout=kv_layout,  # noqa: E731
                               block_size=block_size)  # fmt: skip
-    before = compiled.compile_seconds(model)
+    before = compiled.counts(model)
     m, status = device.measured_or_oom(timed, model.embed.weight.device)
-    extra = {"kv_layout": kv_layout}
-    if getattr(model, "compiled", None) is not None:
-        extra["compile_s"] = compiled.compile_seconds(model) - before
+    extra = {"kv_layout": kv_layout, **compiled.row_columns(model, before)}
     if distributed.current().distributed:
         row = across_ranks(model, dtype, step, m, status, opts, cuda_graphs)
         return {**row, **extra}

@@ -239,11 +239,27 @@ class ThrottleWatch:
             _shutdown(nvml)
             return
         self._nvml = nvml
-        for reason, names in SLOWDOWN_COUNTERS.items():
-            ids = [getattr(nvml, name) for name in names if hasattr(nvml, name)]
-            if ids:
-                self._ids[reason] = ids[0]
+        self._ids = self._answered_ids()
         self._last = self._counters()
+
+    def _answered_ids(self) -> dict[str, int]:
+        """Each counter's field id: the binding's constant for its newest name that this
+        driver answers (a driver older than the binding refuses the new ids, 269-271, and
+        answers the old PERF_POLICY ones, 74-75); counters no name of answers are left out."""
+        ids = {}
+        for reason, names in SLOWDOWN_COUNTERS.items():
+            for field_id in (getattr(self._nvml, n) for n in names if hasattr(self._nvml, n)):
+                if self._read(field_id) is not None:
+                    ids[reason] = field_id
+                    break
+        return ids
+
+    def _read(self, field_id: int) -> int | float | None:
+        try:
+            [field] = self._nvml.nvmlDeviceGetFieldValues(self._gpu, [field_id])
+        except Exception:
+            return None
+        return field_value(field) if field.nvmlReturn == 0 else None
 
     def look(self) -> Slowdown:
         """A slowdown counter grew since the last look, or a slowdown reason holds now."""
@@ -263,12 +279,9 @@ class ThrottleWatch:
         """Each counter read on its own: one this GPU does not support drops only itself."""
         values = {}
         for reason, field_id in self._ids.items():
-            try:
-                [field] = self._nvml.nvmlDeviceGetFieldValues(self._gpu, [field_id])
-                if field.nvmlReturn == 0:
-                    values[reason] = field_value(field)
-            except Exception:
-                continue
+            value = self._read(field_id)
+            if value is not None:
+                values[reason] = value
         return values
 
     def _reasons_now(self) -> set[str]:

@@ -8,8 +8,9 @@ The repeat count comes from the warm-up, as triton's do_bench sizes it: each war
 is synchronised and timed on the device, and min_time / (one call's device time) repeats
 follow. Counting min_time on the host clock instead would be wrong on a GPU: the host only
 enqueues, runs far ahead of the device, and would queue hundreds of repeats. The warm-up
-calls (queue empty) also give the host's time to enqueue one call: a step whose host time
-is at least its device time is launch-bound (the GPU waits for launches).
+calls (queue empty) also give the host's time to enqueue one call. Whether a step is
+launch-bound (the GPU waits for launches) comes from QUEUED_CALLS calls queued back to back
+after the warm-up: see Measurement.launch_bound.
 
 Steps whose times a verdict compares (prefill against decode, batch 1 against batch 128)
 are timed together by `measure_interleaved`: their repeats alternate (A B A B, not A A B B),
@@ -38,6 +39,8 @@ from benchbatch.core.options import TimingOptions  # noqa: F401  (the harness's 
 from benchbatch.runtime import backend, distributed
 
 MAX_WARMUP_CALLS = 100
+QUEUED_CALLS = 8  # calls queued back to back to see whether the device waits for the host
+LAUNCH_MARGIN = 0.1  # a device within 10% of the host's enqueue rate waits for it
 
 
 @dataclass
@@ -51,6 +54,8 @@ class Measurement:
     attempts: int = 1  # 2: the first attempt was noisy, so it was measured again (the less
     # spread attempt is kept)
     interleaved: int = 1  # steps whose repeats alternated with this one's (itself included)
+    queued_ms: float | None = None  # device time per call of QUEUED_CALLS queued at once
+    queued_host_ms: float | None = None  # the host's time per call to enqueue them
 
     @property
     def repeats(self) -> int:
@@ -97,9 +102,18 @@ class Measurement:
 
     @property
     def launch_bound(self) -> bool:
-        """The host took at least as long to enqueue a call as the device took to run it:
-        the device time is launch gaps as much as work (capture a graph, or batch more)."""
-        return bool(self.host_times_ms) and self.host_ms >= self.median_ms
+        """The device waits for the host's launches (capture a graph, or batch more).
+
+        A starved device's event time is the host's enqueue time plus the last kernel, so
+        comparing one call's host and device times is a coin flip. N calls queued back to
+        back take a device that keeps up N x its own time (plus one host enqueue before the
+        first kernel), and a starved one N x the host's (plus its last kernel): so
+        launch-bound when the queued time per call is at most the host's x (1 + 1/N +
+        LAUNCH_MARGIN). Without that probe: one call's times, with the same margin."""
+        if self.queued_ms is not None and self.queued_host_ms:
+            slack = 1 + 1 / QUEUED_CALLS + LAUNCH_MARGIN
+            return self.queued_ms <= self.queued_host_ms * slack
+        return bool(self.host_times_ms) and self.host_ms >= self.median_ms * (1 - LAUNCH_MARGIN)
 
     def summary(self) -> dict:
         return {
@@ -114,6 +128,8 @@ class Measurement:
             "attempts": self.attempts,
             "interleaved": self.interleaved,
             "host_ms": self.host_ms,
+            "queued_ms": math.nan if self.queued_ms is None else self.queued_ms,
+            "queued_host_ms": math.nan if self.queued_host_ms is None else self.queued_host_ms,
             "launch_bound": self.launch_bound,
         }
 
@@ -133,6 +149,8 @@ def unmeasured() -> dict:
         "attempts": 0,
         "interleaved": 0,
         "host_ms": nan,
+        "queued_ms": nan,
+        "queued_host_ms": nan,
         "launch_bound": False,
     }
 
@@ -182,6 +200,7 @@ def _attempt(fns, device: torch.device, opts: TimingOptions) -> list[Measurement
     with b.activate():
         flush = b.flusher() if opts.l2_flush else None
         warm = [_warm_up(fn, b, opts) for fn in fns]
+        queued = [_queued(fn, b, flush) for fn in fns]
         # Under torchrun every rank makes as many calls: the largest count any rank wants.
         counts = [distributed.agree_max(repeat_count(warm_ms, opts)) for warm_ms, _ in warm]
         timers = [b.timer() for _ in fns]
@@ -192,11 +211,27 @@ def _attempt(fns, device: torch.device, opts: TimingOptions) -> list[Measurement
                         flush()
                     timer.time(fn)
         out = []
-        for timer, (_, warm_host_ms) in zip(timers, warm, strict=True):
+        for timer, (_, warm_host_ms), (q_ms, q_host) in zip(timers, warm, queued, strict=True):
             times_ms, _queued_host_ms = timer.read()  # a running-ahead queue's: unused
             host = warm_host_ms if b.queued else None
-            out.append(Measurement(times_ms, opts.cv_threshold, host, interleaved=len(fns)))
+            m = Measurement(times_ms, opts.cv_threshold, host, interleaved=len(fns))
+            m.queued_ms, m.queued_host_ms = q_ms, q_host
+            out.append(m)
     return out
+
+
+def _queued(fn, b, flush) -> tuple[float | None, float | None]:
+    """(device ms, host ms) per call of QUEUED_CALLS calls enqueued back to back, after a
+    flush and an empty queue; (None, None) where nothing is queued (the host runs it)."""
+    if not b.queued:
+        return None, None
+    if flush is not None:
+        flush()
+    b.synchronize()
+    timer = b.timer()
+    timer.time(lambda: [fn() for _ in range(QUEUED_CALLS)])
+    (device_ms,), (host_ms,) = timer.read()
+    return device_ms / QUEUED_CALLS, host_ms / QUEUED_CALLS
 
 
 def rounds(counts: list[int]) -> list[list[int]]:

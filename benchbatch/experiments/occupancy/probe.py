@@ -177,6 +177,7 @@ def engine_row(result, sim: SimResult, static_wall_s: float | None) -> dict:
         "p90_step_ms": percentile([s.step_s for s in result.steps], 90) * 1e3,
         "sim_s": sim_s,
         "measured_over_sim": wall / sim_s,
+        **({} if getattr(result, "compile_s", None) is None else {"compile_s": result.compile_s}),
         "sim_time_basis": SIM_TIME_BASIS,
         "model_s": result.model_s,
         "overhead": result.overhead,

@@ -104,7 +104,31 @@ def rows(
         for item, m in zip(group, measured, strict=True):
             cost = _cost(model.cfg, dtype_of(model), item.step)
             row = raw_row(item, m, "ok" if m is not None else "oom", cost)
-            yield {**row, "timing_group": number}
+            yield {**row, "sdpa_backend": sdpa_backends(model, item.step), "timing_group": number}
+
+
+def sdpa_backends(model: Transformer, step: MixedStep | Chunked) -> str:
+    """The SDPA backend of each kind of attention call the step makes (engines/sdpa.py):
+    its decode rows (no mask), a fresh prompt's chunk (causal), a chunk over cached
+    tokens (masked); e.g. "decode: flash; prefill: flash"."""
+    from benchbatch.runtime import sdpa
+
+    w, cfg = model.embed.weight, getattr(model, "local_cfg", model.cfg)
+    calls = []  # (kind, new tokens, keys)
+    if isinstance(step, Chunked):
+        calls.append(("prefill", min(step.chunk, step.prompt), min(step.chunk, step.prompt)))
+        if step.chunk < step.prompt:
+            calls.append(("masked", step.chunk, step.prompt))
+    else:
+        if step.decode_batch:
+            calls.append(("decode", 1, step.context + 1))
+        if step.prefill_tokens:
+            end = step.prefill_start + step.prefill_tokens
+            calls.append(
+                ("prefill" if step.prefill_start == 0 else "masked", step.prefill_tokens, end)
+            )
+    names = [f"{k}: {sdpa.for_kind(cfg, k, t, n, w.device, w.dtype)}" for k, t, n in calls]
+    return "; ".join(names)
 
 
 def _alone(model, item: Timed, opts: TimingOptions, cuda_graphs: bool) -> Measurement | None:

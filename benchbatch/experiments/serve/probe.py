@@ -6,7 +6,7 @@ of a sweep, plus a 'max' point with everything queued at once. Each (policy, rat
 simulated with the step-cost model fitted on this device (a step lasts what the model says,
 so a request arriving at t is first seen by the first step starting at or after t), and
 the rates that fit the time are served by the real engine on the model, arrivals on the
-wall clock. Every point is measured with the serving benchmarks' metrics (engines/serving):
+wall clock. Every point is measured with the serving benchmarks' metrics (core/serving):
 TTFT, TPOT, ITL and E2E percentiles, throughput, goodput under the SLO; and with what the
 scheduler did (slot occupancy, mean batch), which explains where the curve bends.
 
