@@ -6,7 +6,7 @@ from __future__ import annotations
 import pandas as pd
 
 from benchbatch.core.options import WorkloadOptions
-from benchbatch.core.simulate import expand_timeline, timeline_rows
+from benchbatch.core.simulate import expand_timeline, timeline_rows, timeline_table
 from benchbatch.core.workload import Workload, lognormal_workload, read_trace
 from benchbatch.experiments.occupancy import probe
 
@@ -29,7 +29,7 @@ def test_columns_and_lists_give_the_same_rows_timeline_and_title(tmp_path):
         assert sims == sims_listed
         assert probe.occupancy(sims, 3) == probe.occupancy(sims_listed, 3)
         per_step = pd.DataFrame(timeline_rows(sims_listed))
-        assert expand_timeline(probe.timeline(sims)).equals(per_step)
+        assert expand_timeline(timeline_table(sims)).equals(per_step)
     assert probe.title(WorkloadOptions(trace=trace).draw(), 8) == (
         "4 requests (output tokens: median 7, max 300), 8 slots: active slots per step"
     )

@@ -202,3 +202,42 @@ def test_compare_the_same_folder_twice_says_so(runner, two_runs, tmp_path):
     assert result.exit_code == 2 and "the same folder was given twice" in result.stderr
     labelled = ["compare", str(a), str(a), "--label", "one,two", "--out", str(tmp_path / "c")]
     assert runner.invoke(app, labelled).exit_code == 0
+
+
+def test_force_removes_only_what_the_previous_run_wrote_never_an_input(runner, tmp_path):
+    """`occupancy --trace ff/mytrace.csv --out ff --force` kept neither the trace it was
+    replaying nor the user's notes: every CSV/PNG/JSON/MD/HTML in the folder went. Now the
+    previous run's metadata.json lists its files and --force removes those alone, never an
+    input of this run, even one the last run wrote (a trace_POLICY.csv, say)."""
+    out = tmp_path / "ff"
+    assert occupancy(runner, out, "--seeds", "2").exit_code == 0
+    listed = meta_of(out)["written_files"]
+    assert {"occupancy.csv", "occupancy_seeds.csv", "metadata.json"} <= set(listed)
+    assert sorted(listed) == sorted(p.name for p in out.iterdir())  # every file it wrote
+    (out / "NOTES.md").write_text("mine")
+    (out / "extra.csv").write_text("a\n1\n")
+    trace = out / "mytrace.csv"
+    trace.write_text("output_tokens\n5\n7\n")
+    meta = json.loads((out / "metadata.json").read_text())
+    meta["written_files"].append("mytrace.csv")  # as if the last run had written it
+    (out / "metadata.json").write_text(json.dumps(meta))
+    done = occupancy(runner, out, "--force", "--trace", str(trace))
+    assert done.exit_code == 0, done.output
+    assert (out / "NOTES.md").read_text() == "mine"
+    assert (out / "extra.csv").read_text() == "a\n1\n"
+    assert trace.read_text() == "output_tokens\n5\n7\n"
+    assert not (out / "occupancy_seeds.csv").exists()  # the last run's own table went
+    assert meta_of(out)["options"]["trace"] == str(trace)
+    assert "mytrace.csv" not in meta_of(out)["written_files"]  # a later --force keeps it
+
+
+def test_force_refuses_a_run_that_did_not_list_its_files(runner, tmp_path):
+    out = tmp_path / "run"
+    assert occupancy(runner, out).exit_code == 0
+    meta = json.loads((out / "metadata.json").read_text())
+    del meta["written_files"]  # as an older benchbatch wrote it
+    (out / "metadata.json").write_text(json.dumps(meta))
+    done = occupancy(runner, out, "--force")
+    assert done.exit_code == 2
+    assert "does not list the files its run wrote" in done.output
+    assert (out / "occupancy.csv").exists()

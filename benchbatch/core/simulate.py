@@ -56,8 +56,12 @@ def simulate(
 
     With the article's rule (default settings, no cost model) static and continuous runs
     take an event-driven fast path over arrays (core/article.py) that never builds step
-    plans: it gives the same steps, timeline and metrics (tested) and leaves `scheduler`
-    untouched. A Workload (columns) goes straight to it; a list of requests is converted.
+    plans: it gives the same steps, timeline and metrics and leaves `scheduler` untouched.
+    It is an exact shortcut of the scheduler, not a model of it: the two are proved equal
+    (tests/test_simulate.py: test_fast_path_equals_generic_scheduler, and both against
+    brute-force references in test_columns_fast_path_equals_references_at_many_sizes);
+    fast=False runs the scheduler step by step instead. A Workload (columns) goes straight
+    to the shortcut; a list of requests is converted.
     """
     assert scheduler.done and scheduler.step == 0, "simulate() needs a fresh scheduler"
     article_rule = scheduler.config.article_rule and scheduler.policy in article.POLICIES

@@ -60,10 +60,7 @@ def _open(command: str, model: ModelOptions, run: RunOptions, target, options, c
     session.check_fits(cfg, target, model.source(), cache(cfg) if cache is not None else None)
     given = load_ceilings(run, target)
     applied = dataclasses.replace(run, cuda_graphs=run.graphs(target), tp=target.tp)
-    rec = Recorder.open(command, applied, target, cfg, record(*options, model, applied))
-    rec.given_ceilings = given
-    rec.cfg = cfg
-    return rec
+    return Recorder.open(command, applied, target, cfg, record(*options, model, applied), given)
 
 
 def join(rec: Recorder) -> None:
@@ -157,9 +154,7 @@ def use_ceilings(rec: Recorder, run: RunOptions):
             rows = measure_probe(rec, run)
         ceilings = ceilings_from_rows(rows)
         interconnect_ceiling(rec, run)
-    if ceilings is not None:
-        rec.meta["ceilings"] = ceilings.to_dict()
-    rec.ceilings = ceilings
+    rec.use_ceilings(ceilings)
     return ceilings
 
 

@@ -122,6 +122,9 @@ class Run:
         return rows.to_dict("records") if hasattr(rows, "to_dict") else rows
 
     def write_meta(self) -> None:
+        """metadata.json, with the files the run has written so far (--force later removes
+        exactly these)."""
+        self.meta["written_files"] = sorted({*results.written_in(self.folder), "metadata.json"})
         results.write_json(self.folder / "metadata.json", self.meta)
 
     def finish(self, status: str = "complete", **extra) -> None:
@@ -166,7 +169,8 @@ def abandon(status: str, error: BaseException | None = None) -> list[Path]:
 class Recorder(Run):
     """A Run with the machinery around it: signals, progress, throttle watch, ceilings."""
 
-    def __init__(self, folder: Path, command: str, meta: dict, target=None, quiet=False):
+    def __init__(self, folder: Path, command: str, meta: dict, target=None, quiet=False,
+                 cfg=None, given_ceilings=None):  # fmt: skip
         if target is not None and meta.get("telemetry_before") is None:
             from benchbatch.runtime import telemetry
 
@@ -174,7 +178,9 @@ class Recorder(Run):
         super().__init__(folder, command, meta)
         self.target = target
         self.quiet = quiet
-        self.ceilings = None  # the run's one set of ceilings, once known
+        self.cfg = cfg  # the model's shape (None: a run that builds no model)
+        self.given_ceilings = given_ceilings  # --ceilings, read and checked before the folder
+        self.ceilings = None  # the run's one set of ceilings, once known (use_ceilings)
         # What the experiment's open_run checked, for its measure_run to run on (the requests
         # as served, a fitted cost): kept in memory, never written.
         self.inputs: object = None
@@ -183,7 +189,7 @@ class Recorder(Run):
         self._stack = contextlib.ExitStack()
 
     @classmethod
-    def open(cls, command: str, run, target, cfg, options: dict) -> Recorder:
+    def open(cls, command: str, run, target, cfg, options: dict, given_ceilings=None) -> Recorder:
         """The run folder (--out, or a new one) and its first metadata.json, made together
         (signals held): a folder never exists without saying what it holds."""
         if run.out is not None and is_writer():  # rank 0's folder: the others neither
@@ -199,7 +205,15 @@ class Recorder(Run):
             from benchbatch.runtime import telemetry
 
             meta["telemetry_before"] = telemetry.snapshot(target.device)
-        return create(cls, run.out, run.force, command, meta, target, quiet=run.json_out)
+        return create(cls, run.out, run.force, command, meta, target, quiet=run.json_out,
+                      cfg=cfg, given_ceilings=given_ceilings)  # fmt: skip
+
+    def use_ceilings(self, ceilings) -> None:
+        """The run's one set of ceilings from here on (None: no roofline), in metadata.json
+        too: every row recorded afterwards is placed against them."""
+        self.ceilings = ceilings
+        if ceilings is not None:
+            self.meta["ceilings"] = ceilings.to_dict()
 
     # --- the run's lifetime ---------------------------------------------------------------
 
@@ -358,13 +372,31 @@ class Recorder(Run):
 NOT_TRUSTED = ("noisy", "throttled", "power_capped")
 
 
+def input_paths(options) -> list[Path]:
+    """Every path among a run's options (--trace, --prompts, --ceilings, --step-costs,
+    --model, ...): --force never removes one of them from the folder it replaces."""
+    found = []
+
+    def walk(value) -> None:
+        if isinstance(value, (list, tuple)):
+            for v in value:
+                walk(v)
+        elif isinstance(value, (str, Path)) and str(value) and ("/" in str(value) or
+                                                                 Path(value).suffix):  # fmt: skip
+            found.append(Path(value))
+
+    for value in (options or {}).values():
+        walk(value)
+    return found
+
+
 def create(cls, out: Path | None, force: bool, command: str, meta: dict, *args, **kwargs):
     """cls(folder, command, meta, ...) in a folder made for it, with signals held from the
     folder's mkdir to its metadata.json: Ctrl-C never finds a folder that says nothing. A
     first write that fails means --out cannot be written to (the folder made is removed)."""
     with signals_held():
         existed = out is not None and out.is_dir()
-        folder = results.run_dir(out, command, force)
+        folder = results.run_dir(out, command, force, keep=input_paths(meta.get("options")))
         try:
             return cls(folder, command, meta, *args, **kwargs)
         except WriteFailed as e:

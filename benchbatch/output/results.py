@@ -27,22 +27,24 @@ def utc_stamp() -> str:
     return dt.datetime.now(dt.timezone.utc).strftime("%Y%m%d-%H%M%SZ")
 
 
-def run_dir(out: Path | None, command: str, force: bool = False) -> Path:
+def run_dir(out: Path | None, command: str, force: bool = False, keep=()) -> Path:
     """The folder a run writes to: --out, or a new results/<UTC time>-<command>/. With
-    --force, a previous run of the same command in --out is replaced (its files removed), a
-    run of another command refused: a folder never holds two runs' files. Made and checked
-    by rank 0 alone (the others learn its name from it)."""
+    --force, a previous run of the same command in --out is replaced (the files its
+    metadata.json lists removed, never one of `keep`, this run's own input files), a run of
+    another command refused: a folder never holds two runs' files, and nothing else in it
+    is touched. Made and checked by rank 0 alone (the others learn its name from it)."""
     if not is_writer():
         return out if out is not None else DEFAULT_ROOT / f"{utc_stamp()}-{command}"
     if out is None:
         return _claim_fresh(DEFAULT_ROOT / f"{utc_stamp()}-{command}")
     check_out(out, command, force)
+    _WRITTEN.pop(_resolved(out), None)  # a new run: the files it writes are its own
     try:
         out.mkdir(parents=True, exist_ok=True)
     except OSError as e:
         raise UserError("--out", f"cannot write to {out}: {e.strerror or e}") from None
     if force:
-        clear_previous_run(out)
+        clear_previous_run(out, keep)
     return out
 
 
@@ -81,24 +83,55 @@ def previous_command(folder: Path) -> str | None:
         value = None
     if not isinstance(value, dict) or not isinstance(value.get("command"), str):
         raise UserError("--force", f"{meta} was not written by benchbatch: choose another folder")
+    files = value.get("written_files")
+    if not (isinstance(files, list) and all(isinstance(f, str) for f in files)):
+        raise UserError(
+            "--force",
+            f"{meta} does not list the files its run wrote (an older benchbatch's run): remove "
+            "them yourself or choose another folder",
+        )
     return value["command"]
 
 
-# What a run writes into its folder (tables, figures, metadata, reports, traces).
-RUN_FILES = (".csv", ".png", ".json", ".md", ".html")
+def previous_files(folder: Path) -> list[str]:
+    """The files the run a folder holds wrote, as its metadata.json lists them (check_out
+    has checked the list), plain names in this folder only."""
+    from benchbatch.core.inputs import read_json
+
+    listed = read_json(folder / "metadata.json", "--out")["written_files"]
+    return [n for n in listed if n == Path(n).name and n not in ("", ".", "..")]
 
 
-def clear_previous_run(folder: Path) -> list[str]:
-    """Remove the files of the run a folder holds (same command: check_out said so) and
-    what its writes left halfway; anything else in the folder is left alone."""
+def clear_previous_run(folder: Path, keep=()) -> list[str]:
+    """Remove the files the run a folder holds wrote (same command: check_out said so), its
+    metadata.json and what its writes left halfway; never a file in `keep` (this run's
+    inputs, a --trace written by the last run, say), and nothing else in the folder."""
     if previous_command(folder) is None:
         return remove_temporaries(folder)
+    kept = {_resolved(Path(p)) for p in keep}
     removed = []
-    for path in folder.iterdir():
-        if path.is_file() and (path.suffix in RUN_FILES or is_temporary(path)):
+    for name in [*previous_files(folder), "metadata.json"]:
+        path = folder / name
+        if path.is_file() and not path.is_symlink() and _resolved(path) not in kept:
             path.unlink(missing_ok=True)
-            removed.append(path.name)
-    return removed
+            removed.append(name)
+    return removed + remove_temporaries(folder)
+
+
+def _resolved(path: Path) -> str:
+    try:
+        return str(path.resolve())
+    except (OSError, RuntimeError):  # a loop of links, a name too long: compared as given
+        return str(path.absolute())
+
+
+# The files written into each run folder by this process (atomic_write_bytes notes them):
+# a run's metadata.json lists its own, so --force later removes exactly those.
+_WRITTEN: dict[str, set[str]] = {}
+
+
+def written_in(folder: Path) -> list[str]:
+    return sorted(_WRITTEN.get(_resolved(folder), ()))
 
 
 def _claim_fresh(path: Path) -> Path:
@@ -136,6 +169,7 @@ def atomic_write_bytes(path: Path, data: bytes) -> None:
             os.fchmod(f.fileno(), 0o666 & ~_umask())
             f.write(data)
         os.replace(tmp, path)
+        _WRITTEN.setdefault(_resolved(path.parent), set()).add(path.name)
     except OSError as e:
         Path(tmp).unlink(missing_ok=True)
         raise WriteFailed(path, len(data), e) from None

@@ -21,14 +21,14 @@ import numpy as np
 
 from benchbatch.core.metrics import percentile, summarize
 from benchbatch.core.noise import NOISY_P90_OVER_MEDIAN
-from benchbatch.core.simulate import SimResult, occupancy_rows, run_policies, timeline_table
+from benchbatch.core.simulate import SimResult, occupancy_rows, run_policies
 from benchbatch.core.workload import Request, Workload
 from benchbatch.experiments.occupancy.options import OccupancyOptions as Options
 
 __all__ = ["Options", "simulate", "occupancy", "seed_spread", "summary", "engine_row"]
 
 if TYPE_CHECKING:
-    import pandas as pd
+    pass
 
 POLICIES = ("static", "continuous")
 SIM_TIME_BASIS = "simulated steps x this policy's median measured step"
@@ -61,12 +61,6 @@ def check_memory(requests: int, option: str = "requests") -> int:
 def simulate(requests: Sequence[Request] | Workload, slots: int) -> dict[str, SimResult]:
     """Both policies on the same requests (the article's rule: one decode per slot-step)."""
     return run_policies(requests, slots, POLICIES)
-
-
-def timeline(results: dict[str, SimResult]) -> pd.DataFrame:
-    """timeline.csv in run-length form: (policy, step, steps, active_slots), one row per
-    step where a policy's active-slot count changes (simulate.timeline_table)."""
-    return timeline_table(results)
 
 
 def title(requests: Sequence[Request] | Workload, slots: int) -> str:

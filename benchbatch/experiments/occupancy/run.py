@@ -166,7 +166,9 @@ def simulate_part(rec, first, workload: WorkloadOptions, seeds: int, seed: int):
     rec.put("occupancy", rows)
     if seeds > 1:
         rec.put("occupancy_seeds", probe.seed_spread(rows))
-    timeline = probe.timeline(sims)
+    from benchbatch.core.simulate import timeline_table
+
+    timeline = timeline_table(sims)
     rec.put("timeline", timeline)
     rec.meta["timeline_form"] = TIMELINE_FORM
     title = probe.title(first, workload.slots)

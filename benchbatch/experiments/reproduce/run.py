@@ -184,8 +184,7 @@ def probe_part(rec, s: Shared) -> None:
     from benchbatch.runtime import ceilings as probes
 
     rows = probe.measure(rec, probes.plan_for(rec.target, s.job.probe), s.run, s.timing)
-    rec.ceilings = probes.ceilings(rows, "probe_sizes")
-    rec.meta["ceilings"] = rec.ceilings.to_dict()
+    rec.use_ceilings(probes.ceilings(rows, "probe_sizes"))
     rec.meta["probe"] = probe.summary(rec.ceilings, _peak(rec.target))
 
 
