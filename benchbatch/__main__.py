@@ -9,14 +9,21 @@ def _interrupt(signum, frame):
 
 signal.signal(signal.SIGTERM, _interrupt)
 signal.signal(signal.SIGINT, _interrupt)
+if hasattr(signal, "SIGHUP") and signal.getsignal(signal.SIGHUP) != signal.SIG_IGN:
+    signal.signal(signal.SIGHUP, _interrupt)  # the terminal closed (not under nohup)
 
 try:
     from benchbatch.app.start import main
 except KeyboardInterrupt:  # before the entry point could take it: nothing ran yet
     signal.signal(signal.SIGINT, signal.SIG_IGN)
     signal.signal(signal.SIGTERM, signal.SIG_IGN)
-    sys.stderr.write("interrupted while starting: nothing was run or written\n")
-    sys.stderr.flush()
+    if hasattr(signal, "SIGHUP"):
+        signal.signal(signal.SIGHUP, signal.SIG_IGN)
+    try:  # stderr may be gone (a closed terminal)
+        sys.stderr.write("interrupted while starting: nothing was run or written\n")
+        sys.stderr.flush()
+    except (OSError, ValueError, AttributeError):
+        pass
     import os
 
     os._exit(130)

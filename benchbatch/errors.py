@@ -43,6 +43,15 @@ class WriteFailed(Exception):
         )
 
 
+class OutputFailed(Exception):
+    """stdout could not be written (a full disk behind `> file`, a device that refuses it):
+    the run's folder is whole; the command line says so in one line and exits 1."""
+
+    def __init__(self, error: OSError):
+        self.reason = error.strerror or str(error) or type(error).__name__
+        super().__init__(f"cannot write the output to stdout: {self.reason}")
+
+
 def _size(n: int) -> str:
     return f"{n:,} bytes" if n < 2**20 else f"{n / 2**20:,.1f} MiB"
 

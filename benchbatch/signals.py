@@ -1,5 +1,5 @@
 """The program's first lines (`benchbatch` and `python -m benchbatch`): before anything heavy
-is imported, Ctrl-C and SIGTERM end the process with one line and exit code 130 instead of
+is imported, Ctrl-C, SIGTERM and SIGHUP end the process with one line and exit code 130 instead of
 a traceback from the middle of an import, and the terminal's encoding can no longer turn a
 finished run into a traceback. Kept free of imports beyond the standard library's few.
 
@@ -39,7 +39,11 @@ def raise_interrupt(signum, frame):
 AS_PROGRAM = False
 
 
-HELD = (signal.SIGINT, signal.SIGTERM)
+# The signals that end a run as Ctrl-C does: SIGTERM (a scheduler's kill, `timeout`) and
+# SIGHUP (the terminal closed), where the platform has them. A SIGHUP that the process was
+# started ignoring (nohup) stays ignored.
+ENDING = tuple(getattr(signal, name) for name in ("SIGTERM", "SIGHUP") if hasattr(signal, name))
+HELD = (signal.SIGINT, *ENDING)
 # Imported with HELD signals held: their own code swallows an exception raised inside them.
 HELD_IMPORTS = ("torch",)
 
@@ -99,7 +103,8 @@ def prepare() -> None:
     """Signals, heavy imports and output streams as the command line wants them."""
     global AS_PROGRAM
     AS_PROGRAM = True
-    signal.signal(signal.SIGTERM, raise_interrupt)  # a scheduler's kill, as Ctrl-C
+    for sig in ENDING:  # a scheduler's kill, a closed terminal: as Ctrl-C
+        ending(sig)
     signal.signal(signal.SIGINT, raise_interrupt)  # even where the shell ignored it
     builtins.__import__ = _import
     sys.unraisablehook = _unraisable
@@ -110,6 +115,16 @@ def prepare() -> None:
             stream.reconfigure(errors="backslashreplace")
         except (AttributeError, ValueError):
             pass
+
+
+def ending(sig: int):
+    """Make `sig` raise KeyboardInterrupt; returns the handler it had. A SIGHUP ignored
+    from the start (nohup) is left ignored: the user asked the run to outlive its terminal."""
+    previous = signal.getsignal(sig)
+    if sig == getattr(signal, "SIGHUP", None) and previous == signal.SIG_IGN:
+        return previous
+    signal.signal(sig, raise_interrupt)
+    return previous
 
 
 def exit_interrupted() -> None:
@@ -132,5 +147,5 @@ def exit_now(code: int) -> None:
 
 def ignore() -> None:
     """Exiting now: a second Ctrl-C cannot change how."""
-    signal.signal(signal.SIGINT, signal.SIG_IGN)
-    signal.signal(signal.SIGTERM, signal.SIG_IGN)
+    for sig in HELD:
+        signal.signal(sig, signal.SIG_IGN)

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import contextlib
+import errno
 import os
 import signal
 import sys
@@ -36,14 +37,42 @@ def _matplotlib_config_dir() -> None:
 
 _matplotlib_config_dir()
 
+# matplotlib's own backends (and module://NAME, a third party's). benchbatch draws every
+# figure with Agg whatever MPLBACKEND says, but matplotlib refuses an unknown name at its
+# import: the whole measurement would run, then its first figure fail.
+MPL_BACKENDS = frozenset(
+    "gtk3agg gtk3cairo gtk4agg gtk4cairo macosx nbagg notebook qtagg qtcairo qt5agg qt5cairo "
+    "tkagg tkcairo webagg wx wxagg wxcairo agg cairo pdf pgf ps svg template inline".split()
+)
+
+
+def _matplotlib_backend() -> str | None:
+    """An MPLBACKEND matplotlib would refuse is replaced by Agg before matplotlib is
+    imported; returns the one line saying so (None: nothing to say)."""
+    given = os.environ.get("MPLBACKEND")
+    if not given or given.lower() in MPL_BACKENDS or given.lower().startswith("module://"):
+        return None
+    os.environ["MPLBACKEND"] = "agg"
+    return f"note: MPLBACKEND={given!r} is no matplotlib backend; figures are drawn with Agg"
+
+
+_BACKEND_NOTE = _matplotlib_backend()
+
 import typer  # noqa: E402
 from typer.core import TyperCommand, TyperGroup  # noqa: E402
 
 from benchbatch import signals  # noqa: E402
 from benchbatch.app import registry  # noqa: E402
 from benchbatch.core import ranks  # noqa: E402
+from benchbatch.core.inputs import check_paths  # noqa: E402
 from benchbatch.core.options import check_numbers  # noqa: E402
-from benchbatch.errors import Interrupted, UserError, WriteFailed, one_line  # noqa: E402
+from benchbatch.errors import (  # noqa: E402
+    Interrupted,
+    OutputFailed,
+    UserError,
+    WriteFailed,
+    one_line,
+)
 from benchbatch.output import recorder as runs  # noqa: E402
 from benchbatch.output.recorder import abandon, interrupts_raise  # noqa: E402
 from benchbatch.runtime import distributed  # noqa: E402
@@ -98,6 +127,8 @@ class BenchGroup(HelpIsAFlag, TyperGroup):
             return _failed(f"{e.option}: {e.message}", 2, e)
         except WriteFailed as e:
             return _failed(str(e), 1, e)
+        except OutputFailed as e:
+            return _failed(_output_lost(e), 1, e)
         except Interrupted as e:
             return interrupted(e.folder)
         except click_errors.NoArgsIsHelpError as e:
@@ -111,6 +142,27 @@ class BenchGroup(HelpIsAFlag, TyperGroup):
         except BrokenPipeError:  # stdout's reader went away (`| head`): nothing to say
             _silence_stdout()
             return 0
+        except OSError as e:
+            if e.errno not in OUTPUT_ERRNOS:
+                abandon("failed", e)
+                raise
+            # typer wrote --help (or click a usage line) straight to a stream that refused it
+            return _failed(f"cannot write the output: {e.strerror or e}", 1, e)
+        except Exception as e:  # a bug: its traceback, and no run left marked running
+            abandon("failed", e)
+            raise
+
+
+# A stream that refuses what is written to it: a full disk, a device error, a closed pipe.
+OUTPUT_ERRNOS = (errno.ENOSPC, errno.EIO, errno.EPIPE, errno.EBADF, errno.EDQUOT)
+
+
+def _output_lost(e) -> str:
+    """stdout refused the output: one line, saying where the run's results are."""
+    run = runs.last_run
+    if run is not None and run.meta.get("status") == "complete":
+        return f"{e} (the run is complete: its results are in {run.folder})"
+    return str(e)
 
 
 def usage_line(e) -> str:
@@ -167,8 +219,12 @@ def _exit(code: int) -> None:
     try:
         if sys.stdout is not None:  # None: started with stdout closed
             sys.stdout.flush()
-    except (BrokenPipeError, ValueError, OSError):
+    except (BrokenPipeError, ValueError):
         _silence_stdout()
+    except OSError as e:  # the output's last bytes were refused (`> /dev/full`)
+        _silence_stdout()
+        if code == 0:
+            code = _fail(_output_lost(OutputFailed(e)), 1)
     if signals.AS_PROGRAM and (code == signals.INTERRUPTED or signals.SIGNALLED):
         signals.exit_now(code)
     sys.exit(code)
@@ -196,15 +252,24 @@ def _check_numbers_first(command) -> None:
     if run is None or getattr(run, "numbers_checked", False):
         return
     names = {p.name: p.opts[0] for p in command.params if p.opts}
+    shown = {p.name: _shown(p) for p in command.params if p.opts}
 
     def checked(**values):
         check_numbers(values, names)
+        check_paths(values, shown)
         # -0.0 means 0 (numpy's lognormal refuses a sigma with the sign bit set).
         values = {k: v + 0.0 if type(v) is float else v for k, v in values.items()}
         return run(**values)
 
     checked.numbers_checked = True
     command.callback = checked
+
+
+def _shown(param) -> str:
+    """A parameter as the user wrote it: --option, or an argument's metavar (RUN_DIR)."""
+    if getattr(param, "param_type_name", "") == "argument":
+        return param.metavar or (param.name or "argument").upper()
+    return next((o for o in param.opts if o.startswith("--")), param.opts[0])
 
 
 def _fail(message: str, code: int) -> int:
@@ -255,4 +320,6 @@ def _root(ctx: typer.Context) -> None:
 
 def main() -> None:
     signals.prepare()
+    if _BACKEND_NOTE is not None and ranks.is_writer():
+        _echo(_BACKEND_NOTE)
     app()

@@ -15,7 +15,10 @@ def main() -> None:
         from benchbatch.app.cli import main as run
     except KeyboardInterrupt:
         signals.ignore()
-        sys.stderr.write("interrupted while starting: nothing was run or written\n")
+        try:  # stderr may be gone (a closed terminal)
+            sys.stderr.write("interrupted while starting: nothing was run or written\n")
+        except (OSError, ValueError, AttributeError):
+            pass
         signals.exit_interrupted()
     try:
         run()

@@ -79,3 +79,40 @@ def stored_dtype(path: str | Path) -> str | None:
     raw = hfconfig.load_json(folder(path) / "config.json", OPTION)
     stored = raw.get("torch_dtype") or raw.get("dtype")
     return CONFIG_DTYPES.get(stored) if isinstance(stored, str) else None
+
+
+def eos_token_ids(path: str | Path, vocab: int | None = None) -> frozenset[int]:
+    """The ids that end a generation: generation_config.json's, else config.json's. With the
+    model's vocab, each must be a token the model can generate (else --stop-at-eos never
+    stops)."""
+    p = folder(path)
+    for name in ("generation_config.json", "config.json"):
+        file = p / name
+        if not file.is_file():
+            continue
+        raw = hfconfig.load_json(file, OPTION)
+        value = raw.get("eos_token_id")
+        if value is None and name == "config.json":
+            value = hfconfig.language_model(raw, file, OPTION).get("eos_token_id")
+        if value is None:
+            continue
+        ids = value if isinstance(value, list) else [value]
+        if not ids or not all(
+            isinstance(i, int) and not isinstance(i, bool) and i >= 0 for i in ids
+        ):
+            shown = hfconfig._short(value)
+            hfconfig.Fields(raw, file, OPTION).fail("eos_token_id", f"not token ids: {shown}")
+        outside = [i for i in ids if vocab is not None and i >= vocab]
+        if outside:
+            raise UserError(
+                "--stop-at-eos",
+                f"{file}: eos_token_id {outside[0]:,} is outside the model's vocabulary "
+                f"({vocab:,} tokens, ids 0 to {vocab - 1:,}), so generation could never stop "
+                "at it",
+            )
+        return frozenset(ids)
+    raise UserError(
+        "--stop-at-eos",
+        f"{p}: no eos_token_id in generation_config.json or "
+        "config.json, so there is no end-of-sequence token to stop at",
+    )

@@ -29,6 +29,44 @@ MAX_INT_DIGITS = 30  # every integer benchbatch reads fits 64 bits: 19 digits
 BOM = "\ufeff"
 
 
+# The longest name of one file or folder, and of a whole path, the system takes (Linux's
+# NAME_MAX and PATH_MAX, in bytes): past them every look at the path fails with "File name
+# too long", so such a path is refused by name before anything looks.
+NAME_MAX = 255
+PATH_MAX = 4096
+
+
+def path_problem(path: str | Path) -> str | None:
+    """What makes a path unusable whatever the disk holds (too long, a NUL), or None."""
+    text = os.fspath(path)
+    if "\0" in text:
+        return "the path holds a NUL character"
+    raw = os.fsencode(text)
+    if len(raw) >= PATH_MAX:
+        return f"the path is {len(raw):,} bytes long; a path may have at most {PATH_MAX - 1:,}"
+    for part in raw.split(b"/"):
+        if len(part) > NAME_MAX:
+            name = short(os.fsdecode(part))
+            return (f"the name {name!r} in the path is {len(part):,} bytes long; a file or "
+                    f"folder name may have at most {NAME_MAX}")  # fmt: skip
+    return None
+
+
+def check_path(path: str | Path, option: str) -> None:
+    problem = path_problem(path)
+    if problem is not None:
+        raise UserError(option, problem)
+
+
+def check_paths(values: dict, options: dict[str, str]) -> None:
+    """Every path among a command's parsed parameters (lists of them too) usable: a
+    UserError naming the option otherwise. options: their names on the command line."""
+    for name, value in values.items():
+        for item in value if isinstance(value, list | tuple) else (value,):
+            if isinstance(item, Path):
+                check_path(item, options.get(name, f"--{name.replace('_', '-')}"))
+
+
 def regular_file(path: str | Path, option: str, limit: int = MAX_TEXT_BYTES) -> Path:
     """The path if it names a regular file of at most `limit` bytes, else a UserError."""
     path = Path(path)

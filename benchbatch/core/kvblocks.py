@@ -14,7 +14,10 @@ Two ways to hand out the pool, side by side on the same memory:
   never written: the fragmentation PagedAttention removes.
 
 The pool is handed out first in, first out (a freed block goes to the back of the queue, as
-vLLM's free block queue does), so which blocks a sequence gets is deterministic.
+vLLM's free block queue does), so which blocks a sequence gets is deterministic. The queue is
+kept as the never-used blocks (a counter: they come first, in order) and a deque of returned
+ones, so its size follows the blocks handed out, not the budget (a 10^14-block budget costs
+nothing until it is used).
 """
 
 from __future__ import annotations
@@ -73,16 +76,26 @@ class BlockManager:
 
     def __init__(self, num_blocks: int, block_size: int) -> None:
         self.num_blocks, self.block_size = num_blocks, block_size
-        self._free: deque[int] = deque(range(num_blocks))
+        # The free queue: blocks _fresh.. num_blocks - 1 (never handed out), then _returned.
+        self._fresh = 0
+        self._returned: deque[int] = deque()
         self._tables: dict[int, list[int]] = {}  # slot -> its blocks, in position order
 
     @property
     def num_free(self) -> int:
-        return len(self._free)
+        return self.num_blocks - self._fresh + len(self._returned)
 
     @property
     def num_used(self) -> int:
-        return self.num_blocks - len(self._free)
+        return self._fresh - len(self._returned)
+
+    def _take(self, n: int) -> list[int]:
+        """The first n blocks of the free queue (the caller checked there are n)."""
+        fresh = min(n, self.num_blocks - self._fresh)
+        taken = list(range(self._fresh, self._fresh + fresh))
+        self._fresh += fresh
+        taken += [self._returned.popleft() for _ in range(n - fresh)]
+        return taken
 
     def table(self, slot: int) -> list[int]:
         return self._tables.get(slot, [])
@@ -99,21 +112,21 @@ class BlockManager:
         """Give the slot blocks for `tokens` tokens in all; None (and nothing taken) if the
         pool lacks them. Returns the new (index in the table, block) pairs."""
         need = self.missing(slot, tokens)
-        if need > len(self._free):
+        if need > self.num_free:
             return None
         table = self._tables.setdefault(slot, [])
-        new = [(len(table) + i, self._free.popleft()) for i in range(need)]
+        new = list(enumerate(self._take(need), start=len(table)))
         table.extend(block for _, block in new)
         return new
 
     def free(self, slot: int) -> int:
         """Return the slot's blocks to the pool; how many there were."""
         table = self._tables.pop(slot, [])
-        self._free.extend(table)
+        self._returned.extend(table)
         return len(table)
 
     def check(self) -> None:
         """Every block is free or in exactly one table (a bug if not)."""
         owned = [b for table in self._tables.values() for b in table]
-        every = owned + list(self._free)
-        assert sorted(every) == list(range(self.num_blocks)), "a block lost or shared"
+        every = owned + list(self._returned)  # the blocks ever handed out
+        assert sorted(every) == list(range(self._fresh)), "a block lost or shared"

@@ -144,12 +144,21 @@ def check_count(name: str, value: int, least: int = 1, most: int = INT_MAX) -> N
     require(value <= most, name, f"must be at most {most:,}, got {value:,}")
 
 
-def check_number(name: str, value: float, least: float = 0.0, *, open_low: bool = False) -> None:
-    """A finite real option; open_low: strictly above `least`."""
+# The most memory, in GiB, an option may give (about 10^24 bytes): far past any machine, yet
+# a byte count of it is still exact arithmetic (1e300 GiB in bytes is infinity).
+MOST_GIB = 1e15
+
+
+def check_number(name: str, value: float, least: float = 0.0, *, open_low: bool = False,
+                 most: float | None = None, unit: str = "") -> None:  # fmt: skip
+    """A finite real option; open_low: strictly above `least`; most: at most that."""
     require(math.isfinite(value), name, f"must be a finite number, got {value}")
     ok = value > least if open_low else value >= least
     word = "more than" if open_low else "at least"
     require(ok, name, f"must be {word} {least:g}, got {value:g}")
+    if most is not None:
+        require(value <= most, name, f"must be {word} {least:g} and at most {most:g}{unit}, "
+                f"got {value:g}")  # fmt: skip
 
 
 def check_numbers(values: dict, options: dict[str, str]) -> None:

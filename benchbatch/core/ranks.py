@@ -11,6 +11,7 @@ from benchbatch.errors import UserError
 
 ENVIRONMENT = ("RANK", "WORLD_SIZE", "LOCAL_RANK")
 LAUNCH = "torchrun --nproc-per-node N -m benchbatch"
+TORCHRUN = "torchrun environment"  # what its errors name (no option of a command)
 
 
 def launched() -> bool:
@@ -38,9 +39,30 @@ def is_writer() -> bool:
     return rank() == 0
 
 
+def check_environment() -> None:
+    """torchrun's variables, when all three are set, are whole numbers that make sense
+    together (torch.distributed would raise a ValueError from deep inside otherwise)."""
+    if not launched():
+        return
+    values = {}
+    for name in ENVIRONMENT:
+        text = os.environ[name].strip()
+        if not (text.isascii() and text.isdigit()) or len(text) > 9:
+            raise UserError(TORCHRUN, f"{name}={os.environ[name][:40]!r} is not a rank count "
+                            "or index (a whole number, as torchrun sets it)")  # fmt: skip
+        values[name] = int(text)
+    if values["WORLD_SIZE"] < 1 or values["RANK"] >= values["WORLD_SIZE"]:
+        raise UserError(
+            TORCHRUN,
+            f"RANK={values['RANK']} and WORLD_SIZE={values['WORLD_SIZE']} do not fit together "
+            "(0 <= RANK < WORLD_SIZE)",
+        )
+
+
 def resolve_tp(tp: int | None) -> int:
     """--tp as it applies: the world size by default; a UserError naming --tp when it cannot
     (the same on every rank, before any process group exists, so no rank waits)."""
+    check_environment()
     size = world_size()
     if tp is None:
         return size

@@ -58,6 +58,7 @@ def _open(command: str, model: ModelOptions, run: RunOptions, target, options, c
         check(cfg)
     sharding.check(cfg, target.tp)
     session.check_fits(cfg, target, model.source(), cache(cfg) if cache is not None else None)
+    session.check_checkpoint(model, cfg, target)  # the weights' headers, before any folder
     given = load_ceilings(run, target)
     applied = dataclasses.replace(run, cuda_graphs=run.graphs(target), tp=target.tp)
     return Recorder.open(command, applied, target, cfg, record(*options, model, applied), given)

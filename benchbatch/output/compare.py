@@ -214,9 +214,9 @@ def labels(folders: list[Path], given: str | None) -> list[str]:
                 f"give {len(folders)} non-empty labels, one per folder; got {given[:80]!r}",
             )
     else:
-        names = [f.resolve().name or str(f) for f in folders]
+        names = [_same(f).name or str(f) for f in folders]
         if len(set(names)) < len(names):
-            names = [f"{f.resolve().parent.name}/{f.resolve().name}" for f in folders]
+            names = [f"{_same(f).parent.name}/{_same(f).name}" for f in folders]
     if len(set(names)) < len(names):
         raise UserError("--label", f"labels must differ: {', '.join(names)}")
     return names

@@ -28,7 +28,7 @@ from benchbatch.core.ranks import is_writer
 from benchbatch.errors import Interrupted, UserError, WriteFailed
 from benchbatch.output import render, results
 from benchbatch.output.progress import Progress
-from benchbatch.signals import raise_interrupt, signals_held
+from benchbatch.signals import ENDING, ending, signals_held
 
 
 def now_utc() -> str:
@@ -416,12 +416,14 @@ def _in_main_thread() -> bool:
 
 @contextlib.contextmanager
 def interrupts_raise():
-    """SIGTERM (a scheduler's kill, `timeout`) raises KeyboardInterrupt, as Ctrl-C does."""
+    """SIGTERM (a scheduler's kill, `timeout`) and SIGHUP (the terminal closed; not one
+    ignored since the start, nohup) raise KeyboardInterrupt, as Ctrl-C does."""
     if not _in_main_thread():
         yield
         return
-    previous = signal.signal(signal.SIGTERM, raise_interrupt)
+    previous = {sig: ending(sig) for sig in ENDING}
     try:
         yield
     finally:
-        signal.signal(signal.SIGTERM, previous if previous is not None else signal.SIG_DFL)
+        for sig, handler in previous.items():
+            signal.signal(sig, handler if handler is not None else signal.SIG_DFL)

@@ -21,12 +21,53 @@ from rich.text import Text
 
 from benchbatch.core.ranks import is_writer
 from benchbatch.core.units import duration  # noqa: F401  (render.duration: the commands use it)
-from benchbatch.errors import one_line
+from benchbatch.errors import OutputFailed, one_line
+
+
+class _Stream:
+    """The console's stream (looked up when written, as rich does), its failed writes
+    handled: stderr's dropped (notes and progress cannot stop a run, and nothing is left to
+    say them on: `2>/dev/full`, a closed terminal), stdout's raised as OutputFailed (one line
+    on stderr, exit 1; a closed pipe, `| head`, stays a BrokenPipeError)."""
+
+    def __init__(self, stream, raises: bool):
+        self._stream, self._raises = stream, raises
+
+    def write(self, text: str) -> int:
+        return self._guard(self._stream.write, text) or len(text)
+
+    def flush(self) -> None:
+        self._guard(self._stream.flush)
+
+    def _guard(self, fn, *args):
+        try:
+            return fn(*args)
+        except BrokenPipeError:
+            if self._raises:
+                raise
+        except (OSError, ValueError) as e:  # ValueError: the stream was closed
+            if self._raises:
+                raise OutputFailed(e if isinstance(e, OSError) else OSError(str(e))) from None
+        return None
+
+    def __getattr__(self, name):
+        return getattr(self._stream, name)
+
+
+class _Console(Console):
+    @property
+    def file(self):
+        return _Stream(Console.file.fget(self), raises=not self.stderr)
+
+    @file.setter
+    def file(self, new_file) -> None:
+        Console.file.fset(self, new_file)
+
 
 # Under torchrun every rank runs the command and rank 0 alone prints (errors excepted).
 # Text is printed as given: no rich markup or emoji codes in paths, labels or names.
-out_console = Console(markup=False, emoji=False, soft_wrap=True, quiet=not is_writer())
-err_console = Console(stderr=True, markup=False, emoji=False, quiet=not is_writer())
+out_console = _Console(markup=False, emoji=False, soft_wrap=True, quiet=not is_writer())
+err_console = _Console(stderr=True, markup=False, emoji=False, quiet=not is_writer())
 
 NOISY_HINT = "try more --repeats or --min-time"
 

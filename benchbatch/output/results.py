@@ -51,9 +51,12 @@ def run_dir(out: Path | None, command: str, force: bool = False, keep=()) -> Pat
 def check_out(out: Path, command: str, force: bool) -> None:
     """--out may be written to: not a file, empty unless --force, and with --force holding
     nothing but a previous run of the same command (or no run at all)."""
-    if out.exists() and not out.is_dir():
-        raise UserError("--out", f"{out} exists and is not a folder")
+    from benchbatch.core.inputs import check_path
+
+    check_path(out, "--out")
     try:
+        if out.exists() and not out.is_dir():
+            raise UserError("--out", f"{out} exists and is not a folder")
         empty = not out.is_dir() or not any(out.iterdir())
     except OSError as e:
         raise UserError("--out", f"cannot read {out}: {e.strerror or e}") from None

@@ -7,7 +7,8 @@ copied straight into the model's parameters on the device and in the run's dtype
 sharded checkpoint is never held whole in host memory; the model is built without random
 initialization (Transformer(init=False)) so no time goes into weights that are overwritten.
 Every problem (no such folder, a Hub id, missing, extra or misshapen tensors, a dtype the
-device cannot run) is one line naming --model.
+device cannot run, a corrupt safetensors file) is one line naming --model, and all that
+the headers and config tell is checked (check()) before a run's folder exists.
 """
 
 from __future__ import annotations
@@ -25,18 +26,21 @@ from benchbatch.core.checkpoint_config import (  # noqa: F401  (the checkpoint's
     CONFIG_DTYPES,
     HUB_ID,
     OPTION,
+    eos_token_ids,
     fail,
     folder,
     read_config,
     stored_dtype,
 )
 from benchbatch.core.config import ModelConfig
+from benchbatch.core.inputs import path_problem
 from benchbatch.errors import UserError
 from benchbatch.runtime.model import Transformer
 
 STORED_DTYPES = {"F32": torch.float32, "F16": torch.float16, "BF16": torch.bfloat16}
 # Old checkpoints saved the rotary frequencies; transformers recomputes them from the config
 # and so does benchbatch.
+EMBED = "model.embed_tokens.weight"
 IGNORED = re.compile(r"model\.layers\.\d+\.self_attn\.rotary_emb\.inv_freq")
 
 
@@ -58,17 +62,32 @@ def load(
                 f"{max_context:,} is more than the checkpoint's {cfg.max_context:,} positions",
             )
         cfg = cfg.replace(max_context=max_context)
+    shards, tensors = _checked(path, device, dtype, cfg)
+    model = Transformer(cfg, device, dtype, init=False, shard=shard)
+    targets = destinations(model) if shard is None else _sharded_targets(model, shard)
+    with torch.no_grad():
+        _copy(shards, tensors, targets, dtype)
+    return model.eval(), cfg
+
+
+def check(path: str | Path, device: torch.device | str, dtype: torch.dtype, cfg: ModelConfig):
+    """Everything the checkpoint's files tell before its model is built, so a run refuses
+    it before its folder exists: the dtype on the device, the safetensors files (each
+    header read, no data), every tensor's name, shape and dtype against cfg's model, and a
+    tied checkpoint's stored head equal to its embedding (those two read, in blocks of
+    rows). Only values past fp16's range wait for the load, which reads every tensor."""
+    _checked(path, device, dtype, cfg)
+
+
+def _checked(path, device, dtype: torch.dtype, cfg: ModelConfig):
     _check_device_dtype(torch.device(device), dtype)
     shards = _shards(folder(path))
     tensors = _inventory(shards)
-    model = Transformer(cfg, device, dtype, init=False, shard=shard)
     # Shapes are checked against the whole model's (on the meta device: no memory).
-    whole = model if shard is None else Transformer(cfg, "meta", dtype, init=False)
-    _check_tensors(tensors, destinations(whole), cfg)
-    targets = destinations(model) if shard is None else _sharded_targets(model, shard)
-    with torch.no_grad():
-        _copy(shards, tensors, targets, dtype, model.embed.weight)
-    return model.eval(), cfg
+    _check_tensors(tensors, destinations(Transformer(cfg, "meta", dtype, init=False)), cfg)
+    if cfg.tie_embeddings and "lm_head.weight" in tensors:
+        _check_tied_head(tensors, dtype)
+    return shards, tensors
 
 
 def _check_device_dtype(device: torch.device, dtype: torch.dtype) -> None:
@@ -91,7 +110,7 @@ def _shards(p: Path) -> list[Path]:
             fail(f"{index}: weight_map must be an object naming each tensor's file")
         names = sorted({str(v) for v in weight_map.values()})
         for name in names:
-            if Path(name).name != name or not (p / name).is_file():
+            if Path(name).name != name or path_problem(p / name) or not (p / name).is_file():
                 fail(f"{index} names a shard {name!r} that is not in {p}")
         return [p / name for name in names]
     single = p / "model.safetensors"
@@ -106,8 +125,9 @@ def _shards(p: Path) -> list[Path]:
 
 
 def _inventory(shards: list[Path]) -> dict[str, tuple[Path, list[int], str]]:
-    """Each stored tensor's file, shape and dtype, read from the headers only."""
-    from safetensors import safe_open
+    """Each stored tensor's file, shape and dtype, read from the headers only (safe_open
+    also checks that the data the header promises is in the file)."""
+    from safetensors import SafetensorError, safe_open
 
     tensors: dict[str, tuple[Path, list[int], str]] = {}
     for shard in shards:
@@ -118,9 +138,14 @@ def _inventory(shards: list[Path]) -> dict[str, tuple[Path, list[int], str]]:
                         fail(f"{name} is stored twice ({tensors[name][0].name}, {shard.name})")
                     s = f.get_slice(name)
                     tensors[name] = (shard, list(s.get_shape()), s.get_dtype())
-        except (OSError, RuntimeError, ValueError) as e:  # safetensors' header errors
-            fail(f"cannot read {shard}: {str(e).splitlines()[0]}")
+        except (OSError, RuntimeError, ValueError, SafetensorError) as e:  # a corrupt file
+            fail(f"cannot read {shard} as safetensors: {_first_line(e)}")
     return tensors
+
+
+def _first_line(e: BaseException) -> str:
+    lines = str(e).strip().splitlines()
+    return (lines[0] if lines else type(e).__name__)[:300]
 
 
 # --- the mapping ---------------------------------------------------------------------------
@@ -219,62 +244,47 @@ def _few(names: list[str]) -> str:
     return shown + (f" and {len(names) - 3} more" if len(names) > 3 else "")
 
 
-def _copy(
-    shards: list[Path], tensors: dict, targets: dict, dtype: torch.dtype, embed: torch.Tensor
-) -> None:
+def _copy(shards: list[Path], tensors: dict, targets: dict, dtype: torch.dtype) -> None:
     """Each tensor from its memory-mapped file into its place (a view, or a call that writes
     a rank's slices), converted on the way."""
-    from safetensors import safe_open
+    from safetensors import SafetensorError, safe_open
 
     for shard in shards:
-        with safe_open(shard, framework="pt") as f:
-            for name in (n for n, (s, _, _) in tensors.items() if s == shard):
-                if name not in targets:  # ignored, or a tied head (checked once embed is in)
-                    continue
-                target, tensor = targets[name], f.get_tensor(name)
-                written = target(tensor) if callable(target) else target.copy_(tensor)
-                if dtype == torch.float16 and not torch.isfinite(written).all():
-                    fail(
-                        f"{name} holds values beyond fp16's range; load it in bf16 or fp32 "
-                        "(--dtype)"
-                    )
-    if "lm_head.weight" in tensors and "lm_head.weight" not in targets:
-        with safe_open(tensors["lm_head.weight"][0], framework="pt") as f:
-            _check_tied_head(f.get_tensor("lm_head.weight"), embed)
+        try:
+            with safe_open(shard, framework="pt") as f:
+                for name in (n for n, (s, _, _) in tensors.items() if s == shard):
+                    if name not in targets:  # ignored, or a tied head (checked before)
+                        continue
+                    target, tensor = targets[name], f.get_tensor(name)
+                    written = target(tensor) if callable(target) else target.copy_(tensor)
+                    if dtype == torch.float16 and not torch.isfinite(written).all():
+                        fail(
+                            f"{name} holds values beyond fp16's range; load it in bf16 or fp32 "
+                            "(--dtype)"
+                        )
+        except (OSError, SafetensorError) as e:  # the file changed or went since the check
+            fail(f"cannot read {shard} as safetensors: {_first_line(e)}")
 
 
-def _check_tied_head(head: torch.Tensor, embed: torch.Tensor) -> None:
+TIED_BLOCK_BYTES = 64 << 20  # a tied head is compared with the embedding this much at a time
+
+
+def _check_tied_head(tensors: dict, dtype: torch.dtype) -> None:
     """A tied checkpoint that also stores lm_head.weight: transformers uses the embedding for
-    both; benchbatch accepts the extra tensor only if nothing is lost that way."""
-    if not torch.equal(head.to(embed.device, embed.dtype), embed):
-        fail(
-            "lm_head.weight differs from model.embed_tokens.weight, yet tie_word_embeddings "
-            "is true: the model would not be the checkpoint's"
-        )
+    both; benchbatch accepts the extra tensor only if nothing is lost that way (the two equal
+    in the run's dtype). Shapes are checked already; read in blocks of rows."""
+    from safetensors import SafetensorError, safe_open
 
-
-def eos_token_ids(path: str | Path) -> frozenset[int]:
-    """The ids that end a generation: generation_config.json's, else config.json's."""
-    p = folder(path)
-    for name in ("generation_config.json", "config.json"):
-        file = p / name
-        if not file.is_file():
-            continue
-        raw = hfconfig.load_json(file, OPTION)
-        value = raw.get("eos_token_id")
-        if value is None and name == "config.json":
-            value = hfconfig.language_model(raw, file, OPTION).get("eos_token_id")
-        if value is None:
-            continue
-        ids = value if isinstance(value, list) else [value]
-        if not ids or not all(
-            isinstance(i, int) and not isinstance(i, bool) and i >= 0 for i in ids
-        ):
-            shown = hfconfig._short(value)
-            hfconfig.Fields(raw, file, OPTION).fail("eos_token_id", f"not token ids: {shown}")
-        return frozenset(ids)
-    raise UserError(
-        "--stop-at-eos",
-        f"{p}: no eos_token_id in generation_config.json or "
-        "config.json, so there is no end-of-sequence token to stop at",
-    )
+    (head_file, shape, _), embed_file = tensors["lm_head.weight"], tensors[EMBED][0]
+    rows = max(1, TIED_BLOCK_BYTES // max(1, 4 * (shape[1] if len(shape) > 1 else 1)))
+    try:
+        with safe_open(head_file, framework="pt") as h, safe_open(embed_file, framework="pt") as e:
+            head, embed = h.get_slice("lm_head.weight"), e.get_slice(EMBED)
+            for a in range(0, shape[0] if shape else 0, rows):
+                if not torch.equal(head[a : a + rows].to(dtype), embed[a : a + rows].to(dtype)):
+                    fail(
+                        "lm_head.weight differs from model.embed_tokens.weight, yet "
+                        "tie_word_embeddings is true: the model would not be the checkpoint's"
+                    )
+    except (OSError, SafetensorError) as err:
+        fail(f"cannot read {head_file} as safetensors: {_first_line(err)}")

@@ -43,6 +43,16 @@ def build_model(model: ModelOptions, target, seed: int = 0):
     return net.lay_out(layout.choose(net)), cfg  # the device's faster weight layout
 
 
+def check_checkpoint(model: ModelOptions, cfg, target) -> None:
+    """A --model checkpoint's files, before any folder is made: everything its safetensors
+    headers and config tell (runtime/checkpoint.check). Nothing without --model."""
+    if model.model is None:
+        return
+    from benchbatch.runtime import checkpoint
+
+    checkpoint.check(model.model, target.device, target.dtype, cfg)
+
+
 def check_fits(cfg, target, option: str, cache: tuple[int, int, str] | None = None) -> None:
     """Refuse, before building it, a model whose weights (and rotary tables, built in
     float64) exceed the memory free on the device: the allocator would crash or swap.
@@ -70,6 +80,26 @@ def check_fits(cfg, target, option: str, cache: tuple[int, int, str] | None = No
             f"a KV cache of {slots:,} slots x {tokens:,} tokens needs {kv / 2**30:,.1f} GiB; "
             f"beside the model's {need / 2**30:,.1f} GiB that is more than the "
             f"{free / 2**30:,.1f} GiB {where}",
+        )
+
+
+def check_pool_fits(cfg, target, blocks: int, block_size: int, option: str) -> None:
+    """Refuse, before any folder is made, a paged KV pool of `blocks` blocks (and its scratch
+    block; this rank's heads of it) that does not fit beside the model's weights in the memory
+    free on the device. A model that does not fit alone is check_fits' to refuse."""
+    weights = accounting.weight_bytes(cfg, target.dtype_name, target.tp)
+    weights += 16 * cfg.max_context * cfg.head_dim
+    pool = (blocks + 1) * block_size * accounting.kv_bytes_per_token(
+        cfg, target.dtype_name, target.tp
+    )
+    free = device.free_memory_bytes(target.device)
+    where = "free on the GPU" if target.device.type == "cuda" else "of available RAM"
+    if weights <= free < weights + pool:
+        raise UserError(
+            option,
+            f"a paged KV pool of {blocks + 1:,} blocks of {block_size} tokens needs "
+            f"{pool / 2**30:,.1f} GiB; beside the model's {weights / 2**30:,.1f} GiB that is "
+            f"more than the {free / 2**30:,.1f} GiB {where} (a smaller --kv-memory)",
         )
 
 

@@ -9,6 +9,7 @@ from benchbatch.core.kvblocks import blocks_for
 from benchbatch.core.options import (
     BATCHING,
     KV,
+    MOST_GIB,
     WORKLOAD,
     block_size_field,
     check_block_size,
@@ -68,7 +69,8 @@ class OccupancyOptions:
         check_count("seeds", self.seeds, 1, self.MAX_SEEDS)
         check_block_size(self.block_size)
         if self.kv_memory is not None:
-            check_number("kv_memory", self.kv_memory, 0, open_low=True)
+            check_number("kv_memory", self.kv_memory, 0, open_low=True, most=MOST_GIB,
+                         unit=" GiB")  # fmt: skip
 
     def check(self, workload, model) -> None:
         """Options that need others: a fixed trace has no seeds; real prompts and stopping

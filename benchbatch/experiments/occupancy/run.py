@@ -15,6 +15,10 @@ from benchbatch.runtime.runs import EngineRun, engine_events
 CPU_HINT = "--engine real --requests 64 --slots 8 --max-output 200"
 LONG_RUN_S = 600  # over this estimate, the notice suggests a smaller run
 MAX_MEMORY_REQUESTS = 10_000  # the memory policies run step by step: about 20 s at this size
+# ... and their work grows with the steps and tokens too (one 10M-token output is 10M steps a
+# policy): memory_work's estimate, about 1.3M for MAX_MEMORY_REQUESTS of the default workload
+# (a step costs about 3 tokens' work; 1.2M took 44 s on a loaded 2-core machine).
+MAX_MEMORY_WORK = 1_500_000
 
 
 @dataclass
@@ -25,6 +29,7 @@ class Inputs:
     requests: object
     cost: object = None
     memory: object = None
+    stop: frozenset = frozenset()  # --stop-at-eos: the checkpoint's end-of-sequence ids
 
 
 # The simulation needs no torch: what runs the model (common, the session) is imported where
@@ -50,6 +55,11 @@ def open_run(
             _check_real(cfg, requests, workload)
             target = session.target_of(run)
             inputs.memory = _memory_setup(opts, workload, requests, cfg, target, True)
+            if opts.stop_at_eos:  # ids the model can generate, read before any folder
+                inputs.stop = _stop_tokens(model, cfg.vocab)
+            if opts.kv_memory is not None:  # the memory policies' paged pool, on the device
+                m = inputs.memory
+                session.check_pool_fits(cfg, target, m.blocks, m.block_size, "kv_memory")
 
         cache = lambda cfg: c.engine_cache(workload.slots, requests)  # noqa: E731
         rec = c.open_model_run("occupancy", model, run, opts, workload, check=check, cache=cache)
@@ -71,7 +81,7 @@ def measure_run(
     sims, rec.meta["summary"] = simulate_part(rec, requests, workload, opts.seeds, run.seed)
     memory = memory_part(rec, requests, inputs.memory, inputs.cost)
     if opts.engine == "real":
-        stop = _stop_tokens(model) if opts.stop_at_eos else frozenset()
+        stop = inputs.stop
         layout = {"kv_layout": opts.kv_layout, "block_size": opts.block_size}
         net = _run_real(rec, model, run, requests, workload.slots, sims, stop, layout)
         if opts.kv_memory is not None and memory:
@@ -124,28 +134,30 @@ def _served(requests, workload: WorkloadOptions, model: ModelOptions, stop_at_eo
     return requests
 
 
-def _stop_tokens(model: ModelOptions) -> frozenset[int]:
-    from benchbatch.runtime.checkpoint import eos_token_ids
+def _stop_tokens(model: ModelOptions, vocab: int) -> frozenset[int]:
+    from benchbatch.core.checkpoint_config import eos_token_ids
 
-    return eos_token_ids(model.model)
+    return eos_token_ids(model.model, vocab)
 
 
 def _check_real(cfg, requests, workload: WorkloadOptions) -> None:
-    """A prompt alone longer than the model's context is the prompt's fault (or the trace's),
-    a prompt plus its output the output's."""
+    """A prompt alone longer than the model's context is the fault of the option that made
+    it (--prompts, --trace, --long-prompt-len, --prompt-len), a prompt plus its output the
+    output's."""
     from benchbatch.core.workload import Workload
-    from benchbatch.errors import UserError
     from benchbatch.runtime.engine import check_fits, check_prompt_ids
 
     check_prompt_ids(cfg.vocab, requests)
     longest = int(Workload.of(requests).prompt_tokens.max())
-    if longest + 1 > cfg.max_context:
-        raise UserError(
-            "trace" if workload.trace is not None else "prompt_len",
-            f"a {longest:,}-token prompt and its first output token exceed the model's "
-            f"--max-context {cfg.max_context:,}",
-        )
-    check_fits(cfg.max_context, requests)
+    prompt = "prompt_len"
+    if workload.prompts is not None:  # the prompts' lengths are the file's lines
+        prompt = "prompts"
+    elif workload.trace is not None:
+        prompt = "trace"
+    elif workload.long_prompt_fraction > 0 and longest == workload.long_prompt_len:
+        prompt = "long_prompt_len"
+    output = "trace" if workload.trace is not None else "max_output"
+    check_fits(cfg.max_context, requests, prompt=prompt, output=output)
 
 
 # --- simulation --------------------------------------------------------------------------------
@@ -188,6 +200,19 @@ def memory_part(rec, requests, setup, cost) -> dict | None:
             f"{MAX_MEMORY_REQUESTS:,} requests (this workload has {len(requests):,})"
         )
         return None
+    work = memory_work(requests, setup)
+    if work > MAX_MEMORY_WORK:
+        from benchbatch.core.workload import Workload
+
+        longest = int(Workload.of(requests).output_tokens.max())
+        trace = rec.meta.get("options", {}).get("trace")
+        lower = "shorter outputs in --trace" if trace else "a smaller --max-output or --requests"
+        rec.note(
+            f"memory policies skipped: they simulate step by step, up to {MAX_MEMORY_WORK:,} "
+            f"steps' work (this workload: about {work:,}, its longest output {longest:,} "
+            f"tokens); {lower} to run them"
+        )
+        return None
     sims = mprobe.simulate(requests, setup, cost)
     rows = mprobe.rows(sims, setup, requests)
     rec.put("memory", rows)
@@ -197,6 +222,29 @@ def memory_part(rec, requests, setup, cost) -> dict | None:
     title = f"{len(requests):,} requests on one KV budget: {_budget(setup)}"
     memory_figure(timeline, rows, rec.folder / "memory.png", title)
     return sims
+
+
+def memory_work(requests, setup) -> int:
+    """The memory policies' work, bounded before they run: their steps plus their tokens (a
+    step costs about three tokens). With S reserved slots (the budget's), the last arrival
+    at step A and the longest output L: static-reserve runs groups of S, each as long as its
+    longest (with arrivals at most A + L + twice the groups of S taken in order);
+    continuous batching refills slots, so at most A + total / S + L (list scheduling)."""
+    import numpy as np
+
+    from benchbatch.core.workload import Workload
+
+    w = Workload.of(requests)
+    outputs = w.output_tokens.astype(np.int64)
+    slots = max(1, min(setup.slots, len(outputs)))  # a huge budget still runs all at once
+    wait, longest = int(w.arrival_step.max(initial=0)), int(outputs.max(initial=0))
+    pad = -len(outputs) % slots
+    padded = np.concatenate([outputs, np.zeros(pad, np.int64)])
+    groups = int(padded.reshape(-1, slots).max(axis=1).sum())
+    static = groups if wait == 0 else wait + longest + 2 * groups
+    total = int(outputs.sum())
+    continuous = wait + -(-total // slots) + longest
+    return static + 2 * continuous + total
 
 
 def _budget(s) -> str:

@@ -6,6 +6,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from benchbatch.core.options import (
+    MOST_GIB,
     check_number,
     opt,
     require,
@@ -78,7 +79,9 @@ class ProjectOptions:
         require(self.efficiency <= 1, "efficiency", f"must be at most 1, got {self.efficiency}")
         for name in ("nvlink_gbps", "busbw", "memory_gib"):
             if getattr(self, name) is not None:
-                check_number(name, getattr(self, name), 0, open_low=True)
+                gib = name == "memory_gib"  # a byte count of it must stay finite
+                most, unit = (MOST_GIB, " GiB") if gib else (None, "")
+                check_number(name, getattr(self, name), 0, open_low=True, most=most, unit=unit)
         if self.allreduce_latency_us is not None:
             check_number("allreduce_latency_us", self.allreduce_latency_us)
         require(max(self.tp) <= 4096, "tp", f"at most 4,096 GPUs, got {max(self.tp):,}")

@@ -71,6 +71,13 @@ def _rate(word: str, option: str) -> float:
         option,
         f"a rate must be a positive number of requests per second, got {shown}",
     )
+    least = ServeOptions.MIN_RATE_RPS
+    require(
+        rate >= least,
+        option,
+        f"{shown} requests per second is less than the least rate, {least:g} (one request "
+        "in about 12 days): arrivals further apart mean nothing to a server",
+    )
     most = ServeOptions.MAX_RATE_RPS
     require(
         rate <= most,
@@ -170,7 +177,17 @@ class ServeOptions:
 
     MAX_RATES = 64
     MAX_RATE_RPS = 1e9
+    # The least rate: below it the arrival times leave a float's range (1e-320 is subnormal:
+    # 1/rate is infinite) long before they mean anything.
+    MIN_RATE_RPS = 1e-6
     MAX_REAL_REQUESTS = 100_000
+    # The simulated sweep's work, bounded before it runs (run.py's _check_work): every point
+    # (policy, rate) steps its scheduler through every output token (a step at least one)
+    # and each prefill, and keeps a requests.csv row per request (a request costs about as
+    # much as 5 steps, a step about 25 us here). The default sweep of 500 requests is about
+    # 500,000; 3,000 requests (2.9M) took 35 s on a loaded 2-core machine.
+    MAX_SIM_WORK = 5_000_000
+    REQUEST_WORK = 5
 
     def __post_init__(self) -> None:
         bad = [p for p in self.policies if p not in SERVE_POLICIES]

@@ -6,6 +6,7 @@ from __future__ import annotations
 import math
 
 from benchbatch.core.options import ModelOptions, RunOptions, WorkloadOptions, record
+from benchbatch.errors import UserError
 from benchbatch.experiments import common as c
 from benchbatch.experiments.serve.options import SERVE_WORKLOAD, ServeOptions
 from benchbatch.output import render
@@ -18,7 +19,10 @@ def open_run(
     """Every input checked (the lengths, the budgets, the trace, --step-costs), then the
     run: on the model, or without one for --step-costs with --engine sim."""
     opts.check(workload)
+    _check_work(opts, workload)  # before drawing: --requests alone may be too many
     _, w, given = _plan(opts, workload, run)
+    _check_work(opts, workload, w)
+    _check_real_rates(opts, w)
     rec = _open(opts, workload, model, run, w, opts.engine == "real" or given is None)
     rec.meta["workload"] = {"arrivals": w.arrivals, "lengths": w.lengths}
     return rec
@@ -51,6 +55,89 @@ def _plan(opts: ServeOptions, workload: WorkloadOptions, run: RunOptions):
     return setup, probe.draw(opts, workload, run.seed), _given_costs(opts)
 
 
+def _check_work(opts: ServeOptions, workload: WorkloadOptions, w=None) -> None:
+    """Refuse a sweep whose simulation would run for hours or out of memory, before anything
+    runs: its points (every policy at every rate, the default rates at most
+    len(AUTO_FRACTIONS) + 1, and with --engine real the first --real-requests again at each
+    candidate rate) times each point's steps (an upper bound: every output token, every
+    prefill chunk) and requests. Without w (not drawn yet): each request one step."""
+    from benchbatch.experiments.serve import probe
+
+    if w is None and workload.trace is not None:
+        return  # its rows are counted once read
+    given, real_given = opts.rate_values, opts.real_rate_values or ()
+    if given is None:
+        rates = len(probe.AUTO_FRACTIONS) + 1 + len(real_given)
+    else:
+        rates = len(set(given) | set(real_given))
+    points = rates * len(opts.policies)
+    n = len(w.requests) if w is not None else workload.requests
+    real = min(opts.real_requests, n) if opts.engine == "real" else 0
+    candidates = (len(real_given) or rates) * len(opts.policies)
+
+    def work(requests: int, first=None) -> int:
+        steps = requests if first is None else _steps_bound(opts, first)
+        return steps + ServeOptions.REQUEST_WORK * requests
+
+    head = None if w is None else w.requests
+    total = points * work(n, head) + candidates * work(real, head and head[:real])
+    if total <= ServeOptions.MAX_SIM_WORK:
+        return
+    one_rate = len(opts.policies) * work(n, head)
+    longest = 0 if w is None else max(r.output_tokens for r in w.requests)
+    if workload.trace is not None:
+        option = "trace"
+    elif one_rate * 2 <= ServeOptions.MAX_SIM_WORK and opts.rates is not None:
+        option = "rates"
+    elif len(opts.policies) * longest * 2 > ServeOptions.MAX_SIM_WORK:
+        option = "max_output"
+    else:
+        option = "requests"
+    tokens = "" if w is None else f" ({sum(r.output_tokens for r in w.requests):,} output tokens)"
+    fewer = "a shorter --trace" if workload.trace is not None else "fewer --requests"
+    raise UserError(
+        option,
+        f"simulating {len(opts.policies)} policies at {rates} rates of {n:,} requests"
+        f"{tokens} is about {total:,} steps' work, more than the "
+        f"{ServeOptions.MAX_SIM_WORK:,} a run may ({fewer}, fewer --rates or --policies, or "
+        "shorter outputs)",
+    )
+
+
+def _steps_bound(opts: ServeOptions, requests) -> int:
+    """At most the steps one point takes: a step yields a token of every running request
+    or takes a prefill (the chunked policy's prompts in chunks)."""
+    chunk = opts.chunk if "chunked" in opts.policies else None
+    steps = 0
+    for r in requests:
+        steps += r.output_tokens + 1 + (0 if chunk is None else -(-r.prompt_tokens // chunk))
+    return steps
+
+
+def _check_real_rates(opts: ServeOptions, w) -> None:
+    """Explicit --real-rates must fit --real-time as the default ones do: a point lasts at
+    least until its last request arrives (on the wall clock), for every policy; refused here,
+    before anything runs (_matched checks the fitted cost model's fuller estimate)."""
+    if opts.engine != "real" or opts.real_rates is None:
+        return
+    from benchbatch.experiments.serve import probe
+
+    n = min(opts.real_requests, len(w.requests))
+    last = float(w.unit_arrivals[:n].max(initial=0.0))  # at 1 request per second
+    rates = opts.real_rate_values
+    least = len(opts.policies) * sum(last / r for r in rates)  # an infinite rate: 0
+    if least <= opts.real_time:
+        return
+    fits = len(opts.policies) * last / opts.real_time  # the lowest rate that fits alone
+    raise UserError(
+        "real_rates",
+        f"{', '.join(probe.rate_label(r) for r in rates)} req/s: {n:,} requests per point "
+        f"arrive over at least {render.duration(least)} in all ({len(opts.policies)} "
+        f"policies), more than --real-time {opts.real_time:g} s (a rate alone fits only from "
+        f"{fits:.3g} req/s; or fewer --real-requests, or a larger --real-time)",
+    )
+
+
 def _given_costs(opts: ServeOptions):
     if not opts.step_costs:
         return None
@@ -67,14 +154,24 @@ def _open(opts, workload, model, run, w, need_model: bool) -> Recorder:
         rec.note(_ignored(model, run))
         return rec
     n = min(opts.real_requests, len(w.requests))
-    check = (lambda cfg: _check_real(cfg, w.requests[:n])) if opts.engine == "real" else None
+    names = _length_options(opts, workload)
+    real = opts.engine == "real"
+    check = (lambda cfg: _check_real(cfg, w.requests[:n], *names)) if real else None
     return c.open_model_run("serve-sweep", model, run, opts, workload, check=check)
 
 
-def _check_real(cfg, requests) -> None:
+def _length_options(opts: ServeOptions, workload) -> tuple[str, str]:
+    """The options that made the longest prompt and the longest output."""
+    if getattr(workload, "trace", None) is not None:
+        return "trace", "trace"
+    prompt = "prompt_len" if opts.prompt_dist == "fixed" else "max_prompt"
+    return prompt, "max_output"
+
+
+def _check_real(cfg, requests, prompt: str = "max_prompt", output: str = "max_output") -> None:
     from benchbatch.runtime.engine import check_fits
 
-    check_fits(cfg.max_context, requests)
+    check_fits(cfg.max_context, requests, prompt=prompt, output=output)
 
 
 def _ignored(model: ModelOptions, run: RunOptions) -> str | None:
@@ -179,6 +276,14 @@ def _matched(rec, opts: ServeOptions, w, setup, cost, rates, n: int):
         chosen, spent = probe.choose_real_rates(rows, cost_s, opts.real_time)
     else:
         chosen, spent = list(candidates), sum(cost_s.values())
+        if spent > opts.real_time:  # explicit rates: the fitted model's estimate, all points
+            raise UserError(
+                "real_rates",
+                f"{', '.join(probe.rate_label(r) for r in chosen)} req/s: the fitted cost "
+                f"model expects about {_seconds(spent)} on the model, more than "
+                f"--real-time {opts.real_time:g} s (higher or fewer --real-rates, fewer "
+                "--real-requests, or a larger --real-time)",
+            )
     rec.meta["real"] = {
         "requests": n,
         "rates_rps": [probe.rate_label(r) for r in chosen],
@@ -190,6 +295,10 @@ def _matched(rec, opts: ServeOptions, w, setup, cost, rates, n: int):
     else:
         rec.warning(f"no rate fits --real-time {opts.real_time:g} s: none served on the model")
     return matched, chosen
+
+
+def _seconds(s: float) -> str:
+    return render.duration(s) if s >= 10 else f"{s:.2g} s"
 
 
 def _say_estimate(rec, n: int, chosen, spent: float) -> None:

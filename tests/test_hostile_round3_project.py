@@ -1,0 +1,80 @@
+"""Issue 29, item 9: `project --gpu` took fuzzy junk ('h1000', 'zzz h100', '[bold]h100' all
+became "H100 SXM" silently). Whole names or known aliases only, and the projection says
+which GPU it priced."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+from typer.testing import CliRunner
+
+from benchbatch.app.cli import app
+
+
+@pytest.mark.parametrize("junk", ["h1000", "zzz h100", "[bold]h100", "h100x", "GH200"])
+def test_project_refuses_a_gpu_name_it_does_not_know(tmp_path, junk):
+    done = CliRunner().invoke(app, ["project", "--gpu", junk, "--out", str(tmp_path / "p")])
+    assert done.exit_code == 2, done.output
+    lines = [line for line in done.output.splitlines() if line.strip()]
+    assert lines[-1].startswith("Error: --gpu: unknown GPU") and "Traceback" not in done.output
+    assert not (tmp_path / "p").exists()
+
+
+@pytest.mark.parametrize(("given", "priced"), [("h100", "H100 SXM"), ("H200 NVL", "H200 NVL")])
+def test_project_says_which_gpu_it_priced(tmp_path, given, priced):
+    done = CliRunner().invoke(app, ["project", "--gpu", given, "--out", str(tmp_path / "p")])
+    assert done.exit_code == 0, done.output
+    assert f"one GPU: {priced}," in done.output
+    meta = json.loads((tmp_path / "p" / "metadata.json").read_text())
+    assert meta["options"]["gpu"] == given
+
+
+def test_compare_of_a_folder_that_points_at_itself_is_one_line(tmp_path):
+    """A RUN_DIR that is a symlink to itself: labels resolved it and raised RuntimeError
+    (found by scripts/hostile_attack.py)."""
+    loop = tmp_path / "loop"
+    loop.symlink_to("loop")
+    done = CliRunner().invoke(app, ["compare", str(loop), str(tmp_path), "--out",
+                                    str(tmp_path / "cmp")])  # fmt: skip
+    assert done.exit_code == 2, done.output
+    assert "Traceback" not in done.output and "Error: RUN_DIR:" in done.output
+
+
+@pytest.mark.parametrize(
+    "env",
+    [{"RANK": "x", "WORLD_SIZE": "2", "LOCAL_RANK": "0"},
+     {"RANK": "0", "WORLD_SIZE": "0", "LOCAL_RANK": "0"},
+     {"RANK": "5", "WORLD_SIZE": "2", "LOCAL_RANK": "5"},
+     {"RANK": "0", "WORLD_SIZE": "\u0662", "LOCAL_RANK": "0"}],
+)  # fmt: skip
+def test_torchruns_variables_that_make_no_sense_are_one_line(tmp_path, monkeypatch, env):
+    """RANK=x under a launcher: torch.distributed raised ValueError from int() (found by
+    scripts/hostile_attack.py); now one line naming torchrun, before any folder."""
+    for name, value in env.items():
+        monkeypatch.setenv(name, value)
+    args = ["phases", "--preset", "tiny", "--prefill", "8", "--decode-batch", "1", "--context",
+            "8", "--no-roofline", "--out", str(tmp_path / "run")]  # fmt: skip
+    done = CliRunner().invoke(app, args)
+    assert done.exit_code == 2, done.output
+    assert "Error: torchrun environment:" in done.output and "Traceback" not in done.output
+    assert not (tmp_path / "run").exists()
+
+
+@pytest.mark.parametrize("args", [["--help"], ["project", "--help"]])
+def test_help_on_a_full_stdout_is_one_line(args):
+    """typer writes --help itself: on /dev/full that was a traceback (found by
+    scripts/hostile_attack.py); now one line and exit 1."""
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    root = Path(__file__).resolve().parents[1]
+    with open("/dev/full", "w") as full:
+        command = [sys.executable, "-m", "benchbatch", *args]
+        done = subprocess.run(command, cwd=root, stdout=full, stderr=subprocess.PIPE,
+                              text=True, timeout=120)  # fmt: skip
+    assert done.returncode == 1, done.stderr
+    assert done.stderr.strip().splitlines() == [
+        "Error: cannot write the output: No space left on device"
+    ]
