@@ -74,7 +74,16 @@ def _import(name, globals=None, locals=None, fromlist=(), level=0):
     root = name.partition(".")[0]
     if level == 0 and root in HELD_IMPORTS and root not in sys.modules:
         with signals_held():
-            return _IMPORT(name, globals, locals, fromlist, level)
+            try:
+                return _IMPORT(name, globals, locals, fromlist, level)
+            except ValueError as e:  # torch refuses a TORCH_LOGS it cannot parse, at import
+                if "TORCH_LOGS" not in str(e) or "TORCH_LOGS" not in os.environ:
+                    raise
+                from benchbatch.errors import UserError
+
+                raise UserError("TORCH_LOGS", f"torch refuses {os.environ['TORCH_LOGS'][:80]!r} "
+                                "(a comma-separated list of its log names; TORCH_LOGS=help "
+                                "lists them)") from None  # fmt: skip
     return _IMPORT(name, globals, locals, fromlist, level)
 
 

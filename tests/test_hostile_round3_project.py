@@ -78,3 +78,22 @@ def test_help_on_a_full_stdout_is_one_line(args):
     assert done.stderr.strip().splitlines() == [
         "Error: cannot write the output: No space left on device"
     ]
+
+
+def test_a_torch_logs_setting_torch_refuses_is_one_line(tmp_path):
+    """TORCH_LOGS=garbage made torch raise a ValueError at its import, a traceback (found by
+    scripts/hostile_attack.py); now one line naming TORCH_LOGS, exit 2."""
+    import os
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    root = Path(__file__).resolve().parents[1]
+    args = ["phases", "--preset", "tiny", "--prefill", "8", "--decode-batch", "1", "--context",
+            "8", "--no-roofline", "--out", str(tmp_path / "run")]  # fmt: skip
+    env = {**os.environ, "TORCH_LOGS": "garbage", "PYTHONPATH": str(root)}
+    done = subprocess.run([sys.executable, "-m", "benchbatch", *args], cwd=root, env=env,
+                          capture_output=True, text=True, timeout=300)  # fmt: skip
+    assert done.returncode == 2, done.stderr[-2000:]
+    assert "Traceback" not in done.stderr
+    assert done.stderr.strip().splitlines()[-1].startswith("Error: TORCH_LOGS: torch refuses")
