@@ -16,16 +16,13 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 from test_hostile_properties import QUICK, one_line_error, refused_in_one_line
+from test_serve import CPU_LIKE, write_step_costs
 
 from benchbatch.app.cli import app
 from benchbatch.core.kvblocks import BlockManager
 from benchbatch.core.options import RunOptions, WorkloadOptions
-from benchbatch.core.simulate import StepCostModel
 from benchbatch.core.workload import Request
 from benchbatch.errors import UserError
-
-CPU_LIKE = StepCostModel(0.016, 0.002, 0.00027, 5e-7)
-
 
 # --- item 4: the free-block list does not grow with the budget ---------------------------------
 
@@ -168,15 +165,7 @@ def test_accepted_real_rates_arrive_within_the_real_time(rates, real_time, n, se
 
 @pytest.fixture(scope="module")
 def step_costs(tmp_path_factory):
-    path = tmp_path_factory.mktemp("costs") / "step_cost.csv"
-    lines = ["decode_tokens,prefill_tokens,context_tokens,step_ms"]
-    for d, p, c in [(1, 0, 150), (4, 0, 600), (8, 0, 1200), (8, 0, 4000), (0, 128, 0),
-                    (0, 1024, 0), (8, 128, 1200), (7, 512, 1000), (0, 128, 896)]:  # fmt: skip
-        seconds = CPU_LIKE.base_s + CPU_LIKE.per_decode_token_s * d
-        seconds += CPU_LIKE.per_prefill_token_s * p + CPU_LIKE.per_context_token_s * c
-        lines.append(f"{d},{p},{c},{seconds * 1e3}")
-    path.write_text("\n".join(lines) + "\n")
-    return path
+    return write_step_costs(tmp_path_factory.mktemp("costs"))
 
 
 @pytest.mark.parametrize(

@@ -205,8 +205,12 @@ def test_continuous_sustains_a_higher_rate_than_static_with_the_cpu_defaults():
 
 @pytest.fixture(scope="module")
 def step_costs(tmp_path_factory):
+    return write_step_costs(tmp_path_factory.mktemp("costs"))
+
+
+def write_step_costs(folder):
     """A step_cost.csv priced by CPU_LIKE (the cost model the fit recovers)."""
-    path = tmp_path_factory.mktemp("costs") / "step_cost.csv"
+    path = folder / "step_cost.csv"
     lines = ["decode_tokens,prefill_tokens,context_tokens,step_ms"]
     for d, p, c in [(1, 0, 150), (4, 0, 600), (8, 0, 1200), (8, 0, 4000), (0, 128, 0),
                     (0, 1024, 0), (8, 128, 1200), (7, 512, 1000), (0, 128, 896)]:  # fmt: skip
