@@ -5,6 +5,7 @@ dependency). The layers, from the top:
     app          typer, the command line, the views (terminal output)
     experiments  one package per experiment: its options, its rows, its run(); never prints
     output       run folder, recorder, CSV/JSON, plots, report, compare, render
+    net          HTTP (aiohttp): the OpenAI-compatible client, and the server around the engine
     runtime      torch: device, backends, timing, model, caches, engine, distributed, session
     core         no torch: options as data, config, accounting, scheduler, simulator, ...
     base         benchbatch.errors and benchbatch.signals (the standard library only)
@@ -16,7 +17,7 @@ import ast
 from pathlib import Path
 
 PACKAGE = Path(__file__).resolve().parents[1] / "benchbatch"
-LAYERS = ("base", "core", "runtime", "output", "experiments", "app")
+LAYERS = ("base", "core", "runtime", "net", "output", "experiments", "app")
 BASE = ("benchbatch", "benchbatch.errors", "benchbatch.signals")
 
 
