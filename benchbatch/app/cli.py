@@ -9,6 +9,7 @@ import signal
 import sys
 import tempfile
 import threading
+import types
 from pathlib import Path
 
 
@@ -62,6 +63,7 @@ import typer  # noqa: E402
 from typer.core import TyperCommand, TyperGroup  # noqa: E402
 
 from benchbatch import signals  # noqa: E402
+from benchbatch.app import help as help_view  # noqa: E402
 from benchbatch.app import registry  # noqa: E402
 from benchbatch.core import ranks  # noqa: E402
 from benchbatch.core.inputs import check_paths  # noqa: E402
@@ -83,9 +85,45 @@ except ImportError:  # pragma: no cover
     from click import exceptions as click_errors
 
 
+HELP_ALL = "benchbatch.help_all"  # ctx.meta: --help-all asked for the whole help
+
+
+def _show_version(ctx, param, value) -> None:
+    if value and not ctx.resilient_parsing:
+        typer.echo(help_view.version_line())
+        ctx.exit()
+
+
+def _show_all(ctx, param, value) -> None:
+    if value and not ctx.resilient_parsing:
+        ctx.meta[HELP_ALL] = True
+        typer.echo(ctx.get_help(), color=ctx.color)
+        ctx.exit()
+
+
+def _flag_option(names: list[str], help: str, callback):
+    """An eager flag that answers and exits, made as typer makes --help (a TyperOption, so
+    its help lists it)."""
+    try:  # recent typer vendors its own click
+        from typer._click.decorators import option
+        from typer._coercion import bool_flag_type_descriptor
+
+        extra = {"type_descriptor": bool_flag_type_descriptor()}
+    except ImportError:  # pragma: no cover
+        from click import option
+
+        extra = {}
+
+    holder = types.SimpleNamespace(params=[])  # what the decorator appends its option to
+    option(names, is_flag=True, expose_value=False, is_eager=True, help=help,
+           callback=callback, metavar="", **extra)(holder)  # fmt: skip
+    return holder.params[0]
+
+
 class HelpIsAFlag:
-    """--help takes no value: shown as a flag, as every boolean option is (typer would list
-    it with a <bool> type)."""
+    """--help (and -h) takes no value: shown as a flag, as every boolean option is (typer
+    would list it with a <bool> type). Beside it, on the group and every command: --help-all
+    (every option, each with its whole help) and --version."""
 
     def get_help_option(self, ctx):
         option = super().get_help_option(ctx)
@@ -93,9 +131,26 @@ class HelpIsAFlag:
             option.metavar = ""
         return option
 
+    def get_params(self, ctx):
+        extra = getattr(self, "_answer_options", None)
+        if extra is None:  # made once: click orders eager callbacks by the objects
+            extra = self._answer_options = [
+                _flag_option(["--help-all"], "Every option, each with its whole help.", _show_all),
+                _flag_option(["--version"], "benchbatch's and torch's versions.", _show_version),
+            ]
+        return [*super().get_params(ctx), *extra]
+
 
 class BenchCommand(HelpIsAFlag, TyperCommand):
-    pass
+    """--help: the command's first paragraph, its own options one row each, the shared ones
+    named once (about 60 lines); --help-all: typer's whole help."""
+
+    def format_help(self, ctx, formatter):
+        if ctx.meta.get(HELP_ALL) or self.rich_markup_mode is None:
+            return super().format_help(ctx, formatter)
+        from typer import rich_utils
+
+        help_view.render_short(self, ctx, rich_utils._get_rich_console())
 
 
 class BenchGroup(HelpIsAFlag, TyperGroup):
@@ -295,6 +350,7 @@ app = typer.Typer(
     add_completion=False,
     pretty_exceptions_enable=False,
     rich_markup_mode="markdown",
+    context_settings={"help_option_names": ["-h", "--help"]},
 )
 # One command per registered experiment, in the order a reader meets them (the three
 # measurements first); each runs through registry.run and shows its own view.

@@ -22,7 +22,8 @@ from typing import Annotated, Any, Literal
 
 import typer
 
-from benchbatch.core.options import Use, flag_of, strict_float
+from benchbatch.core.options import Use, strict_float
+from benchbatch.core.units import duration_text, parse_duration
 from benchbatch.errors import UserError
 
 LIST_MAX = 2**31 - 1  # a batch, a length or a matrix size: far beyond any memory already
@@ -34,7 +35,7 @@ def command(*groups: type | Use):
 
     def wrap(fn):
         params, plan = _parameters(uses)
-        flags = {f.name: _display_flag(f) for u in uses for f in u.fields()}
+        flags = {f.name: u.flag(f).split("/")[0] for u in uses for f in u.fields()}
 
         @functools.wraps(fn)
         def run(**typed):
@@ -65,10 +66,6 @@ def _named(e: UserError, flags: dict[str, str]) -> UserError:
     return UserError(flags.get(e.option, "--" + e.option.replace("_", "-")), e.message)
 
 
-def _display_flag(f: dataclasses.Field) -> str:
-    return flag_of(f).split("/")[0]
-
-
 # --- building the signature ---------------------------------------------------------------
 
 
@@ -81,6 +78,7 @@ class _Param:
     parse: str | None = None
     constant: Any = None  # an alias flag that sets the field to this value
     flag: str | None = None  # an alias's spelling
+    bare: str | None = None  # a duration alias's unit of a bare number ('s': the old one)
 
 
 def _parameters(uses: list[Use]) -> tuple[list[inspect.Parameter], dict[str, _Param]]:
@@ -88,40 +86,46 @@ def _parameters(uses: list[Use]) -> tuple[list[inspect.Parameter], dict[str, _Pa
     for u in uses:
         hints = typing.get_type_hints(u.cls)
         for f in u.fields():
-            params.append(_parameter(f, hints[f.name], u.default(f)))
+            params.append(_parameter(f, hints[f.name], u.default(f), u.flag(f)))
             plan[f.name] = _Param(f.name, u.cls, f.metadata.get("parse"))
             for i, alias in enumerate(f.metadata.get("aliases", ())):
                 name = f"{f.name}__alias{i}"
-                params.append(_alias(name, alias, hints[f.name], f))
                 spelling, _, value = alias.partition("=")
-                plan[name] = _Param(f.name, u.cls, f.metadata.get("parse"), value or None, spelling)
+                spelling, _, bare = spelling.partition(":")  # '--slo-ttft-s:s': in seconds
+                params.append(_alias(name, spelling if bare else alias, hints[f.name], f))
+                plan[name] = _Param(f.name, u.cls, f.metadata.get("parse"), value or None,
+                                    spelling, bare or None)  # fmt: skip
     return params, plan
 
 
-def _parameter(f: dataclasses.Field, hint, default) -> inspect.Parameter:
+def _parameter(f: dataclasses.Field, hint, default, flag: str) -> inspect.Parameter:
     meta = f.metadata
     kind = _cli_type(hint, meta)
-    if meta.get("parse") and default is not None:
+    if _is_time(meta.get("parse")) and default is not None:
+        default = duration_text(default / TIME_STORED[meta["parse"]])
+    elif meta.get("parse") and default is not None:
         default = ",".join(str(v) for v in default)
     if meta.get("argument"):
         default = inspect.Parameter.empty  # a required positional argument
     elif isinstance(default, tuple):
         default = list(default)
-    info = _info(f, kind)
+    info = _info(f, kind, flag)
     annotation = Annotated[kind, info]
     return inspect.Parameter(f.name, inspect.Parameter.KEYWORD_ONLY, default=default,
                              annotation=annotation)  # fmt: skip
 
 
-def _info(f: dataclasses.Field, kind) -> Any:
+def _info(f: dataclasses.Field, kind, flag: str) -> Any:
     meta = f.metadata
     common = dict(help=meta["help"], rich_help_panel=meta.get("panel"), hidden=meta["hidden"])
     if meta.get("argument"):
         return typer.Argument(help=meta["help"], metavar=meta.get("metavar"), show_default=False)
     if kind is bool:
-        return typer.Option(flag_of(f), metavar="", **common)
+        return typer.Option(flag, metavar="", **common)
     extra = {"case_sensitive": False} if meta.get("choices") else {}
-    return typer.Option(flag_of(f), **common, **extra, **_strict(kind))
+    if _is_time(meta.get("parse")):
+        extra["metavar"] = "<time>"
+    return typer.Option(flag, **common, **extra, **_strict(kind))
 
 
 def _alias(name: str, alias: str, hint, f: dataclasses.Field) -> inspect.Parameter:
@@ -215,6 +219,9 @@ def _has_default(u: Use, f: dataclasses.Field) -> bool:
 
 
 def _parse(value, p: _Param, name: str):
+    if _is_time(p.parse) and isinstance(value, str):
+        seconds = parse_duration(value, p.field, p.bare or "ms", zero=p.parse.endswith("0"))
+        return seconds * TIME_STORED[p.parse]
     if p.parse == "words" and isinstance(value, str):
         return parse_words(value, p.field)
     if p.parse and isinstance(value, str):
@@ -222,6 +229,16 @@ def _parse(value, p: _Param, name: str):
     if isinstance(value, list):
         return tuple(value)
     return value
+
+
+# A duration option ('200ms', '2s' or a bare number of milliseconds) held in seconds
+# ("time_s") or microseconds ("time_us"; "time_us0": zero allowed): how many of the held
+# unit one second is.
+TIME_STORED = {"time_s": 1.0, "time_us": 1e6, "time_us0": 1e6}
+
+
+def _is_time(parse: str | None) -> bool:
+    return parse in TIME_STORED
 
 
 def parse_words(text: str, option: str) -> tuple[str, ...]:

@@ -28,3 +28,7 @@ def main() -> None:
 
         interrupted(None)
         signals.exit_interrupted()
+
+
+if __name__ == "__main__":  # `python -m benchbatch.app.start`, as `python -m benchbatch`
+    main()

@@ -61,7 +61,11 @@ def opt(
 
     flag: the option's name (default --field-name); aliases: old spellings that still work,
     hidden from --help; parse "ints": a comma-separated list given as text, held as a tuple
-    of positive integers ("ints0": zero allowed); choices: the allowed values of a str.
+    of positive integers ("ints0": zero allowed); parse "time_s" / "time_us" ("time_us0":
+    zero allowed): a duration typed with a unit (2s, 200ms, 500us) or as a bare number of
+    milliseconds (vLLM's unit), held in seconds / microseconds (core/units.py's
+    parse_duration); an alias "--old:s" takes a bare number in seconds (":us": microseconds),
+    the old spelling's unit; choices: the allowed values of a str.
     """
     meta = dict(help=help, panel=panel, flag=flag, aliases=aliases, hidden=hidden)
     meta |= dict(parse=parse, choices=choices, argument=argument, metavar=metavar)
@@ -98,16 +102,19 @@ def _plain(value):
 class Use:
     """Which fields of an options class an experiment takes, and its own defaults for them.
     A name in only, skip or defaults that is no field of the class is refused when the Use
-    is made (a typo would otherwise drop or keep an option silently)."""
+    is made (a typo would otherwise drop or keep an option silently). flags: the command's
+    own flag for a field, where it takes two fields of one concept (reproduce's phases and
+    sweep batches: --decode-batch and --sweep-batch)."""
 
     cls: type
     only: tuple[str, ...] | None = None
     skip: tuple[str, ...] = ()
     defaults: dict | None = None
+    flags: dict | None = None
 
     def __post_init__(self) -> None:
         known = {f.name for f in dataclasses.fields(self.cls)}
-        named = [*(self.only or ()), *self.skip, *(self.defaults or {})]
+        named = [*(self.only or ()), *self.skip, *(self.defaults or {}), *(self.flags or {})]
         unknown = [n for n in named if n not in known]
         if unknown:
             raise ValueError(f"{self.cls.__name__} has no field {', '.join(map(repr, unknown))}")
@@ -123,9 +130,13 @@ class Use:
             return f.default
         return f.default_factory()  # type: ignore[misc]
 
+    def flag(self, f: dataclasses.Field) -> str:
+        """The field's flag in this command (its own, unless `flags` renames it)."""
+        return (self.flags or {}).get(f.name) or flag_of(f)
 
-def use(cls: type, *, only=None, skip=(), defaults=None) -> Use:
-    return Use(cls, tuple(only) if only else None, tuple(skip), defaults)
+
+def use(cls: type, *, only=None, skip=(), defaults=None, flags=None) -> Use:
+    return Use(cls, tuple(only) if only else None, tuple(skip), defaults, flags)
 
 
 # --- checks shared by every options object ------------------------------------------------
@@ -312,7 +323,11 @@ class RunOptions:
     min_time: float = opt(0.2, "Minimum seconds of timed repeats per step.", panel=RUN)
     warmup: int = opt(2, "Untimed calls of each step before its repeats.", panel=RUN)
     threads: int | None = opt(
-        None, "CPU threads torch may use (default: torch's choice, one per core).", panel=RUN
+        None,
+        "CPU compute threads (default on a CPU: 1 on a machine of at most 2 cores or whose "
+        "load average says the cores are busy, else one per physical core the load leaves "
+        "free; the compute thread is pinned and the choice said).",
+        panel=RUN,
     )
     tp: int | None = opt(
         None,
@@ -411,8 +426,14 @@ class WorkloadOptions:
         panel=BATCHING,
         aliases=("--max-num-seqs",),
     )
-    median: float = opt(70.0, "Median output length (tokens).", panel=WORKLOAD)
-    sigma: float = opt(0.9, "Lognormal sigma of the output lengths.", panel=WORKLOAD)
+    median: float = opt(
+        70.0, "Median output length (tokens).", panel=WORKLOAD, flag="--output-median",
+        aliases=("--median",),
+    )  # fmt: skip
+    sigma: float = opt(
+        0.9, "Lognormal sigma of the output lengths.", panel=WORKLOAD, flag="--output-sigma",
+        aliases=("--sigma",),
+    )  # fmt: skip
     max_output: int = opt(2000, "Output lengths are clipped to this (tokens).", panel=WORKLOAD)
     prompt_len: int = opt(
         64,
@@ -425,16 +446,21 @@ class WorkloadOptions:
         panel=WORKLOAD,
     )
     long_prompt_len: int = opt(1024, "Tokens of a long prompt.", panel=WORKLOAD)
+    # Named for its unit: a rate per scheduler step, not serve-sweep's --rates per second
+    # (--arrival-rate, the old name, hidden).
     arrival_rate: float | None = opt(
         None,
         "Poisson arrivals, requests per scheduler step (serve-sweep takes --rates in requests "
         "per second instead). Default: every request waits at step 0.",
         panel=WORKLOAD,
+        flag="--arrivals-per-step",
+        aliases=("--arrival-rate",),
     )
     trace: Path | None = opt(
         None,
         "Replay a CSV trace instead: column output_tokens, optional prompt_tokens and "
-        "arrival_step (replaces --requests, --median, --sigma, --max-output, --arrival-rate).",
+        "arrival_step (replaces --requests, --output-median, --output-sigma, --max-output, "
+        "--arrivals-per-step).",
         panel=WORKLOAD,
     )
     prompts: Path | None = opt(

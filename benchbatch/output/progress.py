@@ -1,8 +1,15 @@
 """Progress of a long run on stderr: a live bar on a terminal, plain log lines elsewhere.
 
 One live display serves every task of a process (rich allows one at a time), so a task may
-open while another runs. When stderr is not a terminal (a log file, CI, a pipe) a line is
-printed at most every LOG_EVERY_S seconds, and one at the end of a task that took longer.
+open while another runs. The bar shows a spinner, items done of the total, the time
+elapsed, the rate (items per second, or seconds per item when slower) and the time left;
+it is redrawn REFRESH_PER_S times a second by rich's own thread, so a step that takes
+minutes still shows the spinner turning and the elapsed time ticking. Rate and time left
+are the task's average since it started (rich's own estimate needs two finished items
+within its window: a run of a few long steps would show none until its second step).
+When stderr is not a terminal (a log file, CI, a pipe) a line is printed at most every
+LOG_EVERY_S seconds, with the same rate and time left, and one at the end of a task that
+took longer.
 """
 
 from __future__ import annotations
@@ -11,10 +18,84 @@ import contextlib
 import time
 
 from rich import progress as rp
+from rich.text import Text
 
+from benchbatch.core.units import duration
 from benchbatch.output.render import err_console
 
 LOG_EVERY_S = 10.0
+REFRESH_PER_S = 2.0  # the live bar's redraws a second, whether or not an item finished
+
+
+def average_rate(done: float, elapsed: float | None) -> float | None:
+    """Items per second since the task started, once one is done."""
+    if not done or not elapsed or elapsed <= 0:
+        return None
+    return done / elapsed
+
+
+def rate_text(rate: float | None) -> str:
+    """'3.2 it/s', or '12.5 s/it' when an item takes over a second; '' before the first."""
+    if rate is None:
+        return ""
+    return f"{rate:.1f} it/s" if rate >= 1 else f"{1 / rate:.1f} s/it"
+
+
+def left_s(done: float, total: float | None, elapsed: float | None) -> float | None:
+    """Seconds left at the average rate so far (None before the first item or without a
+    total)."""
+    rate = average_rate(done, elapsed)
+    if rate is None or total is None:
+        return None
+    return max(total - done, 0) / rate
+
+
+class RateColumn(rp.ProgressColumn):
+    """Items per second (or seconds per item), averaged since the task started."""
+
+    def render(self, task: rp.Task) -> Text:
+        return Text(
+            rate_text(average_rate(task.completed, task.elapsed)), style="progress.data.speed"
+        )
+
+
+class LeftColumn(rp.TimeRemainingColumn):
+    """rich's time-remaining column, from the task's average rate so far: an estimate from
+    the first finished item on."""
+
+    def render(self, task: rp.Task) -> Text:
+        if task.total is None:
+            return Text("")
+        left = left_s(task.completed, task.total, task.elapsed)
+        if task.finished or left is None:
+            return Text("-:--:-- left" if not task.finished else "", style="progress.remaining")
+        minutes, seconds = divmod(int(left), 60)
+        hours, minutes = divmod(minutes, 60)
+        return Text(f"{hours:d}:{minutes:02d}:{seconds:02d} left", style="progress.remaining")
+
+
+def columns() -> tuple[rp.ProgressColumn, ...]:
+    return (
+        rp.SpinnerColumn(),
+        rp.TextColumn("{task.description}"),
+        rp.BarColumn(),
+        rp.MofNCompleteColumn(),
+        rp.TimeElapsedColumn(),
+        RateColumn(),
+        LeftColumn(),
+    )
+
+
+def live_progress(console=err_console, get_time=None) -> rp.Progress:
+    """The live display: its columns, redrawn by rich's thread REFRESH_PER_S times a second."""
+    return rp.Progress(
+        *columns(),
+        console=console,
+        transient=True,
+        auto_refresh=True,
+        refresh_per_second=REFRESH_PER_S,
+        get_time=get_time,
+    )
 
 
 class _Null:
@@ -44,13 +125,20 @@ class _Log:
 
     def line(self, end: bool = False) -> None:
         self.last = time.monotonic()
+        err_console.print(self.text(self.last - self.start, end), highlight=False, markup=False)
+
+    def text(self, elapsed: float, end: bool = False) -> str:
+        """'phases: 3/8 done, 41 s, 13.7 s/it, about 1 min left'."""
         of = f"/{self.total:,}" if self.total else ""
         state = "finished" if end else "done"
-        err_console.print(
-            f"{self.label}: {self.done:,}{of} {state}, {self.last - self.start:.0f} s",
-            highlight=False,
-            markup=False,
-        )
+        line = f"{self.label}: {self.done:,}{of} {state}, {elapsed:.0f} s"
+        rate = rate_text(average_rate(self.done, elapsed))
+        left = None if end else left_s(self.done, self.total, elapsed)
+        if rate:
+            line += f", {rate}"
+        if left is not None:
+            line += f", about {duration(left)} left"
+        return line
 
 
 class Progress:
@@ -79,14 +167,7 @@ class Progress:
     @contextlib.contextmanager
     def _shared(cls):
         if cls._live is None:
-            cls._live = rp.Progress(
-                rp.TextColumn("{task.description}"),
-                rp.BarColumn(),
-                rp.MofNCompleteColumn(),
-                rp.TimeElapsedColumn(),
-                console=err_console,
-                transient=True,
-            )
+            cls._live = live_progress()
             cls._live.start()
         cls._open += 1
         try:

@@ -51,14 +51,25 @@ class AblationOptions:
         "cpu-small on CPU)."
     )
     step_costs: tuple[Path, ...] | None = step_costs_field("instead of timing steps here first.")
+    # Held in seconds; typed as serve-sweep's SLOs are (2s, 200ms, or a bare number of
+    # milliseconds), the old spelling in seconds kept as the hidden --slo-ttft-s, --slo-tbt-s.
     slo_ttft: float | None = opt(
         None,
-        "Time-to-first-token limit in seconds (with --slo-tbt): goodput per scheme, and a "
-        "search for the largest budgets whose P99s meet both.",
+        "Time-to-first-token limit: 2s, 500ms, or a bare number of milliseconds (with "
+        "--slo-tbt): goodput per scheme, and a search for the largest budgets whose P99s meet "
+        "both.",
         panel=SLO_PANEL,
+        parse="time_s",
+        aliases=("--slo-ttft-s:s",),
     )
     slo_tbt: float | None = opt(
-        None, "Time-between-tokens limit in seconds (with --slo-ttft).", panel=SLO_PANEL
+        None,
+        "Time-between-tokens limit (with --slo-ttft), same units: every gap between two "
+        "tokens of a request (its P99, Sarathi-Serve's TBT), not serve-sweep's --slo-tpot (a "
+        "request's mean time per output token).",
+        panel=SLO_PANEL,
+        parse="time_s",
+        aliases=("--slo-tbt-s:s",),
     )
 
     # Every request's every token gap is a row of tbt.csv, per scheme: 5,000 requests take

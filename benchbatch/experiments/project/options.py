@@ -51,12 +51,17 @@ class ProjectOptions:
         "measure it, instead of half of --nvlink-gbps.",
         panel=PROJECTION,
     )
+    # Held in microseconds; typed as every latency option (20us, 0.02ms, or a bare number of
+    # milliseconds), the old --allreduce-latency-us (a bare number of microseconds) hidden.
     allreduce_latency_us: float | None = opt(
         None,
-        f"Fixed cost of one all-reduce in microseconds (default {DEFAULT_LATENCY_US:g}: what "
-        "gpt-fast's published A100 tokens/s at 2-8 GPUs imply; a --ceilings probe.csv from "
-        "torchrun gives a measured one).",
+        f"Fixed cost of one all-reduce: 20us, 0.05ms, or a bare number of milliseconds "
+        f"(default {DEFAULT_LATENCY_US:g}us: what gpt-fast's published A100 tokens/s at 2-8 "
+        "GPUs imply; a --ceilings probe.csv from torchrun gives a measured one).",
         panel=PROJECTION,
+        flag="--allreduce-latency",
+        parse="time_us0",
+        aliases=("--allreduce-latency-us:us",),
     )
     efficiency: float = opt(
         1.0,

@@ -28,7 +28,7 @@ EXPERIMENT = Experiment(
     options=(
         ReproduceOptions,
         PhasesOptions,
-        use(SweepOptions, only=("batch",)),
+        use(SweepOptions, only=("batch",), flags={"batch": "--sweep-batch"}),  # beside phases
         use(WorkloadOptions, only=WORKLOAD_FIELDS),
         ProbeOptions,
         ModelOptions,

@@ -15,7 +15,9 @@ from benchbatch.core.options import (
 )
 from benchbatch.experiments.fields import (
     check_context,
+    check_price_per_hour,
     context_field,
+    price_per_hour_field,
 )
 
 CPU_BATCHES = (1, 8, 32, 64, 128)
@@ -31,6 +33,8 @@ class SweepOptions:
         "Decode batch sizes (sequences per step), comma-separated. Default: 1,8,32,128,256 "
         "(the article's); 1,8,32,64,128 on a CPU.",
         parse="ints",
+        flag="--decode-batch",  # as phases, piggyback and project name it; --batch the old
+        aliases=("--batch",),
     )
     context: tuple[int, ...] = context_field()
     knee_threshold: float = opt(
@@ -52,9 +56,11 @@ class SweepOptions:
         "length against paged at the lengths they reach.",
         panel=KV,
     )
+    price_per_hour: float | None = price_per_hour_field()
 
     def __post_init__(self) -> None:
         check_number("knee_threshold", self.knee_threshold, 0, open_low=True)
+        check_price_per_hour(self.price_per_hour)
         check_block_size(self.block_size)
         if self.gpu is not None:
             self.datasheet()
