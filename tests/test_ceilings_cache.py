@@ -65,7 +65,16 @@ def small_probe(monkeypatch):
     monkeypatch.setattr(ceilings, "default_plan", lambda dev: small)
 
 
-def test_commands_reuse_the_latest_probe_and_say_so(runner, tmp_path, small_probe):
+@pytest.fixture
+def quiet_load(monkeypatch):
+    """A steady load average: the cache's key holds the load class, which must not flip
+    between two runs of a test on a loaded machine."""
+    from benchbatch.core import machine
+
+    monkeypatch.setattr(machine, "load_average", lambda: [0.0, 0.0, 0.0])
+
+
+def test_commands_reuse_the_latest_probe_and_say_so(runner, tmp_path, small_probe, quiet_load):
     first = _phases(runner, tmp_path / "a")
     assert first.exit_code == 0, first.output
     assert "latest probe" not in first.stderr
@@ -81,7 +90,13 @@ def test_commands_reuse_the_latest_probe_and_say_so(runner, tmp_path, small_prob
     assert meta_b["ceilings_from"]["run"] == str(tmp_path / "a")
     # The same ceilings: identical unless a step of either run beat them (then raised).
     if "ceilings_raised" not in meta_a and "ceilings_raised" not in meta_b:
-        assert meta_a["ceilings"] == meta_b["ceilings"]
+        drop = lambda c: {k: v for k, v in c.items() if k != "source"}  # noqa: E731
+        assert drop(meta_a["ceilings"]) == drop(meta_b["ceilings"])
+        # Each names where its ceilings came from: measured now, or which run cached them.
+        assert meta_a["ceilings"]["source"].startswith("measured now, noise ")
+        assert meta_b["ceilings"]["source"].startswith(f"cached from {tmp_path / 'a'}, ")
+    assert meta_b["ceilings_source"].startswith(f"cached from {tmp_path / 'a'}, ")
+    assert meta_b["ceilings_from"]["key"].endswith("| threads 1 | load quiet")
     third = _phases(runner, tmp_path / "c", "--reprobe")
     assert third.exit_code == 0 and "latest probe" not in third.stderr
     assert "ceilings_from" not in json.loads((tmp_path / "c" / "metadata.json").read_text())

@@ -229,6 +229,14 @@ PRESETS: dict[str, ModelConfig] = {
 }
 
 
+def named_shape(base: ModelConfig, built: ModelConfig, given: dict) -> ModelConfig:
+    """`built` (base with the sizes `given` on the command line) named for what it is: the
+    base's name when no size differs from it, else "article with hidden 1024, layers 2"."""
+    changed = [f"{k.replace('_', ' ')} {v}" for k, v in given.items() if getattr(base, k) != v]
+    name = base.name if not changed else f"{base.name} with {', '.join(changed)}"
+    return built if built.name == name else dataclasses.replace(built, name=name)
+
+
 def preset(name: str) -> ModelConfig:
     try:
         return PRESETS[name]

@@ -5,6 +5,7 @@ A simulation-only run records these too, without paying for importing torch.
 
 from __future__ import annotations
 
+import math
 import os
 import platform
 from importlib import metadata
@@ -46,3 +47,78 @@ def version(package: str) -> str | None:
         return metadata.version(package)
     except metadata.PackageNotFoundError:
         return None
+
+
+# A core is busy when the load average, per physical core, passes this: on the 2-core
+# machines here two compute threads then measured 2-10x slower than one (issue 28).
+BUSY_LOAD_PER_CORE = 0.5
+
+
+def usable_cpus() -> list[int]:
+    """The logical CPUs this process may run on (its affinity), in order."""
+    try:
+        return sorted(os.sched_getaffinity(0))
+    except (AttributeError, OSError):
+        return list(range(os.cpu_count() or 1))
+
+
+def core_of(cpu: int) -> tuple[str, str]:
+    """(package, core) of a logical CPU, from sysfs; the CPU itself where sysfs is silent."""
+    base = f"/sys/devices/system/cpu/cpu{cpu}/topology/"
+    try:
+        with open(base + "physical_package_id") as f:
+            package = f.read().strip()
+        with open(base + "core_id") as f:
+            return package, f.read().strip()
+    except OSError:
+        return "?", str(cpu)
+
+
+def physical_cores(cpus: list[int] | None = None) -> dict[tuple[str, str], list[int]]:
+    """Each physical core among `cpus` (default: this process's) and its logical CPUs:
+    two hyperthreads of one core share its units, so threads are counted per core."""
+    cores: dict[tuple[str, str], list[int]] = {}
+    for cpu in usable_cpus() if cpus is None else cpus:
+        cores.setdefault(core_of(cpu), []).append(cpu)
+    return cores
+
+
+def core_count() -> int:
+    return max(1, len(physical_cores()))
+
+
+def load_class(load: float | None, cores: int, own_threads: int = 0) -> str:
+    """The load class: "busy" when other processes' load per physical core passes
+    BUSY_LOAD_PER_CORE (the run's own threads, own_threads, taken off the load), "quiet"
+    otherwise; "unknown" without a load average. Ceilings measured under one class are not
+    used under another."""
+    if load is None:
+        return "unknown"
+    return "busy" if max(0.0, load - own_threads) / cores > BUSY_LOAD_PER_CORE else "quiet"
+
+
+def choose_threads(cores: int, load: float | None) -> tuple[int, str]:
+    """The compute threads a CPU run uses by default, and why, in one line: one on a machine
+    of at most two cores or whose load says the cores are busy (one pinned thread measures
+    best on a shared machine), else one per physical core the load leaves free."""
+    shown = "unknown" if load is None else f"{load:.1f}"
+    why = f"{cores} core{'s' if cores != 1 else ''}, load {shown}"
+    tail = "--threads N to choose"
+    if cores <= 2 or load_class(load, cores) == "busy":
+        return 1, f"threads: 1 ({why}: one thread measures best on a shared machine; {tail})"
+    free = max(1, cores - math.ceil(load or 0.0))
+    return free, f"threads: {free} ({why}: one per physical core the load leaves free; {tail})"
+
+
+def busy_warning(load: float | None, cores: int, threads: int, own_threads: int = 0):
+    """A warning when other processes compete for the cores (None when they do not), with
+    what helps."""
+    if load_class(load, cores, own_threads) != "busy":
+        return None
+    more = "; --threads 1 measures best on a shared machine" if threads > 1 else ""
+    return (
+        f"the machine is busy: load average {load:.1f} on {cores} physical cores ("
+        f"{max(0.0, load - own_threads) / cores:.1f} per core from other processes): every "
+        f"step is slower and noisier than on a quiet machine; close other work{more}, and "
+        "read each row's noise (cv, p10-p90) before trusting a difference"
+    )

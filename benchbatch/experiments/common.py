@@ -43,17 +43,51 @@ def open_model_run(
         before(rec.cfg)
     rec.note(target.notice)
     rec.note(session.preset_note(model, target))
-    if run.threads is not None:
-        import torch
-
-        torch.set_num_threads(run.threads)
+    use_threads(rec, run)
     return rec
+
+
+def use_threads(rec: Recorder, run: RunOptions) -> None:
+    """The run's compute threads (--threads, else one per free physical core: one on a
+    small or busy machine) and its pinned compute thread, said in a note and in metadata's
+    "threads"; a warning when other processes compete for the cores, at the start or by the
+    end (their load rose). The process gets its threads and CPUs back when the run ends."""
+    from benchbatch.core import machine
+    from benchbatch.runtime import device
+
+    world = rec.target.world
+    alone = world is None or not world.distributed  # ranks of one machine: none pinned
+    threads = device.apply_threads(rec.target.device, run.threads, pin=alone)
+    rec.meta["threads"] = threads.to_dict()
+    rec.write_meta()
+    if rec.target.device.type == "cpu":
+        pinned = threads.pinned
+        where = f", pinned to CPU {','.join(map(str, pinned))}" if pinned else ", not pinned"
+        rec.note(threads.reason + where)
+        rec.warning(machine.busy_warning(threads.load_average, threads.cores, threads.threads))
+
+    def at_end() -> None:
+        threads.restore()
+        load = machine.load_average()
+        after = load[0] if load else None
+        if rec.target.device.type != "cpu" or after is None or threads.load_class == "busy":
+            return  # said at the start already
+        own = threads.threads
+        if machine.load_class(after, threads.cores, own) == "busy":
+            rec.warning(
+                f"the load average rose from {threads.load_average} to {after:.1f} during the "
+                f"run (on {threads.cores} physical cores, {own} of it this run's): another "
+                "process competed for the cores, so later rows may be slower and noisier; "
+                "rerun with other work closed (--threads 1 measures best on a shared machine)"
+            )
+
+    rec._stack.callback(at_end)  # leaving the run's `with` block
 
 
 def _open(command: str, model: ModelOptions, run: RunOptions, target, options, check, cache):
     from benchbatch.core import sharding
 
-    cfg = model.shape(session.device_preset(target))
+    cfg = session.shape(model, target)
     if check is not None:
         check(cfg)
     sharding.check(cfg, target.tp)
@@ -132,10 +166,13 @@ def load_ceilings(run: RunOptions, target):
 
 def use_ceilings(rec: Recorder, run: RunOptions):
     """The run's one set of ceilings: given with --ceilings, else the latest probe of this
-    device and dtype when recent (ceilings_cache.py; written to probe.csv and said), else
-    measured now into probe.csv and kept as the latest (unless --no-roofline). Every row
-    recorded afterwards is placed against them."""
+    device, dtype, torch, thread count and load class when recent and steady
+    (ceilings_cache.py; written to probe.csv and said), else measured now into probe.csv
+    and kept as the latest (unless --no-roofline or noisy). Every row recorded afterwards
+    is placed against them; where they came from is metadata's "ceilings_source" (and
+    ceilings.source), the roofline's title and the note."""
     ceilings = rec.given_ceilings
+    source = f"from {run.ceilings} (--ceilings)" if ceilings is not None else None
     if ceilings is None and run.roofline:
         from benchbatch.core.roofline import ceilings_from_rows
 
@@ -143,9 +180,11 @@ def use_ceilings(rec: Recorder, run: RunOptions):
         if cached is not None:
             rows = cached.rows
             rec.put("probe", rows)
+            source = cached.source()
             rec.meta["ceilings_from"] = {"cache": str(cached.path), "run": cached.run,
                                          "measured_utc": cached.measured_utc,
-                                         "age_s": round(cached.age_s)}  # fmt: skip
+                                         "age_s": round(cached.age_s),
+                                         "key": cache_key(rec)}  # fmt: skip
             if not rec.quiet:
                 rec.note(
                     f"ceilings: the latest probe of this device in {rec.target.dtype_name}, "
@@ -153,9 +192,13 @@ def use_ceilings(rec: Recorder, run: RunOptions):
                 )
         else:
             rows = measure_probe(rec, run)
+            source = rec.meta.get("ceilings_source")
         ceilings = ceilings_from_rows(rows)
         interconnect_ceiling(rec, run)
     rec.use_ceilings(ceilings)
+    if ceilings is not None:
+        rec.meta["ceilings_source"] = source
+        rec.meta["ceilings"]["source"] = source
     return ceilings
 
 
@@ -185,35 +228,50 @@ def allreduce_plot(rec: Recorder, rows: list[dict], what: str) -> None:
 
 def measure_probe(rec: Recorder, run: RunOptions, plan=None, timing=None) -> list[dict]:
     """probe.csv, measured now (the default plan of this device unless one is given), and
-    kept as the latest probe of this device and dtype."""
+    kept as the latest probe of this device, dtype, thread count and load class, unless it
+    is incomplete or a row of it is noisy (said: a later run measures again)."""
+    from benchbatch.output import ceilings_cache
     from benchbatch.runtime import ceilings as probes
 
+    if "threads" not in rec.meta:  # `probe` and `reproduce` open no model run
+        use_threads(rec, run)
     t = rec.target
     plan = plan or probes.default_plan(t.device)
     timing = timing or run.timing()
     rows = rec.record("probe", probes.run(plan, t.device, t.dtype_name, timing),
                       total=len(plan), label="measuring the device's ceilings")  # fmt: skip
+    rec.meta["ceilings_source"] = f"measured now, {ceilings_cache.noise_text(rows)}"
+    noisy = ceilings_cache.noisy_rows(rows)
+    complete = probes.complete(plan, rows)
+    if noisy and not rec.quiet:
+        rec.note(
+            f"the probe's rows {', '.join(noisy)} are noisy: this run uses them, but they are "
+            "not kept for later runs (the next one measures again)"
+        )
     if any(r["status"] == "ok" for r in rows) and distributed.is_writer():  # one rank writes
-        from benchbatch.output import ceilings_cache
-
-        ceilings_cache.save(cache_key(t), rows, rec.folder)
+        ceilings_cache.save(cache_key(rec), rows, rec.folder, complete=complete)
     return rows
 
 
-def cache_key(target) -> str:
+def cache_key(rec: Recorder) -> str:
+    """The cache's key of this run: device, dtype, torch, compute threads, load class."""
     from benchbatch.core import machine
     from benchbatch.output import ceilings_cache
     from benchbatch.runtime import device
 
-    name = device.device_name(target.device)
-    return ceilings_cache.key(name, target.dtype_name, machine.version("torch"))
+    t = rec.target
+    threads = rec.meta.get("threads") or {}
+    name = device.device_name(t.device)
+    load = threads.get("load_class", "unknown")
+    version = machine.version("torch")
+    return ceilings_cache.key(name, t.dtype_name, version, threads.get("threads"), load)
 
 
 def _cached_probe(rec: Recorder):
     from benchbatch.core.roofline import ceilings_from_rows
     from benchbatch.output import ceilings_cache
 
-    cached = ceilings_cache.load(cache_key(rec.target))
+    cached = ceilings_cache.load(cache_key(rec))
     try:
         return cached if cached is not None and ceilings_from_rows(cached.rows) else None
     except ValueError:  # rows without a measured roof: measure again
@@ -222,15 +280,15 @@ def _cached_probe(rec: Recorder):
 
 LONG_RUN_S = 180  # an estimate over three minutes comes with a shorter run to try
 SAID_FROM_S = 10  # shorter runs finish before an estimate would help anyone
-LIST_FLAGS = {"prefill": "--prefill", "decode_batch": "--decode-batch", "batch": "--batch",
+LIST_FLAGS = {"prefill": "--prefill", "decode_batch": "--decode-batch", "batch": "--decode-batch",
               "context": "--context"}  # fmt: skip
 
 
 def estimate_run(rec: Recorder, net, run: RunOptions, lists: dict, keep: dict, plan_of) -> None:
     """Time two small steps, price every planned step from them and say how long the run
-    will take (stderr, and metadata `estimate`); over LONG_RUN_S, which of the command's
-    lists to shorten (and on a CPU, a smaller model) to finish sooner. plan_of(lists)
-    gives the steps a run of those lists times."""
+    will take (stderr, and metadata `estimate`); over LONG_RUN_S, the shorter runs with
+    their estimates: which of the command's lists to shorten, fewer layers, and on a CPU a
+    smaller model. plan_of(lists) gives the steps a run of those lists times."""
     from benchbatch.runtime import estimate
 
     dtype = rec.target.dtype_name
@@ -238,11 +296,14 @@ def estimate_run(rec: Recorder, net, run: RunOptions, lists: dict, keep: dict, p
     rates = estimate.measure_rates(net, dtype, context)
     timing = run.timing()
 
-    def seconds(ls: dict) -> float:
-        return estimate.run_s(plan_of(ls), lambda s: rates.step_s(net.cfg, dtype, s), timing)
+    def seconds(ls: dict, cfg=None) -> float:
+        shape = cfg or net.cfg
+        return estimate.run_s(plan_of(ls), lambda s: rates.step_s(shape, dtype, s), timing)
 
     total = seconds(lists)
-    cut = estimate.shorter(lists, keep, seconds, LONG_RUN_S) if total > LONG_RUN_S else None
+    long = total > LONG_RUN_S
+    cut = estimate.shorter(lists, keep, seconds, LONG_RUN_S) if long else None
+    models = _smaller_models(rec, lambda cfg: seconds(lists, cfg)) if long else []
     rec.meta["estimate"] = {
         "estimated_s": total,
         "steps": len(plan_of(lists)),
@@ -251,6 +312,7 @@ def estimate_run(rec: Recorder, net, run: RunOptions, lists: dict, keep: dict, p
         "prefill_ms": rates.prefill_ms,
         "prefill_tokens": rates.prefill_tokens,
         "shorter": None if cut is None else {"lists": cut.lists, "estimated_s": cut.seconds},
+        "smaller_models": [{"flags": f, "estimated_s": t} for f, t in models],
     }
     if rec.quiet or total < SAID_FROM_S:  # a short run: in metadata.json only
         return
@@ -260,11 +322,25 @@ def estimate_run(rec: Recorder, net, run: RunOptions, lists: dict, keep: dict, p
         f"{rates.decode_ms:.3g} ms here, a {rates.prefill_tokens}-token prefill "
         f"{rates.prefill_ms:.3g} ms)"
     )
-    if total > LONG_RUN_S:
-        rec.note(f"that is long; {_shorter_hint(rec, cut, lists)}")
+    if long:
+        rec.note(f"that is long; {_shorter_hint(cut, lists, models)}")
 
 
-def _shorter_hint(rec: Recorder, cut, lists: dict) -> str:
+def _smaller_models(rec: Recorder, seconds) -> list[tuple[str, float]]:
+    """Fewer layers, and on a CPU cpu-small when the run's model is larger; none for a
+    checkpoint (its shape is its own)."""
+    from benchbatch.core import config
+    from benchbatch.runtime import estimate
+
+    if (rec.meta.get("options") or {}).get("model") is not None:
+        return []
+    small = None
+    if rec.target.device.type == "cpu" and _larger_than_cpu_small(rec):
+        small = config.preset("cpu-small")
+    return estimate.smaller_models(rec.cfg, seconds, LONG_RUN_S, small)
+
+
+def _shorter_hint(cut, lists: dict, models: list[tuple[str, float]]) -> str:
     parts = []
     if cut is not None:
         flags = " ".join(
@@ -272,8 +348,7 @@ def _shorter_hint(rec: Recorder, cut, lists: dict) -> str:
             if v != lists[k]
         )  # fmt: skip
         parts.append(f"{flags} (about {duration(cut.seconds)})")
-    if rec.target.device.type == "cpu" and _larger_than_cpu_small(rec):
-        parts.append("--preset cpu-small (the CPU's default model)")
+    parts += [f"{flags} (about {duration(s)})" for flags, s in models]
     if not parts:
         return "fewer --repeats or a shorter --min-time make it shorter"
     return "for a shorter run, the same command with " + ", or ".join(parts)
@@ -298,6 +373,8 @@ def roofline_plot(rec: Recorder, rows: list[dict], source: str, title: str) -> N
         peaks.lookup(device.device_name(target.device)) if target.device.type == "cuda" else None
     )
     tagged = [{**r, "source": source} for r in rows]
+    where = rec.meta.get("ceilings_source")
+    title = f"{title}\nceilings {where}" if where else title
     roofline_figure(tagged, rec.ceilings, rec.folder / "roofline.png", sheet, title)
 
 

@@ -9,6 +9,13 @@ and reused while recent: one set of ceilings for every command run on that machi
 day, stated in the output with its age. `--reprobe` measures again; `benchbatch probe` and
 `reproduce` always measure, and their probe becomes the latest.
 
+Only a probe worth reusing is kept: one measured whole (not interrupted) with no noisy row
+(core/noise.py's rule), since a bad probe reused for a day misplaces every later row (issue
+28: an interrupted probe with three noisy rows of four made decode "compute"-bound). The key
+holds what changes the ceilings: the device, the dtype, the torch build, the compute
+threads and the load class (core/machine.py): a probe from another load, version or thread
+count is measured again.
+
 A cache that cannot be read or written is no cache: the command measures, as without one.
 """
 
@@ -35,8 +42,43 @@ def folder() -> Path:
     return Path(base) / "benchbatch"
 
 
-def key(device_name: str, dtype: str, torch_version: str | None) -> str:
-    return f"{device_name} | {dtype} | torch {torch_version}"
+def key(device_name: str, dtype: str, torch_version: str | None, threads: int | None = None,
+        load: str = "unknown") -> str:  # fmt: skip
+    """The cache's key: a probe is reused only under every one of these alike."""
+    return f"{device_name} | {dtype} | torch {torch_version} | threads {threads} | load {load}"
+
+
+def noisy_rows(rows: list[dict]) -> list[str]:
+    """The measured rows too spread to trust (noisy, or a CV over core/noise.py's threshold)."""
+    from benchbatch.core.noise import DEFAULT_CV_THRESHOLD
+
+    def noisy(r: dict) -> bool:
+        cv = _number(r.get("cv"))
+        return r.get("noisy") in (True, "True", "true") or (
+            cv is not None and cv > DEFAULT_CV_THRESHOLD
+        )
+
+    return [str(r.get("label")) for r in rows if r.get("status", "ok") == "ok" and noisy(r)]
+
+
+def noise(rows: list[dict]) -> float | None:
+    """The largest coefficient of variation among the measured rows (None when none has one)."""
+    cvs = [_number(r.get("cv")) for r in rows if r.get("status", "ok") == "ok"]
+    cvs = [cv for cv in cvs if cv is not None]
+    return max(cvs) if cvs else None
+
+
+def noise_text(rows: list[dict]) -> str:
+    value = noise(rows)
+    return "noise unknown" if value is None else f"noise {100 * value:.1f}%"
+
+
+def _number(value) -> float | None:
+    try:
+        x = float(value)
+    except (TypeError, ValueError):
+        return None
+    return x if x == x and abs(x) != float("inf") else None
 
 
 @dataclass(frozen=True)
@@ -50,14 +92,24 @@ class Cached:
     path: Path  # the cache file
 
     def describe(self) -> str:
-        return f"measured {duration(self.age_s)} ago by {self.run}"
+        return f"measured {duration(self.age_s)} ago by {self.run}, {noise_text(self.rows)}"
+
+    def source(self) -> str:
+        """Where the run's ceilings came from, as its table, plot and metadata name it."""
+        return (
+            f"cached from {self.run}, {self.measured_utc} ({duration(self.age_s)} ago), "
+            f"{noise_text(self.rows)}"
+        )
 
 
 def load(name: str, max_age_s: float = MAX_AGE_S, now: dt.datetime | None = None):
-    """The latest probe stored under `name` when younger than max_age_s, else None."""
+    """The latest probe stored under `name` when younger than max_age_s, else None (and
+    None for one with a noisy row: kept before noisy probes were refused)."""
     path = folder() / FILE
     entry = _read(path).get(name)
     if not isinstance(entry, dict) or not isinstance(entry.get("rows"), list):
+        return None
+    if not all(isinstance(r, dict) for r in entry["rows"]) or noisy_rows(entry["rows"]):
         return None
     try:
         when = dt.datetime.fromisoformat(entry["measured_utc"])
@@ -69,11 +121,16 @@ def load(name: str, max_age_s: float = MAX_AGE_S, now: dt.datetime | None = None
     return Cached(entry["rows"], entry["measured_utc"], age, str(entry.get("run")), path)
 
 
-def save(name: str, rows: list[dict], run: Path | str, now: dt.datetime | None = None):
+def save(name: str, rows: list[dict], run: Path | str, now: dt.datetime | None = None,
+         complete: bool = True):  # fmt: skip
     """Keep `rows` as the latest probe under `name`; the cache file's path, or None when it
-    cannot be written (the run goes on: the rows are in its probe.csv anyway)."""
+    is not kept: an incomplete probe (interrupted: complete False), one with a noisy row
+    (the cache keeps what it held), or a cache that cannot be written (the run goes on:
+    the rows are in its probe.csv anyway)."""
     from benchbatch.output.results import atomic_write_text, json_safe
 
+    if not complete or not rows or noisy_rows(rows):
+        return None
     path = folder() / FILE
     entries = _read(path)
     measured = (now or _now()).isoformat(timespec="seconds")

@@ -163,6 +163,15 @@ def print_json(document: dict) -> None:
     out_console.out(json.dumps(json_safe(document), indent=2), highlight=False)
 
 
+def noisy_hint() -> str:
+    """NOISY_HINT, or on a CPU whose load says other processes compete (the likely cause),
+    fewer threads and less other work first (core/noise.py)."""
+    from benchbatch.core import machine, noise
+
+    load = machine.load_average()
+    return noise.noisy_hint(load[0] if load else None, machine.core_count())
+
+
 def warn_untrusted(flagged: dict[str, list[str]]) -> None:
     """Say which rows are noisy or throttled, and what to try."""
     from benchbatch.core.noise import DEFAULT_CV_THRESHOLD
@@ -170,7 +179,7 @@ def warn_untrusted(flagged: dict[str, list[str]]) -> None:
     if flagged.get("noisy"):
         warning(
             f"noisy (CV over {DEFAULT_CV_THRESHOLD:.0%}): {', '.join(flagged['noisy'])}; "
-            f"something else may be using the device: {NOISY_HINT}."
+            f"something else may be using the device: {noisy_hint()}."
         )
     if flagged.get("throttled"):
         warning(

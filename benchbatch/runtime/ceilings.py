@@ -182,3 +182,9 @@ def measure_ceilings(
     """All the probes at once: their rows and the ceilings taken from them."""
     rows = list(run(probes or default_plan(dev), dev, dtype, opts or TimingOptions()))
     return rows, ceilings_from_rows(rows)
+
+
+def complete(probes: list[Probe], rows: list[dict]) -> bool:
+    """Was every probe of the plan measured, each into its own row? A probe cut short (an
+    interrupt, a signal that ended the generator early) is not: it is no probe to keep."""
+    return sorted(p.label for p in probes) == sorted(str(r.get("label")) for r in rows)

@@ -114,3 +114,89 @@ def measured_or_oom(measure, dev: torch.device):
 def release_memory(dev: torch.device) -> None:
     """Give back what a failed or finished step held, so the next one starts clean."""
     backend.of(dev).release()
+
+
+@dataclass(frozen=True)
+class Threads:
+    """The compute threads a run uses, why, and the CPUs its compute thread is pinned to:
+    metadata.json's "threads"."""
+
+    threads: int
+    chosen: str  # "--threads", or "default" (machine.choose_threads)
+    reason: str  # one line, said as a note
+    cores: int  # physical cores this process may use
+    load_average: float | None  # the 1-minute load when the run started
+    load_class: str  # "quiet", "busy" or "unknown" (machine.load_class)
+    pinned: tuple[int, ...] | None  # logical CPUs of the compute thread; None: not pinned
+    before: tuple[int, tuple[int, ...] | None] = (0, None)  # (torch threads, affinity) to restore
+
+    def to_dict(self) -> dict:
+        return {
+            "threads": self.threads,
+            "chosen": self.chosen,
+            "reason": self.reason,
+            "physical_cores": self.cores,
+            "load_average": self.load_average,
+            "load_class": self.load_class,
+            "pinned_cpus": None if self.pinned is None else list(self.pinned),
+            # The CPUs the process had before the pin (a server splits these between threads).
+            "usable_cpus": None if self.before[1] is None else list(self.before[1]),
+        }
+
+    def restore(self) -> None:
+        """Give the process back the threads and CPUs it had before the run."""
+        threads, cpus = self.before
+        if threads:
+            torch.set_num_threads(threads)
+        if cpus is not None:
+            _set_affinity(cpus)
+
+
+def apply_threads(dev: torch.device, threads: int | None, pin: bool = True) -> Threads:
+    """Set the run's compute threads and pin the calling (compute) thread: --threads N, else
+    on a CPU machine.choose_threads (one on a small or busy machine); on CUDA torch's own
+    count, unpinned (the host thread only launches work). A thread count past the cores
+    this process may use is not pinned, nor is anything with pin False (several ranks on
+    one machine would all take the same core)."""
+    from benchbatch.core import machine
+
+    load = machine.load_average()
+    one_minute = load[0] if load else None
+    cores = machine.physical_cores()
+    count = max(1, len(cores))
+    before = (torch.get_num_threads(), _affinity())
+    if threads is not None:
+        n, chosen = threads, "--threads"
+        reason = f"threads: {n} (--threads; {count} physical cores, load {one_minute})"
+    elif dev.type == "cpu":
+        chosen = "default"
+        n, reason = machine.choose_threads(count, one_minute)
+    else:
+        n, chosen = torch.get_num_threads(), "default"
+        reason = f"threads: {n} (torch's default; the GPU does the compute)"
+    torch.set_num_threads(n)
+    pinned = _pin(cores, n) if pin and dev.type == "cpu" and n <= count else None
+    klass = machine.load_class(one_minute, count)
+    return Threads(n, chosen, reason, count, one_minute, klass, pinned, before)
+
+
+def _pin(cores: dict, n: int) -> tuple[int, ...] | None:
+    """The calling thread onto n physical cores (one logical CPU of each, the last cores
+    first: the system's own work lands on CPU 0 first); None where the platform refuses."""
+    chosen = tuple(sorted(cpus[0] for cpus in list(cores.values())[-n:]))
+    return chosen if _set_affinity(chosen) else None
+
+
+def _affinity() -> tuple[int, ...] | None:
+    try:
+        return tuple(sorted(os.sched_getaffinity(0)))
+    except (AttributeError, OSError):
+        return None
+
+
+def _set_affinity(cpus) -> bool:
+    try:
+        os.sched_setaffinity(0, set(cpus))
+    except (AttributeError, OSError, ValueError):
+        return False
+    return True

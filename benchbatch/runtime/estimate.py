@@ -113,3 +113,28 @@ def shorter(
         current = min(options, key=seconds)
         cut = Cut(current, seconds(current))
     return cut
+
+
+def fewest_layers(cfg, seconds: Callable[[object], float], limit_s: float) -> int | None:
+    """The most layers under cfg's that bring the run within limit_s (run time grows with
+    the layers), else two (one for a two-layer model): a shorter run of the same widths.
+    None for a one-layer model."""
+    if cfg.layers <= 1:
+        return None
+    for n in range(cfg.layers - 1, 0, -1):
+        if seconds(cfg.replace(layers=n)) <= limit_s:
+            return n
+    return max(1, min(2, cfg.layers - 1))
+
+
+def smaller_models(cfg, seconds: Callable[[object], float], limit_s: float, small=None):
+    """Shorter runs with a smaller model, each as (flags, estimated seconds): fewer layers
+    (fewest_layers), and `small` (a preset's config, e.g. cpu-small on a CPU) when it is
+    smaller than cfg. Priced with the same per-FLOP and per-byte rates as the run."""
+    out = []
+    n = fewest_layers(cfg, seconds, limit_s)
+    if n is not None:
+        out.append((f"--layers {n}", seconds(cfg.replace(layers=n))))
+    if small is not None:
+        out.append((f"--preset {small.name}", seconds(small)))
+    return out

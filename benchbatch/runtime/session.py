@@ -28,7 +28,7 @@ def build_model(model: ModelOptions, target, seed: int = 0):
     from benchbatch.runtime import layout, tensor_parallel
     from benchbatch.runtime.model import Transformer
 
-    cfg = model.shape(device_preset(target))
+    cfg = shape(model, target)
     shard = tensor_parallel.of(target.world)  # this rank's part of the model, or None
     if model.model is not None:
         from benchbatch.runtime import checkpoint
@@ -89,8 +89,8 @@ def check_pool_fits(cfg, target, blocks: int, block_size: int, option: str) -> N
     free on the device. A model that does not fit alone is check_fits' to refuse."""
     weights = accounting.weight_bytes(cfg, target.dtype_name, target.tp)
     weights += 16 * cfg.max_context * cfg.head_dim
-    pool = (blocks + 1) * block_size * accounting.kv_bytes_per_token(
-        cfg, target.dtype_name, target.tp
+    pool = (
+        (blocks + 1) * block_size * accounting.kv_bytes_per_token(cfg, target.dtype_name, target.tp)
     )
     free = device.free_memory_bytes(target.device)
     where = "free on the GPU" if target.device.type == "cuda" else "of available RAM"
@@ -103,13 +103,47 @@ def check_pool_fits(cfg, target, blocks: int, block_size: int, option: str) -> N
         )
 
 
-def device_preset(target) -> str:
+# Sizes that make a model of their own: given alone, they start from the article's shape.
+# (--max-context alone only shortens the device's default model.)
+SHAPE_SIZES = ("hidden", "layers", "heads", "kv_heads", "intermediate", "vocab")
+
+
+def device_preset(target, model: ModelOptions | None = None) -> str:
     """The model a command builds when none is named: the article's on CUDA, a CPU-sized one
-    on a CPU (the article's model runs minutes per command there)."""
+    on a CPU (the article's model runs minutes per command there). Sizes given without a
+    --preset or --config (`--hidden 2048 --layers 12`, the article's command) start from
+    the article's preset on any device: its heads, MLP and vocabulary, not cpu-small's."""
+    if model is not None and _sizes_alone(model):
+        return "article"
     return "article" if target.device.type == "cuda" else "cpu-small"
 
 
+def _sizes_alone(model: ModelOptions) -> bool:
+    given = model.overrides()
+    return not model.chosen() and any(k in given for k in SHAPE_SIZES)
+
+
+def shape(model: ModelOptions, target):
+    """The ModelConfig a run builds (model.shape over device_preset), named for what it is:
+    the preset's name when no given size changes it, else "article with hidden 2048,
+    layers 6" (core/config.named_shape). A checkpoint keeps its own name."""
+    from benchbatch.core import config
+
+    cfg = model.shape(device_preset(target, model))
+    if model.model is not None or not model.overrides():
+        return cfg
+    bare = dataclasses.replace(model, **{k: None for k in ModelOptions.SIZES})
+    return config.named_shape(bare.shape(device_preset(target, model)), cfg, model.overrides())
+
+
 def preset_note(model: ModelOptions, target) -> str | None:
+    if _sizes_alone(model):
+        cfg = shape(model, target)
+        return (
+            f"building {cfg.name} (hidden {cfg.hidden}, {cfg.layers} layers, {cfg.heads} heads, "
+            f"MLP {cfg.intermediate:,}, vocabulary {cfg.vocab:,}): sizes given without --preset "
+            "start from the article preset; pass --preset to start from another"
+        )
     if model.chosen():
         return None
     name = device_preset(target)

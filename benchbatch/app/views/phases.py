@@ -43,6 +43,8 @@ def show(rec) -> None:
             f"than batch {b0}."
         )
     render.warn_untrusted(rec.meta["untrusted"])
+    if rec.meta.get("ceilings_source"):
+        render.line(f"ceilings (mfu, mbu, bound): {rec.meta['ceilings_source']}")
     render.results_line(rec.folder)
 
 

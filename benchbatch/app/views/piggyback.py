@@ -56,6 +56,8 @@ def show(rec) -> None:
     if tiles:
         render.table(tiles, TILE_COLUMNS, "tile effects: one prefill step of each length")
     render.warn_untrusted(rec.meta["untrusted"])
+    if rec.meta.get("ceilings_source"):
+        render.line(f"ceilings (mfu, mbu, bound): {rec.meta['ceilings_source']}")
     render.results_line(rec.folder)
 
 

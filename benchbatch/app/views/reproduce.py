@@ -83,12 +83,15 @@ def show(rec) -> None:
         if section.title == report.REAL_TITLE:
             for note in section.notes:
                 render.note(note)
+    if (rec.meta.get("prediction") or {}).get("verdict"):
+        out.print(rec.meta["prediction"]["verdict"], highlight=False)
     m = rec.ceilings
     unit = flop_unit([m.peak_tflops])
     out.print(
         f"measured ceilings ({m.dtype}): matmul {fmt(unit(m.peak_tflops))} {unit.name} "
         f"({m.tflops_source}), memory {fmt(m.peak_gbps)} GB/s ({m.gbps_source}), ridge "
-        f"{fmt(m.ridge)} FLOP/byte",
+        f"{fmt(m.ridge)} FLOP/byte"
+        + (f"; {rec.meta['ceilings_source']}" if rec.meta.get("ceilings_source") else ""),
         highlight=False,
     )
     verdicts = _table("verdicts (thresholds in report.md)", ["", "verdict", "claim"])
