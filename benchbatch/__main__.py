@@ -7,8 +7,8 @@ def _interrupt(signum, frame):
     raise KeyboardInterrupt
 
 
-signal.signal(signal.SIGTERM, _interrupt)
 signal.signal(signal.SIGINT, _interrupt)
+signal.signal(signal.SIGTERM, _interrupt)  # after SIGINT: once SIGTERM is caught, both are
 if hasattr(signal, "SIGHUP") and signal.getsignal(signal.SIGHUP) != signal.SIG_IGN:
     signal.signal(signal.SIGHUP, _interrupt)  # the terminal closed (not under nohup)
 

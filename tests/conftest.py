@@ -1,6 +1,8 @@
 """Shared fixtures: CLI runner, one torch thread for tiny models, tiny models and workloads,
 quick timing; GPU tests skip themselves without CUDA."""
 
+import signal
+
 import matplotlib.font_manager  # noqa: F401
 import pytest
 import torch
@@ -17,6 +19,16 @@ torch.set_num_threads(min(2, torch.get_num_threads()))
 # Imported above for its side effect: matplotlib builds its font cache on its first run on a
 # machine and, when that takes over 5 s (a loaded machine), says so on stderr. Built here, it
 # happens before any test reads what a command printed.
+
+
+def pytest_configure(config):
+    """The suite runs as it does in the foreground, however it was started: a shell that
+    starts pytest with `&` (no job control) leaves SIGINT ignored, so a Ctrl-C test in this
+    process saw nothing and every program a test starts inherited the ignored signal (exec
+    keeps SIG_IGN). Python's own handler instead: the programs then start with SIGINT at its
+    default, as from a terminal (tests/test_background.py runs the Ctrl-C tests so)."""
+    if signal.getsignal(signal.SIGINT) == signal.SIG_IGN:
+        signal.signal(signal.SIGINT, signal.default_int_handler)
 
 
 @pytest.fixture

@@ -256,7 +256,8 @@ def test_a_compare_cut_short_says_so_and_leaves_no_temporary_file(
     assert meta["status"] == status and "finished_utc" in meta
     assert meta["files"] == ["compare-phases.csv"]
     assert len(pd.read_csv(out / "compare-phases.csv")) == 8
-    assert sorted(p.name for p in out.iterdir()) == ["compare-phases.csv", "metadata.json"]
+    assert sorted(p.name for p in out.iterdir()) == [
+        "compare-phases.csv", "metadata.json", "result.json"]  # fmt: skip
     if status == "interrupted":
         assert "interrupted" in result.stderr and "Traceback" not in result.output
     else:

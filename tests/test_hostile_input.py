@@ -36,6 +36,7 @@ SHAPES = {  # each command's quick, valid arguments: a case changes one thing
     "compare": [],
     "project": ["--tp", "1,2"],
     "serve-sweep": [*TINY, "--engine", "sim", "--requests", "20", "--rates", "1,max"],
+    "serve": [*TINY, "--port", "0", "--duration", "0.5"],
 }
 
 # (command, arguments, what the error line names)

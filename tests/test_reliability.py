@@ -319,6 +319,7 @@ EVERY_COMMAND = {
     "project": ["project", "--tp", "1,2"],
     "serve-sweep": ["serve-sweep", "--preset", "tiny", "--device", "cpu", *FAST[-4:]]
     + ["--engine", "sim", "--requests", "20", "--rates", "1,max"],
+    "serve": ["serve", "--preset", "tiny", "--device", "cpu", "--port", "0", "--duration", "0.5"],
 }
 
 
@@ -350,6 +351,10 @@ def test_every_command_writes_a_schema_version(runner, tmp_path, request, comman
     meta = meta_of(tmp_path / "run")
     assert meta["schema_version"] == results.SCHEMA_VERSION
     assert meta["command"] == command and meta["status"] == "complete"
+    # result.json too (tests/test_result_json.py checks its content): complete, listed.
+    saved = json.loads((tmp_path / "run" / "result.json").read_text())
+    assert saved["complete"] and saved["command"] == command and saved["metrics"]
+    assert saved["files"] == meta["written_files"] and "result.json" in saved["files"]
     assert not leftovers(tmp_path / "run")
 
 

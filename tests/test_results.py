@@ -63,7 +63,7 @@ def test_atomic_writes_leave_no_temporary_files(tmp_path):
     assert '"v": null' in (tmp_path / "m.json").read_text()
 
 
-def test_csv_keeps_six_significant_digits_and_integers_whole():
+def test_csv_keeps_full_precision_and_integers_whole():
     import math
 
     import pandas as pd
@@ -77,7 +77,7 @@ def test_csv_keeps_six_significant_digits_and_integers_whole():
     text = results.csv_text(rows)
     assert text.splitlines() == [
         "step_ms,flops,batch,noisy,knee,rate,tiny,status",
-        "16.0415,13958643712,1024,True,,561933,1.23457e-07,ok",
+        "16.041486000176,13958643712,1024,True,,561933.24,1.23456789e-07,ok",
         ",1,,False,32,inf,0.5,skipped",
     ]
     back = pd.read_csv(__import__("io").StringIO(text))

@@ -38,12 +38,14 @@ def several_ranks() -> tuple[str, ...]:
 def run(experiment: Experiment, view: ModuleType, groups: tuple) -> None:
     json_out = any(getattr(g, "json_out", False) for g in groups)
     rec = experiment.open(*groups)
+    rec.metrics = lambda: view.document(rec)  # result.json's metrics, written as the run ends
     if not json_out and hasattr(view, "before"):
         view.before(rec)
     with rec:
         experiment.measure(rec, *groups)
-    if json_out:
-        render.print_json({"folder": str(rec.folder), **view.document(rec)})
+    if json_out:  # the same document as result.json's
+        document = rec.result_metrics if rec.result_metrics is not None else view.document(rec)
+        render.print_json({"folder": str(rec.folder), **document})
     else:
         view.show(rec)
 

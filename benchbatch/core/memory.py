@@ -11,7 +11,12 @@ caps the batch. How much a request holds is what the policies differ in:
   recently admitted one is preempted and later prefilled again.
 
 Only memory limits the running sequences here: a reservation policy runs as many as the
-budget reserves, the paged one as many as its blocks hold (each holds at least one).
+budget reserves, the paged one as many as its blocks hold (each holds at least one). One
+exception, the slot count's worth (a budget of --slots sequences of the longest prompt and
+the maximum output): there the reserving policies also run at most --slots at once
+(MemorySetup.reserve_slots), so they reproduce static and continuous batching step for step
+even when prompts differ in length (a reservation sized by tokens would otherwise fit a
+ninth short-prompt sequence in eight slots' worth); paging still runs as many as fit.
 """
 
 from __future__ import annotations
@@ -38,7 +43,8 @@ class MemorySetup:
     """The budget the policies share. bytes_per_token: one token's keys and values in every
     layer (None: no model, so sizes are in tokens); source: how the budget was chosen; slots:
     the reserving policies' capacity, against which slot occupancy is counted (paging can
-    pass 100%: it runs more sequences than the memory has reserved slots)."""
+    pass 100%: it runs more sequences than the memory has reserved slots); reserve_slots: a
+    cap on the reserving policies' running sequences (the slot count's worth: --slots)."""
 
     blocks: int
     block_size: int
@@ -46,6 +52,9 @@ class MemorySetup:
     bytes_per_token: int | None = None
     source: str = ""
     slots: int = 0
+    # The most sequences the reserving policies run at once besides what memory allows
+    # (None: memory alone; the slot count's worth: --slots).
+    reserve_slots: int | None = None
 
     def budget(self, kv_policy: str) -> KVBudget:
         return KVBudget(self.blocks, self.block_size, kv_policy, self.reserve_output)
@@ -64,17 +73,26 @@ def slot_blocks(setup_block_size: int, longest_prompt: int, reserve_output: int)
     return blocks_for(longest_prompt + reserve_output, setup_block_size)
 
 
-def scheduler_for(name: str, setup: MemorySetup, requests: int, record_tokens: bool = True):
-    """The policy's scheduler: memory is its only limit (at most one sequence a block)."""
-    policy, kv_policy = MEMORY_POLICIES[name]
+def policy_slots(name: str, setup: MemorySetup, requests: int) -> int:
+    """The scheduler's slots for a policy: memory is its limit (at most one sequence a
+    block), and for the reserving policies also setup.reserve_slots when set."""
     slots = max(1, min(requests, setup.blocks))
+    if MEMORY_POLICIES[name][1] == RESERVE and setup.reserve_slots is not None:
+        slots = max(1, min(slots, setup.reserve_slots))
+    return slots
+
+
+def scheduler_for(name: str, setup: MemorySetup, requests: int, record_tokens: bool = True):
+    """The policy's scheduler (its slots: policy_slots)."""
+    policy, kv_policy = MEMORY_POLICIES[name]
+    slots = policy_slots(name, setup, requests)
     return make_scheduler(policy, slots, record_tokens, kv=setup.budget(kv_policy))
 
 
 def engine_settings(name: str, setup: MemorySetup, requests: int) -> tuple[str, int, dict]:
     """(policy, slots, settings) for the real engine: the same scheduler as simulated."""
     policy, kv_policy = MEMORY_POLICIES[name]
-    return policy, max(1, min(requests, setup.blocks)), {"kv": setup.budget(kv_policy)}
+    return policy, policy_slots(name, setup, requests), {"kv": setup.budget(kv_policy)}
 
 
 def run(

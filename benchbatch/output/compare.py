@@ -52,7 +52,7 @@ KINDS: dict[str, tuple[tuple[str, ...], tuple[str, ...]]] = {
     "reproduce": (("probe", "phases", "sweep", "occupancy"), ("engine", "serve", "slo")),
     "serve-sweep": (("serve", "slo"), ()),
 }
-TABLE_ORDER = ("probe", "phases", "sweep", "occupancy", "engine", "serve", "slo")
+TABLE_ORDER = ("probe", "phases", "sweep", "occupancy", "engine", "serve", "slo", "peer_check")
 
 
 @dataclass
@@ -178,12 +178,35 @@ def _first_line(e: Exception) -> str:
 
 
 def load(folder: Path, label: str) -> RunData:
+    if folder.suffix.lower() in (".json", ".jsonl") and not folder.is_dir():
+        return load_peer(folder, label)
     meta = read_metadata(folder)
     kind = meta["command"]
     required, optional = KINDS[kind]
     tables = {t: read_table(folder, t) for t in required}
     tables |= {t: read_table(folder, t) for t in optional if (folder / f"{t}.csv").exists()}
     return RunData(label, folder, kind, meta, tables)
+
+
+def load_peer(path: Path, label: str) -> RunData:
+    """A serving benchmark's saved result as a serve-sweep run: vLLM bench serve's
+    --save-result (--save-detailed) JSON or GuideLLM's JSON report, every metric
+    recomputed from its per-request times with benchbatch's code (core/peers.py); the
+    recomputation beside the peer's own aggregates is the run's peer_check table."""
+    from benchbatch.core import peers
+
+    rows, checked = peers.read_all([path], "RUN_DIR")
+    serve = pd.DataFrame(rows).rename(columns={"run": "peer_run"})
+    sources = ", ".join(sorted({str(s) for s in serve.get("source", [])})) or "peer"
+    meta = {
+        "command": "serve-sweep",
+        "status": "complete",
+        "environment": {"device_name": f"{sources} ({path.name})", "dtype": "-"},
+        "config": {"name": "the peer's model"},
+        "peer": {"file": str(path), "disagreements": len(peers.disagreements(checked))},
+    }
+    tables = {"serve": serve, "peer_check": pd.DataFrame(checked)}
+    return RunData(label, path, "serve-sweep", meta, tables)
 
 
 def _same(folder: Path) -> Path:
@@ -265,15 +288,85 @@ def first_seed(occupancy: pd.DataFrame) -> pd.DataFrame:
     return pd.concat(keep)
 
 
-def pivot(df: pd.DataFrame, index: list[str], value: str, runs: list[str]) -> pd.DataFrame:
-    """value per index (rows, in first-seen order) and run (columns, in the given order)."""
+def pivot(
+    df: pd.DataFrame, index: list[str], value: str, runs: list[str], missing: str | None = None
+) -> pd.DataFrame:
+    """value per index (rows, in first-seen order) and run (columns, in the given order).
+    missing: the text of a row whose value is empty (the SLO table's "none": a run that has
+    the row but never met the SLO), kept apart from a row the run does not have (NaN);
+    None: an empty value is no value."""
     ok = df[df["status"] == "ok"] if "status" in df.columns else df
+    if missing is not None:
+        ok = ok.assign(**{value: ok[value].astype(object).where(ok[value].notna(), missing)})
     table = ok.pivot_table(index=index, columns="run", values=value, aggfunc="first", sort=False)
     return table.reindex(columns=[r for r in runs if r in table.columns])
 
 
+# --- serve-sweep points, matched by absolute rate ------------------------------------------
+
+# Two rates closer than this (relative) are one rate: what rounding leaves of a rate given
+# the same on two machines (2 and 2.0000001 req/s), far below two rates a sweep would pick.
+RATE_TOLERANCE = 1e-3
+MATCHED_RATE = "matched_rate"  # the column the comparison pivots serve rows on
+
+
+def rate_text(rps: float) -> str:
+    return "max" if math.isinf(rps) else f"{rps:.6g}"
+
+
+def rate_groups(rates: dict[str, list[float]], tolerance: float = RATE_TOLERANCE) -> dict:
+    """Each run's rates (req/s; inf: the max point) to one shared value per group of rates
+    within `tolerance` of the group's smallest: {run: {rate: shared}}. Two rates of one run
+    are never one group (a run's own points stay apart)."""
+    values = sorted({(v, run) for run, vs in rates.items() for v in vs})
+    shared: dict[str, dict[float, float]] = {run: {} for run in rates}
+    first, members = None, set()
+    for v, run in values:
+        near = first is not None and (v == first or v <= first * (1 + tolerance))
+        if not near or run in members:
+            first, members = v, set()
+        members.add(run)
+        shared[run][v] = first
+    return shared
+
+
+def match_rates(serve: pd.DataFrame, runs: list[str]) -> tuple[pd.DataFrame, dict]:
+    """The serve rows with MATCHED_RATE (the text of the rate they share with other runs'
+    points, within RATE_TOLERANCE: points are matched by absolute rate_rps, not by their
+    labels), and which rates every run has and which only some runs have."""
+    rates = {r: serve.loc[serve["run"] == r, "rate_rps"].dropna().unique().tolist() for r in runs}
+    shared = rate_groups(rates)
+    keys = [rate_text(shared[run][rps]) if rps == rps else "" for run, rps in
+            zip(serve["run"], serve["rate_rps"], strict=True)]  # fmt: skip
+    out = serve.assign(**{MATCHED_RATE: keys})
+    having: dict[float, list[str]] = {}
+    for run in runs:
+        for value in sorted(set(shared[run].values())):
+            having.setdefault(value, []).append(run)
+    order = sorted(having)
+    summary = {
+        "tolerance": RATE_TOLERANCE,
+        "matched": [rate_text(v) for v in order if len(having[v]) == len(runs)],
+        "not_in_every_run": [
+            {"rate": rate_text(v), "runs": having[v]} for v in order if len(having[v]) < len(runs)
+        ],
+    }
+    return out, summary
+
+
+def rate_order(serve: pd.DataFrame) -> pd.DataFrame:
+    """Rows by policy and source as first seen, then by rate (the matched one's value)."""
+    rank = {k: i for i, k in enumerate(dict.fromkeys(zip(serve["policy"], serve["source"],
+                                                         strict=True)))}  # fmt: skip
+    value = pd.to_numeric(serve[MATCHED_RATE].replace("max", "inf"), errors="coerce")
+    keys = [rank[k] for k in zip(serve["policy"], serve["source"], strict=True)]
+    return serve.assign(_group=keys, _value=value.to_numpy()).sort_values(
+        ["_group", "_value"], kind="stable").drop(columns=["_group", "_value"])  # fmt: skip
+
+
 def ratio(a: float, b: float) -> float:
-    """b over a, NaN when either is missing or a is zero."""
-    if a is None or b is None or not (math.isfinite(a) and math.isfinite(b)) or a == 0:
+    """b over a, NaN when either is missing (or not a number: "none") or a is zero."""
+    numbers = all(isinstance(v, int | float) and not isinstance(v, bool) for v in (a, b))
+    if not numbers or not (math.isfinite(a) and math.isfinite(b)) or a == 0:
         return math.nan
     return b / a

@@ -87,6 +87,10 @@ class Run:
             "status": "running",
             **meta,
         }
+        # The run's headline metrics for result.json (the runner sets it: the view's --json
+        # document), and what it gave at the run's end (None: nothing, or it failed).
+        self.metrics: Callable[[], dict] | None = None
+        self.result_metrics: dict | None = None
         self.write_meta()
         _OPEN.append(self)
         global last_run
@@ -132,7 +136,23 @@ class Run:
             _OPEN.remove(self)
         self.meta.update(extra, status=status, finished_utc=now_utc())
         self.meta["load_average_after"] = machine.load_average()
-        self.write_meta()
+        try:
+            self.write_result()
+        finally:  # a result.json that cannot be written never leaves the run marked running
+            self.write_meta()
+
+    def write_result(self) -> None:
+        """result.json (results.write_result) at the run's end, whatever the end: before
+        metadata.json's last write, which then lists it. An interrupted run's rows may not
+        make its metrics: result.json then says why, with "complete": false."""
+        metrics, error = None, None
+        if self.metrics is not None:
+            try:
+                metrics = self.metrics()
+            except Exception as e:  # noqa: BLE001
+                error = f"{type(e).__name__}: {e}"
+        self.result_metrics = metrics
+        results.write_result(self.folder, self.meta, metrics, error)
 
     def end(self, status: str, **extra) -> None:
         """Finish a run that did not complete (interrupted, failed): every row kept in
@@ -329,7 +349,7 @@ class Recorder(Run):
         from benchbatch.output import render
 
         before, self.ceilings = self.ceilings, higher
-        self.meta["ceilings"] = higher.to_dict()
+        self.meta["ceilings"] = {**higher.to_dict(), "source": self.meta.get("ceilings_source")}
         for name, old, new, unit in (
             ("matmul", before.peak_tflops, higher.peak_tflops, "TFLOP/s"),
             ("memory", before.peak_gbps, higher.peak_gbps, "GB/s"),

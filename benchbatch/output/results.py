@@ -213,25 +213,24 @@ def remove_temporaries(folder: Path) -> list[str]:
     return removed
 
 
-SIGNIFICANT_DIGITS = 6  # a measured time is good to a few percent: 6 digits keep every one
-
-
 def write_csv(path: Path, rows) -> None:
     """Rows (a list of dicts) or a pandas DataFrame, written whole under a temporary name."""
     atomic_write_text(path, csv_text(rows))
 
 
 def csv_text(rows) -> str:
-    """The CSV text of rows: real numbers to SIGNIFICANT_DIGITS significant digits, and
-    integers as integers, also in a column that pandas holds as floats because some rows
-    have none (a skipped row's count): 1024, never 1024.0 or 1.024e+03."""
+    """The CSV text of rows: real numbers at full precision (the shortest text that reads
+    back as the same float: raw times are data, rounded only for display; 6 digits lost
+    1e-4 s of an arrival at t = 50 s), and integers as integers, also in a column that
+    pandas holds as floats because some rows have none (a skipped row's count): 1024, never
+    1024.0 or 1.024e+03."""
     import pandas as pd
 
     frame = rows if isinstance(rows, pd.DataFrame) else pd.DataFrame(rows)
     counts = {c: "Int64" for c in frame.columns if _whole_numbers(frame[c])}
     if counts:
         frame = frame.astype(counts)
-    return frame.to_csv(index=False, float_format=f"%.{SIGNIFICANT_DIGITS}g")
+    return frame.to_csv(index=False, float_format=None)
 
 
 def _whole_numbers(column) -> bool:
@@ -248,7 +247,9 @@ def _whole_numbers(column) -> bool:
 
 
 def write_json(path: Path, obj) -> None:
-    atomic_write_text(path, json.dumps(json_safe(obj), indent=2, sort_keys=False) + "\n")
+    """obj as JSON, written whole; a number numpy made (an int64, a bool_) as Python's."""
+    text = json.dumps(json_safe(obj), indent=2, sort_keys=False, default=_plain_json)
+    atomic_write_text(path, text + "\n")
 
 
 def json_safe(obj):
@@ -260,6 +261,59 @@ def json_safe(obj):
     if isinstance(obj, list | tuple):
         return [json_safe(v) for v in obj]
     return obj
+
+
+RESULT_FILE = "result.json"
+
+
+def result_document(meta: dict, metrics: dict | None, error: str | None, files) -> dict:
+    """result.json's content (as vLLM's --save-result): what ran (command, options), when,
+    on what machine and device, whether it completed, the headline metrics (the command's
+    --json document) and the files of the run."""
+    env = meta.get("environment") if isinstance(meta.get("environment"), dict) else {}
+    status = meta.get("status")
+    doc = {
+        "schema_version": meta.get("schema_version", SCHEMA_VERSION),
+        "command": meta.get("command"),
+        "command_line": meta.get("command_line"),
+        "complete": status == "complete",
+        "status": status,
+        "started_utc": meta.get("started_utc"),
+        "finished_utc": meta.get("finished_utc"),
+        "benchbatch_version": env.get("benchbatch_version"),
+        "git_commit": env.get("git_commit"),
+        "machine": {
+            k: env.get(k) for k in ("platform", "python", "torch_version", "cpu", "load_average")
+        },  # fmt: skip
+        "load_average_after": meta.get("load_average_after"),
+        "device": {k: env.get(k) for k in ("device", "device_name", "dtype", "torch_cuda")},
+        "model": meta.get("config"),
+        "options": meta.get("options"),
+        "metrics": metrics,
+        "files": sorted(files),
+    }
+    if error is not None:
+        doc["metrics_error"] = error  # the run ended before its metrics could be made
+    if meta.get("error"):
+        doc["error"] = meta["error"]
+    return doc
+
+
+def write_result(folder: Path, meta: dict, metrics: dict | None, error: str | None = None):
+    """result.json in the run's folder, written whole (atomic), listing itself among the
+    run's files: metadata.json's next write lists it too, so --force later replaces it and
+    a plain --out never overwrites it."""
+    files = {*written_in(folder), "metadata.json", RESULT_FILE}
+    write_json(folder / RESULT_FILE, result_document(meta, metrics, error, files))
+
+
+def _plain_json(value):
+    """A number numpy made (an int64, a bool_) as Python's; anything else as its text."""
+    if hasattr(value, "item"):
+        return json_safe(value.item())
+    if isinstance(value, Path):
+        return str(value)
+    return str(value)
 
 
 def git_commit() -> str | None:

@@ -54,7 +54,7 @@ def engine_events(
         engine = Engine(model, run.policy, run.slots, seed, run.stop_tokens, **run.settings)
         start = before = compiled.counts(model)
         for record in engine.steps(requests, run.arrivals_s):
-            row = {run.key: run.name, **run.columns, **record.row()}
+            row = step_row(run, record.row())
             row |= compiled.row_columns(model, before)
             before = compiled.counts(model)
             if run.sim_step_s is not None:
@@ -63,3 +63,14 @@ def engine_events(
         if start is not None:  # the run's compile seconds: in its wall time, said apart
             engine.result.compile_s = compiled.row_columns(model, start)["compile_s"]
         yield Finished(run, engine.result)
+
+
+def step_row(run: EngineRun, step: dict) -> dict:
+    """A step's row: the run's name in its key column first, then its columns, then the
+    step's. The step's own `policy` is the scheduler's (serve-sweep's chunked policy runs the
+    continuous scheduler with chunked prefill): where the key is `policy` too, the run's name
+    wins (the scheduler's policy is what the name stands for); under another key (ablation's
+    scheme, the memory policies) both columns are kept."""
+    if run.key == "policy":
+        step = {k: v for k, v in step.items() if k != "policy"}
+    return {run.key: run.name, **run.columns, **step}

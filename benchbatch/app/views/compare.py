@@ -21,7 +21,11 @@ VIEWS = {
     "sweep": (["context", "batch"], "tokens_per_s", "decode tokens/s"),
     "occupancy": (["policy"], "occupancy", "slot occupancy (simulated)"),
     "engine": (["policy"], "wall_s", "real engine wall s"),
-    "serve": (["policy", "source", "rate"], "ttft_p99_s", "p99 TTFT s at each rate (req/s)"),
+    "serve": (
+        ["policy", "source", "matched_rate"],
+        "ttft_p99_s",
+        "p99 TTFT s at each rate (req/s; points matched by absolute rate)",
+    ),
     "slo": (["policy", "source"], "sustained_rps", "largest rate within the SLO (req/s)"),
 }
 
@@ -35,7 +39,10 @@ def _tables(rec) -> dict:
 
 def document(rec) -> dict:
     rows = {t: df.to_dict(orient="records") for t, df in _tables(rec).items()}
-    return {"runs": rec.meta["runs"], "rows": rows}
+    doc = {"runs": rec.meta["runs"], "rows": rows}
+    if rec.meta.get("serve_rates") is not None:
+        doc["serve_rates"] = rec.meta["serve_rates"]
+    return doc
 
 
 def show(rec) -> None:
@@ -50,11 +57,34 @@ def show(rec) -> None:
     for table, df in _tables(rec).items():
         if table == "occupancy":
             df = merging.first_seed(df)
+        if table == "peer_check":
+            render.out_console.print(_peer_check(df), highlight=False)
+            continue
         render.out_console.print(_view(table, df, names))
+        if table == "serve" and rec.meta.get("serve_rates") is not None:
+            render.out_console.print(_matched(rec.meta["serve_rates"]), highlight=False)
     if any(d["status"] != "complete" for d in runs):
         render.warning("some runs did not complete (see status): their tables may miss rows.")
     files = rec.meta["files"]
     render.out_console.print(f"results: {rec.folder} ({', '.join(files)})", highlight=False)
+
+
+def _peer_check(df) -> str:
+    """A peer's saved result, recomputed: how many of its own aggregates benchbatch's code
+    gives back from its per-request times, and how many are defined otherwise."""
+    lines = []
+    for run, mine in df.groupby("run", sort=False):
+        same = mine[mine["same_definition"].astype(bool)]
+        agree = int(same["agrees"].astype(bool).sum())
+        line = (
+            f"{run}: {agree} of its {len(same)} aggregates recomputed exactly from its "
+            "per-request times"
+        )
+        other = len(mine) - len(same)
+        if other:
+            line += f"; {other} defined otherwise (compare-peer_check.csv's note says how)"
+        lines.append(line)
+    return "\n".join(lines)
 
 
 def _view(table: str, df, names: list[str]) -> Table:
@@ -64,7 +94,10 @@ def _view(table: str, df, names: list[str]) -> Table:
     if table == "probe":
         df = df.assign(value=df["tflops"].where(df["kind"] == "matmul", df["gbps"]))
         value = "value"
-    wide = merging.pivot(df, index, value, names)
+    if table == "serve":
+        df = merging.rate_order(df)
+    # The SLO table: a run that has the row but never met the SLO says "none".
+    wide = merging.pivot(df, index, value, names, missing="none" if table == "slo" else None)
     first = names[0]
     others = [n for n in wide.columns if n != first]
     headers = [*index, *wide.columns, *(f"{n} / {first}" for n in others if first in wide)]
@@ -80,10 +113,24 @@ def _view(table: str, df, names: list[str]) -> Table:
 
 
 def _table(title: str, headers: list[str]) -> Table:
+    """Names wrap, never cut: a run's whole name is in every header and cell."""
     table = Table(title=title, title_justify="left", box=box.SIMPLE_HEAD, pad_edge=False)
     for h in headers:
-        table.add_column(h)
+        table.add_column(h, overflow="fold")
     return table
+
+
+def _matched(rates: dict) -> str:
+    """Which serve points the table set side by side: the rates every run has, and those
+    only some have (their rows show '-' for the others)."""
+    tol = f"{rates['tolerance']:.1%}".replace(".0%", "%")
+    every = ", ".join(rates["matched"]) or "none"
+    line = f"serve points matched by absolute rate (within {tol}): in every run {every}"
+    apart = [f"{r['rate']} only in {', '.join(r['runs'])}" for r in rates["not_in_every_run"]]
+    if apart:
+        line += "; " + "; ".join(apart)
+        line += " (the same --rates on every machine gives every point a match)"
+    return line
 
 
 def _plain(value):

@@ -15,7 +15,9 @@ class CompareOptions:
     runs: tuple[Path, ...] = opt(
         (),
         "Result folders of one command (phases, sweep, probe, occupancy, serve-sweep or "
-        "reproduce), e.g. two GPUs, fp16 and bf16, CUDA graphs on and off.",
+        "reproduce), e.g. two GPUs, fp16 and bf16, CUDA graphs on and off; beside "
+        "serve-sweep folders also vLLM bench serve's --save-result JSON or GuideLLM's JSON "
+        "report, every metric recomputed from their per-request times.",
         argument=True,
         metavar="RUN_DIR",
     )

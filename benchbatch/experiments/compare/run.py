@@ -33,6 +33,9 @@ def measure_run(rec, opts: CompareOptions, run: RunOptions) -> None:
 
     loaded = merging.load_all(list(opts.runs), opts.label)  # as open_run checked them
     tables = merging.merge(loaded)
+    if "serve" in tables:  # points matched by absolute rate, and which ones matched
+        names = [r.label for r in loaded]
+        tables["serve"], rec.meta["serve_rates"] = merging.match_rates(tables["serve"], names)
     files = rec.meta["files"]
     for table, df in tables.items():
         rec.put(PREFIX + table, df)
@@ -72,6 +75,9 @@ def _figures(tables: dict, loaded: list, folder: Path, kind: str) -> list:
         plots.compare_occupancy_figure(occupancy, tables.get("engine"), names, path, title)
         drawn.append("compare-occupancy.png")
     if "serve" in tables:
-        plots.compare_serve_figure(tables["serve"], names, folder / "compare-serve.png", title)
+        options = {r.label: r.meta.get("options") or {} for r in loaded}  # each run's SLO
+        slos = {k: (o.get("slo_ttft"), o.get("slo_tpot")) for k, o in options.items()}
+        plots.compare_serve_figure(tables["serve"], names, folder / "compare-serve.png", title,
+                                   slos)  # fmt: skip
         drawn.append("compare-serve.png")
     return drawn

@@ -3,8 +3,9 @@ on the model. Rows only (memory.csv, memory_timeline.csv, memory_engine.csv); no
 
 The budget: --kv-memory GiB in blocks of --block-size tokens (a token's KV bytes from the
 model's shape and dtype); by default in simulation the slot count's worth (--slots sequences
-of the longest prompt and the maximum output, what the reserving policies need to run exactly
---slots at once, so they reproduce static and continuous batching), and with the real engine
+of the longest prompt and the maximum output, what the reserving policies need to run
+--slots at once; they then run at most --slots at once, so they reproduce static and
+continuous batching step for step, whatever the prompts' lengths), and with the real engine
 what the device has free beside the weights.
 """
 
@@ -52,7 +53,10 @@ def setup(
     gib = blocks * block_size * bytes_per_token / GIB if kv_bytes is None else kv_bytes / GIB
     check_kv_budget(gib, blocks, block_size, longest, reserve)
     slots_held = blocks // memory.slot_blocks(block_size, longest, reserve)
-    return MemorySetup(blocks, block_size, reserve, bytes_per_token, source, slots_held)
+    # The slot count's worth runs --slots reservations at once, never more: sized by tokens,
+    # short prompts' reservations would otherwise fit more sequences than slots.
+    cap = slots if kv_bytes is None else None
+    return MemorySetup(blocks, block_size, reserve, bytes_per_token, source, slots_held, cap)
 
 
 def bytes_per_token(cfg, dtype: str) -> int:

@@ -1,0 +1,138 @@
+"""compare of serve-sweep folders (issue 28): points matched by absolute rate (rate_rps within
+a rounding tolerance, not by their labels), which ones matched and which exist in one run
+only said; whole run names; the SLO table says "none" for a run that never met the SLO.
+
+The folders are written here, so every number is known: two machines' sweeps whose rates
+are partly the same (1, 2 req/s and max), one rate a rounding apart (1 and 1.0000004), and
+one label shared by two different rates (3 req/s against 3.4 req/s, both labelled "3")."""
+
+from __future__ import annotations
+
+import json
+import math
+
+import pandas as pd
+import pytest
+from typer.testing import CliRunner
+
+from benchbatch.app.cli import app
+from benchbatch.output import compare as merging
+
+SERVE_COLUMNS = ("tpot_p50_s", "tpot_p99_s", "ttft_p50_s", "output_throughput_tps")
+POLICIES = ("static", "continuous")
+
+
+def write_sweep(folder, rates: list[tuple[str, float]], ttft: dict, sustained: dict) -> None:
+    """A serve-sweep folder: serve.csv (each point's p99 TTFT from ttft[(policy, rate_rps)])
+    and slo.csv (sustained[policy], None: never within the SLO)."""
+    folder.mkdir()
+    serve = [
+        {"policy": p, "source": "sim", "rate": label, "rate_rps": rps,
+         "ttft_p99_s": ttft[(p, rps)], **dict.fromkeys(SERVE_COLUMNS, 0.5)}
+        for p in POLICIES for label, rps in rates
+    ]  # fmt: skip
+    pd.DataFrame(serve).to_csv(folder / "serve.csv", index=False)
+    slo = [{"policy": p, "source": "sim", "sustained_rps": sustained[p]} for p in POLICIES]
+    pd.DataFrame(slo).to_csv(folder / "slo.csv", index=False)
+    meta = {"schema_version": 1, "command": "serve-sweep", "status": "complete",
+            "written_files": ["metadata.json", "serve.csv", "slo.csv"],
+            "environment": {"device_name": "cpu"}}  # fmt: skip
+    (folder / "metadata.json").write_text(json.dumps(meta))
+
+
+A_RATES = [("1", 1.0), ("2", 2.0), ("3", 3.0), ("max", math.inf)]
+B_RATES = [("1.0000004", 1.0000004), ("2", 2.0), ("3", 3.4), ("8", 8.0), ("max", math.inf)]
+
+
+def ttft_of(rates, scale: float) -> dict:
+    """A distinct p99 TTFT per point: policy index + rate / 100, times the run's scale."""
+    return {(p, rps): scale * (i + 1 + min(rps, 100) / 100) for i, p in enumerate(POLICIES)
+            for _, rps in rates}  # fmt: skip
+
+
+@pytest.fixture
+def sweeps(tmp_path):
+    a, b = tmp_path / "a-machine-with-a-long-name-one", tmp_path / "b-machine-with-a-long-name-two"
+    write_sweep(a, A_RATES, ttft_of(A_RATES, 1.0), {"static": 2.0, "continuous": 3.0})
+    write_sweep(b, B_RATES, ttft_of(B_RATES, 10.0), {"static": None, "continuous": 8.0})
+    return a, b
+
+
+def compare(tmp_path, *args):
+    result = CliRunner().invoke(app, ["compare", *map(str, args), "--out", str(tmp_path / "c")])
+    assert result.exit_code == 0, result.output
+    return result
+
+
+def test_points_are_matched_by_absolute_rate_not_by_label(tmp_path, sweeps):
+    a, b = sweeps
+    compare(tmp_path, a, b, "--label", "A,B")
+    merged = pd.read_csv(tmp_path / "c" / "compare-serve.csv", dtype={"matched_rate": str})
+    keys = {(r.run, r.rate_rps): r.matched_rate for r in merged.itertuples()}
+    assert keys[("A", 1.0)] == keys[("B", 1.0000004)] == "1"  # a rounding apart: one point
+    assert keys[("A", 3.0)] == "3" and keys[("B", 3.4)] == "3.4"  # one label, two rates
+    assert keys[("A", math.inf)] == keys[("B", math.inf)] == "max"
+    meta = json.loads((tmp_path / "c" / "metadata.json").read_text())
+    assert meta["serve_rates"] == {
+        "tolerance": merging.RATE_TOLERANCE,
+        "matched": ["1", "2", "max"],
+        "not_in_every_run": [
+            {"rate": "3", "runs": ["A"]},
+            {"rate": "3.4", "runs": ["B"]},
+            {"rate": "8", "runs": ["B"]},
+        ],  # fmt: skip
+    }
+
+
+def printed_rows(stdout: str, title: str) -> list[list[str]]:
+    lines = stdout.splitlines()
+    start = next(i for i, line in enumerate(lines) if line.startswith(title))
+    rule = next(i for i in range(start, len(lines)) if set(lines[i].strip()) == {"─"})
+    rows = []
+    for line in lines[rule + 1 :]:
+        if not line.strip():
+            break
+        rows.append(line.split())
+    return rows
+
+
+def test_the_table_sets_matched_points_side_by_side_and_says_which(tmp_path, sweeps):
+    a, b = sweeps
+    out = compare(tmp_path, a, b, "--label", "A,B").stdout
+    rows = {tuple(r[:3]): r[3:] for r in printed_rows(out, "serve:")}
+    a_ttft, b_ttft = ttft_of(A_RATES, 1.0), ttft_of(B_RATES, 10.0)
+    one = [f"{a_ttft[('static', 1.0)]:.3g}", f"{b_ttft[('static', 1.0000004)]:.3g}", "x10"]
+    assert rows[("static", "sim", "1")] == one
+    assert rows[("continuous", "sim", "3")][1:] == ["-", "-"]  # B has no 3 req/s point
+    assert rows[("continuous", "sim", "3.4")][0] == "-"
+    # In rate order within each policy: 1, 2, 3, 3.4, 8, max.
+    static = [r[2] for r in printed_rows(out, "serve:") if r[0] == "static"]
+    assert static == ["1", "2", "3", "3.4", "8", "max"]
+    said = next(line for line in out.splitlines() if line.startswith("serve points matched"))
+    assert "in every run 1, 2, max" in said
+    assert "3 only in A" in said and "3.4 only in B" in said and "8 only in B" in said
+
+
+def test_the_slo_table_says_none_for_a_run_that_never_met_it(tmp_path, sweeps):
+    a, b = sweeps
+    out = compare(tmp_path, a, b, "--label", "A,B").stdout
+    rows = {tuple(r[:2]): r[2:] for r in printed_rows(out, "slo:")}
+    assert rows[("static", "sim")] == ["2", "none", "-"]
+    assert rows[("continuous", "sim")] == ["3", "8", "x2.67"]
+
+
+def test_whole_run_names_are_shown(tmp_path, sweeps):
+    """Folder names of 30 characters on an 80-column terminal: wrapped, never cut."""
+    a, b = sweeps
+    out = compare(tmp_path, a, b).stdout
+    assert "…" not in out
+    first_cells = [r[0] for r in printed_rows(out, "runs")]
+    joined = "".join(first_cells)
+    assert a.name in joined and b.name in joined
+    assert joined.index(b.name) == len(a.name)  # the two names, each whole, in order
+
+
+def test_rate_groups_keep_one_runs_points_apart():
+    shared = merging.rate_groups({"x": [1.0, 1.0001], "y": [1.00005]})
+    assert shared["x"] == {1.0: 1.0, 1.0001: 1.0001}  # a run's own points never merge
+    assert shared["y"] == {1.00005: 1.0}
