@@ -8,6 +8,7 @@ from dataclasses import dataclass
 from benchbatch.core.options import (
     BATCHING,
     WorkloadOptions,
+    check_number,
     opt,
     require,
 )
@@ -95,3 +96,18 @@ def chunk_size_field(where: str):
 def chunk_of(chunk_size: int | None, budget: int) -> int:
     """The chunk: --chunk-size, else 128 tokens or the whole budget if that is smaller."""
     return chunk_size if chunk_size is not None else min(DEFAULT_CHUNK, budget)
+
+
+def price_per_hour_field():
+    """--price-per-hour: the device's hourly price, for the cost per million tokens."""
+    return opt(
+        None,
+        "What the device costs, in USD per hour (a cloud GPU's hourly rate): adds the cost per "
+        "million output tokens (price / 3600 x seconds / tokens x 1e6) to the table and CSV. "
+        "Default: none (no cost column).",
+    )
+
+
+def check_price_per_hour(price: float | None) -> None:
+    if price is not None:
+        check_number("price_per_hour", price, 0, open_low=True)

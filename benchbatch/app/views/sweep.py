@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from benchbatch.core import energy
 from benchbatch.output import render
 from benchbatch.output.render import fmt
 
@@ -47,7 +48,11 @@ def show(rec) -> None:
     for s in summary:
         for line in _summary_lines(s):
             render.out_console.print(line)
+    for line in energy.summary_lines(rows, name=lambda r: f"ctx {r['context']} b={r['batch']}"):
+        render.out_console.print(line, highlight=False)  # energy and cost, or "not available"
     render.warn_untrusted(rec.meta["untrusted"])
+    if rec.meta.get("ceilings_source"):
+        render.line(f"ceilings (mfu, mbu, bound): {rec.meta['ceilings_source']}")
     render.results_line(rec.folder)
 
 

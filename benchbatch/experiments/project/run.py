@@ -18,13 +18,19 @@ def open_run(opts: ProjectOptions, model: ModelOptions, run: RunOptions) -> Reco
 
 
 def measure_run(rec, opts: ProjectOptions, model: ModelOptions, run: RunOptions) -> None:
-    """project.csv, and in metadata the machine and the assumptions the view lists."""
+    """project.csv, project.png, and in metadata the machine and the assumptions the view
+    lists."""
     from benchbatch.core import projection
+    from benchbatch.output.plots.project import project_figure
 
     cfg, machine, rows = _projected(opts, model)  # arithmetic: as open_run made it
     rec.put("project", rows)
     rec.meta["machine"] = machine.to_dict()
     rec.meta["assumptions"] = projection.assumptions(cfg, opts.dtype, machine)
+    title = (f"{cfg.name} in {opts.dtype} on {machine.name} (projected from the accounting, "
+             f"not measured; all-reduce bus {machine.busbw_gbps:,.0f} GB/s, "
+             f"{machine.latency_us:g} us each)")  # fmt: skip
+    project_figure(rows, rec.folder / "project.png", title)
 
 
 def _projected(opts: ProjectOptions, model: ModelOptions):

@@ -16,10 +16,10 @@ import math
 from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
 
-from benchbatch.core import accounting
+from benchbatch.core import accounting, energy
 from benchbatch.core.config import DTYPE_BYTES, ModelConfig
 from benchbatch.experiments.sweep.options import SweepOptions as Options
-from benchbatch.runtime import steps
+from benchbatch.runtime import steps, telemetry
 from benchbatch.runtime.tensor_parallel import tp_of
 from benchbatch.runtime.timing import TimingOptions
 
@@ -61,21 +61,29 @@ def rows(
     budget = steps.group_budget(model.embed.weight.device)
     layout = {"kv_layout": kv_layout, "block_size": block_size}
     tp = tp_of(model)
+    # joules per token: the energy counter around each group's measurement (core/energy.py)
+    meter = telemetry.EnergyMeter(model.embed.weight.device)
     for context in dict.fromkeys(s.context for s in plan):
         limit = ceiling[context]
         mine = [s for s in plan if s.context == context]
         fits = [s for s in mine if s.batch <= limit]
         for group in steps.groups(fits, model.cfg, dtype, budget, tp):
-            measured = steps.run_group(model, dtype, group, timing, cuda_graphs, **layout)
+            with meter.span() as span:
+                measured = steps.run_group(model, dtype, group, timing, cuda_graphs, **layout)
             for step, row in zip(group, measured, strict=True):
+                row = energy.with_step_energy(row, span.reading)
                 yield _memory_columns(row, model.cfg, dtype, step, limit, tp)
         for step in (s for s in mine if s.batch > limit):
+            span = None
             if try_oom:
-                row = steps.run_step(model, dtype, step, timing, cuda_graphs, **layout)
+                with meter.span() as span:
+                    row = steps.run_step(model, dtype, step, timing, cuda_graphs, **layout)
             else:
                 row = {**steps.step_row(model, dtype, step, None), "status": "skipped",
                        "kv_layout": kv_layout}  # fmt: skip
+            row = energy.with_step_energy(row, span.reading if span else None)
             yield _memory_columns(row, model.cfg, dtype, step, limit, tp)
+    meter.close()
 
 
 def _memory_columns(row: dict, cfg, dtype: str, step: steps.Step, limit: int, tp: int) -> dict:

@@ -71,6 +71,7 @@ def measure(rec, net, opts: SweepOptions, ceiling: dict, ridge, run: RunOptions,
     """sweep.csv as each step is measured, its summary per context and sweep.png (sweep and
     reproduce, whose `timing` measures a noisy group again). Batches over the memory
     ceiling are skipped unless --try-oom."""
+    from benchbatch.core import energy
     from benchbatch.experiments import common as c
     from benchbatch.experiments.sweep import probe
     from benchbatch.output.plots.sweep import sweep_figure
@@ -79,7 +80,10 @@ def measure(rec, net, opts: SweepOptions, ceiling: dict, ridge, run: RunOptions,
     plan = probe.plan(opts.context, opts.batches(rec.target))
     steps = probe.rows(net, dtype, plan, timing or run.timing(), ceiling, opts.try_oom,
                        run.cuda_graphs, opts.kv_layout, opts.block_size)  # fmt: skip
+    price = getattr(opts, "price_per_hour", None)  # --price-per-hour: the cost columns
+    steps = ({**r, **energy.step_cost_columns(r, price)} for r in steps)
     rows = rec.record("sweep", steps, total=len(plan))
+    rec.meta["energy"] = energy.summary(rows)  # the counter, or "not available" and why
     if rec.ceilings is not None:  # as the rows were placed: raised if a row beat the probe
         ridge = rec.ceilings.ridge
     summary = probe.summarize(rows, net.cfg, dtype, ceiling, ridge, opts.knee_threshold,

@@ -7,6 +7,7 @@ from pathlib import Path
 
 import numpy as np
 import pandas as pd
+from matplotlib.ticker import MaxNLocator
 
 from benchbatch.output.plots import plt, save, tight
 
@@ -30,7 +31,6 @@ def memory_figure(timeline: list[dict] | pd.DataFrame, rows: list[dict], path: P
     fig = plt.figure(figsize=(13, 2.4 * len(policies) + 0.8))
     grid = fig.add_gridspec(len(policies), 3, width_ratios=(1.6, 1.6, 1))
     budget = rows[0]["kv_budget_blocks"] * rows[0]["block_size"] * scale if rows else 0
-    peak = max(r["peak_running"] for r in rows) if rows else 1
     for i, policy in enumerate(policies):
         mine, r, color = df[df["policy"] == policy], by[policy], COLORS[policy]
         kv, running = fig.add_subplot(grid[i, 0]), fig.add_subplot(grid[i, 1])
@@ -42,7 +42,8 @@ def memory_figure(timeline: list[dict] | pd.DataFrame, rows: list[dict], path: P
         kv.set_ylabel(f"KV ({unit})")
         kv.set_title(f"{policy}: KV memory reserved and used", fontsize=9, loc="left")
         _line(running, step, mine["running"], color, "running", fill=True)
-        running.set_ylim(0, peak * 1.1)
+        running.set_ylim(0, running_top(mine["running"], r))  # its own data's range
+        running.yaxis.set_major_locator(MaxNLocator(integer=True))  # sequences: whole
         running.set_ylabel("sequences")
         running.set_title(
             f"running sequences: peak {r['peak_running']:,}, mean {r['mean_running']:.3g}",
@@ -59,6 +60,14 @@ def memory_figure(timeline: list[dict] | pd.DataFrame, rows: list[dict], path: P
     fig.suptitle(title, fontsize=10)
     tight(fig)
     save(fig, path)
+
+
+def running_top(running, row: dict) -> float:
+    """The top of one policy's running-sequences axis: a tenth above its own peak (each
+    policy its own range: a shared one leaves the policies that run few sequences flat)."""
+    values = np.asarray(running, dtype=float)
+    peak = max(float(values.max()) if values.size else 0.0, float(row.get("peak_running", 0)))
+    return max(peak, 1.0) * 1.1
 
 
 def _unit(rows: list[dict]) -> tuple[float, str]:

@@ -14,7 +14,11 @@ from benchbatch.output.plots.spread import (
     BARS_LABEL,
     NOISY_LABEL,
     number,
+    plain,
+    plain_log_axis,
     rate_bounds,
+    seconds_log_axis,
+    seconds_text,
     time_bounds,
     time_scaled_bounds,
     yerr,
@@ -33,17 +37,19 @@ def phases_figure(rows: list[dict], path: Path, title: str) -> None:
     unit = flop_unit(r["tflops"] for r in ok)
     fig, (ax1, ax2) = plt.subplots(1, 2, figsize=(11, 4.4), layout="constrained")
     labels = [str(r["label"]) for r in rows]
-    for ax, key, scale, name in (
-        (ax1, "tflops", unit.per_tflops, f"achieved {unit.name}"),
-        (ax2, "us_per_token", 1.0, "cost per token (us)"),
+    for ax, key, scale, name, text in (
+        (ax1, "tflops", unit.per_tflops, f"achieved {unit.name}", plain),
+        (ax2, "us_per_token", 1e-6, "cost per token", seconds_text),
     ):
-        _bars(ax, rows, labels, key, scale)
+        _bars(ax, rows, labels, key, scale, text)
         if ok:  # a log scale needs a positive value to show
             ax.set_yscale("log")
+            # plain numbers and units on the ticks, never 10^2 or 1e-4
+            (plain_log_axis if key == "tflops" else seconds_log_axis)(ax.yaxis)
         ax.set_ylabel(name + ", log scale")
         ax.tick_params(axis="x", rotation=20)
         ax.grid(True, axis="y", alpha=0.3)
-    ax1.set_title(bound_title(rows), fontsize=9)
+    ax1.set_title(bars_title(rows, unit.name), fontsize=9)
     ax2.set_title("cost per token: step time / tokens made (batching cuts it)", fontsize=9)
     handles = [Patch(facecolor="white", edgecolor=NOISY_EDGE, hatch=NOISY_HATCH,
                      label=NOISY_LABEL)] if any(is_noisy(r) for r in ok) else []  # fmt: skip
@@ -55,7 +61,7 @@ def phases_figure(rows: list[dict], path: Path, title: str) -> None:
     save(fig, path)
 
 
-def _bars(ax, rows: list[dict], labels: list[str], key: str, scale: float) -> None:
+def _bars(ax, rows: list[dict], labels: list[str], key: str, scale: float, text) -> None:
     values, bounds, colors = [], [], []
     for r in rows:
         v = number(r.get(key)) if r.get("status", "ok") == "ok" else None
@@ -79,8 +85,17 @@ def _bars(ax, rows: list[dict], labels: list[str], key: str, scale: float) -> No
             ax.plot([i], [0.0], "x", color="black", ms=9, clip_on=False, transform=bottom)
             ax.text(i, 0.05, str(r["status"]), ha="center", fontsize=8, transform=bottom)
         elif not math.isnan(v):  # the value at the bar's foot, clear of the error bar
-            ax.text(i, 0.03, f"{v:.3g}", ha="center", fontsize=8, transform=bottom,
+            ax.text(i, 0.03, text(v), ha="center", fontsize=8, transform=bottom,
                     bbox=dict(facecolor="white", edgecolor="none", pad=1, alpha=0.85))  # fmt: skip
+
+
+def bars_title(rows: list[dict], unit: str) -> str:
+    """The FLOP/s panel's title: what its bars are, and what the ceilings say of each phase
+    (a bar chart, not the roofline figure: roofline.png draws that)."""
+    bounds = bound_title(rows)
+    if not bounds.startswith("roofline: "):
+        return f"achieved {unit} of each step (no ceilings: no bound)"
+    return f"achieved {unit} of each step ({bounds.removeprefix('roofline: ')})"
 
 
 def bound_title(rows: list[dict]) -> str:

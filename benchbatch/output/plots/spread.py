@@ -78,3 +78,49 @@ def noise_note(rows: list[dict]) -> str:
     if not timed:
         return "nothing timed"
     return f"noisy: {bad} of {len(timed)} steps (ringed)" if bad else "no noisy step"
+
+
+def plain(value: float) -> str:
+    """A number as people write it, three significant digits and no exponent: 9,230,
+    47.4, 0.0123 (never 9.23e+03)."""
+    v = float(value)
+    if not math.isfinite(v):
+        return ""
+    if v == 0:
+        return "0"
+    digits = max(0, 2 - math.floor(math.log10(abs(v))))
+    rounded = round(v, digits)
+    return f"{rounded:,.{digits}f}".rstrip("0").rstrip(".") if digits else f"{rounded:,.0f}"
+
+
+def plain_log_axis(axis) -> None:
+    """A log axis ticked at 1, 2 and 5 of each decade and labelled in plain numbers (100,
+    not 10^2): with three ticks a decade, even a narrow range has two labels."""
+    from matplotlib import ticker
+
+    axis.set_major_locator(ticker.LogLocator(base=10, subs=(1.0, 2.0, 5.0)))
+    axis.set_major_formatter(ticker.FuncFormatter(lambda v, _pos: plain(v)))
+    axis.set_minor_formatter(ticker.NullFormatter())
+
+
+PREFIXES = ((1.0, "s"), (1e-3, "ms"), (1e-6, "µs"), (1e-9, "ns"))
+
+
+def seconds_text(seconds: float) -> str:
+    """A duration in the unit that keeps it between 1 and 1,000: 239 µs, 9.23 ms, 1.5 s."""
+    v = float(seconds)
+    if not math.isfinite(v):
+        return ""
+    for scale, unit in PREFIXES:
+        if abs(v) >= scale or scale == PREFIXES[-1][0]:
+            return f"{plain(v / scale)} {unit}"
+    return f"{plain(v)} s"
+
+
+def seconds_log_axis(axis) -> None:
+    """A log axis of seconds ticked at 1, 2 and 5 of each decade, labelled 200 µs, 1 ms."""
+    from matplotlib import ticker
+
+    axis.set_major_locator(ticker.LogLocator(base=10, subs=(1.0, 2.0, 5.0)))
+    axis.set_major_formatter(ticker.FuncFormatter(lambda v, _pos: seconds_text(v)))
+    axis.set_minor_formatter(ticker.NullFormatter())
