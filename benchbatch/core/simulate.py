@@ -282,14 +282,37 @@ class StepCostModel:
     per_decode_token_s: float
     per_prefill_token_s: float
     per_context_token_s: float = 0.0
+    # Per sequence in the step (its active slots: decoding or prefilling): the engine's own
+    # work per row (benchbatch/core/calibration.py fits it; 0 for isolated-step fits).
+    per_sequence_s: float = 0.0
+    # Per KV entry the engine copies to read a decode batch whose slots are not one
+    # contiguous run (gathered_tokens); fitted by the calibration too, else 0.
+    per_gathered_token_s: float = 0.0
 
     def __call__(self, plan: StepPlan) -> float:
-        return (
+        cost = (
             self.base_s
             + self.per_decode_token_s * plan.num_decode_tokens
             + self.per_prefill_token_s * plan.num_prefill_tokens
             + self.per_context_token_s * plan.num_context_tokens
         )
+        # Only when fitted: a model without these terms prices a plan exactly as before.
+        if self.per_sequence_s:
+            cost += self.per_sequence_s * plan.num_active
+        if self.per_gathered_token_s:
+            cost += self.per_gathered_token_s * gathered_tokens(plan)
+        return cost
+
+
+def gathered_tokens(plan: StepPlan) -> int:
+    """KV entries the real engine copies to read the step's decode batch: a contiguous run
+    of slots is read as a view of the cache, any other set through index_select of every
+    slot's rows up to the batch's longest context (runtime/kvcache.py, KVCache.read), which
+    is what a decode batch costs more once requests have come and gone."""
+    slots = sorted([d.slot for d in plan.decodes] + list(plan.padded_slots))
+    if not plan.decodes or slots == list(range(slots[0], slots[0] + len(slots))):
+        return 0
+    return len(slots) * (max(d.context_len for d in plan.decodes) + 1)
 
 
 def fit_step_cost(

@@ -30,6 +30,7 @@ def document(rec) -> dict:
         "step_cost": meta.get("step_cost"),
         "ordering": meta.get("ordering"),
         "rows": rec.rows("ablation"),
+        "prediction": meta.get("prediction"),
     }
     if "slo" in meta:
         doc["slo"] = meta["slo"]
@@ -40,8 +41,13 @@ def show(rec) -> None:
     from benchbatch.experiments.ablation.probe import cost_line, noisy
 
     rows, meta = rec.rows("ablation"), rec.meta
-    render.out_console.print(cost_line(meta["step_cost"]))
-    lost = meta["step_cost"]["per_token_costs_unmeasured"]
+    if "std_errors_s" in meta["step_cost"]:  # the engine's calibration (core/calibration.py)
+        from benchbatch.core.calibration import line
+
+        render.out_console.print(line(meta["step_cost"]), highlight=False)
+    else:
+        render.out_console.print(cost_line(meta["step_cost"]))
+    lost = meta["step_cost"].get("per_token_costs_unmeasured", [])
     if lost:
         render.warning(
             f"the cost of {' and '.join(lost)} could not be measured (every step timed about "
@@ -68,6 +74,8 @@ def show(rec) -> None:
             "real/simulated total time: "
             + ", ".join(f"{r['scheme']} {r['real_over_sim']:.2f}" for r in real)
         )
+    if (meta.get("prediction") or {}).get("verdict"):
+        render.out_console.print(meta["prediction"]["verdict"], highlight=False)
     if "slo" in meta:
         _slo_report(rows, meta["slo"])
     wide = noisy(rec.rows("steps"))

@@ -94,6 +94,8 @@ def show(rec) -> None:
         if line:
             render.out_console.print(line)
         _collectives_line(rec.meta.get("collectives"))
+        if (rec.meta.get("prediction") or {}).get("verdict"):
+            render.out_console.print(rec.meta["prediction"]["verdict"], highlight=False)
         _warn_noisy(engine)
     render.results_line(rec.folder)
 

@@ -6,6 +6,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from benchbatch.core.options import ModelOptions, RunOptions, WorkloadOptions, record
+from benchbatch.core.prediction import pairs_of
 from benchbatch.experiments.ablation import probe
 from benchbatch.experiments.ablation.options import AblationOptions
 from benchbatch.experiments.ablation.probe import cost_line  # noqa: F401  (serve-sweep's)
@@ -30,7 +31,7 @@ def open_run(
 ) -> Recorder:
     """Every input checked (the schemes' budgets, the work the simulation would take, the
     step costs, the model's context), then the run folder."""
-    from benchbatch.core import stepcost
+    from benchbatch.core import calibration
 
     opts.check(workload)
     budgets = probe.Budgets(workload.slots, opts.max_num_batched_tokens, opts.chunk)
@@ -39,7 +40,7 @@ def open_run(
     real = opts.engine == "real"
     what = "trace" if workload.trace is not None else "requests"
     work = _named(what, probe.check_work, requests, opts.schemes, budgets, opts.slo, real)
-    given = stepcost.fit(stepcost.cost_rows_from_csv(opts.step_costs)) if opts.step_costs else None
+    given = calibration.given(opts.step_costs) if opts.step_costs else None
     rec = _open(opts, workload, model, run, requests, real or given is None)
     rec.meta["work"] = work
     rec.inputs = Inputs(requests, budgets, given)
@@ -97,26 +98,55 @@ def _named(option: str, check, *args):
 
 
 def cost_model(rec, net, budgets, requests, given, run: RunOptions):
-    """The step-cost model fitted to steps timed now, or the one fitted to --step-costs
-    (given): step_cost.csv, step_cost.json and the metadata (ablation and serve-sweep)."""
-    from benchbatch.core import stepcost
+    """The step-cost model: with a model, the engine calibrated as it runs (the real engine's
+    own steps, engine_calibration); or the one read from --step-costs (given: a calibration,
+    its conditions checked against this run's, or isolated steps' times): step_cost.csv,
+    step_cost.json and the metadata (ablation, serve-sweep and occupancy)."""
+    from benchbatch.core import calibration as cal
     from benchbatch.output import results
 
     if given is None:
-        from benchbatch.runtime import mixed
+        given = engine_calibration(rec, net, budgets, requests, run.seed)
+    elif given.get("conditions"):
+        if net is not None:
+            from benchbatch.runtime.calibrate import conditions
 
-        points = mixed.fit_points(budgets, requests, net.cfg.max_context)
-        rows = mixed.cost_rows(net, points, run.timing())
-        measured = rec.record(
-            "step_cost", rows, total=len(points), label="timing steps for the cost model"
-        )
-        given = stepcost.fit(measured, "repeats")
-    cost, fitted = given
-    summary = stepcost.cost_summary(cost, fitted)
-    rec.put("step_cost", fitted)
+            for line in cal.compare(given["conditions"], conditions(net)):
+                rec.warning(line)
+        else:
+            was = given["conditions"]
+            rec.note(
+                f"step costs calibrated on {was.get('device')} ({was.get('threads')} threads, "
+                f"torch {was.get('torch')}, load {was.get('load_class')}): simulated as that"
+            )
+    summary = given["summary"] | {"source": given.get("source", "calibration")}
+    if given["rows"]:
+        rec.put("step_cost", given["rows"])
     results.write_json(rec.folder / "step_cost.json", summary)
     rec.meta["step_cost"] = summary
-    return cost
+    return given["model"]
+
+
+def engine_calibration(rec, net, budgets, requests, seed: int) -> dict:
+    """The real engine run on runtime/calibrate.py's workload at these budgets and the
+    requests' prompt lengths (calibration_steps.csv as its steps end), fitted by
+    core/calibration.py; its conditions (read before it ran) in the summary."""
+    from benchbatch.core import calibration as cal
+    from benchbatch.runtime import calibrate as cb
+
+    prompts = [r.prompt_tokens for r in requests]
+    plan = cb.plan_for(budgets.max_num_seqs, prompts, budgets.chunk_size,
+                       budgets.max_num_batched_tokens, net.cfg.max_context)  # fmt: skip
+    runs = cb.runs(plan)
+    conditions = cb.conditions(net)
+    events = cb.events(net, runs, seed)
+    label = "calibrating the engine"
+    for _ in rec.engine_rows("calibration_steps", events, total=cb.total_steps(runs), label=label):
+        pass
+    out = cal.fit(cb.fit_rows(rec.rows("calibration_steps")), "calibration")
+    out["summary"]["conditions"] = conditions
+    rec.say(cal.line(out["summary"]))
+    return out | {"conditions": conditions, "source": "calibration"}
 
 
 # --- simulation and the real engine ---------------------------------------------------------------
@@ -154,6 +184,7 @@ def _run_real(rec, net, requests, budgets, sims, slo, run: RunOptions) -> None:
     ]
     events = engine_events(net, requests, runs, run.seed)
     total = sum(r.sim_steps for r in runs)
+    pairs: list[dict] = []
     for done in rec.engine_rows("steps", events, total=total, label="real engine"):
         scheme, result = done.run.name, done.result
         real = probe.real_scheme(result, sims[scheme])
@@ -161,6 +192,16 @@ def _run_real(rec, net, requests, budgets, sims, slo, run: RunOptions) -> None:
         rec.add("ablation", probe.real_columns(row, sim_rows[scheme], result))
         rec.put("requests", rec.rows("requests") + probe.request_rows(real, requests, slo))
         rec.put("tbt", rec.rows("tbt") + probe.gap_rows(real))
+        pairs += pairs_of(scheme, sim_rows[scheme], row, PREDICTED, scheme=scheme)
+    from benchbatch.output.plots.prediction import record as record_prediction
+
+    title = f"ablation: the real engine beside its simulation; {_title(rec, budgets)}"
+    record_prediction(rec, pairs, title)
+
+
+# What prediction.csv sets side by side for each scheme (all requests queued at once).
+PREDICTED = ("total_s", "ttft_p50_s", "ttft_p99_s", "tbt_p50_s", "tbt_p99_s", "e2e_p50_s",
+             "e2e_p99_s")  # fmt: skip
 
 
 def _slo_search(rec, requests, budgets, cost, slo) -> None:

@@ -30,6 +30,7 @@ class Inputs:
     cost: object = None
     memory: object = None
     stop: frozenset = frozenset()  # --stop-at-eos: the checkpoint's end-of-sequence ids
+    given: dict | None = None  # --step-costs read (core/calibration.given)
 
 
 # The simulation needs no torch: what runs the model (common, the session) is imported where
@@ -45,7 +46,8 @@ def open_run(
 
     opts.check(workload, model)
     requests = _served(workload.draw(run.seed), workload, model, opts.stop_at_eos)
-    inputs = Inputs(requests, _step_cost(opts))
+    given = _step_cost(opts)
+    inputs = Inputs(requests, None if given is None else given["model"], given=given)
     check_memory(len(requests), "trace" if workload.trace is not None else "requests")
     if opts.engine == "real":
         from benchbatch.experiments import common as c
@@ -92,9 +94,9 @@ def _step_cost(opts: OccupancyOptions):
     """The step-cost model fitted to --step-costs (checked before any folder is made)."""
     if not opts.step_costs:
         return None
-    from benchbatch.core import stepcost
+    from benchbatch.core import calibration
 
-    return stepcost.fit(stepcost.cost_rows_from_csv(opts.step_costs))[0]
+    return calibration.given(opts.step_costs)
 
 
 def _memory_setup(opts, workload: WorkloadOptions, requests, cfg, target, free: bool = False):
@@ -270,11 +272,50 @@ def _run_real(rec, model: ModelOptions, run: RunOptions, requests, slots: int, s
     if rec.target.tp > 1:
         _collectives(rec, net, estimate["decode_context"], slots, run)
     engine_runs(rec, net, requests, slots, sims, run.seed, stop, layout)
+    if not stop:  # with stop tokens each run is set beside its own lengths' simulation
+        prediction_part(rec, net, requests, slots, run, rec.inputs.given)
     rows = rec.rows("engine")
     rec.meta["engine_summary"] = probe.engine_summary(rows, sims)
     title = c.title(rec, f"{slots} slots: real engine", noise=c.engine_noise(rows))
     engine_figure(rec.rows("engine_steps"), rows, rec.folder / "engine.png", title)
     return net
+
+
+PREDICTED = ("wall_s", "ttft_p50_s", "ttft_p99_s", "e2e_p50_s", "e2e_p99_s")
+
+
+def prediction_part(rec, net, requests, slots: int, run: RunOptions, given=None) -> None:
+    """Each policy simulated in seconds with the engine's calibration (or --step-costs) and
+    set beside its real run (engine.csv): prediction.csv, prediction.png and the verdict
+    (occupancy and reproduce)."""
+    from benchbatch.core.prediction import pairs_of
+    from benchbatch.core.scheduler import make_scheduler
+    from benchbatch.core.simulate import simulate
+    from benchbatch.experiments.ablation.probe import Budgets
+    from benchbatch.experiments.ablation.run import cost_model
+    from benchbatch.output.plots.prediction import record
+
+    prompts = [r.prompt_tokens for r in requests]
+    chunk = max(16, min(256, max(prompts)))
+    cost = cost_model(rec, net, Budgets(slots, chunk + slots, chunk), requests, given, run)
+    pairs = []
+    for real in rec.rows("engine"):
+        policy = real["policy"]
+        sim = simulate(requests, make_scheduler(policy, slots), _padded(cost), fast=False)
+        m = sim.metrics.summary()
+        row = {"wall_s": sim.total_time, **{f"{k}_s": v for k, v in m.items()}}
+        pairs += pairs_of(policy, row, real, PREDICTED, policy=policy)
+    record(rec, pairs, f"occupancy: the real engine beside its simulation; {slots} slots")
+
+
+def _padded(cost):
+    """The cost as the engine pays it: a static group's finished slots still decode."""
+
+    def step_cost(plan) -> float:
+        pad = len(plan.padded_slots)
+        return cost(plan) + (cost.per_decode_token_s + cost.per_sequence_s) * pad
+
+    return step_cost
 
 
 def _collectives(rec, net, context: int, slots: int, run: RunOptions) -> None:

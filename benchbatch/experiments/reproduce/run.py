@@ -276,6 +276,7 @@ def real_part(rec, s: Shared) -> None:
     requests = workload.draw(s.run.seed)
     sims = probe.simulate(requests, workload.slots)
     occupancy.engine_runs(rec, s.net, requests, workload.slots, sims, s.run.seed)
+    occupancy.prediction_part(rec, s.net, requests, workload.slots, s.run)
     rows = rec.rows("engine")
     described = describe_workload(requests, workload.slots)
     rec.meta["engine"] = {"workload": described, **probe.engine_summary(rows, sims)}

@@ -1,0 +1,335 @@
+"""The engine's step-cost calibration, fitted: a step's whole time as the serving loop pays it
+(the engine's own work included) as a linear function of what the step holds, fitted to
+the engine's own timed steps (benchbatch/runtime/calibrate.py runs them), and the
+conditions it was measured under, checked before a calibration is used again.
+
+The terms (every coefficient in seconds, none negative):
+  base_s               per step (scheduling, building inputs, launching the forward)
+  per_sequence_s       per sequence in the step (its rows of bookkeeping, its attention call)
+  per_decode_token_s   per decode token (the weights' matmuls over one more row)
+  per_prefill_token_s  per prefill token
+  per_context_token_s  per KV entry read (sum over the step's sequences of their KV length)
+  per_gathered_token_s per KV entry copied to read a decode batch whose slots are not one
+                       contiguous run (the residuals of the first calibrations showed it:
+                       a decode batch of 7 after requests had left cost 49-56 ms where one
+                       of 8 in contiguous slots at the same contexts cost 34-40 ms)
+
+The fit is least squares on relative error (each step counts alike, so the 1 ms decode
+steps are fitted as well as the 1 s prefills), iterated so that each step is weighted by
+its *predicted* time (the measured one biases a fit on noisy steps low), with the
+coefficients kept non-negative (Lawson-Hanson). Each coefficient comes with its standard
+error, and each step kind (decode-only, prefill-only, mixed) with the median and p90 of
+|relative error|. Pure numpy: no torch.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+from pathlib import Path
+
+import numpy as np
+
+from benchbatch.core.metrics import percentile
+from benchbatch.core.simulate import StepCostModel
+from benchbatch.errors import UserError
+
+# The features of a step, in the order of the model's terms (the base's is 1).
+FEATURES = ("sequences", "decode_tokens", "prefill_tokens", "context_tokens", "gathered_tokens")
+TERMS = ("base_s", "per_sequence_s", "per_decode_token_s", "per_prefill_token_s",
+         "per_context_token_s", "per_gathered_token_s")  # fmt: skip
+KINDS = ("decode", "prefill", "mixed")
+ITERATIONS = 6  # reweighting passes: converged to well under the noise after 3 or 4
+FIT_RULE = (
+    "least squares on relative error (weights 1/predicted^2, iterated), non-negative "
+    "coefficients (Lawson-Hanson), standard errors from the residuals"
+)
+# Load average over cores: the class a calibration's machine was in (another class later
+# means other processes share the cores differently: the steps cost otherwise).
+LOAD_CLASSES = ((0.5, "quiet"), (1.0, "shared"), (math.inf, "busy"))
+
+
+def step_kind(row: dict) -> str:
+    """decode (decode tokens only), prefill (prefill tokens only), mixed (both), idle."""
+    d, p = row["decode_tokens"], row["prefill_tokens"]
+    if d and p:
+        return "mixed"
+    return "decode" if d else ("prefill" if p else "idle")
+
+
+def design(rows: Sequence[dict]) -> np.ndarray:
+    """The fit's matrix: a column of ones (the base) and one per feature."""
+    x = np.ones((len(rows), 1 + len(FEATURES)))
+    for j, name in enumerate(FEATURES, 1):
+        x[:, j] = [float(r.get(name, 0)) for r in rows]
+    return x
+
+
+def nnls(a: np.ndarray, b: np.ndarray, tol: float = 1e-12) -> np.ndarray:
+    """min |a x - b| subject to x >= 0 (Lawson and Hanson's active-set method)."""
+    n = a.shape[1]
+    x, passive = np.zeros(n), np.zeros(n, bool)
+    scale = np.abs(a).max(initial=0.0) * max(1.0, np.abs(b).max(initial=0.0))
+    for _ in range(3 * n + 10):
+        w = a.T @ (b - a @ x)
+        free = ~passive & (w > tol * scale)
+        if not free.any():
+            break
+        passive[np.argmax(np.where(free, w, -np.inf))] = True
+        while True:
+            z = np.zeros(n)
+            z[passive] = np.linalg.lstsq(a[:, passive], b, rcond=None)[0]
+            if (z[passive] > 0).all():
+                x = z
+                break
+            neg = passive & (z <= 0)
+            alpha = np.min(x[neg] / (x[neg] - z[neg]))
+            x = x + alpha * (z - x)
+            passive &= x > tol * max(1.0, np.abs(x).max())
+            x[~passive] = 0.0
+    return x
+
+
+def fit(rows: Sequence[dict], option: str = "--step-costs") -> dict:
+    """The calibration fit of steps (rows with FEATURES and step_ms). Returns
+    {"model": StepCostModel, "rows": each row with fitted_ms, error and kind,
+    "summary": the coefficients, their standard errors and each kind's errors}."""
+    rows = [r for r in rows if r["step_ms"] > 0 and step_kind(r) != "idle"]
+    x, y = design(rows), np.array([r["step_ms"] / 1e3 for r in rows])
+    present = np.abs(x).sum(axis=0) > 0
+    if len(rows) < present.sum() + 2 or np.linalg.matrix_rank(x[:, present]) < present.sum():
+        raise UserError(
+            option,
+            f"{len(rows)} steps do not determine the step-cost terms: a calibration needs "
+            "steps of several batch sizes, contexts and prompt lengths",
+        )
+    pred = y
+    for _ in range(ITERATIONS):
+        scale = relative_scale(pred)
+        coef = nnls(x * scale[:, None], y * scale)
+        pred = np.maximum(x @ coef, 1e-12)
+    errors = _std_errors(x, y, pred, coef)
+    model = _model(coef)
+    fitted = []
+    for r, p in zip(rows, pred, strict=True):
+        fitted.append({**r, "kind": step_kind(r), "fitted_ms": 1e3 * p,
+                       "error": 1e3 * p / r["step_ms"] - 1})  # fmt: skip
+    return {"model": model, "rows": fitted, "summary": summary(model, errors, fitted)}
+
+
+def _model(coef: Sequence[float]) -> StepCostModel:
+    """The StepCostModel of coefficients in TERMS' order."""
+    c = dict(zip(TERMS, coef, strict=True))
+    return StepCostModel(c["base_s"], c["per_decode_token_s"], c["per_prefill_token_s"],
+                         c["per_context_token_s"], per_sequence_s=c["per_sequence_s"],
+                         per_gathered_token_s=c["per_gathered_token_s"])  # fmt: skip
+
+
+def relative_scale(pred: np.ndarray) -> np.ndarray:
+    """Each step's row scale in the weighted fit: the square root of its weight 1/pred^2,
+    so the fit minimizes the sum of squared relative errors."""
+    return 1.0 / pred
+
+
+def _std_errors(x: np.ndarray, y: np.ndarray, pred: np.ndarray, coef: np.ndarray) -> np.ndarray:
+    """Each coefficient's standard error in the weighted fit: sigma^2 (X_w' X_w)^-1 over the
+    coefficients the fit kept (those at the zero bound are judged with the others kept
+    free, when the steps determine them; else NaN)."""
+    scale = relative_scale(pred)
+    xw, r = x * scale[:, None], y * scale - x @ coef * scale
+    kept = coef > 0
+    out = np.full(len(coef), math.nan)
+    for cols in (kept, np.abs(x).sum(axis=0) > 0):
+        k = int(cols.sum())
+        if not k or len(y) <= k:
+            continue
+        sigma2 = float(r @ r) / (len(y) - k)
+        try:
+            cov = sigma2 * np.linalg.inv(xw[:, cols].T @ xw[:, cols])
+        except np.linalg.LinAlgError:
+            continue
+        se = np.sqrt(np.maximum(np.diag(cov), 0.0))
+        fill = np.isnan(out[cols])
+        out[np.flatnonzero(cols)[fill]] = se[fill]
+    return out
+
+
+def kind_errors(fitted: Sequence[dict]) -> dict:
+    """Per step kind: steps, median and p90 of |relative error|."""
+    out = {}
+    for kind in KINDS:
+        errs = [abs(r["error"]) for r in fitted if r["kind"] == kind]
+        if errs:
+            out[kind] = {"steps": len(errs), "median_abs_error": percentile(errs, 50),
+                         "p90_abs_error": percentile(errs, 90)}  # fmt: skip
+    return out
+
+
+def coefficients(model: StepCostModel) -> list[float]:
+    return [getattr(model, t) for t in TERMS]
+
+
+def summary(model: StepCostModel, std_errors: Sequence[float], fitted: Sequence[dict]) -> dict:
+    """step_cost.json's fit: the coefficients in s (and, as stepcost.cost_summary writes them,
+    in ms and us), each one's standard error, each kind's errors."""
+    errs = [abs(r["error"]) for r in fitted]
+    coef = coefficients(model)
+    return {
+        "fit": FIT_RULE,
+        "coefficients_s": dict(zip(TERMS, coef, strict=True)),
+        "std_errors_s": dict(zip(TERMS, [float(e) for e in std_errors], strict=True)),
+        "kinds": kind_errors(fitted),
+        "samples": len(fitted),
+        "left_out_as_noise": 0,
+        "per_token_costs_unmeasured": [],
+        "base_ms": model.base_s * 1e3,
+        "per_sequence_ms": model.per_sequence_s * 1e3,
+        "per_decode_token_ms": model.per_decode_token_s * 1e3,
+        "per_prefill_token_ms": model.per_prefill_token_s * 1e3,
+        "per_context_token_us": model.per_context_token_s * 1e6,
+        "per_gathered_token_us": model.per_gathered_token_s * 1e6,
+        "median_abs_error": percentile(errs, 50),
+        "p90_abs_error": percentile(errs, 90),
+        "max_abs_error": max(errs),
+    }
+
+
+def line(s: dict) -> str:
+    """The calibration in one line, with each term's standard error and the kinds' errors."""
+    se = s["std_errors_s"]
+    terms = [("base_s", 1e3, "ms"), ("per_sequence_s", 1e3, "ms/seq"),
+             ("per_decode_token_s", 1e3, "ms/decode tok"),
+             ("per_prefill_token_s", 1e3, "ms/prefill tok"),
+             ("per_context_token_s", 1e6, "us/context tok"),
+             ("per_gathered_token_s", 1e6, "us/gathered tok")]  # fmt: skip
+    coef = s["coefficients_s"]
+    parts = [f"{coef.get(t, 0.0) * k:.3g}±{se.get(t, math.nan) * k:.2g} {u}"
+             for t, k, u in terms]  # fmt: skip
+    kinds = ", ".join(
+        f"{kind} {v['median_abs_error']:.0%}/{v['p90_abs_error']:.0%}"
+        for kind, v in s["kinds"].items()
+    )
+    return (
+        f"engine calibration ({s['samples']} steps): " + " + ".join(parts)
+        + f" (|error| median/p90: {kinds})"
+    )  # fmt: skip
+
+
+# --- conditions -----------------------------------------------------------------------------
+
+
+def load_class(load_1min: float, cores: int) -> str:
+    per_core = load_1min / max(1, cores)
+    return next(name for limit, name in LOAD_CLASSES if per_core < limit)
+
+
+# What differs and how much it matters: another device refuses the calibration (its costs
+# are another machine's), the others are flagged.
+REFUSED = ("device",)
+FLAGGED = ("threads", "torch", "dtype", "load_class", "pinned_cores")
+
+
+def compare(saved: dict, current: dict, option: str = "--step-costs") -> list[str]:
+    """The differences between a calibration's conditions and this run's: a UserError for
+    another device, a warning line for each other difference (threads, torch version,
+    dtype, load class, pinning). Conditions a side does not know are not compared."""
+    for key in REFUSED:
+        if key in saved and key in current and saved[key] != current[key]:
+            raise UserError(
+                option,
+                f"the calibration was measured on {saved[key]!r}, this run is on "
+                f"{current[key]!r}: its step costs are another device's (calibrate here: "
+                "drop --step-costs)",
+            )
+    out = []
+    for key in FLAGGED:
+        if key in saved and key in current and saved[key] != current[key]:
+            out.append(f"{key} {saved[key]} at calibration, {current[key]} now")
+    if not out:
+        return []
+    return [
+        "the step-cost calibration was made under other conditions ("
+        + "; ".join(out)
+        + "): the simulation may be off by as much as they change a step; calibrate again "
+        "(drop --step-costs) to measure under these"
+    ]
+
+
+# --- reading a calibration back ----------------------------------------------------------------
+
+
+def read(path: Path, option: str = "--step-costs") -> dict | None:
+    """A calibration saved with a run: step_cost.json (its coefficients and conditions), or
+    a step_cost.csv with the sequences column (refitted; conditions from the step_cost.json
+    beside it). None: not a calibration (an older CSV: stepcost reads it)."""
+    path = Path(path)
+    if path.suffix == ".json":
+        return _read_json(path, option)
+    head = _header(path, option)
+    if "sequences" not in head or "step_ms" not in head:
+        return None
+    import pandas as pd
+
+    from benchbatch.core.stepcost import _check_numbers, _read_costs_csv
+
+    df = _read_costs_csv(path)
+    if "gathered_tokens" not in df:
+        df["gathered_tokens"] = 0
+    _check_numbers(path, df, FEATURES)
+    _check_numbers(path, df, ("step_ms",), (1e-4, 3.6e6))
+    rows = pd.DataFrame({k: df[k] for k in (*FEATURES, "step_ms")}).to_dict("records")
+    out = fit(rows, option)
+    beside = path.with_suffix(".json")
+    out["conditions"] = _read_json(beside, option).get("conditions") if beside.exists() else None
+    return out
+
+
+def _header(path: Path, option: str = "--step-costs") -> set[str]:
+    """The CSV's column names, read as every input is (core/inputs: a regular file of a
+    bounded size; a FIFO or a device is refused, never read forever)."""
+    from benchbatch.core.inputs import read_bytes
+
+    data = read_bytes(path, option).removeprefix(b"\xef\xbb\xbf")
+    try:
+        first = data.split(b"\n", 1)[0].decode("utf-8")
+    except UnicodeDecodeError as e:
+        raise UserError(option, f"cannot read {path}: {e}") from None
+    return {c.strip() for c in first.split(",")}
+
+
+def _read_json(path: Path, option: str) -> dict:
+    from benchbatch.core.inputs import read_json
+
+    doc = read_json(path, option)  # a regular file of a bounded size, never a FIFO
+    try:
+        coef = doc["coefficients_s"]
+        values = [float(coef.get(t, 0.0)) for t in TERMS]
+    except (OSError, ValueError, KeyError, TypeError, AttributeError) as e:
+        raise UserError(option, f"{path} is no calibration's step_cost.json ({e})") from None
+    if not all(math.isfinite(v) and v >= 0 for v in values):
+        raise UserError(option, f"{path}: a coefficient is negative or not a number")
+    model = _model(values)
+    return {"model": model, "rows": [], "summary": doc, "conditions": doc.get("conditions")}
+
+
+def given(paths: Sequence[Path], option: str = "--step-costs") -> dict:
+    """--step-costs read: one calibration (step_cost.json, or a calibration's step_cost.csv),
+    or earlier runs' step times (phases, sweep, piggyback or an older step_cost.csv, fitted
+    by core/stepcost.py as isolated steps). Returns {"model", "rows", "summary",
+    "conditions" (None: not known), "source": "calibration" or "isolated steps"}."""
+    from benchbatch.core import stepcost
+
+    found = [(p, read(p, option)) for p in paths]
+    calibrations = [(p, c) for p, c in found if c is not None]
+    if calibrations:
+        if len(found) > 1:
+            raise UserError(
+                option,
+                f"{calibrations[0][0]} is a calibration: give it alone (a calibration is "
+                "one run's steps, under one run's conditions)",
+            )
+        return calibrations[0][1] | {"source": "calibration"}
+    model, fitted = stepcost.fit(stepcost.cost_rows_from_csv(paths), option)
+    summary = stepcost.cost_summary(model, fitted)
+    return {"model": model, "rows": fitted, "summary": summary, "conditions": None,
+            "source": "isolated steps"}  # fmt: skip

@@ -1,0 +1,190 @@
+"""The engine calibrated as it runs: a short run of the real engine itself (Engine, through
+runs.engine_events, so a recorder keeps every step) over a workload made to produce the
+steps a serving run takes (decode-only steps at several batch sizes and contexts, prefills
+of a few lengths and of several prompts at once, unchunked prompts and chunks of a long
+prompt beside decodes), each step's whole time (step_s: the engine's own work included, as
+the serving loop pays it) kept for core/calibration.py's fit, beside the conditions it was
+measured under (device, torch, dtype, threads, pinning, load).
+
+The steps isolated by runtime/mixed.py time the model's forward alone; these time what the
+engine pays per step, which is what the simulator must predict.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Iterator, Sequence
+from dataclasses import dataclass
+
+import torch
+
+from benchbatch.core.calibration import load_class
+from benchbatch.core.scheduler import StepPlan, make_scheduler
+from benchbatch.core.simulate import gathered_tokens, simulate
+from benchbatch.core.workload import Request
+from benchbatch.runtime.runs import EngineRun, Finished, engine_events
+
+# Steps of the first run taken once, unrecorded, before the calibration records: its
+# prefill of every slot and decodes at the largest batch.
+WARM_UP_STEPS = 8
+
+
+@dataclass(frozen=True)
+class Plan:
+    """The calibration workload's shape: the batch sizes up to `slots`, the prompt length a
+    serving run's requests have (`prompt`), the longest it has (`long_prompt`), the
+    chunked policy's `chunk` and token budget, `decode_steps` steps per batch size."""
+
+    slots: int
+    prompt: int
+    long_prompt: int
+    chunk: int
+    budget: int
+    decode_steps: int = 4
+    max_context: int = 4096
+
+
+@dataclass(frozen=True)
+class CalibrationRun:
+    """One run of the calibration: its engine run and its own requests."""
+
+    run: EngineRun
+    requests: list[Request]
+
+
+def plan_for(slots: int, prompts: Sequence[int], chunk: int, budget: int, max_context: int,
+             decode_steps: int = 4) -> Plan:  # fmt: skip
+    """A plan at a workload's operating points: its median and longest prompts."""
+    ordered = sorted(prompts)
+    prompt, longest = ordered[len(ordered) // 2], ordered[-1]
+    return Plan(slots, max(1, prompt), max(prompt, longest), chunk, budget, decode_steps,
+                max_context)  # fmt: skip
+
+
+def runs(p: Plan) -> list[CalibrationRun]:
+    """Four engine runs, each on the continuous scheduler:
+
+    decode: `slots` requests admitted at once (one prefill of `slots` prompts), their
+      outputs staggered so the decode batch steps down slots, slots - 1, ..., 1, every
+      `decode_steps` steps; then as many again with the long prompt (longer contexts),
+      admitted as the first finish (unchunked prompts beside decodes);
+    scattered: `slots` long prompts, every other one finishing after `decode_steps`: the
+      rest decode over scattered slots (the engine gathers their KV, a view no longer);
+    prefill: prompts of a few lengths (a quarter, half, one and two prompts, the long one)
+      arriving one step apart, alone and in twos and fours, each generating one token:
+      prefill-only steps of one to four sequences;
+    chunked: slots - 1 long decodes with long prompts prefilled in chunks of `chunk` beside
+      them (mixed steps, each chunk re-reading the earlier ones' KV)."""
+    s, k = p.slots, p.decode_steps
+    room = p.max_context - 1
+    short = min(p.prompt, room - s * k)
+    long = max(short, min(p.long_prompt, room - s * k))
+    decode = [Request(i, short, k * (i + 1)) for i in range(s)]
+    decode += [Request(s + i, long, k * (i + 1)) for i in range(s)]
+    # Every other slot finishing first: decodes over scattered slots (their KV gathered).
+    scattered = [Request(i, long, k if i % 2 == 0 else 3 * k) for i in range(max(3, s))]
+    lengths = sorted({max(1, short // 4), max(1, short // 2), short, min(2 * short, room), long})
+    prefill, t = [], 0
+    for group in (1, 2, 4):
+        for n in lengths:
+            prefill += [Request(len(prefill) + j, n, 1, arrival_step=t) for j in range(group)]
+            t += 1
+    chunked_prompt = max(long, min(3 * p.chunk, room - 8 * k))
+    decodes = max(1, s - 1)
+    steps = -(-chunked_prompt // p.chunk) * 2 + 2
+    chunked = [Request(i, short, steps + 2 * k) for i in range(decodes)]
+    chunked += [Request(decodes + i, chunked_prompt, 2, arrival_step=2 + i * steps // 2)
+                for i in range(2)]  # fmt: skip
+    chunk_settings = {"chunked_prefill": True, "chunk_size": p.chunk, "mixed": True,
+                      "max_num_batched_tokens": max(p.budget, p.chunk + decodes)}  # fmt: skip
+    return [
+        CalibrationRun(EngineRun("decode", s, key="calibration"), decode),
+        CalibrationRun(EngineRun("scattered", max(3, s), key="calibration"), scattered),
+        CalibrationRun(EngineRun("prefill", max(4, s), key="calibration"), prefill),
+        CalibrationRun(
+            EngineRun("chunked", s, settings=chunk_settings, key="calibration"), chunked
+        ),  # fmt: skip
+    ]
+
+
+def plans(run: EngineRun, requests: Sequence[Request]) -> list[StepPlan]:
+    """The steps the engine takes for these requests: the scheduler replayed (the engine
+    runs exactly its plans), for what a step record does not carry (the sequences, the
+    KV entries read)."""
+    out: list[StepPlan] = []
+
+    def keep(plan: StepPlan) -> float:
+        out.append(plan)
+        return 0.0
+
+    sched = make_scheduler(run.policy, run.slots, **run.settings)
+    simulate(list(requests), sched, keep, fast=False, with_metrics=False)
+    return out
+
+
+def events(
+    model, calibration: Sequence[CalibrationRun], seed: int = 0, warm_up: bool = True
+) -> Iterator:
+    """Every calibration run's step rows, each with the step's features (sequences, decode,
+    prefill and context tokens, from the replayed plan), then each run's Finished. warm_up:
+    the first run's first WARM_UP_STEPS steps beforehand, unrecorded (a fresh model's first
+    steps pay one-time costs, allocation and kernels' set-up, that a serving run after the
+    calibration does not)."""
+    if warm_up and calibration:
+        first = calibration[0]
+        for n, _ in enumerate(engine_events(model, first.requests, [first.run], seed), 1):
+            if n >= WARM_UP_STEPS:
+                break
+    for c in calibration:
+        steps = plans(c.run, c.requests)
+        for event in engine_events(model, c.requests, [c.run], seed):
+            if isinstance(event, Finished):
+                yield event
+                continue
+            plan = steps[event["step"]]
+            assert plan.num_decode_tokens == event["decode_tokens"], "the engine left the plan"
+            assert plan.num_prefill_tokens == event["prefill_tokens"], "the engine left the plan"
+            yield event | features(plan)
+
+
+def features(plan: StepPlan) -> dict:
+    """A step's terms as core/calibration.py fits them."""
+    return {
+        "sequences": plan.num_active,
+        "context_tokens": plan.num_context_tokens,
+        "gathered_tokens": gathered_tokens(plan),
+    }
+
+
+def total_steps(calibration: Sequence[CalibrationRun]) -> int:
+    return sum(len(plans(c.run, c.requests)) for c in calibration)
+
+
+def fit_rows(rows: Sequence[dict]) -> list[dict]:
+    """The fit's rows from the recorded step rows (step_ms: the whole step)."""
+    keys = ("calibration", "step", "sequences", "decode_tokens", "prefill_tokens",
+            "context_tokens", "gathered_tokens", "step_ms", "model_ms")  # fmt: skip
+    return [{k: r[k] for k in keys if k in r} for r in rows]
+
+
+def conditions(model) -> dict:
+    """What the calibration was measured under: read again when it is used."""
+    from benchbatch import __version__
+    from benchbatch.runtime.device import device_name
+
+    param = model.embed.weight
+    cores = os.cpu_count() or 1
+    load = os.getloadavg()[0] if hasattr(os, "getloadavg") else float("nan")
+    pinned = sorted(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else None
+    return {
+        "device": device_name(param.device),
+        "device_type": param.device.type,
+        "torch": torch.__version__,
+        "dtype": str(param.dtype).removeprefix("torch."),
+        "threads": torch.get_num_threads(),
+        "pinned_cores": "all" if pinned is None or len(pinned) == cores else pinned,
+        "cores": cores,
+        "load_1min": load,
+        "load_class": load_class(load, cores),
+        "benchbatch": __version__,
+    }

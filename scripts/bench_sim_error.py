@@ -1,0 +1,120 @@
+"""Benchmark: how far the serving simulation is from the real engine, as users run it.
+
+Runs `benchbatch serve-sweep --preset cpu-small` with its defaults (as a user types it:
+the engine calibrated as it runs, then the rates that fit --real-time served on the model
+beside their simulation), alternating a run on the machine as it is with one where another
+process competes for a core (a busy loop this script starts, and stops by its pid), A B A B.
+Each run's prediction.csv holds measured over simulated for TTFT, TPOT and E2E p50/p99 at
+its real points; the table is, per condition and metric, the median over the runs and the
+points below saturation (measured throughput within 10% of the offered rate), beside the
+target (0.9-1.1 for the p50s, 0.8-1.25 for the p99s), then one JSON line.
+
+    python scripts/bench_sim_error.py [--rounds 2] [--keep DIR] [-- extra serve-sweep args]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import os
+import platform
+import statistics
+import subprocess
+import sys
+import tempfile
+from pathlib import Path
+
+import pandas as pd
+
+from benchbatch.core.prediction import METRICS, NAMES, TARGETS
+
+CONDITIONS = ("as is", "one core busy")
+
+
+def busy_loop() -> subprocess.Popen:
+    """Another process holding a core: a Python busy loop (stopped by its pid)."""
+    return subprocess.Popen([sys.executable, "-c", "while True: pass"])
+
+
+def run_once(folder: Path, extra: list[str]) -> pd.DataFrame:
+    """One serve-sweep with its defaults into folder; its prediction.csv."""
+    cmd = [sys.executable, "-m", "benchbatch", "serve-sweep", "--preset", "cpu-small",
+           "--out", str(folder), *extra]  # fmt: skip
+    root = str(Path(__file__).resolve().parents[1])  # this checkout, installed or not
+    env = os.environ | {"PYTHONPATH": os.pathsep.join(filter(None, [root, os.environ.get(
+        "PYTHONPATH")]))}  # fmt: skip
+    subprocess.run(cmd, check=True, stdout=subprocess.DEVNULL, env=env)
+    return pd.read_csv(folder / "prediction.csv", dtype={"rate": str})
+
+
+def measure(rounds: int, keep: Path, extra: list[str]) -> dict[str, list[pd.DataFrame]]:
+    out: dict[str, list[pd.DataFrame]] = {c: [] for c in CONDITIONS}
+    for i in range(rounds):
+        order = CONDITIONS if i % 2 == 0 else CONDITIONS[::-1]
+        for condition in order:
+            folder = keep / f"round{i}-{condition.replace(' ', '-')}"
+            loop = busy_loop() if condition == "one core busy" else None
+            try:
+                load = os.getloadavg()[0]
+                table = run_once(folder, extra)
+            finally:
+                if loop is not None:
+                    os.kill(loop.pid, 15)
+                    loop.wait()
+            table["round"], table["load_1min_before"] = i, load
+            out[condition].append(table)
+            print(f"round {i}, {condition}: {folder} (load {load:.1f} before)", file=sys.stderr)
+    return out
+
+
+def medians(runs: dict[str, list[pd.DataFrame]]) -> list[dict]:
+    """Per metric and condition: the median ratio over the runs' points below saturation."""
+    rows = []
+    for metric in METRICS:
+        lo, hi = TARGETS[metric]
+        row = {"metric": NAMES[metric], "target": f"{lo:g}-{hi:g}"}
+        for condition, tables in runs.items():
+            df = pd.concat(tables)
+            df = df[(df["metric"] == metric) & df["below_saturation"].astype(bool)]
+            ratios = [r for r in df["ratio"] if math.isfinite(r)]
+            med = statistics.median(ratios) if ratios else math.nan
+            row[condition] = med
+            row[f"{condition} points"] = len(ratios)
+            row[f"{condition} within"] = bool(lo <= med <= hi) if ratios else None
+        rows.append(row)
+    return rows
+
+
+def show(rows: list[dict]) -> None:
+    head = f"{'metric':<10}{'target':>11}" + "".join(f"{c:>16}{'in':>5}" for c in CONDITIONS)
+    print(head)
+    for r in rows:
+        cells = "".join(
+            f"{r[c]:>11.3f} ({r[f'{c} points']:>2}){'yes' if r[f'{c} within'] else 'no':>5}"
+            for c in CONDITIONS
+        )
+        print(f"{r['metric']:<10}{r['target']:>11}{cells}")
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--rounds", type=int, default=2, help="A B rounds (default 2)")
+    parser.add_argument("--keep", type=Path, default=None,
+                        help="folder for the runs (default: a temporary one, removed)")  # fmt: skip
+    parser.add_argument("extra", nargs="*", help="more serve-sweep options, after --")
+    args = parser.parse_args()
+    with tempfile.TemporaryDirectory() as tmp:
+        keep = args.keep or Path(tmp)
+        keep.mkdir(parents=True, exist_ok=True)
+        runs = measure(args.rounds, keep, args.extra)
+    rows = medians(runs)
+    print(f"measured over simulated, median of {args.rounds} runs per condition and the "
+          f"points below saturation (in parentheses); {platform.processor() or platform.machine()}"
+          f", {os.cpu_count()} logical CPUs")  # fmt: skip
+    show(rows)
+    print(json.dumps({"bench": "sim_error", "rounds": args.rounds, "rows": rows}))
+
+
+if __name__ == "__main__":
+    main()

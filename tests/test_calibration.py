@@ -1,0 +1,331 @@
+"""The engine's step-cost calibration (core/calibration.py, runtime/calibrate.py): the fit
+recovers the terms of a synthetic engine whose step costs are known, weighs each step by
+its relative error, keeps its coefficients non-negative; the simulator prices the
+per-sequence term; a calibration made elsewhere is refused or flagged; the calibration run
+of the real engine (tiny preset) produces every step kind."""
+
+from __future__ import annotations
+
+import json
+
+import numpy as np
+import pytest
+
+from benchbatch.core import calibration as cal
+from benchbatch.core.scheduler import make_scheduler
+from benchbatch.core.simulate import StepCostModel, simulate_timed
+from benchbatch.core.workload import Request
+from benchbatch.errors import UserError
+
+# A synthetic engine: seconds per step, per sequence, decode token, prefill token, KV entry.
+TRUE = {"base_s": 2e-3, "per_sequence_s": 3e-4, "per_decode_token_s": 5e-4,
+        "per_prefill_token_s": 2e-4, "per_context_token_s": 2e-7}  # fmt: skip
+
+
+def synthetic_steps(n: int, noise: float, seed: int = 0) -> list[dict]:
+    """Step rows as the calibration records them (decode-only at batches 1-16 and contexts
+    16-600, prefills of one to four prompts, mixed), each costing TRUE's linear model times
+    (1 + noise x a standard normal)."""
+    rng = np.random.default_rng(seed)
+    rows = []
+    for i in range(n):
+        b, ctx = int(rng.integers(1, 17)), int(rng.integers(16, 600))
+        prompts = int(rng.integers(1, 5))
+        p = prompts * int(rng.choice([16, 64, 128, 256]))
+        kind = i % 3
+        if kind == 0:
+            s, d, pt, c = b, b, 0, b * ctx
+        elif kind == 1:
+            s, d, pt, c = prompts, 0, p, 0
+        else:
+            s, d, pt, c = b + 1, b, p, b * ctx
+        t = true_cost(s, d, pt, c) * (1 + noise * rng.standard_normal())
+        rows.append({"sequences": s, "decode_tokens": d, "prefill_tokens": pt,
+                     "context_tokens": c, "step_ms": 1e3 * t})  # fmt: skip
+    return rows
+
+
+def true_cost(s: int, d: int, p: int, c: int) -> float:
+    t = TRUE
+    return (t["base_s"] + t["per_sequence_s"] * s + t["per_decode_token_s"] * d
+            + t["per_prefill_token_s"] * p + t["per_context_token_s"] * c)  # fmt: skip
+
+
+def test_the_fit_recovers_a_noiseless_engine_exactly():
+    out = cal.fit(synthetic_steps(90, noise=0.0))
+    got = out["summary"]["coefficients_s"]
+    for term, value in TRUE.items():
+        assert got[term] == pytest.approx(value, rel=1e-9), term
+    assert max(abs(r["error"]) for r in out["rows"]) < 1e-9
+    assert out["model"].per_sequence_s == pytest.approx(TRUE["per_sequence_s"], rel=1e-9)
+
+
+@pytest.mark.parametrize("seed", [0, 1, 2])
+def test_each_term_within_three_of_its_stated_standard_errors(seed):
+    noise = 0.04
+    out = cal.fit(synthetic_steps(300, noise, seed))
+    s = out["summary"]
+    for term, value in TRUE.items():
+        se = s["std_errors_s"][term]
+        assert 0 < se < value, term  # each term determined, and the error says how well
+        assert abs(s["coefficients_s"][term] - value) <= 3 * se, term
+    # Per step kind: the relative errors are the noise's (|N(0, 0.04)|: median 0.027).
+    for kind in cal.KINDS:
+        k = s["kinds"][kind]
+        assert k["steps"] == 100
+        assert 0.5 * 0.674 * noise < k["median_abs_error"] < 1.5 * 0.674 * noise, kind
+        assert k["p90_abs_error"] > k["median_abs_error"]
+
+
+def test_the_stated_standard_errors_shrink_as_the_noise_does():
+    wide = cal.fit(synthetic_steps(300, 0.08))["summary"]["std_errors_s"]
+    narrow = cal.fit(synthetic_steps(300, 0.02))["summary"]["std_errors_s"]
+    for term in TRUE:
+        assert narrow[term] == pytest.approx(wide[term] / 4, rel=0.35), term
+
+
+# Decode steps from 1 ms to 1 s, each 5% off a line in a fixed pattern: a fit on relative
+# error is 6% off at both ends; unweighted it is 52% off the 1 ms steps (the 1 s ones decide
+# the base), with squared weights 10% off the 1 s steps (the 1 ms ones decide the slope).
+SPAN = [(d, s) for d, s in zip((1, 2, 3, 4, 5, 6, 1200, 1600, 2000),
+                               (1, -1, -1, 1, 1, -1, 1, -1, 1), strict=True)]  # fmt: skip
+
+
+def span_rows() -> list[dict]:
+    return [
+        {"sequences": 0, "decode_tokens": d, "prefill_tokens": 0, "context_tokens": 0,
+         "step_ms": 1e3 * (0.5e-3 + 0.5e-3 * d) * (1 + 0.05 * s)}
+        for d, s in SPAN
+    ]  # fmt: skip
+
+
+def test_relative_weighting_fits_the_1ms_steps_and_the_1s_steps_alike():
+    rows = span_rows()
+    assert rows[0]["step_ms"] == pytest.approx(1.05) and rows[-1]["step_ms"] > 1000
+    errors = [abs(r["error"]) for r in cal.fit(rows)["rows"]]
+    assert max(errors[:6]) < 0.08, "the 1 ms steps"
+    assert max(errors[6:]) < 0.08, "the 1 s steps"
+
+
+def test_the_fit_keeps_every_coefficient_non_negative():
+    # Steps that would give a negative per-decode cost unconstrained (more decodes, faster).
+    rows = [{"sequences": 0, "decode_tokens": d, "prefill_tokens": 0, "context_tokens": 0,
+             "step_ms": 10.0 - 0.1 * d} for d in range(1, 9)]  # fmt: skip
+    coef = cal.fit(rows)["summary"]["coefficients_s"]
+    assert all(v >= 0 for v in coef.values())
+    assert coef["per_decode_token_s"] == 0
+
+
+def test_nnls_matches_the_brute_force_over_active_sets():
+    rng = np.random.default_rng(3)
+    a, b = rng.standard_normal((20, 4)), rng.standard_normal(20)
+    best = None
+    for mask in range(16):
+        cols = [j for j in range(4) if mask >> j & 1]
+        x = np.zeros(4)
+        if cols:
+            x[cols] = np.linalg.lstsq(a[:, cols], b, rcond=None)[0]
+        if (x >= 0).all():
+            r = float(np.sum((a @ x - b) ** 2))
+            best = r if best is None else min(best, r)
+    x = cal.nnls(a, b)
+    assert (x >= 0).all() and float(np.sum((a @ x - b) ** 2)) == pytest.approx(best, rel=1e-9)
+
+
+def test_the_simulator_prices_the_per_sequence_term():
+    """Two requests on two slots: A (prompt 5, 3 tokens), B (prompt 2, 2 tokens). Step 0
+    prefills both (2 sequences, 7 prefill tokens); step 1 decodes both (2 sequences, 2
+    decode tokens, KV entries 5 + 2); step 2 decodes A (1 sequence, 1 token, 6 entries)."""
+    b, s, d, p, c = 1e-3, 2e-4, 3e-4, 5e-5, 1e-6
+    model = StepCostModel(b, d, p, c, per_sequence_s=s)
+    hand = (b + 2 * s + 7 * p) + (b + 2 * s + 2 * d + 7 * c) + (b + s + d + 6 * c)
+    requests = [Request(0, 5, 3), Request(1, 2, 2)]
+    run = simulate_timed(requests, [0.0, 0.0], make_scheduler("continuous", 2), model)
+    assert run.total_steps == 3
+    assert run.total_time == pytest.approx(hand, rel=1e-12)
+    without = StepCostModel(b, d, p, c)
+    again = simulate_timed(requests, [0.0, 0.0], make_scheduler("continuous", 2), without)
+    assert run.total_time - again.total_time == pytest.approx(5 * s, rel=1e-9)
+
+
+def test_a_decode_batch_over_scattered_slots_is_priced_by_the_kv_it_gathers():
+    """Three slots: A and C (prompt 2, 3 tokens) and B (prompt 2, 1 token) prefilled at
+    step 0; B leaves, so steps 1 and 2 decode slots 0 and 2, not a contiguous run: the
+    engine gathers 2 x (longest context + 1) entries, 2 x 3 then 2 x 4."""
+    g = 1e-6
+    requests = [Request(0, 2, 3), Request(1, 2, 1), Request(2, 2, 3)]
+    model = StepCostModel(0.0, 0.0, 0.0, 0.0, per_gathered_token_s=g)
+    run = simulate_timed(requests, [0.0] * 3, make_scheduler("continuous", 3), model)
+    assert run.total_steps == 3 and run.total_time == pytest.approx(14 * g, rel=1e-12)
+    # In contiguous slots (B the last one to leave) nothing is gathered.
+    contiguous = [Request(0, 2, 3), Request(1, 2, 3), Request(2, 2, 1)]
+    again = simulate_timed(contiguous, [0.0] * 3, make_scheduler("continuous", 3), model)
+    assert again.total_time == 0
+
+
+def test_a_gathered_term_is_recovered_beside_the_others():
+    rows = synthetic_steps(120, 0.0)
+    g = 3e-6
+    for i, r in enumerate(rows):
+        if r["decode_tokens"] > 1 and i % 2:
+            r["gathered_tokens"] = r["decode_tokens"] * (
+                r["context_tokens"] // r["decode_tokens"] + 9
+            )
+            r["step_ms"] += 1e3 * g * r["gathered_tokens"]
+    got = cal.fit(rows)["summary"]["coefficients_s"]
+    assert got["per_gathered_token_s"] == pytest.approx(g, rel=1e-9)
+    assert got["base_s"] == pytest.approx(TRUE["base_s"], rel=1e-9)
+
+
+# --- conditions --------------------------------------------------------------------------------
+
+HERE = {"device": "AMD EPYC", "torch": "2.5.0", "dtype": "float32", "threads": 1,
+        "load_class": "quiet", "pinned_cores": "all"}  # fmt: skip
+
+
+def test_a_calibration_from_another_device_is_refused():
+    with pytest.raises(UserError) as e:
+        cal.compare(HERE | {"device": "NVIDIA H100"}, HERE)
+    assert e.value.option == "--step-costs" and "NVIDIA H100" in e.value.message
+
+
+def test_another_thread_count_is_flagged_by_name():
+    lines = cal.compare(HERE | {"threads": 4}, HERE)
+    assert len(lines) == 1 and "threads 4 at calibration, 1 now" in lines[0]
+    assert cal.compare(HERE, HERE) == []
+    both = cal.compare(HERE | {"threads": 2, "load_class": "busy"}, HERE)[0]
+    assert "threads 2" in both and "load_class busy" in both
+
+
+def test_the_load_class_follows_the_load_per_core():
+    assert [cal.load_class(x, 2) for x in (0.5, 1.5, 2.5)] == ["quiet", "shared", "busy"]
+
+
+def test_a_saved_calibration_is_read_back_with_its_conditions(tmp_path):
+    out = cal.fit(synthetic_steps(60, 0.0))
+    doc = out["summary"] | {"conditions": HERE | {"threads": 8}}
+    path = tmp_path / "step_cost.json"
+    path.write_text(json.dumps(doc))
+    back = cal.given([path])
+    assert back["source"] == "calibration" and back["conditions"]["threads"] == 8
+    for term in cal.TERMS:
+        assert getattr(back["model"], term) == pytest.approx(getattr(out["model"], term))
+    # The step_cost.csv beside it is refitted to the same model, the conditions read beside.
+    import pandas as pd
+
+    pd.DataFrame(out["rows"]).to_csv(tmp_path / "step_cost.csv", index=False)
+    refit = cal.given([tmp_path / "step_cost.csv"])
+    assert refit["conditions"]["threads"] == 8
+    assert refit["model"].per_sequence_s == pytest.approx(TRUE["per_sequence_s"], rel=1e-9)
+    with pytest.raises(UserError):
+        cal.given([path, tmp_path / "step_cost.csv"])
+
+
+def test_an_older_step_cost_csv_still_reads_as_isolated_steps(tmp_path):
+    import pandas as pd
+
+    rows = [{"decode_tokens": d, "prefill_tokens": p, "context_tokens": d * 100,
+             "step_ms": 1.0 + 0.05 * d + 0.01 * p + 0.0005 * d * 100}
+            for d, p in ((1, 0), (4, 0), (8, 0), (0, 64), (0, 128), (4, 64))]  # fmt: skip
+    pd.DataFrame(rows).to_csv(tmp_path / "old.csv", index=False)
+    got = cal.given([tmp_path / "old.csv"])
+    assert got["source"] == "isolated steps" and got["conditions"] is None
+    assert got["model"].base_s == pytest.approx(1e-3, rel=1e-6)
+    assert got["model"].per_sequence_s == 0
+
+
+def test_a_broken_calibration_json_names_the_option(tmp_path):
+    path = tmp_path / "step_cost.json"
+    path.write_text(json.dumps({"coefficients_s": {"base_s": -1}}))
+    with pytest.raises(UserError) as e:
+        cal.given([path])
+    assert e.value.option == "--step-costs"
+
+
+# --- the calibration run of the real engine ------------------------------------------------------
+
+
+def test_the_calibration_run_produces_every_step_kind(tiny_model, one_thread):
+    from benchbatch.runtime import calibrate as cb
+    from benchbatch.runtime.runs import Finished
+
+    plan = cb.plan_for(4, [16, 16, 40], 16, 24, tiny_model.cfg.max_context, decode_steps=2)
+    runs = cb.runs(plan)
+    rows, finished = [], []
+    for event in cb.events(tiny_model, runs):
+        (finished if isinstance(event, Finished) else rows).append(event)
+    assert [f.run.name for f in finished] == ["decode", "scattered", "prefill", "chunked"]
+    assert all(f.result.complete for f in finished)
+    assert len(rows) == cb.total_steps(runs)
+    # The replayed plan's sequences are the engine's own active rows, step by step.
+    assert all(r["sequences"] == r["active"] for r in rows)
+    kinds = [cal.step_kind(r) for r in rows]
+    assert {"decode", "prefill", "mixed"} <= set(kinds)
+    decode = [r for r, k in zip(rows, kinds, strict=True) if k == "decode"]
+    assert len({r["decode_tokens"] for r in decode}) >= 3  # several batch sizes
+    assert len({r["context_tokens"] // r["decode_tokens"] for r in decode}) >= 3  # contexts
+    prefill = [r for r, k in zip(rows, kinds, strict=True) if k == "prefill"]
+    assert {1, 2, 4} <= {r["sequences"] for r in prefill}  # one to four prompts at once
+    assert len({r["prefill_tokens"] for r in prefill}) >= 3  # a few lengths
+    gathered = {r["gathered_tokens"] > 0 for r in decode}
+    assert gathered == {True, False}  # decodes in contiguous slots, and scattered ones
+    mixed = [r for r, k in zip(rows, kinds, strict=True) if k == "mixed"]
+    chunked = [r for r in mixed if r["calibration"] == "chunked"]
+    assert chunked and all(r["prefill_tokens"] <= 24 for r in chunked)
+    out = cal.fit(cb.fit_rows(rows))
+    assert set(out["summary"]["kinds"]) == set(cal.KINDS)
+    assert all(r["fitted_ms"] > 0 for r in out["rows"])
+    cond = cb.conditions(tiny_model)
+    assert cond["threads"] == 1 and cond["dtype"] == "float32" and cond["device_type"] == "cpu"
+
+
+def _calibration_json(tmp_path, **conditions) -> str:
+    from benchbatch.runtime.device import cpu_model
+
+    out = cal.fit(synthetic_steps(60, 0.0))
+    here = {"device": cpu_model(), "threads": 1, "torch": "x", "load_class": "quiet"}
+    path = tmp_path / "step_cost.json"
+    path.write_text(json.dumps(out["summary"] | {"conditions": here | conditions}))
+    return str(path)
+
+
+def test_the_real_engine_refuses_another_devices_calibration(runner, tmp_path):
+    from test_ablation import SMALL, TINY
+
+    from benchbatch.app.cli import app
+
+    costs = _calibration_json(tmp_path, device="NVIDIA H100 80GB HBM3")
+    args = ["ablation", *TINY, *SMALL, "--engine", "real", "--step-costs", costs,
+            "--out", str(tmp_path / "run")]  # fmt: skip
+    result = runner.invoke(app, args)
+    assert result.exit_code == 2, result.output
+    assert "--step-costs" in result.output and "NVIDIA H100" in result.output
+
+
+def test_the_real_engine_flags_a_calibration_made_with_other_threads(runner, tmp_path):
+    from test_ablation import SMALL, TINY
+
+    from benchbatch.app.cli import app
+
+    costs = _calibration_json(tmp_path, threads=64)
+    args = ["ablation", *TINY, *SMALL, "--engine", "real", "--schemes", "both",
+            "--step-costs", costs, "--out", str(tmp_path / "run")]  # fmt: skip
+    result = runner.invoke(app, args)
+    assert result.exit_code == 0, result.output
+    text = " ".join(result.output.split())
+    assert "threads 64 at calibration" in text and "calibrate again" in text
+    saved = json.loads((tmp_path / "run" / "step_cost.json").read_text())
+    assert saved["conditions"]["threads"] == 64  # the calibration used, as it was made
+
+
+def test_serve_sweep_prices_a_static_groups_padded_slots_as_sequences():
+    """Static batching on two slots: A (1 token) and B (3 tokens) prefilled together; A's slot
+    keeps decoding padding for B's two decode steps, rows the engine computes and pays."""
+    from benchbatch.experiments.serve.probe import priced
+
+    s, d = 1e-3, 1e-4
+    model = StepCostModel(0.0, d, 0.0, 0.0, per_sequence_s=s)
+    requests = [Request(0, 4, 1), Request(1, 4, 3)]
+    run = simulate_timed(requests, [0.0, 0.0], make_scheduler("static", 2), priced(model))
+    assert run.total_steps == 3
+    assert run.total_time == pytest.approx(2 * s + 2 * (2 * s + 2 * d), rel=1e-12)

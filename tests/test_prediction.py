@@ -1,0 +1,152 @@
+"""The prediction table (core/prediction.py) and its figure (output/plots/prediction.py):
+verdicts on hand-made pairs, the figure's identity line and target band, and serve-sweep's
+prediction.csv built from the same pairs as its sim_vs_real.csv."""
+
+from __future__ import annotations
+
+import json
+import math
+
+import pandas as pd
+import pytest
+from matplotlib.collections import PolyCollection
+from matplotlib.lines import Line2D
+
+from benchbatch.app.cli import app
+from benchbatch.core import prediction as pr
+from benchbatch.output.plots import prediction as plot
+
+PAIRS = [
+    {"point": "a", "metric": "ttft_p50_s", "simulated": 1.0, "measured": 1.05},  # x1.05 in
+    {"point": "b", "metric": "ttft_p50_s", "simulated": 2.0, "measured": 2.4},  # x1.2 out
+    {"point": "a", "metric": "ttft_p99_s", "simulated": 1.0, "measured": 1.2},  # x1.2 in
+    {"point": "b", "metric": "ttft_p99_s", "simulated": 4.0, "measured": 3.0},  # x0.75 out
+    {"point": "a", "metric": "tpot_p50_s", "simulated": 0.0, "measured": 0.01},  # no ratio
+    {"point": "a", "metric": "itl_p99_s", "simulated": 1.0, "measured": 9.0},  # no target
+    {"point": "a", "metric": "e2e_p50_s", "simulated": 10.0, "measured": 9.0},  # x0.9: edge
+]
+
+
+def test_each_pair_gets_its_ratio_band_and_verdict():
+    rows = pr.prediction_rows(PAIRS)
+    got = [(r["point"], r["metric"], r["within"]) for r in rows]
+    assert got == [
+        ("a", "ttft_p50_s", True),
+        ("b", "ttft_p50_s", False),
+        ("a", "ttft_p99_s", True),
+        ("b", "ttft_p99_s", False),
+        ("a", "tpot_p50_s", None),
+        ("a", "itl_p99_s", None),
+        ("a", "e2e_p50_s", True),
+    ]
+    assert [r["ratio"] for r in rows[:4]] == pytest.approx([1.05, 1.2, 1.2, 0.75])
+    assert math.isnan(rows[4]["ratio"])
+    assert (rows[0]["target_low"], rows[0]["target_high"]) == (0.9, 1.1)
+    assert (rows[2]["target_low"], rows[2]["target_high"]) == (0.8, 1.25)
+    assert set(pr.COLUMNS) <= set(rows[0])
+
+
+def test_the_verdict_line_counts_points_within_each_band():
+    line = pr.verdict(pr.prediction_rows(PAIRS))
+    assert line.startswith("the simulation predicts TTFT p50 within 10% at 1 of 2 points")
+    assert "(x1.05-x1.20)" in line
+    assert "TTFT p99 within x0.8-x1.25 at 1 of 2 points (x0.75-x1.20)" in line
+    assert "E2E p50 within 10% at 1 of 1 point (x0.90)" in line
+    assert "TPOT" not in line and "itl" not in line  # nothing judged for them
+    assert pr.verdict(pr.prediction_rows(PAIRS[4:6])) is None
+    s = pr.summary(pr.prediction_rows(PAIRS))
+    assert (s["pairs"], s["judged"], s["within_target"]) == (7, 5, 3)
+
+
+def test_pairs_of_takes_the_metrics_both_rows_hold():
+    sim = {"ttft_p50_s": 1.0, "e2e_p50_s": 2.0, "x": 1}
+    real = {"ttft_p50_s": 1.5, "e2e_p50_s": 2.0, "tpot_p50_s": 3.0}
+    pairs = pr.pairs_of("p", sim, real, rate="1")
+    assert [(p["metric"], p["simulated"], p["measured"], p["rate"]) for p in pairs] == [
+        ("ttft_p50_s", 1.0, 1.5, "1"),
+        ("e2e_p50_s", 2.0, 2.0, "1"),
+    ]
+
+
+def test_the_figure_has_the_identity_line_and_the_target_band():
+    rows = pr.prediction_rows(PAIRS)
+    fig = plot.prediction_figure(rows, None, "test")
+    drawn = [ax for ax in fig.axes if ax.get_visible()]
+    # A panel per metric with a finite pair: TTFT p50, TTFT p99, TPOT p50 (0 simulated:
+    # nothing to draw, left out), ITL p99, E2E p50.
+    assert [ax.get_title() for ax in drawn] == ["TTFT p50", "TTFT p99", "itl_p99_s", "E2E p50"]
+    for ax in drawn:
+        assert ax.get_xscale() == "log" and ax.get_yscale() == "log"
+        identity = [a for a in ax.get_children()
+                    if isinstance(a, Line2D) and a.get_label() == plot.IDENTITY_LABEL]  # fmt: skip
+        assert len(identity) == 1
+        x, y = identity[0].get_data()
+        assert list(x) == pytest.approx(list(y))
+    for ax, (lo, hi) in zip(drawn[:2], [(0.9, 1.1), (0.8, 1.25)], strict=True):
+        bands = [
+            a
+            for a in ax.collections
+            if isinstance(a, PolyCollection) and a.get_label().startswith(plot.BAND_LABEL)
+        ]
+        assert len(bands) == 1  # fmt: skip
+        verts = bands[0].get_paths()[0].vertices
+        ratios = verts[:, 1] / verts[:, 0]
+        assert ratios.min() == pytest.approx(lo) and ratios.max() == pytest.approx(hi)
+    itl = drawn[2]  # no target for ITL: no band
+    assert not [a for a in itl.collections if a.get_label().startswith(plot.BAND_LABEL)]
+    import matplotlib.pyplot as plt
+
+    plt.close(fig)
+
+
+class _Rec:
+    def __init__(self, folder):
+        self.folder, self.meta, self.tables = folder, {}, {}
+
+    def put(self, table, rows):
+        self.tables[table] = rows
+
+
+def test_saturated_points_stay_in_the_table_and_out_of_the_verdict(tmp_path):
+    pairs = [
+        {"point": "1 req/s", "metric": "ttft_p50_s", "simulated": 1.0, "measured": 1.0,
+         "below_saturation": True},
+        {"point": "max", "metric": "ttft_p50_s", "simulated": 1.0, "measured": 3.0,
+         "below_saturation": False},
+    ]  # fmt: skip
+    rec = _Rec(tmp_path)
+    out = plot.record(rec, pairs, "test")
+    assert len(rec.tables["prediction"]) == 2
+    assert out["verdict"].startswith("the simulation predicts TTFT p50 within 10% at 1 of 1")
+    assert out["verdict"].endswith("below saturation: 1 of 2 points")
+    assert (tmp_path / "prediction.png").stat().st_size > 0
+    assert rec.meta["prediction"] == out
+
+
+def test_serve_sweep_writes_prediction_from_the_sim_vs_real_pairs(runner, tmp_path):
+    out = tmp_path / "real"
+    args = ["serve-sweep", "--preset", "tiny", "--requests", "30", "--real-requests", "8",
+            "--median", "4", "--max-output", "8", "--prompt-len", "16", "--max-prompt", "64",
+            "--rates", "50,max", "--real-rates", "50,max", "--policies", "continuous",
+            "--out", str(out)]  # fmt: skip
+    result = runner.invoke(app, args)
+    assert result.exit_code == 0, result.output
+    versus = pd.read_csv(out / "sim_vs_real.csv", dtype={"rate": str})
+    table = pd.read_csv(out / "prediction.csv", dtype={"rate": str})
+    assert set(table["metric"]) == set(pr.METRICS)
+    assert len(table) == 2 * len(pr.METRICS)
+    both = table.merge(versus, on=["policy", "rate", "metric"], suffixes=("", "_v"))
+    assert len(both) == 2 * 5  # TTFT p50/p99, TPOT p50/p99, E2E p50 in both; E2E p99 here
+    assert (both["simulated"] == both["simulated_v"]).all()
+    assert (both["measured"] == both["measured_v"]).all()
+    assert both["ratio"].to_numpy() == pytest.approx(both["measured_over_simulated"].to_numpy())
+    assert not table[table["rate"] == "max"]["below_saturation"].any()
+    meta = json.loads((out / "metadata.json").read_text())
+    assert meta["prediction"]["verdict"].startswith("the simulation predicts")
+    assert "the simulation predicts" in result.stdout
+    assert (out / "prediction.png").stat().st_size > 0
+    cost = json.loads((out / "step_cost.json").read_text())
+    assert cost["source"] == "calibration" and set(cost["kinds"]) == {"decode", "prefill",
+                                                                      "mixed"}  # fmt: skip
+    assert cost["conditions"]["device_type"] == "cpu" and "threads" in cost["conditions"]
+    assert "engine calibration (" in result.stdout
