@@ -17,7 +17,7 @@ from benchbatch.app import registry, views
 from benchbatch.core.options import ModelOptions, RunOptions, Use, WorkloadOptions, use
 
 COMMANDS = ("phases", "sweep", "occupancy", "reproduce", "probe", "ablation", "piggyback",
-            "serve-sweep", "compare", "project")  # fmt: skip
+            "serve-sweep", "serve", "compare", "project")  # fmt: skip
 
 
 def test_every_command_is_one_registered_experiment_with_a_view():

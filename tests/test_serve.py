@@ -271,6 +271,8 @@ def test_real_engine_points_beside_their_simulation(runner, tmp_path):
     assert np.allclose(ttft["measured"] / ttft["simulated"], ttft["measured_over_simulated"])
     steps = pd.read_csv(out / "real_steps.csv")
     assert {"start_s", "end_s", "rate"} <= set(steps.columns)
+    # Each run's steps under its own name (the chunked policy's were labelled "continuous").
+    assert list(dict.fromkeys(steps["policy"])) == ["static", "continuous", "chunked"]
     assert "real engine" in result.output and "fewer than 100" in result.output
 
 

@@ -342,6 +342,27 @@ class Scheduler:
         self.step += 1
         return finished
 
+    def cancel(self, request_id: int) -> bool:
+        """Drop a request between steps (its client went away, as vLLM aborts one): taken off
+        the queue if waiting, or out of its slot if running (freed as a finished request's
+        is: at once, or for static at the group's end). It leaves the accounting as if never
+        submitted and is not in `finished`. Returns whether it was here to drop."""
+        assert self._planned is None, "cancel() between update() and the next schedule()"
+        for r in self._queue.items:
+            if r.id == request_id:
+                self._queue.items.remove(r)
+                self._resume.pop(request_id, None)
+                self._submitted -= 1
+                return True
+        for running in (self._prefilling, self._decoding):
+            for slot, seq in running.items():
+                if seq.request.id == request_id:
+                    del running[slot]
+                    self._release(slot)
+                    self._submitted -= 1
+                    return True
+        return False
+
     # --- planning -----------------------------------------------------------------------
 
     def _runs_decodes(self) -> bool:

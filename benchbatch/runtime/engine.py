@@ -312,11 +312,13 @@ def _release(feed: ArrivalFeed, sched, origin: float) -> None:
 class _RunState:
     """The device side of one run: the cache, each slot's next input token, the prompts."""
 
-    def __init__(self, engine: Engine, requests: list[Request]) -> None:
+    def __init__(self, engine: Engine, requests: list[Request], max_len: int | None = None) -> None:
+        """max_len: tokens a slot holds (default: the requests' longest prompt plus output);
+        a live engine (runtime/live.py) sizes it once and adds requests as they come."""
         model, dev = engine.model, engine.device
         self.model, self.device, self.policy = model, dev, engine.policy
         self.stop_tokens = engine.stop_tokens
-        self.cache, self.scheduled_blocks = _cache(engine, cache_len(requests))
+        self.cache, self.scheduled_blocks = _cache(engine, max_len or cache_len(requests))
         kv = engine.settings.get("kv")
         self.keep_prompts = kv is not None and kv.policy == PAGED  # preempted: prefill again
         self.next_token = torch.full((engine.slots,), PAD_TOKEN, dtype=torch.long, device=dev)
@@ -324,6 +326,16 @@ class _RunState:
         # Prompts are the workload's input, made before the clock starts (like tokenized text).
         self.prompts = {r.id: prompt_ids(r, model.cfg.vocab, engine.seed) for r in requests}
         self.output_tokens = {r.id: r.output_tokens for r in requests}
+
+    def add(self, request: Request) -> None:
+        """A request that came while the run runs (runtime/live.py): its prompt and length."""
+        self.prompts[request.id] = prompt_ids(request, self.model.cfg.vocab)
+        self.output_tokens[request.id] = request.output_tokens
+
+    def drop(self, request_id: int) -> None:
+        """A request finished or cancelled (Scheduler.cancel) in a live run: let go of it."""
+        self.prompts.pop(request_id, None)
+        self.output_tokens.pop(request_id, None)
 
     def step(self, sched, result: EngineResult, origin: float | None = None) -> StepRecord:
         """One step, timed; origin: the run's clock, for steps stamped with their start and

@@ -26,6 +26,17 @@ LOAD_COLUMNS = {
     "mean_batch": "batch",
     "duration_s": "duration s",
 }
+SERVER_COLUMNS = {
+    "rate": "rate",
+    "sent": "sent",
+    "request_throughput_rps": "req/s",
+    "output_throughput_tps": "tok/s",
+    "goodput_rps": "goodput",
+    "failed": "failed",
+    "timed_out": "timed out",
+    "token_mismatch": "usage != stream",
+    "duration_s": "duration s",
+}
 VERSUS_COLUMNS = {
     "policy": "policy",
     "rate": "rate",
@@ -47,31 +58,53 @@ SLO_COLUMNS = {
 
 def document(rec) -> dict:
     return {
+        "endpoint": rec.meta.get("endpoint"),
         "step_cost": rec.meta.get("step_cost"),
         "real": rec.meta.get("real"),
         "rows": rec.rows("serve"),
         "slo": rec.rows("slo"),
         "sim_vs_real": rec.rows("sim_vs_real"),
+        "prediction": rec.meta.get("prediction"),
     }
+
+
+def _cost_text(summary: dict, cost_line) -> str:
+    """The engine's calibration (core/calibration.py) or an isolated-step fit, in one line."""
+    if "std_errors_s" in summary:
+        from benchbatch.core.calibration import line
+
+        return line(summary)
+    return cost_line(summary)
 
 
 def show(rec) -> None:
     from benchbatch.experiments.ablation.probe import cost_line
 
     rows, slo, versus = rec.rows("serve"), rec.rows("slo"), rec.rows("sim_vs_real")
-    render.out_console.print(cost_line(rec.meta["step_cost"]))
+    if rec.meta.get("step_cost"):
+        render.out_console.print(_cost_text(rec.meta["step_cost"], cost_line), highlight=False)
     for source, name in (("sim", "simulated"), ("real", "real engine")):
         mine = [_shown(r) for r in rows if r["source"] == source]
         if mine:
             n = f"{mine[0]['requests']:,} requests a point"
             render.table(mine, LATENCY_COLUMNS, f"{name}, {n}: latency (s unless ms)")
             render.table(mine, LOAD_COLUMNS, f"{name}: throughput, and what the slots did")
+    served = [_shown(r) for r in rows if r["source"] == "endpoint"]
+    if served:
+        name = f"{served[0]['label']}, {served[0]['sent']:,} requests a point"
+        render.table(served, LATENCY_COLUMNS, f"{name}: latency (s unless ms)")
+        render.table(served, SERVER_COLUMNS, "the server: throughput and failed requests")
     if versus:
-        title = "real engine over its simulation (the same requests at the same times)"
+        what = "the server" if served else "real engine"
+        title = f"{what} over its simulation (the same requests at the same times)"
         render.table(_versus(versus), VERSUS_COLUMNS, title)
+    if (rec.meta.get("prediction") or {}).get("verdict"):
+        render.out_console.print(rec.meta["prediction"]["verdict"], highlight=False)
     render.table(slo, SLO_COLUMNS, "the largest rate each policy sustains within the SLO")
-    for line in verdict_lines(slo):
+    limits = rec.meta["options"]
+    for line in verdict_lines(slo) + what_moves_it(slo, rows, limits):
         render.out_console.print(line, highlight=False)
+    _energy(rows)
     _warn_uncertain(rows)
     render.results_line(rec.folder)
 
@@ -98,7 +131,12 @@ def _versus(rows: list[dict]) -> list[dict]:
 
 def verdict_lines(slo: list[dict]) -> list[str]:
     """Per source: the rate each policy sustains, continuous over static."""
-    names = {"sim": "simulated", "real": "real engine", "sim-matched": "simulated, real workload"}
+    names = {
+        "sim": "simulated",
+        "real": "real engine",
+        "sim-matched": "simulated, real workload",
+        "endpoint": "the server",
+    }
     lines = []
     for source, name in names.items():
         by = {r["policy"]: r for r in slo if r["source"] == source}
@@ -106,6 +144,33 @@ def verdict_lines(slo: list[dict]) -> list[str]:
             continue
         parts = [f"{p} {_sustains(r)}" for p, r in by.items()]
         lines.append(f"{name}: within the SLO up to " + ", ".join(parts))
+    return lines
+
+
+def what_moves_it(slo: list[dict], rows: list[dict], limits: dict) -> list[str]:
+    """For a policy that sustains no rate: what broke at its lowest rate (p99 TTFT or p99
+    TPOT over its limit, or failed requests) and which option moves it."""
+    lines = []
+    for r in slo:
+        if r["sustained_rate"] is not None:
+            continue
+        mine = [x for x in rows if x["policy"] == r["policy"] and x["source"] == r["source"]]
+        if not mine:
+            continue
+        low = min(mine, key=lambda x: x["rate_rps"])
+        broke = []
+        if low["ttft_p99_s"] > limits.get("slo_ttft", float("inf")):
+            broke.append(f"p99 TTFT {render.fmt(low['ttft_p99_s'])} s over --slo-ttft")
+        if low["tpot_p99_s"] > limits.get("slo_tpot", float("inf")):
+            broke.append(f"p99 TPOT {render.fmt(1e3 * low['tpot_p99_s'])} ms over --slo-tpot")
+        if low.get("failed") or low.get("timed_out"):
+            broke.append("failed requests")
+        why = " and ".join(broke) or "outside the SLO"
+        lines.append(
+            f"{r['policy']} ({r['source']}) misses the SLO even at {low['rate']} req/s ({why}): "
+            "sweep lower --rates, loosen that limit, or use a smaller model (--preset, "
+            "--layers) or a faster device"
+        )
     return lines
 
 
@@ -127,3 +192,19 @@ def _warn_uncertain(rows: list[dict]) -> None:
             f"{P99_MIN_REQUESTS} requests is about their largest value, so it is uncertain "
             "(MLPerf asks for far more); raise --real-requests or --requests to firm it up"
         )
+
+
+def _energy(rows: list[dict]) -> None:
+    """Energy and cost per output token of the measured points (else the max points)."""
+    from benchbatch.core import energy
+
+    shown = [r for r in rows if r["source"] in ("real", "endpoint")]
+    shown = shown or [r for r in rows if r["rate"] == "max"]
+    lines = energy.summary_lines(
+        shown,
+        per_token="joules_per_output_token",
+        cost="usd_per_million_output_tokens",
+        name=lambda r: f"{r['policy']} at {r['rate']}",
+    )
+    for line in lines:
+        render.line(line)

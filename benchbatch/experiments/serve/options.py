@@ -21,13 +21,16 @@ from benchbatch.experiments.fields import (
     INT_MAX_TOKENS,
     LENGTH_KINDS,
     SLO_PANEL,
+    check_price_per_hour,
     chunk_of,
     chunk_size_field,
+    price_per_hour_field,
     step_costs_field,
     token_budget_field,
 )
 
 SERVE_PANEL = "Serving curve"
+ENDPOINT_PANEL = "A running server (--endpoint)"
 
 
 SERVE_POLICIES = ("static", "continuous", "chunked")
@@ -116,6 +119,43 @@ class ServeOptions:
         "(default model: article on CUDA, cpu-small on CPU), each beside its simulation.",
         default="real",
     )
+    endpoint: str | None = opt(
+        None,
+        "Measure a running OpenAI-compatible server instead (vLLM, SGLang, TGI, benchbatch "
+        "serve): its base URL, e.g. http://127.0.0.1:8000. Each rate's --real-requests are "
+        "streamed to /v1/completions at their arrival times on the wall clock; no model is "
+        "built here and nothing is simulated unless --step-costs is given. Credentials in "
+        "the URL are never recorded.",
+        panel=ENDPOINT_PANEL,
+        metavar="URL",
+    )
+    served_model: str | None = opt(
+        None,
+        "With --endpoint: the model name to ask for (vLLM's --served-model-name). Default: "
+        "the first the server lists at /v1/models.",
+        panel=ENDPOINT_PANEL,
+        metavar="NAME",
+    )
+    max_concurrency: int | None = opt(
+        None,
+        "With --endpoint: at most this many requests in flight; later arrivals wait for a "
+        "free one, and, as in vLLM's bench serve, their latencies count from when each is "
+        "sent (the wait is requests.csv's queued_s). Default: no cap.",
+        panel=ENDPOINT_PANEL,
+    )
+    request_timeout: float = opt(
+        300.0,
+        "With --endpoint: seconds a request's whole stream may take; past it the request is "
+        "counted as timed out (its own column), never waited on.",
+        panel=ENDPOINT_PANEL,
+    )
+    tokenizer: Path | None = opt(
+        None,
+        "With --endpoint: a tokenizer.json (or its folder) to build text prompts of exact "
+        "token lengths. Default: the server's /tokenize where it has one, else prompts as "
+        "token ids (which vLLM and benchbatch serve accept).",
+        panel=ENDPOINT_PANEL,
+    )
     real_rates: tuple[str, ...] | None = opt(
         None,
         "Rates to serve on the real engine. Default: chosen to fit --real-time: first, per "
@@ -126,28 +166,37 @@ class ServeOptions:
     )
     real_requests: int = opt(
         40,
-        "Requests per real-engine point (the first of the simulated workload, same lengths "
-        "and arrival times). A point lasts at least this over its rate, so on a CPU they "
-        "are few, and their p99s say they are uncertain.",
+        "Requests per real-engine or --endpoint point (the first of the simulated "
+        "workload, same lengths and arrival times). A point lasts at least this over its "
+        "rate, so on a CPU they are few, and their p99s say they are uncertain.",
         panel=SERVE_PANEL,
     )
     real_time: float = opt(
         150.0,
         "Seconds the real engine may take, by the simulation's estimate of each point "
-        "(default rates only).",
+        "(default rates only); with --endpoint, the seconds its default rates may take "
+        "after the max point that finds its capacity.",
         panel=SERVE_PANEL,
     )
+    # The SLOs are held in seconds; typed with a unit (2s, 200ms, 500us) or as a bare number
+    # of milliseconds (vLLM's --goodput ttft:200). The old spelling in seconds stays as the
+    # hidden --slo-ttft-s and --slo-tpot-s.
     slo_ttft: float = opt(
         SERVE_SLO[0],
-        "Time-to-first-token limit (s). Default: MLPerf's Llama-2-70B server limit "
-        "(conversational).",
+        "Time-to-first-token limit: 2s, 200ms, or a bare number of milliseconds (as vLLM). "
+        "Default: MLPerf's Llama-2-70B server limit (conversational).",
         panel=SLO_PANEL,
+        parse="time_s",
+        aliases=("--slo-ttft-s:s",),
     )
     slo_tpot: float = opt(
         SERVE_SLO[1],
-        "Time-per-output-token limit (s). Goodput counts requests meeting both limits; a "
-        "point is within the SLO when its p99 TTFT and p99 TPOT are (MLPerf's server rule).",
+        "Time-per-output-token limit: 200ms, 0.2s, or a bare number of milliseconds. Goodput "
+        "counts requests meeting both limits; a point is within the SLO when its p99 TTFT and "
+        "p99 TPOT are (MLPerf's server rule).",
         panel=SLO_PANEL,
+        parse="time_s",
+        aliases=("--slo-tpot-s:s",),
     )
     step_costs: tuple[Path, ...] | None = step_costs_field(
         "instead of timing steps on the model first (with --engine sim, no model is built)."
@@ -156,8 +205,8 @@ class ServeOptions:
     chunk_size: int | None = chunk_size_field("in the chunked policy")
     output_dist: str = opt(
         "lognormal",
-        "Output lengths: fixed (--median each), uniform (integers from --min-output to "
-        "--max-output), lognormal (median --median, sigma --sigma, clipped to "
+        "Output lengths: fixed (--output-median each), uniform (integers from --min-output to "
+        "--max-output), lognormal (median --output-median, sigma --output-sigma, clipped to "
         "[--min-output, --max-output]).",
         panel=WORKLOAD,
         choices=LENGTH_KINDS,
@@ -174,6 +223,7 @@ class ServeOptions:
     prompt_sigma: float = opt(0.6, "Lognormal sigma of the prompt lengths.", panel=WORKLOAD)
     min_prompt: int = opt(1, "Shortest prompt (tokens).", panel=WORKLOAD)
     max_prompt: int = opt(1024, "Longest prompt (tokens).", panel=WORKLOAD)
+    price_per_hour: float | None = price_per_hour_field()
 
     MAX_RATES = 64
     MAX_RATE_RPS = 1e9
@@ -181,6 +231,7 @@ class ServeOptions:
     # 1/rate is infinite) long before they mean anything.
     MIN_RATE_RPS = 1e-6
     MAX_REAL_REQUESTS = 100_000
+    MAX_TIMEOUT_S = 86_400.0
     # The simulated sweep's work, bounded before it runs (run.py's _check_work): every point
     # (policy, rate) steps its scheduler through every output token (a step at least one)
     # and each prefill, and keeps a requests.csv row per request (a request costs about as
@@ -201,6 +252,8 @@ class ServeOptions:
             if getattr(self, name) is not None:
                 parse_rates(getattr(self, name), name)
         check_count("real_requests", self.real_requests, 1, self.MAX_REAL_REQUESTS)
+        check_price_per_hour(self.price_per_hour)
+        self._check_endpoint()
         check_number("real_time", self.real_time, 0, open_low=True)
         for name in ("slo_ttft", "slo_tpot"):
             value = getattr(self, name)
@@ -211,6 +264,28 @@ class ServeOptions:
         check_number("prompt_sigma", self.prompt_sigma)
         for name in ("min_output", "min_prompt", "max_prompt"):
             check_count(name, getattr(self, name), 1, INT_MAX_TOKENS)
+
+    def _check_endpoint(self) -> None:
+        check_number("request_timeout", self.request_timeout, 0, open_low=True)
+        require(
+            self.request_timeout <= self.MAX_TIMEOUT_S,
+            "request_timeout",
+            f"{self.request_timeout:g} s is more than a day; a stream that long is a hang",
+        )
+        if self.endpoint is None:
+            for name in ("served_model", "max_concurrency", "tokenizer"):
+                if getattr(self, name) is not None:
+                    raise UserError(name, "only applies with --endpoint")
+            return
+        from benchbatch.net.client import check_url
+
+        check_url(self.endpoint, "endpoint")
+        if self.max_concurrency is not None:
+            check_count("max_concurrency", self.max_concurrency, 1, self.MAX_REAL_REQUESTS)
+        if self.served_model is not None:
+            require(bool(self.served_model.strip()), "served_model", "give a model name")
+        if self.real_rates is not None:
+            raise UserError("real_rates", "does not apply with --endpoint: give --rates")
 
     @property
     def rate_values(self) -> tuple[float, ...] | None:

@@ -44,11 +44,13 @@ LABELS = {
     "static": "static",
     "continuous": "continuous",
     "chunked": "continuous + chunked prefill",
+    "endpoint": "a running server (--endpoint)",
 }
-# Sources of a point: the sweep's simulation, the real engine, and the simulation of exactly
-# the requests and arrival times the real engine served (its like-for-like twin).
-SIM, REAL, MATCHED = "sim", "real", "sim-matched"
-SOURCES = (SIM, REAL, MATCHED)
+# Sources of a point: the sweep's simulation, the real engine, the simulation of exactly
+# the requests and arrival times the real engine (or a server) served (its like-for-like
+# twin), and a running server measured over HTTP (--endpoint).
+SIM, REAL, MATCHED, ENDPOINT = "sim", "real", "sim-matched", "endpoint"
+SOURCES = (SIM, REAL, MATCHED, ENDPOINT)
 # Default rates: these fractions of the simulated capacity (GuideLLM sweeps between its
 # synchronous and its maximum-throughput rates the same way).
 AUTO_FRACTIONS = tuple(round(0.1 * k, 1) for k in range(1, 12))
@@ -97,10 +99,11 @@ def check_setup(policies: Sequence[str], setup: Setup) -> None:
 
 def priced(cost: StepCostModel) -> Callable[[StepPlan], float]:
     """The cost model as the engine pays it: a static group's finished slots still compute a
-    padding token each step (the real engine decodes them), priced as decode tokens."""
+    padding token each step (the real engine decodes them), priced as decoding sequences."""
+    per_padded = cost.per_decode_token_s + cost.per_sequence_s
 
     def step_cost(plan: StepPlan) -> float:
-        return cost(plan) + cost.per_decode_token_s * len(plan.padded_slots)
+        return cost(plan) + per_padded * len(plan.padded_slots)
 
     return step_cost
 
@@ -334,7 +337,7 @@ def sustained(rows: Sequence[dict]) -> list[dict]:
     rate up to it within) and the first rate where it leaves it."""
     out = []
     for source in SOURCES:
-        for policy in POLICIES:
+        for policy in (*POLICIES, ENDPOINT):
             mine = sorted(
                 (r for r in rows if r["policy"] == policy and r["source"] == source),
                 key=lambda r: r["rate_rps"],

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import math
 
+from benchbatch.core import energy
 from benchbatch.core.options import ModelOptions, RunOptions, WorkloadOptions, record
 from benchbatch.errors import UserError
 from benchbatch.experiments import common as c
@@ -17,8 +18,11 @@ def open_run(
     opts: ServeOptions, workload: WorkloadOptions, model: ModelOptions, run: RunOptions
 ) -> Recorder:
     """Every input checked (the lengths, the budgets, the trace, --step-costs), then the
-    run: on the model, or without one for --step-costs with --engine sim."""
+    run: on the model, or without one for --step-costs with --engine sim, or against a
+    running server (--endpoint), which is reached before anything is written."""
     opts.check(workload)
+    if opts.endpoint is not None:
+        return _open_endpoint(opts, workload, model, run)
     _check_work(opts, workload)  # before drawing: --requests alone may be too many
     _, w, given = _plan(opts, workload, run)
     _check_work(opts, workload, w)
@@ -34,12 +38,20 @@ def measure_run(
     from benchbatch.experiments.serve import probe
 
     setup, w, given = _plan(opts, workload, run)
+    if opts.endpoint is not None:
+        cost = None if given is None else _cost_model(rec, None, setup, w, given, run)
+        _serve_endpoint(rec, opts, w, setup, cost)
+        rec.put("slo", probe.sustained(rec.rows("serve")))
+        rec.meta["energy"] = energy.summary(rec.rows("serve"), "joules_per_output_token")
+        _figures(rec)
+        return
     net = c.build_model(rec, model, run)[0] if rec.target is not None else None
     cost = _cost_model(rec, net, setup, w, given, run)
     rates = _simulate(rec, opts, w, setup, cost)
     if opts.engine == "real":
         _serve_real(rec, net, opts, w, setup, cost, rates, run.seed)
     rec.put("slo", probe.sustained(rec.rows("serve")))
+    rec.meta["energy"] = energy.summary(rec.rows("serve"), "joules_per_output_token")
     _figures(rec)
 
 
@@ -141,9 +153,9 @@ def _check_real_rates(opts: ServeOptions, w) -> None:
 def _given_costs(opts: ServeOptions):
     if not opts.step_costs:
         return None
-    from benchbatch.core import stepcost
+    from benchbatch.core import calibration
 
-    return stepcost.fit(stepcost.cost_rows_from_csv(opts.step_costs))
+    return calibration.given(opts.step_costs)
 
 
 def _open(opts, workload, model, run, w, need_model: bool) -> Recorder:
@@ -174,13 +186,17 @@ def _check_real(cfg, requests, prompt: str = "max_prompt", output: str = "max_ou
     check_fits(cfg.max_context, requests, prompt=prompt, output=output)
 
 
-def _ignored(model: ModelOptions, run: RunOptions) -> str | None:
+def _ignored(
+    model: ModelOptions, run: RunOptions, why: str = "with --engine real or without --step-costs"
+) -> str | None:
     given = [f"--{k.replace('_', '-')}" for k in model.overrides()]
     given += [f"--{k}" for k in ("model", "preset", "config") if getattr(model, k) is not None]
     given += ["--dtype"] if run.dtype is not None else []
     if not given:
         return None
-    return f"{', '.join(given)} only apply with --engine real or without --step-costs; ignored"
+    if why.startswith("with --endpoint"):
+        return f"{', '.join(given)} do not apply {why}; ignored"
+    return f"{', '.join(given)} only apply {why}; ignored"
 
 
 def _cost_model(rec, net, setup, w, given, run):
@@ -215,7 +231,8 @@ def _simulate(rec, opts: ServeOptions, w, setup, cost) -> tuple[float, ...]:
             for p in opts.policies:
                 point = done.pop((p, rate), None) or probe.simulate_point(w, p, rate, setup, cost)
                 requests.extend(probe.request_rows(point, setup.slo))
-                yield probe.point_row(point, setup)
+                row = probe.point_row(point, setup)
+                yield row | energy.serve_columns(row, None, opts.price_per_hour)
 
     total = len(rates) * len(opts.policies)
     rec.record("serve", points(), total=total, label="simulating the sweep", timed=False)
@@ -231,16 +248,18 @@ def _serve_real(rec, net, opts: ServeOptions, w, setup, cost, rates, seed: int) 
     through the run); per point its serve.csv row beside the simulation of the same
     requests (sim-matched) and sim_vs_real.csv."""
     from benchbatch.experiments.serve import probe
+    from benchbatch.runtime import telemetry
     from benchbatch.runtime.runs import engine_events
 
     n = min(opts.real_requests, len(w.requests))
-    matched, chosen = _matched(rec, opts, w, setup, cost, rates, n)
+    matched, chosen, n = _matched(rec, opts, w, setup, cost, rates, n)
     if not chosen:
         return
     rows = {k: probe.point_row(v, setup) for k, v in matched.items()}
     for r in chosen:
         for p in opts.policies:
-            rec.add("serve", rows[(p, r)])
+            priced = energy.serve_columns(rows[(p, r)], None, opts.price_per_hour)
+            rec.add("serve", rows[(p, r)] | priced)
             for row in probe.request_rows(matched[(p, r)], setup.slo):
                 rec.add("requests", row, stream=True)
     by_label = {probe.rate_label(r): r for r in chosen}
@@ -248,15 +267,42 @@ def _serve_real(rec, net, opts: ServeOptions, w, setup, cost, rates, seed: int) 
     runs = probe.engine_runs(w, chosen, opts.policies, setup, n, matched)
     events = engine_events(net, requests, runs, seed)
     total = sum(run.sim_steps for run in runs)
+    pairs: list[dict] = []
+    meter = telemetry.EnergyMeter(net.embed.weight.device)
+    meter.start()
     for done in rec.engine_rows("real_steps", events, total=total, label="real engine"):
+        reading = meter.lap()
         rate = by_label[done.run.columns["rate"]]
         point = probe.real_point(done.result, done.run.name, rate, requests, w.at(rate, n)[1])
         row = probe.point_row(point, setup)
+        row |= energy.serve_columns(row, reading, opts.price_per_hour)
         rec.add("serve", row)
         for versus in probe.sim_vs_real(row, rows[(done.run.name, rate)]):
             rec.add("sim_vs_real", versus)
         for r in probe.request_rows(point, setup.slo):
             rec.add("requests", r, stream=True)
+        arrivals = w.at(rate, n)[1]
+        span = float(arrivals.max() - arrivals.min()) if len(arrivals) else 0.0
+        pairs += _prediction_pairs(row, rows[(done.run.name, rate)], span)
+    meter.close()
+    from benchbatch.output.plots.prediction import record
+
+    record(rec, pairs, f"serve-sweep: the real engine beside its simulation; {c.title(rec)}")
+
+
+def _prediction_pairs(real: dict, matched: dict, span_s: float) -> list[dict]:
+    """prediction.csv's pairs of one real point and its simulation (sim_vs_real's pair):
+    below saturation when the measured throughput (requests over first arrival to last
+    token) is within 10% of the offered rate (requests over their arrivals' span)."""
+    from benchbatch.core.prediction import pairs_of
+    from benchbatch.experiments.serve import probe
+
+    rate = real["rate_rps"]
+    offered = real["requests"] / span_s if span_s > 0 else math.inf
+    below = math.isfinite(offered) and real["request_throughput_rps"] >= 0.9 * offered
+    label = f"{real['policy']} @ {probe.rate_label(rate)} req/s"
+    return pairs_of(label, matched, real, policy=real["policy"], rate=real["rate"],
+                    below_saturation=below)  # fmt: skip
 
 
 def _matched(rec, opts: ServeOptions, w, setup, cost, rates, n: int):
@@ -274,6 +320,16 @@ def _matched(rec, opts: ServeOptions, w, setup, cost, rates, n: int):
     if opts.real_rates is None:
         rows = [probe.point_row(v, setup) for v in matched.values()]
         chosen, spent = probe.choose_real_rates(rows, cost_s, opts.real_time)
+        fewer = n // 2
+        if len(chosen) < min(2, len(candidates)) and fewer >= MIN_REAL_REQUESTS:
+            # A slow or loaded device: fewer requests a point rather than no answer.
+            rec.note(
+                f"{len(chosen) or 'no'} rate{'' if len(chosen) == 1 else 's'} of {n} requests "
+                f"fit{'s' if len(chosen) == 1 else ''} --real-time {opts.real_time:g} s on "
+                f"this device; trying {fewer} requests a point (raise --real-time to serve "
+                "more)"
+            )
+            return _matched(rec, opts, w, setup, cost, rates, fewer)
     else:
         chosen, spent = list(candidates), sum(cost_s.values())
         if spent > opts.real_time:  # explicit rates: the fitted model's estimate, all points
@@ -293,8 +349,17 @@ def _matched(rec, opts: ServeOptions, w, setup, cost, rates, n: int):
     if chosen:
         _say_estimate(rec, n, chosen, spent)
     else:
-        rec.warning(f"no rate fits --real-time {opts.real_time:g} s: none served on the model")
-    return matched, chosen
+        least = min(cost_s.values(), default=math.nan)
+        rec.warning(
+            f"no rate fits --real-time {opts.real_time:g} s even with {n} requests a point "
+            f"(the cheapest needs about {_seconds(least)}): none served on the model; raise "
+            "--real-time, or give --real-rates"
+        )
+    return matched, chosen, n
+
+
+# The fewest requests a real point is cut to when the default ones do not fit --real-time.
+MIN_REAL_REQUESTS = 10
 
 
 def _seconds(s: float) -> str:
@@ -310,6 +375,104 @@ def _say_estimate(rec, n: int, chosen, spent: float) -> None:
         f"real engine: {n} requests per point at {', '.join(rate_label(r) for r in chosen)} "
         f"req/s; the fitted cost model expects about {render.duration(spent)}"
     )
+
+
+# --- a running server (--endpoint) ------------------------------------------------------------
+
+
+def _open_endpoint(opts: ServeOptions, workload, model, run) -> Recorder:
+    """The server reached (/v1/models) and the requests checked against what it says, then
+    the run's folder; no model is built here."""
+    from benchbatch.experiments.serve import endpoint as ep
+
+    w = _plan(opts, workload, run)[1]
+    n = min(opts.real_requests, len(w.requests))
+    if opts.step_costs:
+        _check_work(opts, workload, w)
+    target, info = ep.connect(opts)
+    ep.check_fits(info, w.requests[:n], *_length_options(opts, workload))
+    options = record(opts, workload, run) | {"endpoint": info["url"]}  # no credentials
+    rec = Recorder.open("serve-sweep", run, None, None, options)
+    rec.note(_ignored(model, run, "with --endpoint (the server's model is measured)"))
+    rec.meta["workload"] = {"arrivals": w.arrivals, "lengths": w.lengths}
+    rec.meta["endpoint"] = {k: v for k, v in info.items() if k != "vocab"}
+    rec.inputs = (target, info)
+    return rec
+
+
+def _serve_endpoint(rec, opts: ServeOptions, w, setup, cost) -> None:
+    """Each rate's first --real-requests streamed to the server at their arrival times:
+    requests.csv as each finishes, serve.csv's row per rate; without --rates the max point
+    first, then fractions of its throughput that fit --real-time. With --step-costs the
+    same requests simulated beside (sim-matched) and sim_vs_real.csv."""
+    from benchbatch.experiments.serve import endpoint as ep
+    from benchbatch.experiments.serve import probe
+
+    target, info = rec.inputs
+    n = min(opts.real_requests, len(w.requests))
+    requests = w.requests[:n]
+    sent, how = ep.prompts(opts, target, info, requests, rec.meta["options"]["seed"])
+    rec.meta["endpoint"]["prompts"] = how
+    rec.meta["endpoint"]["warmup"] = ep.warm_up(target, sent[0], opts)
+    label = f"{info.get('served_model', 'server')} at {info.get('url', opts.endpoint)}"
+    rates = list(opts.rate_values or (math.inf,))
+    rec.meta["rates_rps"] = [probe.rate_label(r) for r in rates]
+    done: set[float] = set()
+    while rates:
+        rate = rates.pop(0)
+        if rate in done:
+            continue
+        done.add(rate)
+        row = _endpoint_point(rec, opts, w, setup, cost, sent, rate, n, label)
+        if opts.rates is None and math.isinf(rate):
+            more, spent = ep.default_rates(row["request_throughput_rps"], n, opts.real_time)
+            rates = more
+            rec.meta["rates_rps"] += [probe.rate_label(r) for r in more]
+            rec.meta["real"] = {"requests": n, "estimated_s": spent, "budget_s": opts.real_time}
+            if not more:
+                rec.warning(
+                    f"the server served {row['request_throughput_rps']:.3g} req/s with every "
+                    f"request queued, so no rate below it fits --real-time {opts.real_time:g} s "
+                    f"with {n} requests: raise --real-time or lower --real-requests"
+                )
+            else:
+                rec.say(
+                    f"endpoint: {n} requests per point at "
+                    f"{', '.join(probe.rate_label(r) for r in more)} req/s (fractions of the "
+                    f"{row['request_throughput_rps']:.3g} req/s it served at max), about "
+                    f"{render.duration(spent)}"
+                )
+
+
+def _endpoint_point(rec, opts, w, setup, cost, sent, rate: float, n: int, label: str) -> dict:
+    from benchbatch.experiments.serve import endpoint as ep
+    from benchbatch.experiments.serve import probe
+
+    requests, arrivals = w.at(rate, n)
+    records: list = []
+
+    def rows():
+        with ep.stream(rec.inputs[0], sent, arrivals, opts) as run:
+            for s in run:
+                records.append(s)
+                yield ep.request_row(s, rate, setup.slo)
+            rec.meta["endpoint"]["length_fields"] = list(run.length_fields or ())
+            rec.meta["endpoint"]["dropped_fields"] = list(run.dropped_fields or ())
+
+    what = f"endpoint at {probe.rate_label(rate)} req/s"
+    rec.record("requests", rows(), total=n, label=what, timed=False, stream=True)
+    point = ep.point(records, rate, requests, arrivals)
+    row = ep.point_row(records, point, setup, label)
+    row |= energy.serve_columns(row, None, opts.price_per_hour, why=f"served by {label}")
+    rec.add("serve", row)
+    if cost is not None:
+        for policy in opts.policies:
+            twin = probe.simulate_point(w, policy, rate, setup, cost, n, probe.MATCHED)
+            twin_row = probe.point_row(twin, setup)
+            rec.add("serve", twin_row)
+            for versus in probe.sim_vs_real(row, twin_row):
+                rec.add("sim_vs_real", versus | {"simulated_policy": policy})
+    return row
 
 
 # --- figures ------------------------------------------------------------------------------------

@@ -1,0 +1,212 @@
+"""serve-sweep --endpoint: the serving curve of a running OpenAI-compatible server (vLLM,
+SGLang, TGI, `benchbatch serve`), measured with the same requests, arrivals and metrics as
+benchbatch's own engine.
+
+Each rate's requests are the first --real-requests of the workload (same lengths, same
+seeded arrival times), streamed to /v1/completions by benchbatch/net/client.py; every chunk
+is stamped as it arrives, and the metrics are core/serving's (vLLM's definitions), with the
+server's usage counts as each request's output tokens. A request that fails (refused, an
+HTTP error, a stream that stops, a timeout) is counted in its own column and never waited
+on. Without --rates the max point runs first and finds the server's capacity; the rates are
+then fractions of it that fit --real-time. With --step-costs the same requests are also
+simulated (sim-matched), so the prediction stands beside the measurement.
+
+Everything here returns rows or plain results; nothing prints.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Iterator, Sequence
+
+import numpy as np
+
+from benchbatch.core.serving import ServingSLO, tpot
+from benchbatch.errors import UserError
+from benchbatch.experiments.serve import probe
+from benchbatch.experiments.serve.options import ServeOptions, rate_label
+
+ENDPOINT = probe.ENDPOINT  # the source, and the policy, of a measured server's points
+# Default rates after the max point: these fractions of its request throughput, cheapest
+# (highest) first, while they fit --real-time.
+FRACTIONS = (0.9, 0.7, 0.5, 0.3)
+# Token-id prompts when neither a tokenizer nor the server says more: ids below 256, which
+# every tokenizer has (a byte-level BPE's first 256 are the bytes).
+ID_VOCAB = 256
+# Not a metric of a server measured from outside: what its slots did.
+UNSEEN = ("steps", "mean_batch", "busy_fraction", "slot_occupancy", "slots")
+
+
+def connect(opts: ServeOptions):
+    """The endpoint and what it says of itself (/v1/models, version headers): a UserError
+    naming --endpoint or --served-model when it cannot be reached or does not serve it."""
+    from dataclasses import replace
+
+    from benchbatch.net.client import make_endpoint, server_info
+
+    endpoint = make_endpoint(opts.endpoint, opts.served_model, opts.request_timeout)
+    info = server_info(endpoint)
+    return replace(endpoint, model=info["served_model"]), info
+
+
+def check_fits(info: dict, requests, prompt_option: str, output_option: str) -> None:
+    """Refuse requests longer than the server's max_model_len, when it says it."""
+    most = info.get("max_model_len")
+    if not most or not requests:
+        return
+    need = max(r.prompt_tokens + r.output_tokens for r in requests)
+    if need > most:
+        option = prompt_option if max(r.prompt_tokens for r in requests) >= most else output_option
+        raise UserError(
+            option,
+            f"the longest prompt plus its output is {need:,} tokens, more than the server's "
+            f"max_model_len {most:,}",
+        )
+
+
+def prompts(opts: ServeOptions, endpoint, info: dict, requests, seed: int):
+    """The requests as the client sends them: prompts of exactly each request's length
+    (text through --tokenizer or the server's /tokenize, else token ids) and max_tokens its
+    output length. Returns them and how the prompts were made."""
+    from benchbatch.net.client import Prompt
+    from benchbatch.net.prompts import exact_prompts
+
+    lengths = [r.prompt_tokens for r in requests]
+    made = exact_prompts(
+        lengths,
+        seed,
+        tokenizer=opts.tokenizer,
+        endpoint=endpoint if info.get("tokenize") else None,
+        vocab=info.get("vocab") or ID_VOCAB,
+    )
+    how = (
+        f"text, tokenized by {opts.tokenizer}"
+        if opts.tokenizer is not None
+        else "text, through the server's /tokenize"
+        if info.get("tokenize")
+        else f"token ids below {info.get('vocab') or ID_VOCAB} (seeded)"
+    )
+    out = [
+        Prompt(r.id, text, r.prompt_tokens, r.output_tokens)
+        for r, text in zip(requests, made, strict=True)
+    ]
+    return out, how
+
+
+def stream(endpoint, prompts, arrivals: np.ndarray, opts: ServeOptions) -> Iterator:
+    """The client's records (core/streamed.Streamed) as each request finishes."""
+    from benchbatch.net.client import stream_requests
+
+    return stream_requests(endpoint, prompts, arrivals.tolist(), opts.max_concurrency)
+
+
+def warm_up(endpoint, first, opts: ServeOptions) -> dict:
+    """One request like the first, sent and waited for before any point's clock starts (as
+    vLLM's bench serve sends its test prompt first): a server's first request pays for its
+    own warm-up (allocations, compiled kernels, caches), which no point should. Returns
+    what it did, for the metadata; a failure is said there, and the points then count
+    their own."""
+    records = []
+    with stream(endpoint, [first], np.zeros(1), opts) as run:
+        records = list(run)
+    s = records[0] if records else None
+    if s is None or not s.ok:
+        return {"requests": 1, "ok": False, "error": None if s is None else s.error}
+    return {"requests": 1, "ok": True, "e2e_s": s.chunk_s[-1] - s.sent_s if s.chunk_s else None}
+
+
+# --- rows -----------------------------------------------------------------------------------
+
+
+def point(records: Sequence, rate: float, requests, arrivals) -> probe.Point:
+    """A measured server's point: the served requests' metrics; no steps seen."""
+    from benchbatch.core.streamed import run_metrics
+
+    return probe.Point(
+        ENDPOINT,
+        rate,
+        ENDPOINT,
+        list(requests),
+        np.asarray(arrivals),
+        run_metrics(records),
+        [],
+        [],
+        [],
+    )
+
+
+def point_row(records: Sequence, p: probe.Point, setup: probe.Setup, label: str) -> dict:
+    """serve.csv's row of an endpoint point: the serving metrics of the requests it served,
+    its failures counted apart (failed: refused, HTTP errors, broken streams; timed_out), and
+    the requests whose usage count disagreed with their stream or their max_tokens. A point
+    with a failed request is not within the SLO (that request missed it)."""
+    from benchbatch.core.streamed import failure_counts, token_mismatches
+
+    row = probe.point_row(p, setup)
+    row["label"] = label
+    for key in UNSEEN:
+        row[key] = math.nan
+    failures = failure_counts(records)
+    timed_out = failures.get("timeout", 0)
+    failed = sum(failures.values()) - timed_out
+    sent = len(records)
+    row["sent"] = sent
+    row["failed"] = failed
+    row["timed_out"] = timed_out
+    row["token_mismatch"] = len(token_mismatches(records))
+    if sent:
+        row["slo_met_fraction"] = row.get("slo_met", 0) / sent
+    row["within_slo"] = bool(row["within_slo"]) and failed + timed_out == 0 and row["requests"] > 0
+    return row
+
+
+def request_row(s, rate: float, slo: ServingSLO) -> dict:
+    """requests.csv's row of one streamed request (failed ones too, with their reason)."""
+    from benchbatch.core.streamed import request_metrics
+
+    row = {
+        "policy": ENDPOINT,
+        "source": ENDPOINT,
+        "rate": rate_label(rate),
+        "request_id": s.request_id,
+        "prompt_tokens": s.prompt_tokens,
+        "output_tokens": s.output_tokens,
+        "arrival_s": s.arrival_s,
+        "queued_s": s.queued_s,
+        "sent_s": s.sent_s,
+    }
+    if not s.ok:
+        nan = math.nan
+        row |= {"ttft_s": nan, "tpot_s": nan, "itl_max_s": nan, "e2e_s": nan}
+        return row | {"slo_met": False, "chunks": len(s.chunk_s), "error": s.error}
+    m = request_metrics(s)
+    per = tpot(m)
+    return row | {
+        "output_tokens": m.num_tokens,
+        "ttft_s": m.ttft,
+        "tpot_s": math.nan if per is None else per,
+        "itl_max_s": m.tbt_max,
+        "e2e_s": m.e2e,
+        "slo_met": slo.met(m),
+        "chunks": len(s.chunk_s),
+        "error": "",
+    }
+
+
+# --- the rates ------------------------------------------------------------------------------
+
+
+def default_rates(capacity_rps: float, n: int, budget_s: float) -> tuple[list[float], float]:
+    """After the max point: FRACTIONS of its request throughput (two significant digits),
+    cheapest first, while their arrivals (n requests, the last at about n / rate) fit
+    budget_s seconds. Returns the rates, ascending, and their estimated seconds."""
+    chosen, spent = [], 0.0
+    if not (capacity_rps > 0 and math.isfinite(capacity_rps)):
+        return [], 0.0
+    for f in FRACTIONS:
+        rate = float(f"{f * capacity_rps:.2g}")
+        cost = n / rate
+        if rate > 0 and rate not in chosen and spent + cost <= budget_s:
+            chosen.append(rate)
+            spent += cost
+    return sorted(chosen), spent

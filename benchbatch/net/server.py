@@ -1,0 +1,440 @@
+"""benchbatch's own engine behind an OpenAI-compatible API (aiohttp.web), as vLLM serves:
+GET /v1/models, GET /health, POST /v1/completions (streamed as server-sent events, or one
+JSON) and POST /tokenize (vLLM's, with a tokenizer).
+
+The HTTP event loop runs on a thread of its own (ServerThread), apart from the model's
+(runtime/live.py's LiveEngine): a handler parses the request, submits it to the engine's
+inbox and awaits its tokens, which the model thread hands over as each step ends
+(loop.call_soon_threadsafe into the handler's queue); each step's token is one SSE chunk.
+A client that disconnects cancels its request (the handler is cancelled: aiohttp's
+handler_cancellation), which frees its slot before the next step, or takes it off the queue.
+
+The chunks are OpenAI's completion chunks (id, object "text_completion", created, model,
+choices [{index, text, logprobs, finish_reason}]), then with stream_options.include_usage a
+chunk with no choices and the usage, then `data: [DONE]`. Greedy decoding only: a
+temperature other than 0 is refused. A chunk's text is the token detokenized with the
+tokenizer (incrementally, as vLLM does: a piece that ends inside a UTF-8 character waits
+for the next token), else PLACEHOLDER with the token id; `return_token_ids: true` (vLLM's
+field) adds the ids themselves. Errors are OpenAI's JSON error object with its HTTP status.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import ipaddress
+import json
+import threading
+import time
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+from aiohttp import web
+
+from benchbatch.runtime.live import ABORT, LiveEngine, Refused, pin_this_thread
+
+PLACEHOLDER = "<{}>"  # a token's text without a tokenizer: its id, stable and parseable
+MAX_BODY_BYTES = 64 * 2**20
+SERVED = web.AppKey("served", object)  # the app's Served
+DEFAULT_MAX_TOKENS = 16  # OpenAI's default for completions
+ERROR_TYPES = {400: "BadRequestError", 404: "NotFoundError", 405: "MethodNotAllowed",
+               413: "RequestTooLarge", 500: "InternalServerError",
+               503: "ServiceUnavailableError"}  # fmt: skip
+
+
+# Sampling fields that greedy decoding takes only at their neutral value (vLLM's clients
+# send some: repetition_penalty 1.0).
+NEUTRAL = {"presence_penalty": 0, "frequency_penalty": 0, "repetition_penalty": 1}
+
+
+class ApiError(Exception):
+    def __init__(self, status: int, message: str, param: str | None = None) -> None:
+        super().__init__(message)
+        self.status, self.message, self.param = status, message, param
+
+
+def error_response(status: int, message: str, param: str | None = None) -> web.Response:
+    """OpenAI's error object (the openai client reads body["error"]["message"])."""
+    kind = ERROR_TYPES.get(status, "invalid_request_error")
+    body = {"error": {"message": message, "type": kind, "param": param, "code": status}}
+    return web.json_response(body, status=status)
+
+
+@dataclass
+class Served:
+    """What the app serves: the engine, its name, the context it takes, the tokenizer
+    (a tokenizers.Tokenizer, or None: token-id prompts only)."""
+
+    engine: LiveEngine
+    name: str
+    max_model_len: int
+    tokenizer: object | None = None
+    created: int = 0  # when it started serving (the model's "created")
+
+    def __post_init__(self) -> None:
+        self.created = self.created or int(time.time())
+
+
+# --- requests -----------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Ask:
+    """A completion request, checked."""
+
+    prompt_ids: tuple[int, ...]
+    max_tokens: int
+    stream: bool
+    include_usage: bool
+    stop_at_eos: bool
+    min_tokens: int
+    return_token_ids: bool
+
+
+def _int(body: dict, name: str, default: int, least: int) -> int:
+    value = body.get(name, default)
+    if value is None:
+        return default
+    if not isinstance(value, int) or isinstance(value, bool) or value < least:
+        raise ApiError(400, f"{name} must be an integer of at least {least}, got {value!r}", name)
+    return value
+
+
+def _bool(body: dict, name: str, default: bool) -> bool:
+    value = body.get(name, default)
+    if value is None:
+        return default
+    if not isinstance(value, bool):
+        raise ApiError(400, f"{name} must be true or false, got {value!r}", name)
+    return value
+
+
+def check_model(body: dict, served: Served) -> None:
+    name = body.get("model")
+    if name is not None and name != served.name:
+        raise ApiError(404, f"The model `{name}` does not exist (this server serves "
+                       f"`{served.name}`).", "model")  # fmt: skip
+
+
+def prompt_ids(prompt, served: Served) -> tuple[int, ...]:
+    """A prompt as token ids: given as ids, or a string tokenized (one prompt per request;
+    a list of one is taken as it)."""
+    if isinstance(prompt, list) and len(prompt) == 1 and isinstance(prompt[0], str | list):
+        prompt = prompt[0]
+    if isinstance(prompt, str):
+        if served.tokenizer is None:
+            raise ApiError(400, "this server has no tokenizer: send the prompt as a list of "
+                           "token ids, or start it with --tokenizer", "prompt")  # fmt: skip
+        return tuple(served.tokenizer.encode(prompt).ids)
+    ok = isinstance(prompt, list) and all(
+        isinstance(t, int) and not isinstance(t, bool) for t in prompt
+    )
+    if not ok:
+        raise ApiError(400, "prompt must be a string or a list of token ids (one prompt per "
+                       "request)", "prompt")  # fmt: skip
+    return tuple(prompt)
+
+
+def parse_completion(body, served: Served) -> Ask:
+    if not isinstance(body, dict):
+        raise ApiError(400, "the request body must be a JSON object")
+    check_model(body, served)
+    if "prompt" not in body:
+        raise ApiError(400, "prompt is required", "prompt")
+    temperature = body.get("temperature")
+    if temperature is not None and temperature != 0:
+        raise ApiError(400, f"only greedy decoding is served: temperature must be 0 or absent, "
+                       f"got {temperature!r}", "temperature")  # fmt: skip
+    for name, neutral in NEUTRAL.items():
+        if body.get(name) not in (None, neutral):
+            raise ApiError(400, f"only greedy decoding is served: {name} must be {neutral} "
+                           f"or absent, got {body[name]!r}", name)  # fmt: skip
+    if body.get("stop") not in (None, [], ""):
+        raise ApiError(400, "stop strings are not served (outputs run to max_tokens, or to "
+                       "the checkpoint's end-of-sequence token)", "stop")  # fmt: skip
+    if _int(body, "n", 1, 1) != 1:
+        raise ApiError(400, "n must be 1 (one completion per request)", "n")
+    if body.get("logprobs") is not None or _bool(body, "echo", False):
+        raise ApiError(400, "logprobs and echo are not served", "logprobs")
+    options = body.get("stream_options") or {}
+    if not isinstance(options, dict):
+        raise ApiError(400, "stream_options must be an object", "stream_options")
+    ids = prompt_ids(body["prompt"], served)
+    max_tokens = _int(body, "max_tokens", DEFAULT_MAX_TOKENS, 1)
+    served.engine.check(ids, max_tokens)  # Refused: a 400 naming the field
+    return Ask(
+        ids,
+        max_tokens,
+        _bool(body, "stream", False),
+        _bool(options, "include_usage", False),
+        not _bool(body, "ignore_eos", False),
+        _int(body, "min_tokens", 0, 0),
+        _bool(body, "return_token_ids", False),
+    )
+
+
+# --- text ---------------------------------------------------------------------------------
+
+
+class Detokenizer:
+    """Token ids to text as they come (vLLM's incremental detokenization): each new piece is
+    the text of a short window of recent ids minus the text of its older part, held back
+    while it ends inside a UTF-8 character, but at most HOLD tokens (a character has at
+    most 4 bytes: past that the bytes are no character, and a random-weight model makes
+    such) and never past the request's last token (final)."""
+
+    HOLD = 4
+
+    def __init__(self, tokenizer) -> None:
+        self.tokenizer, self.ids, self.prefix, self.read = tokenizer, [], 0, 0
+
+    def add(self, ids: Sequence[int], final: bool = False) -> str:
+        if self.tokenizer is None:
+            return "".join(PLACEHOLDER.format(t) for t in ids)
+        self.ids += ids
+        decode = self.tokenizer.decode
+        before = decode(self.ids[self.prefix : self.read], skip_special_tokens=False)
+        text = decode(self.ids[self.prefix :], skip_special_tokens=False)
+        partial = text.endswith("\ufffd") and len(self.ids) - self.read < self.HOLD
+        if len(text) <= len(before) or (partial and not final):
+            return ""
+        self.prefix, self.read = self.read, len(self.ids)
+        return text[len(before) :]
+
+
+def text_of(tokenizer, ids: Sequence[int]) -> str:
+    """The whole text of these ids (a response not streamed)."""
+    if tokenizer is None:
+        return "".join(PLACEHOLDER.format(t) for t in ids)
+    return tokenizer.decode(list(ids), skip_special_tokens=False)
+
+
+# --- the app ------------------------------------------------------------------------------
+
+
+def make_app(served: Served) -> web.Application:
+    app = web.Application(client_max_size=MAX_BODY_BYTES, middlewares=[_errors])
+    app[SERVED] = served
+    app.router.add_get("/health", _health)
+    app.router.add_get("/v1/models", _models)
+    app.router.add_post("/v1/completions", _completions)
+    app.router.add_post("/tokenize", _tokenize)
+    return app
+
+
+@web.middleware
+async def _errors(request: web.Request, handler):
+    """Every error as OpenAI's JSON: ours, aiohttp's (404, 405, 413), a bug's (500)."""
+    try:
+        return await handler(request)
+    except ApiError as e:
+        return error_response(e.status, e.message, e.param)
+    except Refused as e:
+        return error_response(e.status, str(e), e.param)
+    except web.HTTPException as e:
+        if e.status < 400:
+            raise
+        return error_response(e.status, e.reason)
+    except (asyncio.CancelledError, ConnectionResetError):
+        raise
+    except Exception as e:  # noqa: BLE001 - a bug: the client gets a 500, not a dropped socket
+        return error_response(500, f"{type(e).__name__}: {e}")
+
+
+async def _body(request: web.Request):
+    try:
+        return json.loads(await request.read())
+    except (json.JSONDecodeError, UnicodeDecodeError) as e:
+        raise ApiError(400, f"the request body is not JSON: {e}") from None
+
+
+async def _health(request: web.Request) -> web.Response:
+    engine = request.app[SERVED].engine
+    if engine.error is not None:
+        return error_response(503, f"the model thread failed: {engine.error}")
+    return web.Response(status=200)
+
+
+async def _models(request: web.Request) -> web.Response:
+    s: Served = request.app[SERVED]
+    model = {"id": s.name, "object": "model", "created": s.created, "owned_by": "benchbatch",
+             "root": s.name, "parent": None, "max_model_len": s.max_model_len}  # fmt: skip
+    return web.json_response({"object": "list", "data": [model]})
+
+
+async def _tokenize(request: web.Request) -> web.Response:
+    s: Served = request.app[SERVED]
+    body = await _body(request)
+    if not isinstance(body, dict) or "prompt" not in body:
+        raise ApiError(400, "the body must be a JSON object with a prompt", "prompt")
+    check_model(body, s)
+    if s.tokenizer is None:
+        raise ApiError(400, "this server has no tokenizer (start it with --tokenizer)", "prompt")
+    if not isinstance(body["prompt"], str):
+        raise ApiError(400, "prompt must be a string", "prompt")
+    special = _bool(body, "add_special_tokens", True)
+    ids = s.tokenizer.encode(body["prompt"], add_special_tokens=special).ids
+    return web.json_response({"count": len(ids), "max_model_len": s.max_model_len, "tokens": ids})
+
+
+class _Stream:
+    """One request's tokens as they come from the model thread, on the event loop."""
+
+    def __init__(self, loop: asyncio.AbstractEventLoop) -> None:
+        self.loop, self.queue = loop, asyncio.Queue()
+
+    def deliver(self, tokens: list[int], reason: str | None) -> None:  # the model's thread
+        self.loop.call_soon_threadsafe(self.queue.put_nowait, (tokens, reason))
+
+
+async def _completions(request: web.Request) -> web.StreamResponse:
+    s: Served = request.app[SERVED]
+    ask = parse_completion(await _body(request), s)
+    stream = _Stream(asyncio.get_running_loop())
+    live = s.engine.submit(ask.prompt_ids, ask.max_tokens, stream.deliver,
+                           stop=ask.stop_at_eos, min_tokens=ask.min_tokens)  # fmt: skip
+    head = _Head(live.id, int(time.time()), s.name)
+    ended = False
+    try:
+        if not ask.stream:
+            response = await _whole(s, ask, head, stream)
+            ended = True
+            return response
+        response = web.StreamResponse(headers={"Content-Type": "text/event-stream",
+                                               "Cache-Control": "no-cache"})  # fmt: skip
+        with contextlib.suppress(ConnectionResetError):  # the client left mid-write
+            await response.prepare(request)
+            await _streamed(response, s, ask, head, stream)
+            ended = True
+        return response
+    finally:
+        if not ended:  # the client went away (the handler cancelled, a write failed)
+            s.engine.cancel(live.id)
+
+
+@dataclass(frozen=True)
+class _Head:
+    """What every chunk of one completion repeats."""
+
+    rid: int
+    created: int
+    model: str
+
+    def chunk(self, choices: list, **extra) -> dict:
+        return {"id": f"cmpl-{self.rid}", "object": "text_completion", "created": self.created,
+                "model": self.model, "choices": choices, **extra}  # fmt: skip
+
+
+async def _streamed(response, s: Served, ask: Ask, head: _Head, stream: _Stream) -> None:
+    text, produced = Detokenizer(s.tokenizer), 0
+    usage = {"usage": None} if ask.include_usage else {}
+    while True:
+        tokens, reason = await stream.queue.get()
+        produced += len(tokens)
+        piece = text.add(tokens, final=reason is not None)
+        choice = {"index": 0, "text": piece, "logprobs": None, "finish_reason": reason}
+        if ask.return_token_ids:
+            choice["token_ids"] = tokens
+        if tokens or reason is not None:
+            await _send(response, head.chunk([choice], **usage))
+        if reason is not None:
+            break
+    if ask.include_usage:
+        await _send(response, head.chunk([], usage=_usage(ask, produced)))
+    await response.write(b"data: [DONE]\n\n")
+    await response.write_eof()
+
+
+async def _send(response: web.StreamResponse, chunk: dict) -> None:
+    await response.write(b"data: " + json.dumps(chunk).encode() + b"\n\n")
+
+
+def _usage(ask: Ask, produced: int) -> dict:
+    n = len(ask.prompt_ids)
+    return {"prompt_tokens": n, "completion_tokens": produced, "total_tokens": n + produced}
+
+
+async def _whole(s: Served, ask: Ask, head: _Head, stream: _Stream) -> web.Response:
+    got: list[int] = []
+    while True:
+        tokens, reason = await stream.queue.get()
+        got += tokens
+        if reason is not None:
+            break
+    if reason == ABORT:
+        raise ApiError(503, "the server stopped before the request finished")
+    choice = {"index": 0, "text": text_of(s.tokenizer, got), "logprobs": None,
+              "finish_reason": reason}  # fmt: skip
+    if ask.return_token_ids:
+        choice["token_ids"] = got
+    return web.json_response(head.chunk([choice], usage=_usage(ask, len(got))))
+
+
+# --- the HTTP thread ----------------------------------------------------------------------
+
+
+def bind_address(host: str) -> str:
+    """A name (localhost) binds 127.0.0.1: one socket, one port (a name with two addresses
+    would get a free port each with --port 0)."""
+    try:
+        ipaddress.ip_address(host.strip("[]"))
+    except ValueError:
+        return "127.0.0.1"
+    return host.strip("[]")
+
+
+def url_of(host: str, port: int) -> str:
+    return f"http://[{host}]:{port}" if ":" in host else f"http://{host}:{port}"
+
+
+class ServerThread:
+    """The app on an event loop of its own thread (pinned to `cores` where given):
+    start() returns its URL once it accepts connections; stop() closes it."""
+
+    SHUTDOWN_S = 5.0  # handlers still running at stop() get this long to end
+
+    def __init__(self, app: web.Application, host: str, port: int, cores=None) -> None:
+        self.app, self.host, self.port, self.cores = app, host, port, cores
+        self.url: str | None = None
+        self._ready = threading.Event()
+        self._error: BaseException | None = None
+        self._loop: asyncio.AbstractEventLoop | None = None
+        self._stop: asyncio.Event | None = None
+        self._thread = threading.Thread(target=self._run, name="benchbatch-http", daemon=True)
+
+    def start(self, timeout: float = 300.0) -> str:
+        self._thread.start()
+        if not self._ready.wait(timeout):
+            raise RuntimeError(f"the HTTP server did not start within {timeout:g} s")
+        if self._error is not None:
+            raise self._error
+        return self.url
+
+    def stop(self, timeout: float = 60.0) -> None:
+        if self._loop is not None and self._stop is not None:
+            with contextlib.suppress(RuntimeError):  # the loop has ended already
+                self._loop.call_soon_threadsafe(self._stop.set)
+        self._thread.join(timeout)
+
+    def _run(self) -> None:
+        try:
+            pin_this_thread(self.cores)
+            asyncio.run(self._main())
+        except BaseException as e:  # noqa: BLE001 - handed to start()
+            self._error = e
+            self._ready.set()
+
+    async def _main(self) -> None:
+        self._loop, self._stop = asyncio.get_running_loop(), asyncio.Event()
+        runner = web.AppRunner(self.app, handler_cancellation=True, access_log=None,
+                               shutdown_timeout=self.SHUTDOWN_S)  # fmt: skip
+        await runner.setup()
+        try:
+            host = bind_address(self.host)
+            site = web.TCPSite(runner, host, self.port)
+            await site.start()
+            self.url = url_of(host, runner.addresses[0][1])
+            self._ready.set()
+            await self._stop.wait()
+        finally:
+            await runner.cleanup()

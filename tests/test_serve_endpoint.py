@@ -1,0 +1,194 @@
+"""serve-sweep --endpoint end to end, against a scripted OpenAI-compatible server (aiohttp)
+that serves every request its max_tokens at once and fails every third one with a 500:
+the rows count what the server did (sent, served, failed, output tokens from its usage),
+requests.csv keeps every request with its reason, metadata names the server without the
+URL's credentials, and bad endpoints are one line with exit code 2."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import socket
+import threading
+
+import pandas as pd
+import pytest
+from aiohttp import web
+
+from benchbatch.app.cli import app
+
+MODEL = "scripted"
+
+
+class Scripted:
+    """The server's record of what it was asked."""
+
+    def __init__(self, fail_every: int = 3):
+        self.fail_every = fail_every
+        self.seen: list[dict] = []
+
+    def app(self) -> web.Application:
+        application = web.Application()
+        application.router.add_get("/v1/models", self.models)
+        application.router.add_post("/v1/completions", self.completions)
+        return application
+
+    async def models(self, request):
+        return web.json_response(
+            {"object": "list", "data": [{"id": MODEL, "object": "model", "max_model_len": 4096}]},
+            headers={"Server": "scripted/1.0"},
+        )
+
+    async def completions(self, request):
+        body = await request.json()
+        if body["max_tokens"] > 1:  # not the client's one-token probe of what it accepts
+            self.seen.append(body)
+        if body["max_tokens"] > 1 and self.fail_every and len(self.seen) % self.fail_every == 0:
+            error = {"error": {"message": "scripted failure", "type": "server_error"}}
+            return web.json_response(error, status=500)
+        n = int(body["max_tokens"])
+        resp = web.StreamResponse(headers={"Content-Type": "text/event-stream"})
+        await resp.prepare(request)
+        for i in range(n):
+            choice = {"index": 0, "text": f" t{i}", "finish_reason": None}
+            chunk = {"id": "c", "object": "text_completion", "model": MODEL, "choices": [choice]}
+            await resp.write(f"data: {json.dumps(chunk)}\n\n".encode())
+        if body.get("stream_options", {}).get("include_usage"):
+            prompt = body["prompt"]
+            usage = {"prompt_tokens": len(prompt) if isinstance(prompt, list) else 0,
+                     "completion_tokens": n, "total_tokens": n}  # fmt: skip
+            chunk = {"id": "c", "object": "text_completion", "choices": [], "usage": usage}
+            await resp.write(f"data: {json.dumps(chunk)}\n\n".encode())
+        await resp.write(b"data: [DONE]\n\n")
+        return resp
+
+
+@pytest.fixture
+def scripted():
+    """The scripted server on 127.0.0.1, on its own loop in a thread; yields (url, server)."""
+    server = Scripted()
+    loop = asyncio.new_event_loop()
+    started = threading.Event()
+    box: dict = {}
+
+    async def start():
+        runner = web.AppRunner(server.app())
+        await runner.setup()
+        site = web.TCPSite(runner, "127.0.0.1", 0)
+        await site.start()
+        box["runner"], box["port"] = runner, site._server.sockets[0].getsockname()[1]
+        started.set()
+
+    thread = threading.Thread(target=lambda: (loop.run_until_complete(start()), loop.run_forever()))
+    thread.daemon = True
+    thread.start()
+    assert started.wait(300)
+    yield f"http://127.0.0.1:{box['port']}", server
+    asyncio.run_coroutine_threadsafe(box["runner"].cleanup(), loop).result(300)
+    loop.call_soon_threadsafe(loop.stop)
+    thread.join(300)
+
+
+ARGS = ["--requests", "12", "--real-requests", "6", "--prompt-dist", "fixed", "--prompt-len",
+        "8", "--output-dist", "fixed", "--median", "5", "--max-output", "5"]  # fmt: skip
+
+
+def test_the_rows_count_what_the_server_did(runner, tmp_path, scripted):
+    url, server = scripted
+    out = tmp_path / "run"
+    given = url.replace("http://", "http://user:secret@")
+    args = ["serve-sweep", "--endpoint", given, *ARGS, "--rates", "max,50", "--out", str(out)]
+    result = runner.invoke(app, args)
+    assert result.exit_code == 0, result.output
+    serve = pd.read_csv(out / "serve.csv")
+    assert list(serve["source"]) == ["endpoint", "endpoint"]
+    assert list(serve["rate"]) == ["50", "max"]
+    # 12 requests after the warm-up, every third the server sees refused with a 500: 2 of
+    # each point's 6.
+    assert list(serve["sent"]) == [6, 6]
+    assert list(serve["failed"]) == [2, 2]
+    assert list(serve["requests"]) == [4, 4]
+    assert list(serve["output_tokens"]) == [20, 20]  # the usage counts of the served ones
+    assert not serve["within_slo"].any()  # a failed request missed its SLO
+    requests = pd.read_csv(out / "requests.csv")
+    requests["error"] = requests["error"].fillna("")
+    assert len(requests) == 12
+    errors = requests[requests["error"] != ""]
+    assert len(errors) == 4 and errors["error"].str.contains("500").all()
+    ok = requests[requests["error"] == ""]
+    assert (ok["output_tokens"] == 5).all() and (ok["chunks"] == 5).all()
+    assert (ok["e2e_s"] >= ok["ttft_s"]).all() and (ok["ttft_s"] >= 0).all()
+    # What was sent: one warm-up request like the first (before any point's clock), then
+    # every request, each asking for its length, streamed, with usage.
+    assert len(server.seen) == 1 + 12
+    assert server.seen[0]["prompt"] == server.seen[1]["prompt"]
+    for body in server.seen:
+        assert body["model"] == MODEL and body["stream"] is True and body["max_tokens"] == 5
+        assert body["stream_options"] == {"include_usage": True}
+    meta = (out / "metadata.json").read_text()
+    assert "secret" not in meta and "user:" not in meta
+    assert json.loads(meta)["endpoint"]["served_model"] == MODEL
+
+
+def test_step_costs_put_the_simulation_beside_the_server(runner, tmp_path, scripted):
+    url, server = scripted
+    server.fail_every = 0
+    costs = tmp_path / "step_cost.csv"
+    pd.DataFrame(
+        [{"prefill_tokens": p, "decode_tokens": d, "context_tokens": 0, "sequences": max(d, 1),
+          "step_ms": 1.0 + 0.01 * p + 0.2 * d} for p in (0, 8, 64) for d in (0, 1, 4)]  # fmt: skip
+    ).to_csv(costs, index=False)
+    out = tmp_path / "run"
+    args = ["serve-sweep", "--endpoint", url, *ARGS, "--rates", "100", "--policies",
+            "continuous", "--step-costs", str(costs), "--out", str(out)]  # fmt: skip
+    result = runner.invoke(app, args)
+    assert result.exit_code == 0, result.output
+    serve = pd.read_csv(out / "serve.csv")
+    assert sorted(serve["source"]) == ["endpoint", "sim-matched"]
+    versus = pd.read_csv(out / "sim_vs_real.csv")
+    assert set(versus["simulated_policy"]) == {"continuous"}
+    assert (versus["policy"] == "endpoint").all()
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+@pytest.mark.parametrize(
+    "endpoint, flag",
+    [
+        (f"http://127.0.0.1:{_free_port()}", "--endpoint"),  # nothing listens there
+        ("ftp://127.0.0.1:8000", "--endpoint"),
+        ("http://", "--endpoint"),
+        ("not a url", "--endpoint"),
+    ],
+)
+def test_a_bad_endpoint_is_one_line_and_exit_2(runner, tmp_path, endpoint, flag):
+    result = runner.invoke(app, ["serve-sweep", "--endpoint", endpoint, "--out", str(tmp_path)])
+    assert result.exit_code == 2, result.output
+    assert flag in result.output and "Traceback" not in result.output
+
+
+def test_a_model_the_server_does_not_serve_is_named(runner, tmp_path, scripted):
+    url, _ = scripted
+    args = ["serve-sweep", "--endpoint", url, "--served-model", "other", "--out", str(tmp_path)]
+    result = runner.invoke(app, args)
+    assert result.exit_code == 2, result.output
+    assert "--served-model" in result.output and MODEL in result.output
+
+
+@pytest.mark.parametrize(
+    "extra, flag",
+    [
+        (["--served-model", "x"], "--served-model"),  # without --endpoint
+        (["--endpoint", "http://127.0.0.1:1", "--max-concurrency", "0"], "--max-concurrency"),
+        (["--endpoint", "http://127.0.0.1:1", "--request-timeout", "-1"], "--request-timeout"),
+        (["--endpoint", "http://127.0.0.1:1", "--real-rates", "1"], "--real-rates"),
+    ],
+)
+def test_endpoint_options_are_checked(runner, tmp_path, extra, flag):
+    result = runner.invoke(app, ["serve-sweep", *extra, "--out", str(tmp_path)])
+    assert result.exit_code == 2, result.output
+    assert flag in result.output and "Traceback" not in result.output
