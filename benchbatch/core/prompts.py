@@ -41,21 +41,28 @@ def _json_prompt(path: Path, n: int, line: str) -> str:
     raise UserError(OPTION, f'{path} line {n} has no "prompt" or "text" string')
 
 
-def tokenize(prompts: list[str], model_dir: str | Path) -> list[list[int]]:
-    """Token ids of each prompt, by the tokenizer.json of the checkpoint folder."""
+def load_tokenizer(file: Path, option: str, what: str, missing: str):
+    """A tokenizer.json read by the tokenizers library (an optional dependency), or one line
+    naming the option: no package (`what` needs it), no such file (`missing`), a bad file."""
     try:
         from tokenizers import Tokenizer
     except ImportError:
         raise UserError(
-            OPTION, "tokenizing needs the tokenizers package: pip install 'benchbatch[hf]'"
+            option, f"{what} needs the tokenizers package: pip install 'benchbatch[hf]'"
         ) from None
-    file = Path(model_dir) / "tokenizer.json"
     if not file.is_file():
-        raise UserError(OPTION, f"{model_dir} has no tokenizer.json to tokenize the prompts with")
+        raise UserError(option, missing)
     try:
-        tokenizer = Tokenizer.from_file(str(file))
+        return Tokenizer.from_file(str(file))
     except Exception as e:  # the Rust library raises plain Exceptions for a bad file
-        raise UserError(OPTION, f"cannot read {file}: {str(e).splitlines()[0]}") from None
+        raise UserError(option, f"cannot read {file}: {str(e).splitlines()[0]}") from None
+
+
+def tokenize(prompts: list[str], model_dir: str | Path) -> list[list[int]]:
+    """Token ids of each prompt, by the tokenizer.json of the checkpoint folder."""
+    file = Path(model_dir) / "tokenizer.json"
+    missing = f"{model_dir} has no tokenizer.json to tokenize the prompts with"
+    tokenizer = load_tokenizer(file, OPTION, "tokenizing", missing)
     ids = [encoding.ids for encoding in tokenizer.encode_batch(prompts)]
     for i, row in enumerate(ids):
         if not row:

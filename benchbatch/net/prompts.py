@@ -142,22 +142,12 @@ def _drive(gen: Search, encode: Callable, decode: Callable) -> str:
 def file_coder(path: Path | str) -> tuple[Callable, Callable, np.ndarray]:
     """encode, decode and the ids worth drawing (no special token, each decoding alone to
     printable text) of a tokenizer.json, or of the one in a checkpoint folder."""
-    try:
-        from tokenizers import Tokenizer
-    except ImportError:
-        raise UserError(
-            OPTION,
-            "exact prompts from a tokenizer.json need the tokenizers package: "
-            "pip install 'benchbatch[hf]'",
-        ) from None
+    from benchbatch.core.prompts import load_tokenizer
+
     path = Path(path)
     file = path / "tokenizer.json" if path.is_dir() else path
-    if not file.is_file():
-        raise UserError(OPTION, f"{file} is not a file (a tokenizer.json or a folder with one)")
-    try:
-        tok = Tokenizer.from_file(str(file))
-    except Exception as e:  # the Rust library raises plain Exceptions for a bad file
-        raise UserError(OPTION, f"cannot read {file}: {str(e).splitlines()[0]}") from None
+    missing = f"{file} is not a file (a tokenizer.json or a folder with one)"
+    tok = load_tokenizer(file, OPTION, "exact prompts from a tokenizer.json", missing)
     special = set(tok.get_added_tokens_decoder())
     size = tok.get_vocab_size(with_added_tokens=True)
     pieces = tok.decode_batch([[i] for i in range(size)], skip_special_tokens=True)
