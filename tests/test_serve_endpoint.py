@@ -119,9 +119,14 @@ def test_the_rows_count_what_the_server_did(runner, tmp_path, scripted):
     assert (ok["output_tokens"] == 5).all() and (ok["chunks"] == 5).all()
     assert (ok["e2e_s"] >= ok["ttft_s"]).all() and (ok["ttft_s"] >= 0).all()
     # What was sent: one warm-up request like the first (before any point's clock), then
-    # every request, each asking for its length, streamed, with usage.
+    # every request, each asking for its length, streamed, with usage. Each point's prompts
+    # (and the warm-up's) are drawn afresh, the same lengths: a server's prefix cache
+    # serves no point from another's.
     assert len(server.seen) == 1 + 12
-    assert server.seen[0]["prompt"] == server.seen[1]["prompt"]
+    prompts = [tuple(body["prompt"]) for body in server.seen]
+    assert len(prompts[0]) == len(prompts[1]) == 8
+    warm, first, second = prompts[0], set(prompts[1:7]), set(prompts[7:])
+    assert warm not in first | second and not first & second
     for body in server.seen:
         assert body["model"] == MODEL and body["stream"] is True and body["max_tokens"] == 5
         assert body["stream_options"] == {"include_usage": True}

@@ -125,6 +125,8 @@ def _info(f: dataclasses.Field, kind, flag: str) -> Any:
     extra = {"case_sensitive": False} if meta.get("choices") else {}
     if _is_time(meta.get("parse")):
         extra["metavar"] = "<time>"
+    elif meta.get("metavar"):  # the field's own (a list of choices too wide to show)
+        extra["metavar"] = f"<{meta['metavar'].lower()}>"
     return typer.Option(flag, **common, **extra, **_strict(kind))
 
 

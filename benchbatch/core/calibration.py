@@ -13,6 +13,10 @@ The terms (every coefficient in seconds, none negative):
                        contiguous run (the residuals of the first calibrations showed it:
                        a decode batch of 7 after requests had left cost 49-56 ms where one
                        of 8 in contiguous slots at the same contexts cost 34-40 ms)
+  request_overhead_s   per request whose first token the time holds (feature first_tokens):
+                       a server's latency outside its steps (HTTP, tokenizing, streaming),
+                       which a client's TTFT holds and its token gaps do not; only an
+                       endpoint's calibration (core/endpoint_calibration.py) has such rows
 
 The fit is least squares on relative error (each step counts alike, so the 1 ms decode
 steps are fitted as well as the 1 s prefills), iterated so that each step is weighted by
@@ -35,9 +39,10 @@ from benchbatch.core.simulate import StepCostModel
 from benchbatch.errors import UserError
 
 # The features of a step, in the order of the model's terms (the base's is 1).
-FEATURES = ("sequences", "decode_tokens", "prefill_tokens", "context_tokens", "gathered_tokens")
+FEATURES = ("sequences", "decode_tokens", "prefill_tokens", "context_tokens", "gathered_tokens",
+            "first_tokens")  # fmt: skip
 TERMS = ("base_s", "per_sequence_s", "per_decode_token_s", "per_prefill_token_s",
-         "per_context_token_s", "per_gathered_token_s")  # fmt: skip
+         "per_context_token_s", "per_gathered_token_s", "request_overhead_s")  # fmt: skip
 KINDS = ("decode", "prefill", "mixed")
 ITERATIONS = 6  # reweighting passes: converged to well under the noise after 3 or 4
 FIT_RULE = (
@@ -122,7 +127,8 @@ def _model(coef: Sequence[float]) -> StepCostModel:
     c = dict(zip(TERMS, coef, strict=True))
     return StepCostModel(c["base_s"], c["per_decode_token_s"], c["per_prefill_token_s"],
                          c["per_context_token_s"], per_sequence_s=c["per_sequence_s"],
-                         per_gathered_token_s=c["per_gathered_token_s"])  # fmt: skip
+                         per_gathered_token_s=c["per_gathered_token_s"],
+                         request_overhead_s=c["request_overhead_s"])  # fmt: skip
 
 
 def relative_scale(pred: np.ndarray) -> np.ndarray:
@@ -188,6 +194,7 @@ def summary(model: StepCostModel, std_errors: Sequence[float], fitted: Sequence[
         "per_prefill_token_ms": model.per_prefill_token_s * 1e3,
         "per_context_token_us": model.per_context_token_s * 1e6,
         "per_gathered_token_us": model.per_gathered_token_s * 1e6,
+        "request_overhead_ms": model.request_overhead_s * 1e3,
         "median_abs_error": percentile(errs, 50),
         "p90_abs_error": percentile(errs, 90),
         "max_abs_error": max(errs),
@@ -196,21 +203,27 @@ def summary(model: StepCostModel, std_errors: Sequence[float], fitted: Sequence[
 
 def line(s: dict) -> str:
     """The calibration in one line, with each term's standard error and the kinds' errors."""
-    se = s["std_errors_s"]
+    # NaN (no error: a term at its bound) is null once written to step_cost.json.
+    se = {k: math.nan if v is None else v for k, v in s["std_errors_s"].items()}
     terms = [("base_s", 1e3, "ms"), ("per_sequence_s", 1e3, "ms/seq"),
              ("per_decode_token_s", 1e3, "ms/decode tok"),
              ("per_prefill_token_s", 1e3, "ms/prefill tok"),
              ("per_context_token_s", 1e6, "us/context tok"),
-             ("per_gathered_token_s", 1e6, "us/gathered tok")]  # fmt: skip
+             ("per_gathered_token_s", 1e6, "us/gathered tok"),
+             ("request_overhead_s", 1e3, "ms/request")]  # fmt: skip
     coef = s["coefficients_s"]
+    # A term no step holds (zero, no error: an engine's request overhead, an endpoint's
+    # per-sequence and gathered costs) is left out of the line.
     parts = [f"{coef.get(t, 0.0) * k:.3g}±{se.get(t, math.nan) * k:.2g} {u}"
-             for t, k, u in terms]  # fmt: skip
+             for t, k, u in terms
+             if coef.get(t) or math.isfinite(se.get(t, math.nan))]  # fmt: skip
     kinds = ", ".join(
         f"{kind} {v['median_abs_error']:.0%}/{v['p90_abs_error']:.0%}"
         for kind, v in s["kinds"].items()
     )
     return (
-        f"engine calibration ({s['samples']} steps): " + " + ".join(parts)
+        f"{s.get('calibrated', 'engine')} calibration ({s['samples']} steps): "
+        + " + ".join(parts)
         + f" (|error| median/p90: {kinds})"
     )  # fmt: skip
 
@@ -273,8 +286,9 @@ def read(path: Path, option: str = "--step-costs") -> dict | None:
     from benchbatch.core.stepcost import _check_numbers, _read_costs_csv
 
     df = _read_costs_csv(path)
-    if "gathered_tokens" not in df:
-        df["gathered_tokens"] = 0
+    for name in ("gathered_tokens", "first_tokens"):  # columns older calibrations lack
+        if name not in df:
+            df[name] = 0
     _check_numbers(path, df, FEATURES)
     _check_numbers(path, df, ("step_ms",), (1e-4, 3.6e6))
     rows = pd.DataFrame({k: df[k] for k in (*FEATURES, "step_ms")}).to_dict("records")

@@ -110,17 +110,24 @@ def simulate_timed(
     step_cost: StepCost,
     *,
     with_metrics: bool = True,
+    delay_s: float = 0.0,
 ) -> SimResult:
     """Every request to completion, arrivals in seconds: each step lasts what step_cost says,
     and a request arriving at t joins the queue of the first step that starts at or after t
     (requests' own arrival_step is ignored). With nothing to run the simulation waits for
     the next arrival: no step is taken meanwhile (the engine idles, as a server does).
 
+    delay_s: a server's latency outside its steps (HTTP, tokenizing, streaming back), paid
+    once per request: each reaches the scheduler delay_s after its arrival, and its metrics
+    still count from the arrival, so TTFT and E2E include it and the token gaps do not.
+
     Metrics are in seconds from each request's own arrival time (serving.timed_run_metrics).
     """
     assert scheduler.done and scheduler.step == 0, "simulate_timed() needs a fresh scheduler"
+    assert delay_s >= 0, delay_s
     requests = requests.to_requests() if isinstance(requests, Workload) else list(requests)
-    sched, feed = scheduler, ArrivalFeed(requests, arrivals_s)
+    arrivals_s = [float(t) for t in arrivals_s]
+    sched, feed = scheduler, ArrivalFeed(requests, [t + delay_s for t in arrivals_s])
     timeline, starts, ends, now = Timeline(), [], [], 0.0
     while True:
         feed.release(sched, now)
@@ -137,7 +144,8 @@ def simulate_timed(
         ends.append(now)
     metrics = None
     if with_metrics and sched.recorder is not None:
-        metrics = timed_run_metrics(sched.recorder.token_steps, ends, feed.arrival_s)
+        arrived = {r.id: t for r, t in zip(requests, arrivals_s, strict=True)}
+        metrics = timed_run_metrics(sched.recorder.token_steps, ends, arrived)
     useful = sum(r.output_tokens for r in requests)
     return SimResult(
         sched.policy, sched.config.slots, len(requests), sched.step, useful, now,
@@ -288,6 +296,11 @@ class StepCostModel:
     # Per KV entry the engine copies to read a decode batch whose slots are not one
     # contiguous run (gathered_tokens); fitted by the calibration too, else 0.
     per_gathered_token_s: float = 0.0
+    # Not a step's cost: a server's latency outside its steps, once per request (HTTP,
+    # tokenizing, streaming back), which a client sees in TTFT and E2E and an engine's own
+    # steps do not hold; fitted by an endpoint calibration (core/endpoint_calibration.py),
+    # else 0. simulate_timed's delay_s.
+    request_overhead_s: float = 0.0
 
     def __call__(self, plan: StepPlan) -> float:
         cost = (

@@ -21,10 +21,12 @@ from collections.abc import Iterator, Sequence
 
 import numpy as np
 
+from benchbatch.core import energy
 from benchbatch.core.serving import ServingSLO, tpot
 from benchbatch.errors import UserError
 from benchbatch.experiments.serve import probe
 from benchbatch.experiments.serve.options import ServeOptions, rate_label
+from benchbatch.output import render
 
 ENDPOINT = probe.ENDPOINT  # the source, and the policy, of a measured server's points
 # Default rates after the max point: these fractions of its request throughput, cheapest
@@ -210,3 +212,109 @@ def default_rates(capacity_rps: float, n: int, budget_s: float) -> tuple[list[fl
             chosen.append(rate)
             spent += cost
     return sorted(chosen), spent
+
+
+# --- the run ----------------------------------------------------------------------------------
+
+
+def serve(rec, opts: ServeOptions, w, setup: probe.Setup, cost, predicted: bool) -> None:
+    """Each rate's first --real-requests streamed to the server at their arrival times:
+    requests.csv as each finishes, serve.csv's row per rate; without --rates the max point
+    first, then fractions of its throughput that fit --real-time. With --predict the server
+    is calibrated first (after the warm-up); with a cost model (predicted: an endpoint's
+    calibration, simulated as --server-scheduler; else every --policies, a what-if) each
+    point's requests simulated beside (sim-matched), sim_vs_real.csv, and for a prediction
+    prediction.csv/png with its verdict."""
+    from benchbatch.experiments.serve import predict
+
+    target, info = rec.inputs
+    n = min(opts.real_requests, len(w.requests))
+    requests = w.requests[:n]
+    seed = rec.meta["options"]["seed"]
+    made = {}
+
+    def prompts_at(index: int):  # each point's own prompts (index 0: the warm-up's)
+        if index not in made:
+            made[index] = prompts(opts, target, info, requests, seed + 104729 * index)
+        return made.pop(index)
+
+    sent, how = prompts_at(0)
+    rec.meta["endpoint"]["prompts"] = how + "; each point's drawn afresh (seeded)"
+    rec.meta["endpoint"]["warmup"] = warm_up(target, sent[0], opts)
+    if opts.predict:
+        out = predict.calibrate(rec, opts, w, setup, target, info)
+        predict.save(rec, out)
+        cost, predicted = out["model"], True
+    label = f"{info.get('served_model', 'server')} at {info.get('url', opts.endpoint)}"
+    policies = (opts.server_scheduler,) if predicted else opts.policies
+    rates = list(opts.rate_values or (math.inf,))
+    rec.meta["rates_rps"] = [probe.rate_label(r) for r in rates]
+    done: set[float] = set()
+    pairs: list[dict] = []
+    while rates:
+        rate = rates.pop(0)
+        if rate in done:
+            continue
+        done.add(rate)
+        sent = prompts_at(len(done))[0]
+        row, twins = _point(rec, opts, w, setup, cost, policies, sent, rate, n, label)
+        if predicted:
+            arrivals = w.at(rate, n)[1]
+            span = float(arrivals.max() - arrivals.min()) if len(arrivals) else 0.0
+            pairs += probe.prediction_pairs(row | {"policy": twins[0]["policy"]}, twins[0], span)
+        if opts.rates is None and math.isinf(rate):
+            more, spent = default_rates(row["request_throughput_rps"], n, opts.real_time)
+            rates = more
+            rec.meta["rates_rps"] += [probe.rate_label(r) for r in more]
+            rec.meta["real"] = {"requests": n, "estimated_s": spent, "budget_s": opts.real_time}
+            if not more:
+                rec.warning(
+                    f"the server served {row['request_throughput_rps']:.3g} req/s with every "
+                    f"request queued, so no rate below it fits --real-time {opts.real_time:g} s "
+                    f"with {n} requests: raise --real-time or lower --real-requests"
+                )
+            else:
+                rec.say(
+                    f"endpoint: {n} requests per point at "
+                    f"{', '.join(probe.rate_label(r) for r in more)} req/s (fractions of the "
+                    f"{row['request_throughput_rps']:.3g} req/s it served at max), about "
+                    f"{render.duration(spent)}"
+                )
+    if predicted:
+        from benchbatch.output.plots.prediction import record
+
+        record(rec, pairs, f"serve-sweep --endpoint: {label} beside its prediction "
+                           f"({opts.server_scheduler}, {setup.slots} sequences, "
+                           f"{setup.budget} tokens a step)")  # fmt: skip
+
+
+def _point(rec, opts, w, setup, cost, policies, sent, rate: float, n: int, label: str):
+    """One rate's requests streamed; its serve.csv row, and beside it (with a cost model)
+    each policy's simulation of the same requests. Returns the row and the simulated rows."""
+    requests, arrivals = w.at(rate, n)
+    records: list = []
+
+    def rows():
+        with stream(rec.inputs[0], sent, arrivals, opts) as run:
+            for s in run:
+                records.append(s)
+                yield request_row(s, rate, setup.slo)
+            rec.meta["endpoint"]["length_fields"] = list(run.length_fields or ())
+            rec.meta["endpoint"]["dropped_fields"] = list(run.dropped_fields or ())
+
+    what = f"endpoint at {probe.rate_label(rate)} req/s"
+    rec.record("requests", rows(), total=n, label=what, timed=False, stream=True)
+    p = point(records, rate, requests, arrivals)
+    row = point_row(records, p, setup, label)
+    row |= energy.serve_columns(row, None, opts.price_per_hour, why=f"served by {label}")
+    rec.add("serve", row)
+    twins = []
+    if cost is not None:
+        for policy in policies:
+            twin = probe.simulate_point(w, policy, rate, setup, cost, n, probe.MATCHED)
+            twin_row = probe.point_row(twin, setup)
+            twins.append(twin_row)
+            rec.add("serve", twin_row)
+            for versus in probe.sim_vs_real(row, twin_row):
+                rec.add("sim_vs_real", versus | {"simulated_policy": policy})
+    return row, twins

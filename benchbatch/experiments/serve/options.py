@@ -156,6 +156,26 @@ class ServeOptions:
         "token ids (which vLLM and benchbatch serve accept).",
         panel=ENDPOINT_PANEL,
     )
+    predict: bool = opt(
+        False,
+        "With --endpoint: calibrate the server first (single requests at a few prompt "
+        "lengths, steady decodes at 1, 2, 4, ... --slots requests; seconds to a minute or "
+        "two), then predict every point with those costs and the server's scheduler as "
+        "--slots (its max_num_seqs), --max-num-batched-tokens and --server-scheduler say, "
+        "beside the measurement (prediction.csv/png, a verdict). The calibration is saved "
+        "(step_cost.json) for --step-costs.",
+        panel=ENDPOINT_PANEL,
+    )
+    server_scheduler: str = opt(
+        "chunked",
+        "With --predict, or --step-costs from an endpoint: the server's scheduler as "
+        "predicted: chunked (chunked prefill under --max-num-batched-tokens, decodes first: "
+        "vLLM V1's default) or continuous (whole prompts, vLLM's "
+        "--no-enable-chunked-prefill).",
+        panel=ENDPOINT_PANEL,
+        choices=("chunked", "continuous"),
+        metavar="NAME",
+    )
     real_rates: tuple[str, ...] | None = opt(
         None,
         "Rates to serve on the real engine. Default: chosen to fit --real-time: first, per "
@@ -210,6 +230,7 @@ class ServeOptions:
         "[--min-output, --max-output]).",
         panel=WORKLOAD,
         choices=LENGTH_KINDS,
+        metavar="KIND",
     )
     min_output: int = opt(1, "Shortest output (tokens).", panel=WORKLOAD)
     prompt_dist: str = opt(
@@ -219,6 +240,7 @@ class ServeOptions:
         "[--min-prompt, --max-prompt]).",
         panel=WORKLOAD,
         choices=LENGTH_KINDS,
+        metavar="KIND",
     )
     prompt_sigma: float = opt(0.6, "Lognormal sigma of the prompt lengths.", panel=WORKLOAD)
     min_prompt: int = opt(1, "Shortest prompt (tokens).", panel=WORKLOAD)
@@ -276,7 +298,15 @@ class ServeOptions:
             for name in ("served_model", "max_concurrency", "tokenizer"):
                 if getattr(self, name) is not None:
                     raise UserError(name, "only applies with --endpoint")
+            if self.predict:
+                raise UserError("predict", "only applies with --endpoint (a running server)")
             return
+        if self.predict and self.step_costs:
+            raise UserError(
+                "predict",
+                "give one of --predict (calibrate the server now) and --step-costs (reuse a "
+                "calibration)",
+            )
         from benchbatch.net.client import check_url
 
         check_url(self.endpoint, "endpoint")

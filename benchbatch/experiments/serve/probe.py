@@ -189,7 +189,8 @@ def simulate_point(
     requests, arrivals = w.at(rate, n)
     name, config = settings(policy, setup)
     sched = make_scheduler(name, setup.slots, **config)
-    r = simulate_timed(requests, arrivals, sched, priced(cost))
+    delay = getattr(cost, "request_overhead_s", 0.0)  # a server's, from an endpoint's calibration
+    r = simulate_timed(requests, arrivals, sched, priced(cost), delay_s=delay)
     active = r.timeline.active_slots
     return Point(
         policy,
@@ -397,3 +398,17 @@ def engine_runs(
                 )
             )
     return runs
+
+
+def prediction_pairs(real: dict, matched: dict, span_s: float) -> list[dict]:
+    """prediction.csv's pairs of one real point and its simulation (sim_vs_real's pair):
+    below saturation when the measured throughput (requests over first arrival to last
+    token) is within 10% of the offered rate (requests over their arrivals' span)."""
+    from benchbatch.core.prediction import pairs_of
+
+    rate = real["rate_rps"]
+    offered = real["requests"] / span_s if span_s > 0 else math.inf
+    below = math.isfinite(offered) and real["request_throughput_rps"] >= 0.9 * offered
+    label = f"{real['policy']} @ {rate_label(rate)} req/s"
+    return pairs_of(label, matched, real, policy=real["policy"], rate=real["rate"],
+                    below_saturation=below)  # fmt: skip

@@ -39,8 +39,9 @@ def measure_run(
 
     setup, w, given = _plan(opts, workload, run)
     if opts.endpoint is not None:
-        cost = None if given is None else _cost_model(rec, None, setup, w, given, run)
-        _serve_endpoint(rec, opts, w, setup, cost)
+        from benchbatch.experiments.serve import endpoint as ep
+
+        ep.serve(rec, opts, w, setup, *_endpoint_costs(rec, setup, w, given, run))
         rec.put("slo", probe.sustained(rec.rows("serve")))
         rec.meta["energy"] = energy.summary(rec.rows("serve"), "joules_per_output_token")
         _figures(rec)
@@ -283,26 +284,11 @@ def _serve_real(rec, net, opts: ServeOptions, w, setup, cost, rates, seed: int) 
             rec.add("requests", r, stream=True)
         arrivals = w.at(rate, n)[1]
         span = float(arrivals.max() - arrivals.min()) if len(arrivals) else 0.0
-        pairs += _prediction_pairs(row, rows[(done.run.name, rate)], span)
+        pairs += probe.prediction_pairs(row, rows[(done.run.name, rate)], span)
     meter.close()
     from benchbatch.output.plots.prediction import record
 
     record(rec, pairs, f"serve-sweep: the real engine beside its simulation; {c.title(rec)}")
-
-
-def _prediction_pairs(real: dict, matched: dict, span_s: float) -> list[dict]:
-    """prediction.csv's pairs of one real point and its simulation (sim_vs_real's pair):
-    below saturation when the measured throughput (requests over first arrival to last
-    token) is within 10% of the offered rate (requests over their arrivals' span)."""
-    from benchbatch.core.prediction import pairs_of
-    from benchbatch.experiments.serve import probe
-
-    rate = real["rate_rps"]
-    offered = real["requests"] / span_s if span_s > 0 else math.inf
-    below = math.isfinite(offered) and real["request_throughput_rps"] >= 0.9 * offered
-    label = f"{real['policy']} @ {probe.rate_label(rate)} req/s"
-    return pairs_of(label, matched, real, policy=real["policy"], rate=real["rate"],
-                    below_saturation=below)  # fmt: skip
 
 
 def _matched(rec, opts: ServeOptions, w, setup, cost, rates, n: int):
@@ -400,79 +386,20 @@ def _open_endpoint(opts: ServeOptions, workload, model, run) -> Recorder:
     return rec
 
 
-def _serve_endpoint(rec, opts: ServeOptions, w, setup, cost) -> None:
-    """Each rate's first --real-requests streamed to the server at their arrival times:
-    requests.csv as each finishes, serve.csv's row per rate; without --rates the max point
-    first, then fractions of its throughput that fit --real-time. With --step-costs the
-    same requests simulated beside (sim-matched) and sim_vs_real.csv."""
-    from benchbatch.experiments.serve import endpoint as ep
-    from benchbatch.experiments.serve import probe
+def _endpoint_costs(rec, setup, w, given, run) -> tuple:
+    """--step-costs beside a server: an endpoint's calibration (its conditions checked
+    against this server) predicts it; an engine's or isolated steps' costs are a what-if of
+    benchbatch's engine on these requests. Returns (cost model or None, predicted)."""
+    from benchbatch.experiments.serve import predict
 
-    target, info = rec.inputs
-    n = min(opts.real_requests, len(w.requests))
-    requests = w.requests[:n]
-    sent, how = ep.prompts(opts, target, info, requests, rec.meta["options"]["seed"])
-    rec.meta["endpoint"]["prompts"] = how
-    rec.meta["endpoint"]["warmup"] = ep.warm_up(target, sent[0], opts)
-    label = f"{info.get('served_model', 'server')} at {info.get('url', opts.endpoint)}"
-    rates = list(opts.rate_values or (math.inf,))
-    rec.meta["rates_rps"] = [probe.rate_label(r) for r in rates]
-    done: set[float] = set()
-    while rates:
-        rate = rates.pop(0)
-        if rate in done:
-            continue
-        done.add(rate)
-        row = _endpoint_point(rec, opts, w, setup, cost, sent, rate, n, label)
-        if opts.rates is None and math.isinf(rate):
-            more, spent = ep.default_rates(row["request_throughput_rps"], n, opts.real_time)
-            rates = more
-            rec.meta["rates_rps"] += [probe.rate_label(r) for r in more]
-            rec.meta["real"] = {"requests": n, "estimated_s": spent, "budget_s": opts.real_time}
-            if not more:
-                rec.warning(
-                    f"the server served {row['request_throughput_rps']:.3g} req/s with every "
-                    f"request queued, so no rate below it fits --real-time {opts.real_time:g} s "
-                    f"with {n} requests: raise --real-time or lower --real-requests"
-                )
-            else:
-                rec.say(
-                    f"endpoint: {n} requests per point at "
-                    f"{', '.join(probe.rate_label(r) for r in more)} req/s (fractions of the "
-                    f"{row['request_throughput_rps']:.3g} req/s it served at max), about "
-                    f"{render.duration(spent)}"
-                )
-
-
-def _endpoint_point(rec, opts, w, setup, cost, sent, rate: float, n: int, label: str) -> dict:
-    from benchbatch.experiments.serve import endpoint as ep
-    from benchbatch.experiments.serve import probe
-
-    requests, arrivals = w.at(rate, n)
-    records: list = []
-
-    def rows():
-        with ep.stream(rec.inputs[0], sent, arrivals, opts) as run:
-            for s in run:
-                records.append(s)
-                yield ep.request_row(s, rate, setup.slo)
-            rec.meta["endpoint"]["length_fields"] = list(run.length_fields or ())
-            rec.meta["endpoint"]["dropped_fields"] = list(run.dropped_fields or ())
-
-    what = f"endpoint at {probe.rate_label(rate)} req/s"
-    rec.record("requests", rows(), total=n, label=what, timed=False, stream=True)
-    point = ep.point(records, rate, requests, arrivals)
-    row = ep.point_row(records, point, setup, label)
-    row |= energy.serve_columns(row, None, opts.price_per_hour, why=f"served by {label}")
-    rec.add("serve", row)
-    if cost is not None:
-        for policy in opts.policies:
-            twin = probe.simulate_point(w, policy, rate, setup, cost, n, probe.MATCHED)
-            twin_row = probe.point_row(twin, setup)
-            rec.add("serve", twin_row)
-            for versus in probe.sim_vs_real(row, twin_row):
-                rec.add("sim_vs_real", versus | {"simulated_policy": policy})
-    return row
+    if given is None:
+        return None, False
+    if (given.get("conditions") or {}).get("device") == predict.DEVICE:
+        for line in predict.compare(given["conditions"], rec.inputs[1]):
+            rec.warning(line)
+        predict.save(rec, given)
+        return given["model"], True
+    return _cost_model(rec, None, setup, w, given, run), False
 
 
 # --- figures ------------------------------------------------------------------------------------

