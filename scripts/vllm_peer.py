@@ -24,10 +24,16 @@ requests.
    (ignore_eos), fixed seeds (prompts are each client's own random token text of the same
    lengths). Then once, benchbatch's in-process serve-sweep of the same requests on the same
    checkpoint (--real-rates: the engine without HTTP, and the simulation fitted to its steps).
+   Before that, --repeats times, vLLM predicted and measured: `serve-sweep --endpoint
+   --predict` with vLLM's knobs (--slots 8, --max-num-batched-tokens 2048, chunked), which
+   calibrates vLLM from outside before each point and after the last, then predicts each
+   point from the calibrations around it (issue 27 item 3).
 5. results/vllm-peer-<machine>/: peer.csv (every run, with its server and client and the load
    average when it began; then the medians per rate, server and client; then the ratios),
    recompute.csv (each vLLM bench run's aggregates recomputed by benchbatch.core.peers from its
-   saved per-request times), peer.png, metadata.json, and raw/ (every client's result files,
+   saved per-request times), prediction.csv (every prediction run's table) and
+   prediction_medians.csv (per rate and p50, the median over runs of measured over
+   predicted), peer.png, metadata.json, and raw/ (every client's result files,
    benchbatch serve's steps.csv, requests.csv and metadata.json).
 
 Asserted (a failure exits 1): no failed or timed-out request; every vLLM bench run's own
@@ -37,7 +43,9 @@ each other and their request throughputs within 0.7-1.3x; each run's request thr
 within 0.7-1.3x of the offered rate; benchbatch serve's TTFT p50 and TPOT p50 within 2.5x of
 vLLM's (either way) at each rate, medians of benchbatch's client. Loose on purpose: on shared
 machines one server's p50s vary 2.8x between runs. Issue 26's target for benchbatch serve,
-1.5x of vLLM, is printed as met or not at each rate.
+1.5x of vLLM, is printed as met or not at each rate; so is issue 27's for the prediction
+(vLLM's TTFT, TPOT and E2E p50 within 0.85-1.15 of predicted, medians over the runs), which
+fails only past 2.5x.
 """
 
 from __future__ import annotations
@@ -68,6 +76,7 @@ VERSION = "0.32.0"
 BROKEN = ("torchvision", "torchaudio", "torchcodec")  # CUDA builds pip pulls in
 MODEL = "tiny"
 SLOTS = 8  # vLLM's --max-num-seqs, benchbatch serve's --slots
+VLLM_BATCHED_TOKENS = 2048  # vLLM-CPU's default max_num_batched_tokens for its API server
 IDLE_S = 5.0  # seconds each idle server's CPU use is measured over
 PROMPT_TOKENS, OUTPUT_TOKENS = 128, 16
 SEED = 0
@@ -498,6 +507,45 @@ def benchbatch_client(url: str, checkpoint: Path, rate: float, n: int, out: Path
     return _serve_rows(out / "serve.csv", rate)["endpoint"]
 
 
+def predicted(url: str, checkpoint: Path, rates: list[float], n: int, out: Path,
+              index: int) -> list[dict]:
+    """serve-sweep --endpoint --predict against vLLM at the rates (its knobs given as vLLM
+    runs: SLOTS sequences, its CPU default of 2,048 tokens a step, chunked prefill): the
+    calibrations around each point and prediction.csv's rows, tagged with the run."""
+    listed = ",".join(f"{r:g}" for r in rates)
+    cmd = [sys.executable, "-m", "benchbatch", "serve-sweep", "--endpoint", url,
+           "--served-model", MODEL, "--tokenizer", str(checkpoint), "--rates", listed,
+           "--predict", "--slots", str(SLOTS), "--max-num-batched-tokens",
+           str(VLLM_BATCHED_TOKENS), "--server-scheduler", "chunked", *workload(n),
+           "--out", str(out), "--force"]  # fmt: skip
+    run(cmd, timeout=900, cwd=REPO)
+    with open(out / "prediction.csv", newline="") as f:
+        rows = list(csv.DictReader(f))
+    cost = json.loads((out / "step_cost.json").read_text())
+    return [r | {"run": index, "calibration_s": round(cost.get("seconds", math.nan), 1)}
+            for r in rows]  # fmt: skip
+
+
+PREDICTED = ("ttft_p50_s", "tpot_p50_s", "e2e_p50_s")
+PREDICT_TARGET = (0.85, 1.15)  # issue 27's band for vLLM-CPU's p50s, measured / predicted
+PREDICT_WITHIN = 2.5  # CI fails past it: a wrong number, not a noisy one
+
+
+def prediction_medians(rows: list[dict]) -> list[dict]:
+    """Per rate and p50 metric: the median over runs of measured / predicted."""
+    out = []
+    for rate in dict.fromkeys(r["rate"] for r in rows):
+        for metric in PREDICTED:
+            got = [float(r["ratio"]) for r in rows if r["rate"] == rate and r["metric"] == metric]
+            if got:
+                lo, hi = PREDICT_TARGET
+                med = statistics.median(got)
+                out.append({"rate": rate, "metric": metric, "runs": len(got),
+                            "ratio_median": med, "ratio_low": min(got), "ratio_high": max(got),
+                            "within_target": lo <= med <= hi})  # fmt: skip
+    return out
+
+
 def in_process(checkpoint: Path, rates: list[float], n: int, out: Path) -> dict:
     """benchbatch's in-process serve-sweep of the same requests on the same checkpoint: the
     engine without HTTP (source real) and the simulation fitted to its steps (source sim);
@@ -834,6 +882,17 @@ def measure(args, python: Path, checkpoint: Path, out: Path, work: Path) -> dict
                                 if (folder / f).exists():
                                     shutil.copy(folder / f, raw / f"{name}-{f}")
                         rows.append({**row, "load_1m": load})
+        predictions = []
+        for index in range(args.repeats):
+            load = (load_average() or [math.nan])[0]
+            say(f"vLLM predicted from a calibration against it, then measured, at {args.rates} "
+                f"(run {index}, load {load})")  # fmt: skip
+            folder = work / f"predict-run{index}"
+            predictions += predicted(a["url"], checkpoint, args.rates, args.requests, folder,
+                                     index)  # fmt: skip
+            for f in ("prediction.csv", "step_cost.json", "serve.csv", "prediction.png"):
+                if (folder / f).exists():
+                    shutil.copy(folder / f, raw / f"predict-run{index}-{f}")
         load = (load_average() or [math.nan])[0]
         say(f"in-process serve-sweep of the same requests at {args.rates} (load {load})")
         folder = work / "in-process"
@@ -851,7 +910,7 @@ def measure(args, python: Path, checkpoint: Path, out: Path, work: Path) -> dict
     with contextlib.suppress(OSError, ValueError):
         served_meta = json.loads((served_dir / "metadata.json").read_text()).get("server", {})
     return {"rows": rows, "recomputed": recomputed, "servers": servers, "idle_cores": idle,
-            "served_meta": served_meta}  # fmt: skip
+            "served_meta": served_meta, "predictions": predictions}  # fmt: skip
 
 
 def interrupted(signum, frame):
@@ -896,6 +955,18 @@ def report(args, out: Path, result: dict) -> int:
     problems = check(rows, rats, result["recomputed"], args.requests)
     for line in peer_verdicts(rats):
         print(line, flush=True)
+    pred = prediction_medians(result["predictions"])
+    write_csv(out / "prediction.csv", result["predictions"])
+    write_csv(out / "prediction_medians.csv", pred)
+    for r in pred:
+        lo, hi = PREDICT_TARGET
+        print(f"vLLM measured over predicted at {r['rate']}/s, {r['metric']}: median "
+              f"{r['ratio_median']:.2f} of {r['runs']} runs ({r['ratio_low']:.2f}-"
+              f"{r['ratio_high']:.2f}): within {lo}-{hi}: "
+              f"{'yes' if r['within_target'] else 'no'}", flush=True)  # fmt: skip
+        if not 1 / PREDICT_WITHIN <= r["ratio_median"] <= PREDICT_WITHIN:
+            problems.append(f"vLLM's {r['metric']} at {r['rate']}/s is {r['ratio_median']:.2f}x "
+                            f"its prediction, not within {PREDICT_WITHIN}x")  # fmt: skip
     served = result["servers"][SERVED]
     if served.get("exit") != 0:
         problems.append(f"benchbatch serve exited {served.get('exit')} on SIGTERM, not 0")
@@ -945,6 +1016,10 @@ def report(args, out: Path, result: dict) -> int:
             "vllm_client_on_benchbatch": args.vllm_client_on_benchbatch,
         },
         "in_process": "once, after the alternating runs (serve-sweep --model --real-rates)",
+        "prediction": "serve-sweep --endpoint vLLM --predict, once per repeat after the "
+        f"alternating runs: --slots {SLOTS} --max-num-batched-tokens {VLLM_BATCHED_TOKENS} "
+        "--server-scheduler chunked (vLLM's knobs); calibrated before each point and after "
+        "the last",
         "recomputed_rows": len(result["recomputed"]),
         "recomputed_agree": all(r["agrees"] for r in result["recomputed"]),
         "problems": problems,
@@ -957,7 +1032,8 @@ def report(args, out: Path, result: dict) -> int:
         f"vLLM bench's own aggregates recomputed from its per-request times: {n_rec} numbers, "
         f"{sum(r['agrees'] for r in result['recomputed'])} agree"
     )
-    say(f"wrote {out}/peer.csv, recompute.csv, peer.png, metadata.json, raw/")
+    say(f"wrote {out}/peer.csv, recompute.csv, prediction.csv, prediction_medians.csv, peer.png, "
+        "metadata.json, raw/")
     if problems:
         for p in problems:
             say(f"FAILED: {p}")

@@ -63,3 +63,19 @@ def test_log_lines_say_the_rate_and_time_left():
     log = pg._Log("x", None)
     log.done = 3
     assert log.text(6.0) == "x: 3 done, 6 s, 2.0 s/it"  # no total: no time left
+
+
+def test_a_count_past_its_estimated_total_is_never_shown_as_more_than_the_total():
+    """A real engine's total steps come from its simulation: when the engine takes more, the
+    log says so and the bar's total follows the count (never 3,996/3,722)."""
+    log = pg._Log("real engine", 3722)
+    log.done = 3996
+    assert log.text(121.0, end=True) == (
+        "real engine: 3,996 finished, 121 s (more than the 3,722 estimated), 33.0 it/s"
+    )
+    live = pg.live_progress(console=Console(width=120), get_time=lambda: 1.0)
+    bar = pg._Bar(live, "real engine", 3)
+    for _ in range(5):
+        bar.advance()
+    (task,) = live.tasks
+    assert task.completed == 5 and task.total == 5

@@ -104,10 +104,18 @@ class _Null:
 
 
 class _Bar:
+    """A total is an estimate (a real engine's steps from its simulation's): once passed,
+    the total follows the count, so the bar never reads 3,996/3,722."""
+
     def __init__(self, live: rp.Progress, label: str, total: int | None):
         self._live, self._id = live, live.add_task(label, total=total)
+        self._total, self._done = total, 0
 
     def advance(self, n: int = 1) -> None:
+        self._done += n
+        if self._total is not None and self._done > self._total:
+            self._total = self._done
+            self._live.update(self._id, total=self._total)
         self._live.advance(self._id, n)
 
 
@@ -129,9 +137,12 @@ class _Log:
 
     def text(self, elapsed: float, end: bool = False) -> str:
         """'phases: 3/8 done, 41 s, 13.7 s/it, about 1 min left'."""
-        of = f"/{self.total:,}" if self.total else ""
+        over = bool(self.total) and self.done > self.total  # the total was an estimate
+        of = f"/{self.total:,}" if self.total and not over else ""
         state = "finished" if end else "done"
         line = f"{self.label}: {self.done:,}{of} {state}, {elapsed:.0f} s"
+        if over:
+            line += f" (more than the {self.total:,} estimated)"
         rate = rate_text(average_rate(self.done, elapsed))
         left = None if end else left_s(self.done, self.total, elapsed)
         if rate:

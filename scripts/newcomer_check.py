@@ -1,0 +1,201 @@
+#!/usr/bin/env python3
+"""Issue 28's "done when": the commands a newcomer types first, on a quiet machine and again
+under load (two other test suites running), and whether each ends with a number and a
+conclusion that agree with the quiet run's within the noise the run reports.
+
+    python3 scripts/newcomer_check.py --out DIR            # both passes, then the table
+    python3 scripts/newcomer_check.py --out DIR --compare  # the table of passes already run
+
+Each pass runs `benchbatch phases`, `sweep`, `occupancy`, `serve-sweep` and `reproduce`
+(the README's first command) with their defaults into DIR/quiet/<command> and
+DIR/loaded/<command>. The load: two clones of this checkout, each running `python3 -m
+pytest` (started before the loaded pass, stopped by their process groups after it). The
+comparison (DIR/comparison.md, printed):
+- phases and sweep: each step's median under load against the quiet run's p10-p90 (the
+  noise both report): agree when the two runs' p10-p90 ranges overlap;
+- every command: its conclusion lines (the sentences after the tables) with their numbers,
+  side by side; occupancy's are exact (a simulation), the others are judged by the rows;
+- reproduce: each claim's verdict (holds, fails, ...) the same in both.
+Nothing here is a test: the machine is shared, so this is a measurement to quote.
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import json
+import os
+import re
+import shutil
+import signal
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parent.parent
+COMMANDS = ("phases", "sweep", "occupancy", "serve-sweep", "reproduce")
+NUMBER = re.compile(r"[-+]?\d[\d,]*\.?\d*(?:e[-+]?\d+)?")
+
+
+def load() -> float:
+    return os.getloadavg()[0]
+
+
+def run_pass(folder: Path) -> list[dict]:
+    folder.mkdir(parents=True, exist_ok=True)
+    done = []
+    for cmd in COMMANDS:
+        out = folder / cmd
+        shutil.rmtree(out, ignore_errors=True)
+        before, t0 = load(), time.monotonic()
+        with open(folder / f"{cmd}.txt", "w") as log:
+            cmdline = [sys.executable, "-m", "benchbatch", cmd, "--out", str(out)]
+            rc = subprocess.run(cmdline, stdout=log, stderr=subprocess.STDOUT, cwd=REPO).returncode
+        row = {"command": cmd, "rc": rc, "wall_s": round(time.monotonic() - t0, 1),
+               "load_before": before, "load_after": load()}  # fmt: skip
+        print(json.dumps(row), flush=True)
+        done.append(row)
+    (folder / "passes.json").write_text(json.dumps(done, indent=1))
+    return done
+
+
+@contextlib.contextmanager
+def two_suites(work: Path):
+    """Two clones of HEAD, each running the test suite; stopped by process group at the end."""
+    procs = []
+    try:
+        for i in range(2):
+            clone = work / f"suite{i}"
+            shutil.rmtree(clone, ignore_errors=True)
+            subprocess.run(["git", "clone", "-q", str(REPO), str(clone)], check=True)
+            log = open(work / f"suite{i}.log", "w")  # noqa: SIM115 (closed with the process)
+            env = os.environ | {"PYTHONPATH": str(clone)}
+            suite = [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider"]
+            proc = subprocess.Popen(suite, cwd=clone, stdout=log, stderr=subprocess.STDOUT,
+                                    env=env, start_new_session=True)  # fmt: skip
+            procs.append((proc, log))
+        time.sleep(60)  # a benchmark's warm-up of the load, not a test's wait
+        yield
+    finally:
+        for proc, log in procs:
+            with contextlib.suppress(ProcessLookupError):
+                os.killpg(proc.pid, signal.SIGTERM)
+            proc.wait(timeout=60)
+            log.close()
+
+
+def conclusions(text: str) -> list[str]:
+    """The lines a run ends with that state something: not the tables, progress, notes."""
+    keep = []
+    for line in text.splitlines():
+        s = line.strip()
+        if not s or s[0] in "─│┃━" or re.match(r"^\S+: \d+/\d+ ", s) or s.startswith("note:"):
+            continue
+        if s.startswith(("results:", "estimated duration", "context ")) or "|" in s:
+            if not s.startswith("context "):
+                continue
+        if re.search(r"\S {2,}\S", s):  # a table's row: its columns are runs of spaces
+            continue
+        if NUMBER.search(s) and re.search(r"[a-z]{3,}", s) and len(s.split()) > 4:
+            keep.append(s)
+    return keep[-8:]
+
+
+def rows_of(folder: Path, cmd: str) -> list[dict]:
+    path = folder / cmd / "result.json"
+    if not path.exists():
+        return []
+    return json.loads(path.read_text()).get("metrics", {}).get("rows") or []
+
+
+def steps_agree(quiet: list[dict], loaded: list[dict]) -> list[dict]:
+    """Per step: both medians, both p10-p90, and whether the ranges overlap."""
+    by = {r.get("label") or (r.get("context"), r.get("batch")): r for r in quiet}
+    out = []
+    for r in loaded:
+        key = r.get("label") or (r.get("context"), r.get("batch"))
+        q = by.get(key)
+        if q is None or "step_ms_p10" not in r or "step_ms_p10" not in q:
+            continue
+        overlap = r["step_ms_p10"] <= q["step_ms_p90"] and q["step_ms_p10"] <= r["step_ms_p90"]
+        out.append({"step": str(key), "quiet_ms": q["step_ms"], "loaded_ms": r["step_ms"],
+                    "ratio": r["step_ms"] / q["step_ms"],
+                    "quiet_p10_p90": f"{q['step_ms_p10']:.3g}-{q['step_ms_p90']:.3g}",
+                    "loaded_p10_p90": f"{r['step_ms_p10']:.3g}-{r['step_ms_p90']:.3g}",
+                    "agree": overlap})  # fmt: skip
+    return out
+
+
+def verdicts(folder: Path) -> dict[str, str]:
+    path = folder / "reproduce" / "result.json"
+    if not path.exists():
+        return {}
+    metrics = json.loads(path.read_text()).get("metrics", {})
+    claims = metrics.get("claims") or metrics.get("verdicts") or []
+    if isinstance(claims, dict):
+        return {k: str(v.get("verdict") if isinstance(v, dict) else v) for k, v in claims.items()}
+    return {f"{c.get('key')}: {c.get('claim')}": f"{c.get('verdict')} ({c.get('measured')})"
+            for c in claims}  # fmt: skip
+
+
+def compare(out: Path) -> str:
+    quiet, loaded = out / "quiet", out / "loaded"
+    lines = ["# Newcomer commands: quiet against loaded", ""]
+    for name, folder in (("quiet", quiet), ("loaded", loaded)):
+        with contextlib.suppress(OSError, ValueError):
+            runs = json.loads((folder / "passes.json").read_text())
+            lines.append(f"{name}: " + ", ".join(
+                f"{r['command']} rc {r['rc']} {r['wall_s']} s (load {r['load_before']:.1f}-"
+                f"{r['load_after']:.1f})" for r in runs))  # fmt: skip
+    lines.append("")
+    for cmd in ("phases", "sweep"):
+        rows = steps_agree(rows_of(quiet, cmd), rows_of(loaded, cmd))
+        lines += [f"## {cmd}: steps", "",
+                  "| step | quiet ms | loaded ms | loaded/quiet | quiet p10-p90 | loaded p10-p90 "
+                  "| ranges overlap |", "|---|---|---|---|---|---|---|"]  # fmt: skip
+        for r in rows:
+            agree = "yes" if r["agree"] else "NO"
+            lines.append(f"| {r['step']} | {r['quiet_ms']:.3g} | {r['loaded_ms']:.3g} | "
+                         f"{r['ratio']:.2f} | {r['quiet_p10_p90']} | {r['loaded_p10_p90']} | "
+                         f"{agree} |")  # fmt: skip
+        lines.append("")
+    v_q, v_l = verdicts(quiet), verdicts(loaded)
+    if v_q or v_l:
+        lines += ["## reproduce: verdicts", "", "| claim | quiet | loaded |", "|---|---|---|"]
+        lines += [f"| {k} | {v_q.get(k)} | {v_l.get(k)} |" for k in dict.fromkeys([*v_q, *v_l])]
+        lines.append("")
+    for cmd in COMMANDS:
+        lines += [f"## {cmd}: conclusions", ""]
+        for name, folder in (("quiet", quiet), ("loaded", loaded)):
+            with contextlib.suppress(OSError):
+                text = (folder / f"{cmd}.txt").read_text(errors="replace")
+                lines += [f"- {name}: {c}" for c in conclusions(text)]
+        lines.append("")
+    return "\n".join(lines)
+
+
+def main() -> int:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--out", type=Path, required=True, help="folder for both passes")
+    p.add_argument("--compare", action="store_true", help="only compare passes already run")
+    p.add_argument("--only", choices=("quiet", "loaded"), help="run one pass only")
+    args = p.parse_args()
+    args.out.mkdir(parents=True, exist_ok=True)
+    if not args.compare:
+        if args.only in (None, "quiet"):
+            print(f"quiet pass (load {load():.2f})", flush=True)
+            run_pass(args.out / "quiet")
+        if args.only in (None, "loaded"):
+            with tempfile.TemporaryDirectory() as work, two_suites(Path(work)):
+                print(f"loaded pass (load {load():.2f})", flush=True)
+                run_pass(args.out / "loaded")
+    text = compare(args.out)
+    (args.out / "comparison.md").write_text(text + "\n")
+    print(text)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
