@@ -80,9 +80,14 @@ def two_suites(work: Path):
         yield
     finally:
         for proc, log in procs:
-            with contextlib.suppress(ProcessLookupError):
-                os.killpg(proc.pid, signal.SIGTERM)
-            proc.wait(timeout=60)
+            for sig in (signal.SIGTERM, signal.SIGKILL):  # a suite may outlive its SIGTERM
+                with contextlib.suppress(ProcessLookupError):
+                    os.killpg(proc.pid, sig)
+                try:
+                    proc.wait(timeout=30)
+                    break
+                except subprocess.TimeoutExpired:
+                    continue
             log.close()
 
 

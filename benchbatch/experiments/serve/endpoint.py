@@ -242,7 +242,9 @@ def serve(rec, opts: ServeOptions, w, setup: probe.Setup, cost, predicted: bool)
     rec.meta["endpoint"]["warmup"] = warm_up(target, sent[0], opts)
     calibrations = []
     if opts.predict:
-        calibrations.append(predict.calibrate(rec, opts, w, setup, target, info, 0))
+        calibrations.append(
+            predict.calibrate(rec, opts, w, setup, target, info, 0, (prompts, stream))
+        )
         predicted = True
     label = f"{info.get('served_model', 'server')} at {info.get('url', opts.endpoint)}"
     rates = list(opts.rate_values or (math.inf,))
@@ -256,7 +258,9 @@ def serve(rec, opts: ServeOptions, w, setup: probe.Setup, cost, predicted: bool)
         measured.append((rate, row))
         if opts.predict:
             calibrations.append(
-                predict.calibrate(rec, opts, w, setup, target, info, len(calibrations))
+                predict.calibrate(
+                    rec, opts, w, setup, target, info, len(calibrations), (prompts, stream)
+                )
             )
         if opts.rates is None and math.isinf(rate):
             rates = _after_max(rec, opts, row, n)

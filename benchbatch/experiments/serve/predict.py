@@ -70,15 +70,16 @@ def compare(saved: dict, info: dict) -> list[str]:
     ]
 
 
-def calibrate(rec, opts, w, setup, target, info, index: int) -> dict:
+def calibrate(rec, opts, w, setup, target, info, index: int, client) -> dict:
     """One calibration (number `index` of the run): the episodes against the idle endpoint
-    (endpoint_calibration.csv per request as each ends). Returns {"steps": its step rows,
-    "conditions", "seconds", "fit": its own fit or None where its steps alone determine
-    none}."""
+    (endpoint_calibration.csv per request as each ends). client: (prompts, stream), the
+    endpoint module's functions that build a point's prompts and stream them (passed in,
+    so this module does not import that one, which imports this). Returns {"steps": its
+    step rows, "conditions", "seconds", "fit": its own fit or None where its steps alone
+    determine none}."""
     import time
 
-    from benchbatch.experiments.serve import endpoint as ep
-
+    make_prompts, stream = client
     episodes = ec.plan([r.prompt_tokens for r in w.requests], setup.slots, setup.budget,
                        info.get("max_model_len"))  # fmt: skip
     seen = conditions(info)
@@ -95,8 +96,8 @@ def calibrate(rec, opts, w, setup, target, info, index: int) -> dict:
             if times is None:
                 failed.append(e)
                 continue
-            sent = _prompts(opts, target, info, e, seed + 7919 * i)
-            with ep.stream(target, sent, np.asarray(times), opts) as run:
+            sent = _prompts(make_prompts, opts, target, info, e, seed + 7919 * i)
+            with stream(target, sent, np.asarray(times), opts) as run:
                 records = sorted(run, key=lambda s: s.request_id)
             if e.kind == "decode":
                 timings[(e.concurrency, e.prompt)] = ec.decode_timing(records)
@@ -158,10 +159,12 @@ def pooled(calibrations: list[dict]) -> dict:
         "conditions": calibrations[0]["conditions"],
         "seconds": sum(c["seconds"] for c in calibrations),
         "calibrations": len(calibrations),
-        "drift": {"decode_step_low": min(drift, default=math.nan),
-                  "decode_step_high": max(drift, default=math.nan),
-                  "rule": "each calibration's own fit of a decode step of one sequence, over "
-                          "the pooled fit's"},  # fmt: skip
+        "drift": {
+            "decode_step_low": min(drift, default=math.nan),
+            "decode_step_high": max(drift, default=math.nan),
+            "rule": "each calibration's own fit of a decode step of one sequence, over "
+            "the pooled fit's",
+        },  # fmt: skip
     }
     return out | {"source": "endpoint calibration"}
 
@@ -189,14 +192,13 @@ def _failed_line(failed: list, of: int) -> str:
     return line
 
 
-def _prompts(opts, target, info, episode: ec.Episode, seed: int):
+def _prompts(make_prompts, opts, target, info, episode: ec.Episode, seed: int):
     """The episode's prompts, fresh (their own seed: a server's prefix cache never serves
     one episode from another's), each asking for the episode's output."""
     from benchbatch.core.workload import Request
-    from benchbatch.experiments.serve import endpoint as ep
 
     asked = [Request(i, p, o) for i, (p, o) in enumerate(episode.requests())]
-    return ep.prompts(opts, target, info, asked, seed)[0]
+    return make_prompts(opts, target, info, asked, seed)[0]
 
 
 def save(rec, calibrations: list[dict]):
