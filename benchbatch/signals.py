@@ -3,11 +3,12 @@ is imported, Ctrl-C, SIGTERM and SIGHUP end the process with one line and exit c
 a traceback from the middle of an import, and the terminal's encoding can no longer turn a
 finished run into a traceback. Kept free of imports beyond the standard library's few.
 
-Two places where Python itself would lose a Ctrl-C. torch is imported with Ctrl-C and
-SIGTERM held (delivered the moment the import is done): torch's C extension imports numpy
-and, when that import fails, warns and carries on, so a KeyboardInterrupt raised inside
-numpy's import was lost and numpy left half-imported (the run then failed later with
-`module 'numpy' has no attribute 'matrix'`, exit 1). And one that lands where Python cannot
+Two places where Python itself would lose a Ctrl-C. torch, numpy, pandas and matplotlib
+are imported with Ctrl-C and SIGTERM held (delivered the moment the import is done):
+torch's C extension imports numpy and, when that import fails, warns and carries on, so a
+KeyboardInterrupt raised inside numpy's import was lost and numpy left half-imported (the
+run then failed later with `module 'numpy' has no attribute 'matrix'`, exit 1), and
+pandas' turns one into an ImportError. And one that lands where Python cannot
 raise it (a weakref callback) is sent again a millisecond later instead of printed as
 'Exception ignored' and dropped.
 """
@@ -44,8 +45,12 @@ AS_PROGRAM = False
 # started ignoring (nohup) stays ignored.
 ENDING = tuple(getattr(signal, name) for name in ("SIGTERM", "SIGHUP") if hasattr(signal, name))
 HELD = (signal.SIGINT, *ENDING)
-# Imported with HELD signals held: their own code swallows an exception raised inside them.
-HELD_IMPORTS = ("torch",)
+# Imported with HELD signals held: their own code swallows an exception raised inside them,
+# or turns it into another. torch's; and a C extension of pandas' that imports numpy's C API
+# turns a KeyboardInterrupt inside that import into "ImportError: numpy._core.multiarray
+# failed to import" (a SIGTERM at the wrong instant of `phases` did, exit 1 and a traceback);
+# numpy and matplotlib load C extensions the same way.
+HELD_IMPORTS = ("torch", "numpy", "pandas", "matplotlib")
 
 
 @contextlib.contextmanager

@@ -16,6 +16,8 @@ from matplotlib import axis, ticker  # noqa: E402
 from matplotlib.category import StrCategoryFormatter  # noqa: E402
 from matplotlib.text import Text  # noqa: E402
 
+from benchbatch.signals import signals_held  # noqa: E402
+
 
 def save(fig, path: Path) -> None:
     """Draw the figure in memory, then write it under a temporary name renamed into place
@@ -32,16 +34,22 @@ def save(fig, path: Path) -> None:
     try:
         literal_text(fig)
         buffer = io.BytesIO()
-        fig.savefig(buffer, format="png", dpi=120, bbox_inches="tight")
+        # Agg's C++ renderer calls back into Python: a Ctrl-C or SIGTERM raised inside a
+        # callback came out as "ValueError: Invalid bounding box" (exit 1, a traceback), so
+        # the drawing (under a second) holds them; they are delivered once it is done.
+        with signals_held():
+            fig.savefig(buffer, format="png", dpi=120, bbox_inches="tight")
         results.atomic_write_bytes(path, buffer.getvalue())
     finally:
         plt.close(fig)
 
 
 def tight(fig, **kwargs) -> None:
-    """fig.tight_layout(), which draws the texts: they are made literal first."""
+    """fig.tight_layout(), which draws the texts (signals held, as in save()): they are
+    made literal first."""
     literal_text(fig)
-    fig.tight_layout(**kwargs)
+    with signals_held():
+        fig.tight_layout(**kwargs)
 
 
 def literal_text(fig) -> None:
