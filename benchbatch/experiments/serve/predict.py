@@ -142,7 +142,7 @@ def bracket(calibrations: list[dict], k: int):
 def pooled(calibrations: list[dict]) -> dict:
     """Every calibration of the run fitted together (what step_cost.json saves), with how
     far the server's speed moved between them: each calibration's own price of a decode
-    step of one sequence (and of the shortest single's TTFT) over the pooled fit's."""
+    step of one sequence over the pooled fit's."""
     steps = [r for c in calibrations for r in c["steps"]]
     out = cal.fit(steps, OPTION)
     model = out["model"]
@@ -170,8 +170,8 @@ def pooled(calibrations: list[dict]) -> dict:
 
 
 def _price(model, row: dict) -> float:
-    return (model.base_s + model.per_decode_token_s * row["decode_tokens"]
-            + model.per_context_token_s * row["context_tokens"])  # fmt: skip
+    """A step row's time by a model, as the fit prices it (its design row, its terms)."""
+    return float(cal.design([row])[0] @ np.asarray(cal.coefficients(model)))
 
 
 def _failed_line(failed: list, of: int) -> str:

@@ -189,8 +189,8 @@ def simulate_point(
     requests, arrivals = w.at(rate, n)
     name, config = settings(policy, setup)
     sched = make_scheduler(name, setup.slots, **config)
-    delay = getattr(cost, "request_overhead_s", 0.0)  # a server's, from an endpoint's calibration
-    r = simulate_timed(requests, arrivals, sched, priced(cost), delay_s=delay)
+    # A server's latency outside its steps (an endpoint's calibration; 0 for the engine's).
+    r = simulate_timed(requests, arrivals, sched, priced(cost), delay_s=cost.request_overhead_s)
     active = r.timeline.active_slots
     return Point(
         policy,
