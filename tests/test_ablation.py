@@ -54,6 +54,7 @@ class _Plan:
 
     def __init__(self, d: int, p: int, c: int):
         self.num_decode_tokens, self.num_prefill_tokens, self.num_context_tokens = d, p, c
+        self.padded_slots = ()
 
 
 # --- the step-cost model ---------------------------------------------------------------------

@@ -321,11 +321,50 @@ def test_the_real_engine_flags_a_calibration_made_with_other_threads(runner, tmp
 def test_serve_sweep_prices_a_static_groups_padded_slots_as_sequences():
     """Static batching on two slots: A (1 token) and B (3 tokens) prefilled together; A's slot
     keeps decoding padding for B's two decode steps, rows the engine computes and pays."""
-    from benchbatch.experiments.serve.probe import priced
-
     s, d = 1e-3, 1e-4
     model = StepCostModel(0.0, d, 0.0, 0.0, per_sequence_s=s)
     requests = [Request(0, 4, 1), Request(1, 4, 3)]
-    run = simulate_timed(requests, [0.0, 0.0], make_scheduler("static", 2), priced(model))
+    run = simulate_timed(requests, [0.0, 0.0], make_scheduler("static", 2), model)
     assert run.total_steps == 3
     assert run.total_time == pytest.approx(2 * s + 2 * (2 * s + 2 * d), rel=1e-12)
+
+
+@pytest.mark.parametrize("policy", ["static", "continuous"])
+def test_an_executed_steps_price_is_what_the_simulation_charges_its_plan(
+    tiny_model, one_thread, policy
+):
+    """serve-sweep's priced_ms: the price read from the engine's own record (its counts,
+    padding, context and gathered tokens) equals the model's price of the plan the
+    scheduler replays for the same requests, step by step: static groups with finished
+    slots decoding padding, continuous batches over scattered slots."""
+    from benchbatch.runtime import calibrate as cb
+    from benchbatch.runtime.runs import EngineRun, Finished, engine_events
+
+    model = StepCostModel(2e-3, 3e-4, 5e-5, 7e-7, per_sequence_s=1.1e-3,
+                          per_gathered_token_s=1.3e-6)  # fmt: skip
+    requests = [Request(i, 6 + 3 * i, 2 + (5 * i) % 7) for i in range(7)]
+    run = EngineRun(policy, 3, policy=policy)
+    plans = cb.plans(run, requests)
+    rows = [e for e in engine_events(tiny_model, requests, [run], 0) if not isinstance(e, Finished)]
+    assert len(rows) == len(plans)
+    if policy == "static":
+        assert sum(r["padded"] for r in rows) > 0
+    else:
+        assert sum(r["gathered_tokens"] for r in rows) > 0
+    for row, plan in zip(rows, plans, strict=True):
+        assert cal.price_ms(model, row) == pytest.approx(1e3 * model(plan), rel=1e-12)
+
+
+def test_price_errors_are_measured_over_priced_per_run_and_kind():
+    rows = [
+        {"policy": "a", "active": 1, "decode_tokens": 1, "prefill_tokens": 0, "step_ms": 2.0,
+         "priced_ms": 1.0},
+        {"policy": "a", "active": 1, "decode_tokens": 1, "prefill_tokens": 0, "step_ms": 4.0,
+         "priced_ms": 1.0},
+        {"policy": "a", "active": 1, "decode_tokens": 0, "prefill_tokens": 9, "step_ms": 3.0,
+         "priced_ms": 4.0},
+    ]  # fmt: skip
+    out = {(e["policy"], e["kind"]): e for e in cal.price_errors(rows)}
+    assert out[("a", "decode")]["ratio_p50"] == pytest.approx(3.0)
+    assert out[("a", "decode")]["steps"] == 2
+    assert out[("a", "prefill")]["ratio_p50"] == pytest.approx(0.75)

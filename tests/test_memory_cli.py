@@ -80,10 +80,19 @@ def test_a_fitted_step_cost_prices_the_memory_policies_in_seconds(runner, tmp_pa
     assert result.exit_code == 0, result.output
     rows = pd.read_csv(tmp_path / "run" / "memory.csv").set_index("policy")
     assert (rows["time_unit"] == "s").all()
-    # Every step costs at least the 2 ms base, and a step of n sequences 0.5 ms more each.
+    # Every step costs the 2 ms base, and a step of n sequences 0.5 ms more each.
     useful = rows["mean_running"] * rows["total_steps"]
     expected = 2e-3 * rows["total_steps"] + 0.5e-3 * useful
-    assert (rows["total_time"] - expected).abs().max() < 0.02 * expected.max()
+    others = rows.index != "static-reserve"
+    err = (rows["total_time"] - expected)[others].abs()
+    assert err.max() < 0.02 * expected.max()
+    # Static batching's finished slots still decode padding until their group ends (the
+    # real engine computes them): priced as sequences, so more than its useful rows, and
+    # at most every reserved slot in every step.
+    static = rows.loc["static-reserve"]
+    assert static["total_time"] > 1.05 * expected["static-reserve"]
+    most = (2e-3 + 0.5e-3 * (static["kv_budget_blocks"] // 27)) * static["total_steps"]
+    assert static["total_time"] <= most
     assert "time (fitted step cost): static-reserve" in result.stdout
 
 

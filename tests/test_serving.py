@@ -181,9 +181,12 @@ def reference(requests, arrivals, slots, policy, cost):
     ended (or, idle, at the next arrival); it first queues every request arrived by its start
     (first come, first served), decodes every running request, and admits waiting requests
     (continuous: into free slots; static: a group of up to `slots` once every request of the
-    last group has finished), whose whole prompt it prefills for their first token."""
+    last group has finished), whose whole prompt it prefills for their first token. A
+    static group's finished members still decode padding while the group runs, priced as
+    decoding sequences (the real engine computes them)."""
     order = deque(sorted(range(len(requests)), key=lambda i: (arrivals[i], i)))
     waiting, running, times, t, steps = deque(), {}, {}, 0.0, 0
+    group = 0  # static: the running group's size
     while order or waiting or running:
         while order and arrivals[order[0]] <= t:
             waiting.append(order.popleft())
@@ -193,11 +196,14 @@ def reference(requests, arrivals, slots, policy, cost):
         decodes = list(running)
         room = slots - len(running) if policy == "continuous" else (0 if running else slots)
         admitted = [waiting.popleft() for _ in range(min(room, len(waiting)))]
+        padded = group - len(decodes) if policy == "static" and decodes else 0
+        if policy == "static" and admitted:
+            group = len(admitted)
         context = sum(requests[i].prompt_tokens + running[i] - 1 for i in decodes)
         prefill = sum(requests[i].prompt_tokens for i in admitted)
         t += (
             cost.base_s
-            + cost.per_decode_token_s * len(decodes)
+            + cost.per_decode_token_s * (len(decodes) + padded)
             + cost.per_prefill_token_s * prefill
             + cost.per_context_token_s * context
         )

@@ -137,6 +137,37 @@ def _model(coef: Sequence[float]) -> StepCostModel:
                          per_admitted_s=c["per_admitted_s"])  # fmt: skip
 
 
+def price_ms(model: StepCostModel, row: dict) -> float:
+    """The model's price of an executed step from its record (runtime/engine.py's row:
+    active, decode, prefill, padded, context and gathered tokens), in ms: what the
+    simulation charges the same plan (StepCostModel: padded rows as decoding sequences)."""
+    padded = row.get("padded", 0)
+    s = (
+        model.base_s
+        + model.per_sequence_s * (row["active"] + padded)
+        + model.per_decode_token_s * (row["decode_tokens"] + padded)
+        + model.per_prefill_token_s * row["prefill_tokens"]
+        + model.per_context_token_s * row.get("context_tokens", 0)
+        + model.per_gathered_token_s * row.get("gathered_tokens", 0)
+    )
+    return 1e3 * s
+
+
+def price_errors(rows: Sequence[dict], key: str = "policy") -> list[dict]:
+    """Per run (key) and step kind: the steps, and the median and p10/p90 of measured over
+    priced (step_ms / priced_ms): how far the calibration prices the steps a run took."""
+    groups: dict[tuple, list[float]] = {}
+    for r in rows:
+        kind, priced = step_kind(r), r.get("priced_ms")
+        if kind != "idle" and priced and r["step_ms"] > 0:
+            groups.setdefault((r[key], kind), []).append(r["step_ms"] / priced)
+    return [
+        {key: name, "kind": kind, "steps": len(v), "ratio_p50": percentile(v, 50),
+         "ratio_p10": percentile(v, 10), "ratio_p90": percentile(v, 90)}  # fmt: skip
+        for (name, kind), v in groups.items()
+    ]
+
+
 def relative_scale(pred: np.ndarray) -> np.ndarray:
     """Each step's row scale in the weighted fit: the square root of its weight 1/pred^2,
     so the fit minimizes the sum of squared relative errors."""

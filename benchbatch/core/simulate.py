@@ -283,7 +283,10 @@ class StepCostModel:
     """Linear model of one step's time. An idle step (nothing arrived yet) costs base_s.
 
     per_context_token_s prices KV entries read: decode contexts and the earlier chunks a
-    prefill chunk attends to (the re-read cost of chunked prefill).
+    prefill chunk attends to (the re-read cost of chunked prefill). A static group's
+    finished slots (plan.padded_slots) still decode a padding token each step in the real
+    engine (runtime/engine.py feeds them in the decode batch), so each is priced as a
+    decoding sequence: what the step computes is what it pays for.
     """
 
     base_s: float
@@ -308,15 +311,16 @@ class StepCostModel:
     per_admitted_s: float = 0.0
 
     def __call__(self, plan: StepPlan) -> float:
+        padded = len(plan.padded_slots)
         cost = (
             self.base_s
-            + self.per_decode_token_s * plan.num_decode_tokens
+            + self.per_decode_token_s * (plan.num_decode_tokens + padded)
             + self.per_prefill_token_s * plan.num_prefill_tokens
             + self.per_context_token_s * plan.num_context_tokens
         )
         # Only when fitted: a model without these terms prices a plan exactly as before.
         if self.per_sequence_s:
-            cost += self.per_sequence_s * plan.num_active
+            cost += self.per_sequence_s * (plan.num_active + padded)
         if self.per_gathered_token_s:
             cost += self.per_gathered_token_s * gathered_tokens(plan)
         if self.per_admitted_s:

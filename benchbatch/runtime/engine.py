@@ -53,6 +53,7 @@ from benchbatch.core.kvblocks import PAGED
 from benchbatch.core.metrics import RunMetrics
 from benchbatch.core.scheduler import PrefillChunk, StepPlan, make_scheduler
 from benchbatch.core.serving import timed_run_metrics
+from benchbatch.core.simulate import gathered_tokens
 from benchbatch.core.workload import Request, Workload
 from benchbatch.errors import UserError
 from benchbatch.runtime.distributed import each
@@ -80,6 +81,10 @@ class StepRecord:
     preempted: int = 0  # requests preempted before it ran
     start_s: float | None = None  # with arrivals in seconds: on the run's clock (0: start)
     end_s: float | None = None
+    # What the step-cost model prices beside the counts (core/simulate.py): KV entries the
+    # step's sequences read, and those copied to gather a decode batch of scattered slots.
+    context_tokens: int = 0
+    gathered_tokens: int = 0
 
     def row(self) -> dict:
         ranks = {f"step_ms_rank{i}": s * 1e3 for i, s in enumerate(self.rank_step_s)}
@@ -97,6 +102,8 @@ class StepRecord:
             "kv_blocks": self.kv_blocks,
             "kv_tokens": self.kv_tokens,
             "preempted": self.preempted,
+            "context_tokens": self.context_tokens,
+            "gathered_tokens": self.gathered_tokens,
             **timed,
         }
 
@@ -517,6 +524,8 @@ def _record(
         plan.kv_blocks,
         plan.kv_tokens if plan.kv_blocks else 0,
         len(plan.preempted),
+        context_tokens=plan.num_context_tokens,
+        gathered_tokens=gathered_tokens(plan),
     )
 
 

@@ -301,21 +301,11 @@ def prediction_part(rec, net, requests, slots: int, run: RunOptions, given=None)
     pairs = []
     for real in rec.rows("engine"):
         policy = real["policy"]
-        sim = simulate(requests, make_scheduler(policy, slots), _padded(cost), fast=False)
+        sim = simulate(requests, make_scheduler(policy, slots), cost, fast=False)
         m = sim.metrics.summary()
         row = {"wall_s": sim.total_time, **{f"{k}_s": v for k, v in m.items()}}
         pairs += pairs_of(policy, row, real, PREDICTED, policy=policy)
     record(rec, pairs, f"occupancy: the real engine beside its simulation; {slots} slots")
-
-
-def _padded(cost):
-    """The cost as the engine pays it: a static group's finished slots still decode."""
-
-    def step_cost(plan) -> float:
-        pad = len(plan.padded_slots)
-        return cost(plan) + (cost.per_decode_token_s + cost.per_sequence_s) * pad
-
-    return step_cost
 
 
 def _collectives(rec, net, context: int, slots: int, run: RunOptions) -> None:

@@ -16,14 +16,14 @@ Everything here returns rows or plain results; nothing prints.
 from __future__ import annotations
 
 import math
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass
 
 import numpy as np
 
 from benchbatch.core.arrivals import at_rate, read_arrivals, to_unit_rate, unit_poisson
 from benchbatch.core.metrics import RunMetrics
-from benchbatch.core.scheduler import SchedulerConfig, StepPlan, make_scheduler
+from benchbatch.core.scheduler import SchedulerConfig, make_scheduler
 from benchbatch.core.serving import (
     ServingSLO,
     latency_columns,
@@ -95,17 +95,6 @@ def check_setup(policies: Sequence[str], setup: Setup) -> None:
     """A UserError naming the option for budgets the chunked policy would refuse."""
     if "chunked" in policies:
         SchedulerConfig(setup.slots, **settings("chunked", setup)[1])
-
-
-def priced(cost: StepCostModel) -> Callable[[StepPlan], float]:
-    """The cost model as the engine pays it: a static group's finished slots still compute a
-    padding token each step (the real engine decodes them), priced as decoding sequences."""
-    per_padded = cost.per_decode_token_s + cost.per_sequence_s
-
-    def step_cost(plan: StepPlan) -> float:
-        return cost(plan) + per_padded * len(plan.padded_slots)
-
-    return step_cost
 
 
 # --- the workload -------------------------------------------------------------------------------
@@ -190,7 +179,7 @@ def simulate_point(
     name, config = settings(policy, setup)
     sched = make_scheduler(name, setup.slots, **config)
     # A server's latency outside its steps (an endpoint's calibration; 0 for the engine's).
-    r = simulate_timed(requests, arrivals, sched, priced(cost), delay_s=cost.request_overhead_s)
+    r = simulate_timed(requests, arrivals, sched, cost, delay_s=cost.request_overhead_s)
     active = r.timeline.active_slots
     return Point(
         policy,

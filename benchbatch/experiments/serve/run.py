@@ -266,7 +266,7 @@ def _serve_real(rec, net, opts: ServeOptions, w, setup, cost, rates, seed: int) 
     by_label = {probe.rate_label(r): r for r in chosen}
     requests, _ = w.at(math.inf, n)
     runs = probe.engine_runs(w, chosen, opts.policies, setup, n, matched)
-    events = engine_events(net, requests, runs, seed)
+    events = _priced(engine_events(net, requests, runs, seed), cost)
     total = sum(run.sim_steps for run in runs)
     pairs: list[dict] = []
     meter = telemetry.EnergyMeter(net.embed.weight.device)
@@ -286,9 +286,41 @@ def _serve_real(rec, net, opts: ServeOptions, w, setup, cost, rates, seed: int) 
         span = float(arrivals.max() - arrivals.min()) if len(arrivals) else 0.0
         pairs += probe.prediction_pairs(row, rows[(done.run.name, rate)], span)
     meter.close()
+    _say_prices(rec)
     from benchbatch.output.plots.prediction import record
 
     record(rec, pairs, f"serve-sweep: the real engine beside its simulation; {c.title(rec)}")
+
+
+def _priced(events, cost):
+    """The engine's step rows, each with the cost model's price of the step it took
+    (priced_ms: what the simulation charges that plan), the rest passed through."""
+    from benchbatch.core.calibration import price_ms
+
+    for event in events:
+        yield event | {"priced_ms": price_ms(cost, event)} if isinstance(event, dict) else event
+
+
+def _say_prices(rec) -> None:
+    """How far the calibration priced the steps the real engine took, per policy and step
+    kind (metadata's real.step_prices): a ratio far from 1 is the step-cost model's error
+    (the machine changed since the calibration), one near 1 beside a latency far off is
+    the scheduling's or the queue's."""
+    from benchbatch.core.calibration import price_errors
+
+    errors = price_errors(rec.rows("real_steps"))
+    if not errors:
+        return
+    rec.meta.setdefault("real", {})["step_prices"] = errors
+    by_policy: dict[str, list[str]] = {}
+    for e in errors:
+        by_policy.setdefault(e["policy"], []).append(
+            f"{e['kind']} x{e['ratio_p50']:.2f} ({e['steps']:,})"
+        )
+    rec.note(
+        "the real engine's steps over the calibration's price of them (median, steps): "
+        + "; ".join(f"{p} {', '.join(v)}" for p, v in by_policy.items())
+    )
 
 
 def _matched(rec, opts: ServeOptions, w, setup, cost, rates, n: int):
