@@ -26,7 +26,8 @@ def pytest_configure(config):
     starts pytest with `&` (no job control) leaves SIGINT ignored, so a Ctrl-C test in this
     process saw nothing and every program a test starts inherited the ignored signal (exec
     keeps SIG_IGN). Python's own handler instead: the programs then start with SIGINT at its
-    default, as from a terminal (tests/test_background.py runs the Ctrl-C tests so)."""
+    default, as from a terminal (the signal tests' programs also reset SIGINT and SIGHUP
+    before exec: tests/test_hostile_round3_streams.py, terminal_signals)."""
     if signal.getsignal(signal.SIGINT) == signal.SIG_IGN:
         signal.signal(signal.SIGINT, signal.default_int_handler)
 

@@ -57,12 +57,21 @@ def one_line_error(result, option: str | None = None) -> str:
     return lines[0]
 
 
+def terminal_signals() -> None:
+    """In a child before exec: Ctrl-C and SIGHUP at their defaults, as a program started
+    from a terminal has them, however the suite was started (`&` leaves SIGINT ignored,
+    nohup SIGHUP, and exec keeps SIG_IGN: a SIGHUP test of a suite run under nohup saw its
+    program ignore the signal and exit 0)."""
+    signal.signal(signal.SIGINT, signal.SIG_DFL)
+    signal.signal(signal.SIGHUP, signal.SIG_DFL)
+
+
 def program(args, *, stdout=subprocess.PIPE, stderr=subprocess.PIPE, env=None, python=(),
             preexec=None) -> subprocess.Popen:  # fmt: skip
-    """The program as a user runs it (python -m benchbatch)."""
+    """The program as a user runs it (python -m benchbatch) from a terminal."""
 
     def default_signals():
-        signal.signal(signal.SIGINT, signal.SIG_DFL)
+        terminal_signals()
         if preexec is not None:
             preexec()
 
@@ -74,6 +83,21 @@ def program(args, *, stdout=subprocess.PIPE, stderr=subprocess.PIPE, env=None, p
 
 
 # --- item 3: stderr unwritable, and SIGHUP -----------------------------------------------------
+
+
+def test_programs_start_with_a_terminals_signals_under_nohup():
+    """A suite started under nohup (SIGHUP ignored) still starts its programs with SIGHUP
+    and SIGINT at their defaults, so the SIGHUP tests below test the program, not how the
+    suite was started."""
+    code = ("import signal; print(signal.getsignal(signal.SIGHUP) == signal.SIG_DFL, "
+            "signal.getsignal(signal.SIGINT) is signal.default_int_handler)")
+    before = signal.signal(signal.SIGHUP, signal.SIG_IGN)  # as nohup leaves it
+    try:
+        out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                             preexec_fn=terminal_signals, timeout=60).stdout  # fmt: skip
+    finally:
+        signal.signal(signal.SIGHUP, before)
+    assert out.split() == ["True", "True"]
 
 
 def test_a_run_with_stderr_on_a_full_device_ends_marked_complete(tmp_path):
