@@ -139,18 +139,13 @@ def _model(coef: Sequence[float]) -> StepCostModel:
 
 def price_ms(model: StepCostModel, row: dict) -> float:
     """The model's price of an executed step from its record (runtime/engine.py's row:
-    active, decode, prefill, padded, context and gathered tokens), in ms: what the
-    simulation charges the same plan (StepCostModel: padded rows as decoding sequences)."""
+    active, decode, prefill, padded, context and gathered tokens), in ms, by the fit's own
+    design row: what the simulation charges the same plan (StepCostModel: padded rows as
+    decoding sequences)."""
     padded = row.get("padded", 0)
-    s = (
-        model.base_s
-        + model.per_sequence_s * (row["active"] + padded)
-        + model.per_decode_token_s * (row["decode_tokens"] + padded)
-        + model.per_prefill_token_s * row["prefill_tokens"]
-        + model.per_context_token_s * row.get("context_tokens", 0)
-        + model.per_gathered_token_s * row.get("gathered_tokens", 0)
-    )
-    return 1e3 * s
+    features = {**row, "sequences": row["active"] + padded,
+                "decode_tokens": row["decode_tokens"] + padded}  # fmt: skip
+    return 1e3 * float(design([features])[0] @ np.array(coefficients(model)))
 
 
 def price_errors(rows: Sequence[dict], key: str = "policy") -> list[dict]:

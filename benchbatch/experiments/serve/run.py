@@ -298,7 +298,9 @@ def _priced(events, cost):
     from benchbatch.core.calibration import price_ms
 
     for event in events:
-        yield event | {"priced_ms": price_ms(cost, event)} if isinstance(event, dict) else event
+        if isinstance(event, dict):
+            event = event | {"priced_ms": price_ms(cost, event)}
+        yield event
 
 
 def _say_prices(rec) -> None:
