@@ -177,6 +177,67 @@ def test_a_gathered_term_is_recovered_beside_the_others():
     assert got["base_s"] == pytest.approx(TRUE["base_s"], rel=1e-9)
 
 
+def test_masked_and_batched_terms_are_recovered_beside_the_others():
+    """Decode batches of mixed contexts (keys past a row's own context, masked) and a step
+    cost for two matmul rows or more: both recovered exactly beside TRUE's terms."""
+    rows = synthetic_steps(150, 0.0)
+    m, k = 1.5e-6, 2.5e-3
+    for i, r in enumerate(rows):
+        if r["decode_tokens"] > 1 and i % 2:
+            r["masked_tokens"] = r["decode_tokens"] * (7 + i % 40)
+            r["step_ms"] += 1e3 * m * r["masked_tokens"]
+        r["batched"] = int(r["decode_tokens"] + r["prefill_tokens"] >= 2)
+        r["step_ms"] += 1e3 * k * r["batched"]
+    got = cal.fit(rows)["summary"]["coefficients_s"]
+    assert got["per_masked_token_s"] == pytest.approx(m, rel=1e-9)
+    assert got["batched_step_s"] == pytest.approx(k, rel=1e-9)
+    for term, value in TRUE.items():
+        assert got[term] == pytest.approx(value, rel=1e-9), term
+
+
+def test_the_masked_keys_are_what_the_engines_attention_reads_past_each_context(
+    tiny_model, one_thread, monkeypatch
+):
+    """masked_tokens of every decode step equals the engine's own attention rectangle (the
+    rows times the kv_len it passes the model) less the rows' own keys, for continuous
+    batches of mixed contexts and static groups with padded slots; batched is 0 exactly
+    for a lone decode row."""
+    from benchbatch.core.simulate import batched, masked_tokens
+    from benchbatch.runtime import calibrate as cb
+    from benchbatch.runtime.runs import EngineRun, Finished, engine_events
+
+    calls = []
+    step = tiny_model.mixed_step
+
+    def spy(cache, parts, *args, **kwargs):
+        calls.append([(t.shape[0], t.shape[1], kv) for t, _, kv in parts])
+        return step(cache, parts, *args, **kwargs)
+
+    monkeypatch.setattr(tiny_model, "mixed_step", spy)
+    requests = [Request(i, 3 + 7 * i, 2 + (5 * i) % 9) for i in range(6)]
+    lone_steps = 0
+    for policy in ("continuous", "static"):
+        calls.clear()
+        run = EngineRun(policy, 3, policy=policy)
+        plans = cb.plans(run, requests)
+        rows = [e for e in engine_events(tiny_model, requests, [run], 0)
+                if not isinstance(e, Finished)]  # fmt: skip
+        assert len(calls) == len(plans) == len(rows)
+        for plan, parts, row in zip(plans, calls, rows, strict=True):
+            decode = [(b, kv) for b, t, kv in parts if t == 1 and plan.decodes]
+            own = sum(d.context_len + 1 for d in plan.decodes)
+            rectangle = sum(b * kv for b, kv in decode)
+            assert masked_tokens(plan) == rectangle - own == row["masked_tokens"]
+            lone = plan.num_decode_tokens == 1 and not plan.prefills and not plan.padded_slots
+            assert batched(plan) == row["batched"] == (0 if lone else 1)
+            lone_steps += lone
+        assert sum(r["masked_tokens"] for r in rows) > 0
+        if policy == "static":  # a finished member's slot can be the longest one
+            assert any(p.padded_context > max(d.context_len for d in p.decodes)
+                       for p in plans if p.decodes and p.padded_slots)  # fmt: skip
+    assert lone_steps > 0  # continuous ends decoding its last request alone
+
+
 # --- conditions --------------------------------------------------------------------------------
 
 HERE = {"device": "AMD EPYC", "torch": "2.5.0", "dtype": "float32", "threads": 1,

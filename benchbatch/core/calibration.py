@@ -21,6 +21,15 @@ The terms (every coefficient in seconds, none negative):
                        request in costs the step itself on a server whose HTTP shares the
                        cores (an endpoint's mixed episodes: a decode step that admitted
                        one against one that did not)
+  per_masked_token_s   per key a decode batch's attention reads past a row's own context
+                       (feature masked_tokens): benchbatch's engine attends every row to
+                       the batch's longest context and masks the rest (the served steps'
+                       prices showed it: a batch of mixed contexts cost more than one of
+                       the same total context in equal parts)
+  batched_step_s       per step whose matmuls have two rows or more (feature batched: all
+                       but a lone decode row): BLAS's matrix-matrix kernel against the
+                       matrix-vector one (the residuals showed it: decode steps of one row
+                       priced 0.87-0.92 of their time, of two rows 1.09-1.14)
 
 The fit is least squares on relative error (each step counts alike, so the 1 ms decode
 steps are fitted as well as the 1 s prefills), iterated so that each step is weighted by
@@ -44,10 +53,10 @@ from benchbatch.errors import UserError
 
 # The features of a step, in the order of the model's terms (the base's is 1).
 FEATURES = ("sequences", "decode_tokens", "prefill_tokens", "context_tokens", "gathered_tokens",
-            "first_tokens", "admitted")  # fmt: skip
+            "first_tokens", "admitted", "masked_tokens", "batched")  # fmt: skip
 TERMS = ("base_s", "per_sequence_s", "per_decode_token_s", "per_prefill_token_s",
          "per_context_token_s", "per_gathered_token_s", "request_overhead_s",
-         "per_admitted_s")  # fmt: skip
+         "per_admitted_s", "per_masked_token_s", "batched_step_s")  # fmt: skip
 KINDS = ("decode", "prefill", "mixed")
 ITERATIONS = 6  # reweighting passes: converged to well under the noise after 3 or 4
 FIT_RULE = (
@@ -134,14 +143,16 @@ def _model(coef: Sequence[float]) -> StepCostModel:
                          c["per_context_token_s"], per_sequence_s=c["per_sequence_s"],
                          per_gathered_token_s=c["per_gathered_token_s"],
                          request_overhead_s=c["request_overhead_s"],
-                         per_admitted_s=c["per_admitted_s"])  # fmt: skip
+                         per_admitted_s=c["per_admitted_s"],
+                         per_masked_token_s=c["per_masked_token_s"],
+                         batched_step_s=c["batched_step_s"])  # fmt: skip
 
 
 def price_ms(model: StepCostModel, row: dict) -> float:
     """The model's price of an executed step from its record (runtime/engine.py's row:
-    active, decode, prefill, padded, context and gathered tokens), in ms, by the fit's own
-    design row: what the simulation charges the same plan (StepCostModel: padded rows as
-    decoding sequences)."""
+    active, decode, prefill, padded, context, gathered and masked tokens, batched), in ms,
+    by the fit's own design row: what the simulation charges the same plan (StepCostModel:
+    padded rows as decoding sequences)."""
     padded = row.get("padded", 0)
     features = {**row, "sequences": row["active"] + padded,
                 "decode_tokens": row["decode_tokens"] + padded}  # fmt: skip
@@ -157,8 +168,14 @@ def price_errors(rows: Sequence[dict], key: str = "policy") -> list[dict]:
         if kind != "idle" and priced and r["step_ms"] > 0:
             groups.setdefault((r[key], kind), []).append(r["step_ms"] / priced)
     return [
-        {key: name, "kind": kind, "steps": len(v), "ratio_p50": percentile(v, 50),
-         "ratio_p10": percentile(v, 10), "ratio_p90": percentile(v, 90)}  # fmt: skip
+        {
+            key: name,
+            "kind": kind,
+            "steps": len(v),
+            "ratio_p50": percentile(v, 50),
+            "ratio_p10": percentile(v, 10),
+            "ratio_p90": percentile(v, 90),
+        }  # fmt: skip
         for (name, kind), v in groups.items()
     ]
 
@@ -228,6 +245,8 @@ def summary(model: StepCostModel, std_errors: Sequence[float], fitted: Sequence[
         "per_gathered_token_us": model.per_gathered_token_s * 1e6,
         "request_overhead_ms": model.request_overhead_s * 1e3,
         "per_admitted_ms": model.per_admitted_s * 1e3,
+        "per_masked_token_us": model.per_masked_token_s * 1e6,
+        "batched_step_ms": model.batched_step_s * 1e3,
         "median_abs_error": percentile(errs, 50),
         "p90_abs_error": percentile(errs, 90),
         "max_abs_error": max(errs),
@@ -244,7 +263,9 @@ def line(s: dict) -> str:
              ("per_context_token_s", 1e6, "us/context tok"),
              ("per_gathered_token_s", 1e6, "us/gathered tok"),
              ("request_overhead_s", 1e3, "ms/request"),
-             ("per_admitted_s", 1e3, "ms/admitted")]  # fmt: skip
+             ("per_admitted_s", 1e3, "ms/admitted"),
+             ("per_masked_token_s", 1e6, "us/masked tok"),
+             ("batched_step_s", 1e3, "ms/batched step")]  # fmt: skip
     coef = s["coefficients_s"]
     # A term no step holds (zero, no error: an engine's request overhead, an endpoint's
     # per-sequence and gathered costs) is left out of the line.
@@ -320,7 +341,8 @@ def read(path: Path, option: str = "--step-costs") -> dict | None:
     from benchbatch.core.stepcost import _check_numbers, _read_costs_csv
 
     df = _read_costs_csv(path)
-    for name in ("gathered_tokens", "first_tokens", "admitted"):  # older calibrations lack
+    optional = ("gathered_tokens", "first_tokens", "admitted", "masked_tokens", "batched")
+    for name in optional:  # older calibrations lack them
         if name not in df:
             df[name] = 0
     _check_numbers(path, df, FEATURES)

@@ -175,6 +175,9 @@ class StepPlan:
     new_blocks: tuple[tuple[int, int, int], ...] = ()
     preempted: tuple[int, ...] = ()
     kv_blocks: int = 0
+    # The longest KV a padded slot holds before the step (it keeps growing by its padding
+    # token): the real engine's decode batch attends every row up to it too.
+    padded_context: int = 0
 
     @property
     def num_decode_tokens(self) -> int:
@@ -320,7 +323,8 @@ class Scheduler:
         if self.config.mixed or not decodes:
             prefills, admitted = self._plan_prefills(self.config.budget - len(decodes))
         self._last_prefilled = bool(prefills)
-        plan = StepPlan(self.step, decodes, prefills, admitted, self._padded(), *self._kv_parts())
+        plan = StepPlan(self.step, decodes, prefills, admitted, self._padded(), *self._kv_parts(),
+                        padded_context=self._padded_context())  # fmt: skip
         self._check_plan(plan)
         self._planned = plan
         return plan
@@ -358,7 +362,7 @@ class Scheduler:
             for slot, seq in running.items():
                 if seq.request.id == request_id:
                     del running[slot]
-                    self._release(slot)
+                    self._release(slot, seq)
                     self._submitted -= 1
                     return True
         return False
@@ -410,6 +414,9 @@ class Scheduler:
 
     def _padded(self) -> tuple[int, ...]:
         return ()
+
+    def _padded_context(self) -> int:
+        return 0
 
     # --- KV memory (with a KV budget) -----------------------------------------------------
 
@@ -508,9 +515,9 @@ class Scheduler:
             self.finished.append(rid)
             finished.append(rid)
             del self._decoding[seq.slot]
-            self._release(seq.slot)
+            self._release(seq.slot, seq)
 
-    def _release(self, slot: int) -> None:
+    def _release(self, slot: int, seq: _Seq) -> None:
         if self.kv is not None:
             self.kv.free(slot)
         heapq.heappush(self._free, slot)
@@ -597,7 +604,8 @@ class StaticScheduler(Scheduler):
 
     def __init__(self, slots: int, record_tokens: bool = True, **settings) -> None:
         super().__init__(slots, record_tokens, **settings)
-        self._padding: set[int] = set()
+        # A finished member's slot -> the KV it held after its last step, and that step.
+        self._padding: dict[int, tuple[int, int]] = {}
         kv = self.config.kv
         if kv is not None and kv.policy == PAGED:  # a group that grew could not pad
             raise ValueError("static batching reserves its KV memory: use the reserve policy")
@@ -619,8 +627,8 @@ class StaticScheduler(Scheduler):
         head = self._queue.head(self.step)
         return head is not None and self._kv_admits(head)
 
-    def _release(self, slot: int) -> None:
-        self._padding.add(slot)
+    def _release(self, slot: int, seq: _Seq) -> None:
+        self._padding[slot] = (seq.prefilled + max(0, seq.generated - 1), self.step)
         if self.num_running == 0:  # the group is over: its slots (and memory) come free
             for s in self._padding:
                 if self.kv is not None:
@@ -630,6 +638,12 @@ class StaticScheduler(Scheduler):
 
     def _padded(self) -> tuple[int, ...]:
         return tuple(sorted(self._padding))
+
+    def _padded_context(self) -> int:
+        """The longest padded slot's KV before this step: what it held after its last step,
+        plus a padding token a step since."""
+        return max((held + self.step - 1 - last for held, last in self._padding.values()),
+                   default=0)  # fmt: skip
 
 
 POLICIES: dict[str, type[Scheduler]] = {

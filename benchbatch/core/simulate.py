@@ -309,6 +309,14 @@ class StepCostModel:
     # bookkeeping on the cores its steps run on (an endpoint calibration's mixed episodes
     # measure it), else 0.
     per_admitted_s: float = 0.0
+    # Per key a decode batch's attention reads past a row's own context (masked_tokens): the
+    # engine attends every row to the batch's longest context; fitted by the calibration of
+    # benchbatch's engine, else 0 (a server with paged attention reads each row's own keys).
+    per_masked_token_s: float = 0.0
+    # Per step whose matmuls multiply two rows or more (batched): the matrix-matrix kernel,
+    # slower to start than the matrix-vector one a lone decode row takes; fitted by the
+    # engine's calibration, else 0.
+    batched_step_s: float = 0.0
 
     def __call__(self, plan: StepPlan) -> float:
         padded = len(plan.padded_slots)
@@ -325,6 +333,10 @@ class StepCostModel:
             cost += self.per_gathered_token_s * gathered_tokens(plan)
         if self.per_admitted_s:
             cost += self.per_admitted_s * len(plan.admitted)
+        if self.per_masked_token_s:
+            cost += self.per_masked_token_s * masked_tokens(plan)
+        if self.batched_step_s and batched(plan):
+            cost += self.batched_step_s
         return cost
 
 
@@ -336,7 +348,32 @@ def gathered_tokens(plan: StepPlan) -> int:
     slots = sorted([d.slot for d in plan.decodes] + list(plan.padded_slots))
     if not plan.decodes or slots == list(range(slots[0], slots[0] + len(slots))):
         return 0
-    return len(slots) * (max(d.context_len for d in plan.decodes) + 1)
+    return len(slots) * decode_kv_len(plan)
+
+
+def decode_kv_len(plan: StepPlan) -> int:
+    """The keys the real engine's decode batch attends to: its longest row's context, a
+    padded slot's included, plus the new token."""
+    return max([d.context_len for d in plan.decodes] + [plan.padded_context]) + 1
+
+
+def masked_tokens(plan: StepPlan) -> int:
+    """Keys the real engine's decode batch attends to past each row's own context: it reads
+    every row of the batch up to the longest context (one kv_len for the batch, the rest
+    masked: runtime/model.py's Segment), so contexts of 100 and 500 read 2 x 501 keys, 400
+    of them masked. A static group's padded slots count as masked throughout."""
+    if not plan.decodes:
+        return 0
+    rows = len(plan.decodes) + len(plan.padded_slots)
+    return rows * decode_kv_len(plan) - sum(d.context_len + 1 for d in plan.decodes)
+
+
+def batched(plan: StepPlan) -> int:
+    """1 when the step's matmuls multiply two rows or more (every step but a lone decode
+    row), else 0: BLAS's matrix-matrix kernel, which on the 2-core CPU cost a cpu-small
+    decode step 15.6 ms at 2 rows against 10.5 ms at 1, then 1.5-2 ms a row more
+    (docs/simulation.md)."""
+    return int(plan.num_tokens + len(plan.padded_slots) >= 2)
 
 
 def fit_step_cost(

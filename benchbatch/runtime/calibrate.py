@@ -20,7 +20,7 @@ import torch
 
 from benchbatch.core.calibration import load_class
 from benchbatch.core.scheduler import StepPlan, make_scheduler
-from benchbatch.core.simulate import gathered_tokens, simulate
+from benchbatch.core.simulate import simulate
 from benchbatch.core.workload import Request
 from benchbatch.runtime.runs import EngineRun, Finished, engine_events
 
@@ -125,8 +125,8 @@ def plans(run: EngineRun, requests: Sequence[Request]) -> list[StepPlan]:
 def events(
     model, calibration: Sequence[CalibrationRun], seed: int = 0, warm_up: bool = True
 ) -> Iterator:
-    """Every calibration run's step rows, each with the step's features (sequences, decode,
-    prefill and context tokens, from the replayed plan), then each run's Finished. warm_up:
+    """Every calibration run's step rows, each with the step's features (the record's counts,
+    checked against the replayed plan), then each run's Finished. warm_up:
     the first run's first WARM_UP_STEPS steps beforehand, unrecorded (a fresh model's first
     steps pay one-time costs, allocation and kernels' set-up, that a serving run after the
     calibration does not)."""
@@ -144,16 +144,10 @@ def events(
             plan = steps[event["step"]]
             assert plan.num_decode_tokens == event["decode_tokens"], "the engine left the plan"
             assert plan.num_prefill_tokens == event["prefill_tokens"], "the engine left the plan"
-            yield event | features(plan)
-
-
-def features(plan: StepPlan) -> dict:
-    """A step's terms as core/calibration.py fits them."""
-    return {
-        "sequences": plan.num_active,
-        "context_tokens": plan.num_context_tokens,
-        "gathered_tokens": gathered_tokens(plan),
-    }
+            assert plan.num_active == event["active"], "the engine left the plan"
+            # The record carries every other feature (context, gathered and masked tokens,
+            # batched: runtime/engine.py from the plan); the fit's sequences are its active.
+            yield event | {"sequences": event["active"]}
 
 
 def total_steps(calibration: Sequence[CalibrationRun]) -> int:
@@ -163,7 +157,8 @@ def total_steps(calibration: Sequence[CalibrationRun]) -> int:
 def fit_rows(rows: Sequence[dict]) -> list[dict]:
     """The fit's rows from the recorded step rows (step_ms: the whole step)."""
     keys = ("calibration", "step", "sequences", "decode_tokens", "prefill_tokens",
-            "context_tokens", "gathered_tokens", "step_ms", "model_ms")  # fmt: skip
+            "context_tokens", "gathered_tokens", "masked_tokens", "batched", "step_ms",
+            "model_ms")  # fmt: skip
     return [{k: r[k] for k in keys if k in r} for r in rows]
 
 

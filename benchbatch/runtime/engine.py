@@ -53,7 +53,7 @@ from benchbatch.core.kvblocks import PAGED
 from benchbatch.core.metrics import RunMetrics
 from benchbatch.core.scheduler import PrefillChunk, StepPlan, make_scheduler
 from benchbatch.core.serving import timed_run_metrics
-from benchbatch.core.simulate import gathered_tokens
+from benchbatch.core.simulate import batched, gathered_tokens, masked_tokens
 from benchbatch.core.workload import Request, Workload
 from benchbatch.errors import UserError
 from benchbatch.runtime.distributed import each
@@ -82,9 +82,12 @@ class StepRecord:
     start_s: float | None = None  # with arrivals in seconds: on the run's clock (0: start)
     end_s: float | None = None
     # What the step-cost model prices beside the counts (core/simulate.py): KV entries the
-    # step's sequences read, and those copied to gather a decode batch of scattered slots.
+    # step's sequences read, those copied to gather a decode batch of scattered slots, the
+    # keys its attention reads past a row's own context, and whether its matmuls have 2+ rows.
     context_tokens: int = 0
     gathered_tokens: int = 0
+    masked_tokens: int = 0
+    batched: int = 0
 
     def row(self) -> dict:
         ranks = {f"step_ms_rank{i}": s * 1e3 for i, s in enumerate(self.rank_step_s)}
@@ -104,6 +107,8 @@ class StepRecord:
             "preempted": self.preempted,
             "context_tokens": self.context_tokens,
             "gathered_tokens": self.gathered_tokens,
+            "masked_tokens": self.masked_tokens,
+            "batched": self.batched,
             **timed,
         }
 
@@ -526,6 +531,8 @@ def _record(
         len(plan.preempted),
         context_tokens=plan.num_context_tokens,
         gathered_tokens=gathered_tokens(plan),
+        masked_tokens=masked_tokens(plan),
+        batched=batched(plan),
     )
 
 
