@@ -6,7 +6,8 @@ beside their simulation), alternating a run on the machine as it is with one whe
 process competes for a core (a busy loop this script starts, and stops by its pid), A B A B.
 Each run's prediction.csv holds measured over simulated for TTFT, TPOT and E2E p50/p99 at
 its real points; the table is, per condition and metric, the median over the runs and the
-points below saturation (measured throughput within 10% of the offered rate), beside the
+points below saturation (prediction.csv's below_saturation: served at 90% of the offered
+rate or more, the drain counted as one median E2E), beside the
 target (0.9-1.1 for the p50s, 0.8-1.25 for the p99s), then one JSON line.
 
     python scripts/bench_sim_error.py [--rounds 2] [--keep DIR] [-- extra serve-sweep args]

@@ -150,3 +150,36 @@ def test_serve_sweep_writes_prediction_from_the_sim_vs_real_pairs(runner, tmp_pa
                                                                       "mixed"}  # fmt: skip
     assert cost["conditions"]["device_type"] == "cpu" and "threads" in cost["conditions"]
     assert "engine calibration (" in result.stdout
+
+
+def test_a_point_is_below_saturation_when_it_keeps_up_with_its_arrivals():
+    """40 requests on a simulated engine of known capacity (one slot, 10 ms a step, 8
+    tokens a request: 12.5 req/s): at 6 req/s (48% busy) the point is below saturation even
+    with the last request's output 8x the others' (the last token's time alone says 0.90
+    of the offered rate, the rule 0.99); at 25 req/s (twice the capacity) the queue grows
+    and it is not (0.60); a span of nothing (the max rate) is not."""
+    import numpy as np
+
+    from benchbatch.core.scheduler import make_scheduler
+    from benchbatch.core.serving import latency_columns
+    from benchbatch.core.simulate import StepCostModel, simulate_timed
+    from benchbatch.core.workload import Request
+    from benchbatch.experiments.serve.probe import below_saturation
+
+    cost = StepCostModel(0.01, 0.0, 0.0)
+    gaps = np.random.default_rng(3).exponential(1.0, 39)
+
+    def point(rate: float, last_output: int = 8) -> tuple[dict, float]:
+        arrivals = np.concatenate([[0.0], np.cumsum(gaps / rate)])
+        requests = [Request(i, 1, 8) for i in range(39)] + [Request(39, 1, last_output)]
+        run = simulate_timed(requests, arrivals, make_scheduler("continuous", 1), cost)
+        span = float(arrivals[-1] - arrivals[0])
+        last_token = max(m.finish for m in run.metrics.requests)
+        return latency_columns(run.metrics) | {"last_token_s": last_token}, span
+
+    row, span = point(6.0, last_output=64)
+    assert span / row["last_token_s"] < 0.91  # the last request's drain alone: 0.90
+    assert below_saturation(row, span)
+    row, span = point(25.0)
+    assert not below_saturation(row, span)
+    assert not below_saturation(row, 0.0)

@@ -40,7 +40,7 @@ class Plan:
     long_prompt: int
     chunk: int
     budget: int
-    decode_steps: int = 4
+    decode_steps: int = 8
     max_context: int = 4096
 
 
@@ -53,7 +53,7 @@ class CalibrationRun:
 
 
 def plan_for(slots: int, prompts: Sequence[int], chunk: int, budget: int, max_context: int,
-             decode_steps: int = 4) -> Plan:  # fmt: skip
+             decode_steps: int = 8) -> Plan:  # fmt: skip
     """A plan at a workload's operating points: its median and longest prompts."""
     ordered = sorted(prompts)
     prompt, longest = ordered[len(ordered) // 2], ordered[-1]
