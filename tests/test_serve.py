@@ -179,6 +179,26 @@ def test_real_rates_take_the_knees_first_then_the_cheapest():
     assert chosen == [2.0] and spent == 50.0  # the first knee that fits; 4 would pass 60
 
 
+def test_real_rates_take_each_policys_last_point_below_saturation_after_the_slo_knees():
+    """Static keeps up with its arrivals only at 1 req/s (40 requests: a 40-s span, E2E p50
+    2 s; at 2 req/s 20 s against 5 s), continuous up to 4: both rates join the SLO knees
+    (2 and 4, 4 and 8) before the cheapest others, so every policy has a point below
+    saturation in the prediction's verdict when the budget allows."""
+    e2e = {"static": {1.0: 2.0, 2.0: 5.0, 4.0: 9.0, 8.0: 12.0},
+           "continuous": {1.0: 0.5, 2.0: 0.5, 4.0: 0.6, 8.0: 3.0}}  # fmt: skip
+    matched = rows("static", probe.MATCHED, {1.0: True, 2.0: True, 4.0: False, 8.0: False}) + rows(
+        "continuous", probe.MATCHED, {1.0: True, 2.0: True, 4.0: True, 8.0: False}
+    )
+    for r in matched:
+        r |= {"requests": 40, "e2e_p50_s": e2e[r["policy"]][r["rate_rps"]]}
+    assert probe.saturation_rates(matched, probe.MATCHED) == [1.0, 4.0]
+    cost = {1.0: 100.0, 2.0: 50.0, 4.0: 25.0, 8.0: 15.0}
+    chosen, spent = probe.choose_real_rates(matched, cost, budget_s=200.0)
+    assert chosen == [1.0, 2.0, 4.0, 8.0] and spent == 190.0
+    chosen, spent = probe.choose_real_rates(matched, cost, budget_s=95.0)
+    assert chosen == [2.0, 4.0, 8.0]  # the knees still first: 1 req/s does not fit beside
+
+
 def test_continuous_sustains_a_higher_rate_than_static_with_the_cpu_defaults():
     """The default workload and SLO with CPU-like step costs: static batching leaves the SLO
     at a lower rate than continuous batching (what the command's defaults are chosen for)."""

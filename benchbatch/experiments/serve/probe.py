@@ -308,8 +308,11 @@ def choose_real_rates(rows: Sequence[dict], cost_s: dict[float, float], budget_s
     """The rates the real engine serves within budget_s seconds. rows: the simulations of
     the real engine's own requests at every rate (MATCHED; fewer requests than the sweep
     build shorter queues, so their knees lie further right); cost_s: each rate's simulated
-    duration, all policies. The knees first, then the cheapest others."""
+    duration, all policies. The knees first (where each policy leaves the SLO, then the
+    highest rate each keeps up with: its last point below saturation, so every policy has
+    one in the prediction's verdict), then the cheapest others."""
     knees = [r for r in knee_rates(rows, MATCHED) if r in cost_s]
+    knees += [r for r in saturation_rates(rows, MATCHED) if r in cost_s and r not in knees]
     rest = sorted((r for r in cost_s if r not in knees), key=lambda r: cost_s[r])
     chosen, spent = [], 0.0
     for rate in [*knees, *rest]:
@@ -317,6 +320,19 @@ def choose_real_rates(rows: Sequence[dict], cost_s: dict[float, float], budget_s
             chosen.append(rate)
             spent += cost_s[rate]
     return sorted(chosen), spent
+
+
+def saturation_rates(rows: Sequence[dict], source: str = SIM) -> list[float]:
+    """Per policy, the highest finite rate whose point is below saturation (below_saturation,
+    its arrivals' span taken as its requests over the rate), if any."""
+    out = []
+    for policy in dict.fromkeys(r["policy"] for r in rows):
+        kept = [r["rate_rps"] for r in rows if r["policy"] == policy and r["source"] == source
+                and math.isfinite(r["rate_rps"]) and "e2e_p50_s" in r
+                and below_saturation(r, r["requests"] / r["rate_rps"])]  # fmt: skip
+        if kept:
+            out.append(max(kept))
+    return list(dict.fromkeys(out))
 
 
 # --- within the SLO ----------------------------------------------------------------------------
