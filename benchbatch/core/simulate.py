@@ -371,7 +371,7 @@ def masked_tokens(plan: StepPlan) -> int:
 def batched(plan: StepPlan) -> int:
     """1 when the step's matmuls multiply two rows or more (every step but a lone decode
     row), else 0: BLAS's matrix-matrix kernel, which on the 2-core CPU cost a cpu-small
-    decode step 15.6 ms at 2 rows against 10.5 ms at 1, then 1.5-2 ms a row more
+    decode step 15.6 ms at 2 rows against 10.5 ms at 1, then 1.3-1.9 ms a row more
     (docs/simulation.md)."""
     return int(plan.num_tokens + len(plan.padded_slots) >= 2)
 
