@@ -109,8 +109,8 @@ def runs(p: Plan) -> list[CalibrationRun]:
 
 def plans(run: EngineRun, requests: Sequence[Request]) -> list[StepPlan]:
     """The steps the engine takes for these requests: the scheduler replayed (the engine
-    runs exactly its plans), for what a step record does not carry (the sequences, the
-    KV entries read)."""
+    runs exactly its plans): the calibration's step count before it runs, and each
+    recorded step checked against its plan."""
     out: list[StepPlan] = []
 
     def keep(plan: StepPlan) -> float:
