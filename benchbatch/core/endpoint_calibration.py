@@ -34,7 +34,9 @@ from __future__ import annotations
 
 import statistics
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
+
+from benchbatch.core.kvblocks import KVBudget, blocks_for
 
 SINGLE_OUTPUT = 2  # tokens out of a single: the first ends its prefill, a second its stream
 DECODE_OUTPUT = 32  # tokens out of each decode request: the steady window is most of them
@@ -76,7 +78,11 @@ class Episode:
 
 
 def plan(
-    prompts: Sequence[int], slots: int, budget: int, max_model_len: int | None
+    prompts: Sequence[int],
+    slots: int,
+    budget: int,
+    max_model_len: int | None,
+    kv: KVBudget | None = None,
 ) -> list[Episode]:
     """The episodes for a workload's prompt lengths on a server of `slots` sequences
     (max_num_seqs) and a token budget per step: singles at the shortest, a quarter of the
@@ -84,7 +90,10 @@ def plan(
     one step, and to what the server's context holds), SINGLE_REPEATS each; decodes at 1, 2,
     4, ... up to `slots` requests, with the median prompt and with the 90th percentile's
     (two contexts per batch size), DECODE_REPEATS each. Repeats are interleaved (every
-    episode once, then again), so a drift in the server's speed spreads over all of them."""
+    episode once, then again), so a drift in the server's speed spreads over all of them.
+    kv: the server's KV pool, where known: prompts are cut so that an episode's requests
+    all fit it at once (a preemption would break the steady window), and an episode that
+    cannot fit is left out."""
     ordered = sorted(int(p) for p in prompts) or [SHORTEST]
     most = budget
     if max_model_len:
@@ -110,6 +119,37 @@ def plan(
             out += [Episode("decode", n, c, DECODE_OUTPUT, repeat) for c in sizes for n in contexts]
             out += [Episode("mixed", n, c, DECODE_OUTPUT, repeat, contexts[0])
                     for c in mixers for n in contexts]  # fmt: skip
+    return out if kv is None else within(out, kv)
+
+
+def within(episodes: Sequence[Episode], kv: KVBudget) -> list[Episode]:
+    """The episodes cut to fit the pool: each concurrency's decoders get the longest prompt
+    (up to their own) whose blocks all c of them hold at once, a single or a mixed episode's
+    newcomer what the blocks left hold; an episode with no room, and a repeat the cut made
+    equal to another, are left out."""
+
+    def longest(requests: int, output: int, blocks: int) -> int:
+        """The longest prompt of which `requests` requests of `output` tokens fit blocks."""
+        return (blocks // requests) * kv.block_size - output + 1 if requests else 0
+
+    def blocks_of(requests: int, prompt: int, output: int) -> int:
+        return requests * blocks_for(kv.peak_tokens(prompt, output), kv.block_size)
+
+    out: list[Episode] = []
+    for e in episodes:
+        c = e.concurrency if e.kind != "single" else 0
+        decoders = e.prompt if e.kind == "decode" else e.decode_prompt
+        decoders = min(decoders, longest(c, e.output, kv.blocks))
+        left = kv.blocks - (blocks_of(c, decoders, e.output) if c else 0)
+        if e.kind == "decode":
+            cut = replace(e, prompt=decoders)
+        else:
+            newcomer = 1 if e.kind == "mixed" else e.output
+            cut = replace(e, prompt=min(e.prompt, longest(1, newcomer, left)))
+            if e.kind == "mixed":
+                cut = replace(cut, decode_prompt=decoders)
+        if min(cut.prompt, cut.decode_prompt if cut.kind == "mixed" else 1) >= 1 and cut not in out:
+            out.append(cut)
     return out
 
 

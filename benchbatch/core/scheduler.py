@@ -36,8 +36,12 @@ blocks for its prompt (paged) or for its prompt and maximum output (reserve); a 
 crosses a block boundary takes one more; when the pool is empty, the most recently admitted
 request is preempted: its blocks are freed, it goes back to the front of the queue, and on
 readmission its prompt and the tokens it had generated are prefilled again (vLLM's
-recompute), no new request being admitted in a step that preempted. Memory is modelled
-with whole prefills, mixed steps and no token budget (the article's step rule).
+recompute), no new request being admitted in a step that preempted. Under a token budget
+and with chunked prefill (mixed steps only) the blocks follow vLLM v1's scheduler: a chunk
+takes the blocks its tokens need when it is planned (a new request those of its first
+chunk), running requests in admission order (decodes, then prefills under way), and a
+request that finds the pool empty preempts the newest running one, a prefill under way
+included (it starts again from its first token).
 """
 
 from __future__ import annotations
@@ -106,11 +110,15 @@ class SchedulerConfig:
     def _check_kv(self) -> None:
         if self.kv is None:
             return
-        plain = self.max_num_batched_tokens is None and not self.chunked_prefill and self.mixed
+        _require(self.mixed, "kv_memory", "KV blocks are modelled with mixed steps only")
+        # Chunks limited by the budget alone (vLLM's default) leave at most one prompt part
+        # prefilled, the newest running request's, so the newest is never a decode already
+        # planned when a chunk preempts; smaller chunks would need vLLM's running order.
+        chunk, budget = self.chunk_size, self.max_num_batched_tokens
         _require(
-            plain,
-            "kv_memory",
-            "KV blocks are modelled with whole prefills in mixed steps and no token budget",
+            chunk is None or budget is None or chunk >= budget,
+            "chunk_size",
+            "with KV blocks, chunks are limited by the token budget only (vLLM's default)",
         )
 
     @property
@@ -228,6 +236,7 @@ class _Seq:
     prefilled: int = 0
     generated: int = 0
     recompute: int = 0  # generated tokens prefilled again after a preemption
+    admission: int = 0  # the scheduler's count of admissions when it was admitted
 
     @property
     def prompt_left(self) -> int:
@@ -283,6 +292,7 @@ class Scheduler:
         kv = self.config.kv
         self.kv = None if kv is None else BlockManager(kv.blocks, kv.block_size)
         self.preemptions = 0
+        self._admissions = 0
         self._resume: dict[int, int] = {}  # preempted request -> tokens it had generated
         self._new_blocks: list[tuple[int, int, int]] = []  # of the step being planned
         self._preempted_now: list[int] = []
@@ -392,11 +402,14 @@ class Scheduler:
 
     def _plan_chunks(self, seqs: list[_Seq], budget_left: int) -> list[PrefillChunk]:
         """Next chunk of each prefill in order, until the budget runs out (FCFS: a prefill
-        that cannot run stops the ones behind it)."""
+        that cannot run stops the ones behind it). With a KV budget each chunk takes its
+        blocks, preempting the newest running requests while the pool lacks them."""
         chunks = []
         for s in seqs:
+            if self._prefilling.get(s.slot) is not s:
+                continue  # preempted for an older request's blocks
             n = self._chunk_len(s.prompt_left, budget_left)
-            if n == 0:
+            if n == 0 or (self.kv is not None and not self._grow(s, s.prefilled + n)):
                 break
             chunks.append(PrefillChunk(s.slot, s.request.id, s.prefilled, n, n == s.prompt_left))
             budget_left -= n
@@ -426,24 +439,30 @@ class Scheduler:
         return tuple(self._new_blocks), tuple(self._preempted_now), self.kv.num_used
 
     def _make_room(self) -> None:
-        """Oldest first, each decode gets the blocks its new token needs; while the pool is
-        empty the most recently admitted request is preempted, until the block comes free or
-        the request is itself the one preempted (vLLM v1's order)."""
-        for seq in list(self._decoding.values()):  # admission order: prefills are whole
+        """Oldest first, each decode gets the blocks its new token needs (_grow)."""
+        for seq in sorted(self._decoding.values(), key=lambda s: s.admission):
             if self._decoding.get(seq.slot) is not seq:
-                continue  # preempted for an older request's block
-            tokens = seq.request.prompt_tokens + seq.generated  # with this step's token
-            while (new := self.kv.grow(seq.slot, tokens)) is None:
-                victim = next(reversed(self._decoding.values()))
-                self._preempt(victim)
-                if victim is seq:
-                    break
-            else:
-                self._record_blocks(seq.slot, new)
+                continue  # preempted for an older request's blocks
+            self._grow(seq, seq.request.prompt_tokens + seq.generated)  # with this step's token
+
+    def _grow(self, seq: _Seq, tokens: int) -> bool:
+        """Blocks for `tokens` tokens of seq; while the pool lacks them the most recently
+        admitted running request is preempted, until they come free or seq is itself the one
+        preempted (vLLM v1's order: the last of its running list). Whether seq got them."""
+        while (new := self.kv.grow(seq.slot, tokens)) is None:
+            running = (*self._prefilling.values(), *self._decoding.values())
+            victim = max(running, key=lambda s: s.admission)
+            self._preempt(victim)
+            if victim is seq:
+                return False
+        self._record_blocks(seq.slot, new)
+        return True
 
     def _preempt(self, seq: _Seq) -> None:
-        """Free the request's blocks and slot and queue it first; it keeps its tokens."""
-        del self._decoding[seq.slot]
+        """Free the request's blocks and slot and queue it first; it keeps the tokens it
+        generated (a prefill under way loses what it had prefilled)."""
+        running = self._decoding if seq.slot in self._decoding else self._prefilling
+        del running[seq.slot]
         self.kv.free(seq.slot)
         heapq.heappush(self._free, seq.slot)
         self._resume[seq.request.id] = seq.generated
@@ -451,20 +470,26 @@ class Scheduler:
         self._preempted_now.append(seq.request.id)
         self.preemptions += 1
 
-    def _kv_admits(self, request: Request) -> bool:
+    def _kv_admits(self, request: Request, tokens: int | None = None) -> bool:
         """The pool holds what the request takes at admission (no admission in a step that
-        preempted: the memory is short)."""
+        preempted: the memory is short). tokens: of its first chunk (None: all it prefills)."""
         if self.kv is None:
             return True
         if self._preempted_now:
             return False
-        need = blocks_for(self._admission_tokens(request), self.kv.block_size)
+        need = blocks_for(self._admission_tokens(request, tokens), self.kv.block_size)
         return need <= self.kv.num_free
 
-    def _admission_tokens(self, request: Request) -> int:
+    def _prompt_tokens(self, request: Request) -> int:
+        """What admitting the request prefills: its prompt and any tokens to recompute."""
+        return request.prompt_tokens + self._resume.get(request.id, 0)
+
+    def _admission_tokens(self, request: Request, tokens: int | None = None) -> int:
+        """Tokens the request's blocks hold at admission: paged, those it prefills first
+        (`tokens`, else all of them); reserve, its prompt and whole output."""
         kv = self.config.kv
         if kv.policy == PAGED:
-            return request.prompt_tokens + self._resume.get(request.id, 0)
+            return self._prompt_tokens(request) if tokens is None else tokens
         return kv.reservation(request.prompt_tokens, request.output_tokens)
 
     def _record_blocks(self, slot: int, new: list[tuple[int, int]]) -> None:
@@ -478,12 +503,14 @@ class Scheduler:
     def _admit(self, budget_left: int) -> list[_Seq]:
         raise NotImplementedError
 
-    def _admit_head(self) -> _Seq:
-        """Move the head of the queue into the lowest free slot."""
+    def _admit_head(self, tokens: int | None = None) -> _Seq:
+        """Move the head of the queue into the lowest free slot (with a KV budget, with the
+        blocks of its first `tokens` tokens: _admission_tokens)."""
         request = self._queue.items.popleft()
-        seq = _Seq(request, heapq.heappop(self._free))
+        self._admissions += 1
+        seq = _Seq(request, heapq.heappop(self._free), admission=self._admissions)
         if self.kv is not None:
-            new = self.kv.grow(seq.slot, self._admission_tokens(request))
+            new = self.kv.grow(seq.slot, self._admission_tokens(request, tokens))
             assert new is not None, "admitted without the blocks it needs"
             self._record_blocks(seq.slot, new)
         if request.id in self._resume:  # preempted: its tokens so far are prefilled again
@@ -525,11 +552,17 @@ class Scheduler:
     # --- checks -------------------------------------------------------------------------
 
     def _check_prompt_fits(self, r: Request) -> None:
+        """Unchunked, a prompt must fit the budget whole; with a KV budget, so must its
+        longest recompute (prompt and every output token but the last)."""
         budget = self.config.max_num_batched_tokens
-        if budget is not None and not self.config.chunked_prefill and r.prompt_tokens > budget:
+        if budget is None or self.config.chunked_prefill:
+            return
+        longest = r.prompt_tokens + (r.output_tokens - 1 if self.config.kv else 0)
+        if longest > budget:
+            what = "prompt" if self.config.kv is None else "prompt and recompute"
             raise UserError(
                 "max_num_batched_tokens",
-                f"request {r.id} has a {r.prompt_tokens}-token prompt, more than the budget "
+                f"request {r.id} has a {longest}-token {what}, more than the budget "
                 f"{budget}; raise the budget or use --chunked-prefill",
             )
 
@@ -578,20 +611,18 @@ class ContinuousScheduler(Scheduler):
 
     def _can_admit(self) -> bool:
         head = self._queue.head(self.step)
-        return (
-            bool(self._free)
-            and self.num_running < self.config.seqs
-            and head is not None
-            and self._kv_admits(head)
-        )
+        return bool(self._free) and self.num_running < self.config.seqs and head is not None
 
     def _admit(self, budget_left: int) -> list[_Seq]:
+        """First come, first served while a slot, the budget and (paged) the blocks of the
+        head's first chunk allow: the head that cannot start stops the queue."""
         new = []
         while self._can_admit():
-            n = self._chunk_len(self._queue.items[0].prompt_tokens, budget_left)
-            if n == 0:
+            head = self._queue.items[0]
+            n = self._chunk_len(self._prompt_tokens(head), budget_left)
+            if n == 0 or not self._kv_admits(head, n):
                 break
-            new.append(self._admit_head())
+            new.append(self._admit_head(n))
             budget_left -= n
         return new
 

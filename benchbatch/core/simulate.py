@@ -78,11 +78,12 @@ def _simulate_steps(
     sched.add_requests(requests)
     timeline, ends, now = Timeline(), [], 0.0
     # Each non-idle step does at least one token of work; idle steps wait for arrivals, and
-    # a step whose every request was preempted does none (each preemption one at most).
+    # a preemption undoes at most one request's tokens (and may leave its step without any).
     max_steps = 1 + max((r.arrival_step for r in requests), default=0)
     max_steps += sum(r.prompt_tokens + r.output_tokens for r in requests)
+    lost = 1 + max((r.prompt_tokens + r.output_tokens for r in requests), default=0)
     while not sched.done:
-        assert sched.step < max_steps + sched.preemptions, "the scheduler stopped making progress"
+        assert sched.step < max_steps + lost * sched.preemptions, "the scheduler stopped"
         plan = sched.schedule()
         now += 1.0 if step_cost is None else step_cost(plan)
         sched.update(plan)

@@ -34,6 +34,7 @@ import aiohttp
 
 from benchbatch.core.streamed import Streamed, error_line
 from benchbatch.errors import UserError
+from benchbatch.net import metrics
 
 # The fields that make output lengths follow the workload (vLLM, SGLang): sent where the
 # server accepts them (probed once, with a one-token request, before the run's clock starts).
@@ -180,6 +181,7 @@ async def _server_info(endpoint: Endpoint, probe_fields: bool) -> dict:
             "headers": version_headers(headers),
             "version": await _version(session, endpoint),
             "tokenize": await has_tokenize(session, endpoint, model),
+            "metrics": await metrics.read(session, endpoint.api("/metrics")),
         }
         if probe_fields:  # a text, then token ids (for a server without a tokenizer)
             for prompt in ("Hello", [1]):
@@ -237,6 +239,17 @@ def _model_entry(body: str, model: str) -> dict:
 
 def _whole(value) -> int | None:
     return value if isinstance(value, int) and not isinstance(value, bool) and value > 0 else None
+
+
+def server_metrics(endpoint: Endpoint) -> dict:
+    """GET /metrics now (net/metrics.parse); {} where the server has no such page."""
+
+    async def get() -> dict:
+        timeout = aiohttp.ClientTimeout(total=min(endpoint.timeout_s, INFO_TIMEOUT_S))
+        async with aiohttp.ClientSession(timeout=timeout, headers=endpoint.headers()) as session:
+            return await metrics.read(session, endpoint.api("/metrics"))
+
+    return run_in_thread(get)
 
 
 def version_headers(headers: Mapping[str, str]) -> dict[str, str]:

@@ -51,6 +51,13 @@ def connect(opts: ServeOptions):
     return replace(endpoint, model=info["served_model"]), info
 
 
+def preemptions(endpoint) -> int | None:
+    """The server's preemptions so far, by its /metrics (vLLM's counter); None if it has none."""
+    from benchbatch.net.client import server_metrics
+
+    return server_metrics(endpoint).get("preemptions")
+
+
 def check_fits(info: dict, requests, prompt_option: str, output_option: str) -> None:
     """Refuse requests longer than the server's max_model_len, when it says it."""
     most = info.get("max_model_len")
@@ -241,10 +248,23 @@ def serve(rec, opts: ServeOptions, w, setup: probe.Setup, cost, predicted: bool)
     rec.meta["endpoint"]["prompts"] = how + "; each point's drawn afresh (seeded)"
     rec.meta["endpoint"]["warmup"] = warm_up(target, sent[0], opts)
     calibrations = []
-    if opts.predict:
+    if opts.predict or predicted:  # the server's own KV pool, where it or the options say it
+        setup = predict.with_server_kv(rec, opts, info, setup, requests)
+    counted = "preemptions" in (info.get("metrics") or {})
+    preempted = [0]  # by the server during the calibrations
+
+    def calibrate() -> None:  # one more calibration, the server's preemptions watched
+        before = preemptions(target) if counted else None
+        index = len(calibrations)
         calibrations.append(
-            predict.calibrate(rec, opts, w, setup, target, info, 0, (prompts, stream))
+            predict.calibrate(rec, opts, w, setup, target, info, index, (prompts, stream))
         )
+        after = preemptions(target) if before is not None else None
+        if after is not None:
+            preempted[0] += max(0, after - before)
+
+    if opts.predict:
+        calibrate()
         predicted = True
     label = f"{info.get('served_model', 'server')} at {info.get('url', opts.endpoint)}"
     rates = list(opts.rate_values or (math.inf,))
@@ -257,14 +277,12 @@ def serve(rec, opts: ServeOptions, w, setup: probe.Setup, cost, predicted: bool)
         row = _point(rec, opts, w, setup, prompts_at(len(measured) + 1)[0], rate, n, label)
         measured.append((rate, row))
         if opts.predict:
-            calibrations.append(
-                predict.calibrate(
-                    rec, opts, w, setup, target, info, len(calibrations), (prompts, stream)
-                )
-            )
+            calibrate()
         if opts.rates is None and math.isinf(rate):
             rates = _after_max(rec, opts, row, n)
     if opts.predict:
+        if preempted[0]:
+            rec.warning(predict.preempted_line(preempted[0], len(calibrations), setup.kv))
         cost = predict.save(rec, calibrations)
     if cost is not None:
         _beside(rec, opts, w, setup, measured, n, label, cost, predicted, calibrations)
@@ -332,8 +350,13 @@ def _point(rec, opts, w, setup, sent, rate: float, n: int, label: str) -> dict:
             rec.meta["endpoint"]["dropped_fields"] = list(run.dropped_fields or ())
 
     what = f"endpoint at {probe.rate_label(rate)} req/s"
+    counted = "preemptions" in (rec.inputs[1].get("metrics") or {})
+    before = preemptions(rec.inputs[0]) if counted else None
     rec.record("requests", rows(), total=n, label=what, timed=False, stream=True)
+    after = preemptions(rec.inputs[0]) if before is not None else None
     p = point(records, rate, requests, arrivals)
+    if before is not None and after is not None:
+        p.preemptions = after - before  # the server's counter over the point
     row = point_row(records, p, setup, label)
     row |= energy.serve_columns(row, None, opts.price_per_hour, why=f"served by {label}")
     rec.add("serve", row)

@@ -176,6 +176,16 @@ class ServeOptions:
         choices=("chunked", "continuous"),
         metavar="NAME",
     )
+    server_kv: str | None = opt(
+        None,
+        "With --predict, or --step-costs from an endpoint: the server's KV pool as BLOCKS or "
+        "BLOCKSxTOKENS (512x128: 512 blocks of 128 tokens; vLLM's num_gpu_blocks and "
+        "--block-size); a request that finds no block free preempts the newest running one, "
+        "as vLLM's does. Default: what the server's /metrics says (vLLM's cache_config_info); "
+        "a server that says nothing is predicted with KV for every running sequence.",
+        panel=ENDPOINT_PANEL,
+        metavar="POOL",
+    )
     real_rates: tuple[str, ...] | None = opt(
         None,
         "Rates to serve on the real engine. Default: chosen to fit --real-time: first, per "
@@ -294,6 +304,13 @@ class ServeOptions:
             "request_timeout",
             f"{self.request_timeout:g} s is more than a day; a stream that long is a hang",
         )
+        if self.server_kv is not None:
+            require(
+                self.endpoint is not None and bool(self.predict or self.step_costs),
+                "server_kv",
+                "only applies with --endpoint and --predict or --step-costs",
+            )
+            self.server_kv_value  # noqa: B018 (checked as it is read)
         if self.endpoint is None:
             for name in ("served_model", "max_concurrency", "tokenizer"):
                 if getattr(self, name) is not None:
@@ -316,6 +333,22 @@ class ServeOptions:
             require(bool(self.served_model.strip()), "served_model", "give a model name")
         if self.real_rates is not None:
             raise UserError("real_rates", "does not apply with --endpoint: give --rates")
+
+    @property
+    def server_kv_value(self) -> tuple[int | None, int | None]:
+        """--server-kv as (blocks, block size); None for what it does not give."""
+        if self.server_kv is None:
+            return None, None
+        words = self.server_kv.strip().lower().split("x")
+        ok = len(words) in (1, 2) and all(w.strip().isdigit() for w in words)
+        values = [int(w) for w in words] if ok else []
+        require(
+            ok and all(0 < v <= INT_MAX_TOKENS for v in values),
+            "server_kv",
+            f"{self.server_kv!r}: give BLOCKS or BLOCKSxTOKENS, whole numbers above 0 "
+            "(512x128: 512 blocks of 128 tokens)",
+        )
+        return values[0], values[1] if len(values) == 2 else None
 
     @property
     def rate_values(self) -> tuple[float, ...] | None:

@@ -81,7 +81,7 @@ def calibrate(rec, opts, w, setup, target, info, index: int, client) -> dict:
 
     make_prompts, stream = client
     episodes = ec.plan([r.prompt_tokens for r in w.requests], setup.slots, setup.budget,
-                       info.get("max_model_len"))  # fmt: skip
+                       info.get("max_model_len"), setup.kv)  # fmt: skip
     seen = conditions(info)
     started = time.perf_counter()
     steps: list[dict] = []
@@ -167,6 +167,60 @@ def pooled(calibrations: list[dict]) -> dict:
         },  # fmt: skip
     }
     return out | {"source": "endpoint calibration"}
+
+
+def server_kv(opts, info: dict, requests):
+    """The server's KV pool as the prediction models it: --server-kv, else what its
+    /metrics says (vLLM's cache_config_info; block size 16, vLLM's default, where only the
+    count is known). Returns (KVBudget or None, where it came from); None where nothing
+    names the blocks (KV for every running sequence). A request that could not run alone
+    in the pool: UserError naming --server-kv."""
+    from benchbatch.core.kvblocks import DEFAULT_BLOCK_SIZE, KVBudget, blocks_for
+
+    said = info.get("metrics") or {}
+    given_blocks, given_size = opts.server_kv_value
+    blocks = given_blocks or said.get("kv_blocks")
+    if blocks is None:
+        return None, "KV for every running sequence (the server's /metrics names no KV pool)"
+    size = given_size or said.get("kv_block_size") or DEFAULT_BLOCK_SIZE
+    kv = KVBudget(blocks, size)
+    for r in requests:
+        need = blocks_for(kv.peak_tokens(r.prompt_tokens, r.output_tokens), size)
+        if need > blocks:
+            raise UserError(
+                "server_kv",
+                f"request {r.id} ({r.prompt_tokens:,}-token prompt, {r.output_tokens:,} output "
+                f"tokens) needs {need:,} blocks of {size} tokens, more than the server's "
+                f"{blocks:,}: it could never run there",
+            )
+    metrics = "the server's /metrics"
+    blocks_from = "--server-kv" if given_blocks else metrics
+    size_from = ("--server-kv" if given_size
+                 else metrics if said.get("kv_block_size") else "vLLM's default")  # fmt: skip
+    return kv, f"{blocks:,} KV blocks ({blocks_from}) of {size} tokens ({size_from})"
+
+
+def preempted_line(count: int, calibrations: int, kv) -> str:
+    """The warning for calibrations during which the server preempted: their episodes were
+    cut to fit the pool as the prediction knows it, so the pool is smaller than that."""
+    pool = "KV for every running sequence" if kv is None else f"{kv.blocks:,} KV blocks"
+    return (
+        f"the server preempted {count:,} requests during the {calibrations} calibrations, "
+        f"made to fit {pool}: "
+        "its pool is smaller, its decode steps were not steady and the fitted costs are off; "
+        "give --server-kv BLOCKSxTOKENS (vLLM's num_gpu_blocks and block size)"
+    )
+
+
+def with_server_kv(rec, opts, info: dict, setup, requests):
+    """setup with the server's KV pool (server_kv), said and recorded in the metadata."""
+    from dataclasses import replace
+
+    kv, where = server_kv(opts, info, requests)
+    rec.meta["prediction_kv"] = {"blocks": kv and kv.blocks, "block_size": kv and kv.block_size,
+                                 "source": where}  # fmt: skip
+    rec.say(f"predicted with {where}")
+    return replace(setup, kv=kv)
 
 
 def _price(model, row: dict) -> float:

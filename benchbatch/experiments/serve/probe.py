@@ -22,6 +22,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from benchbatch.core.arrivals import at_rate, read_arrivals, to_unit_rate, unit_poisson
+from benchbatch.core.kvblocks import KVBudget
 from benchbatch.core.metrics import RunMetrics
 from benchbatch.core.scheduler import SchedulerConfig, make_scheduler
 from benchbatch.core.serving import (
@@ -77,18 +78,20 @@ class Setup:
     budget: int
     chunk: int
     slo: ServingSLO
+    kv: KVBudget | None = None  # a server's KV pool (--predict); None: a row per slot
 
 
 def settings(policy: str, setup: Setup) -> tuple[str, dict]:
     """The scheduler policy and its settings (SchedulerConfig's fields) of a serving policy."""
+    kv = {} if setup.kv is None else {"kv": setup.kv}
     if policy == "chunked":
         return "continuous", {
             "chunked_prefill": True,
             "max_num_batched_tokens": setup.budget,
             "chunk_size": setup.chunk,
             "mixed": True,
-        }
-    return policy, {}
+        } | kv
+    return policy, kv
 
 
 def check_setup(policies: Sequence[str], setup: Setup) -> None:
@@ -164,6 +167,7 @@ class Point:
     step_starts: list[float]
     step_ends: list[float]
     active: list[int]
+    preemptions: int | None = None  # with a KV pool (simulated) or a server that counts them
 
 
 def simulate_point(
@@ -191,6 +195,7 @@ def simulate_point(
         r.step_start_times,
         r.step_end_times,
         active,
+        None if setup.kv is None else sched.preemptions,
     )
 
 
@@ -225,6 +230,8 @@ def point_row(p: Point, setup: Setup) -> dict:
     row |= scheduler_columns(p.step_starts, p.step_ends, p.active, setup.slots, row["duration_s"])
     row["slots"] = setup.slots
     row["within_slo"] = setup.slo.within(row)
+    if p.preemptions is not None:
+        row["preemptions"] = p.preemptions
     return row
 
 
