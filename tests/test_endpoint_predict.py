@@ -391,6 +391,14 @@ def test_a_request_the_pool_cannot_hold_is_refused(runner, tmp_path, virtual):
     assert "--server-kv" in result.output and "could never run" in result.output
 
 
+def test_a_chunk_limit_with_the_pool_is_refused_before_any_request(runner, tmp_path, virtual):
+    virtual.kv = POOL
+    args = ["serve-sweep", *ARGS, "--predict", "--chunk-size", "32", "--out", str(tmp_path / "x")]
+    result = runner.invoke(app, args)
+    assert result.exit_code == 2, result.output
+    assert "--chunk-size" in result.output and virtual.episodes == []
+
+
 def test_calibration_episodes_fit_the_pool():
     """Every episode cut for a pool fits it whole (its requests' blocks at once, counted
     here by brute force), a mixed episode's decoders are a decode episode's, and without a

@@ -244,12 +244,12 @@ def serve(rec, opts: ServeOptions, w, setup: probe.Setup, cost, predicted: bool)
     def prompts_at(index: int):  # each point's own prompts (index 0: the warm-up's)
         return prompts(opts, target, info, requests, seed + 104729 * index)
 
+    if opts.predict or predicted:  # the server's own KV pool and chunks, checked before a request
+        setup = predict.server_setup(rec, opts, info, setup, requests)
     sent, how = prompts_at(0)
     rec.meta["endpoint"]["prompts"] = how + "; each point's drawn afresh (seeded)"
     rec.meta["endpoint"]["warmup"] = warm_up(target, sent[0], opts)
     calibrations = []
-    if opts.predict or predicted:  # the server's own KV pool, where it or the options say it
-        setup = predict.with_server_kv(rec, opts, info, setup, requests)
     counted = "preemptions" in (info.get("metrics") or {})
     preempted = [0]  # by the server during the calibrations
 

@@ -25,6 +25,9 @@ from benchbatch.core import endpoint_calibration as ec
 from benchbatch.errors import UserError
 
 OPTION = "predict"
+# vLLM's BlockPool takes the first block of num_gpu_blocks as its null block (a placeholder
+# that is never handed out; vllm/v1/core/block_pool.py): the scheduler has one block less.
+NULL_BLOCKS = 1
 # What the server is, in a calibration's conditions: "device" is this word, so an engine
 # run refuses an endpoint's calibration (core/calibration.compare), and these are flagged
 # when an endpoint run reuses one made against another server, version or load.
@@ -172,7 +175,7 @@ def pooled(calibrations: list[dict]) -> dict:
 def server_kv(opts, info: dict, requests):
     """The server's KV pool as the prediction models it: --server-kv, else what its
     /metrics says (vLLM's cache_config_info; block size 16, vLLM's default, where only the
-    count is known). Returns (KVBudget or None, where it came from); None where nothing
+    count is known), less vLLM's null block. Returns (KVBudget or None, where it came from); None where nothing
     names the blocks (KV for every running sequence). A request that could not run alone
     in the pool: UserError naming --server-kv."""
     from benchbatch.core.kvblocks import DEFAULT_BLOCK_SIZE, KVBudget, blocks_for
@@ -183,21 +186,24 @@ def server_kv(opts, info: dict, requests):
     if blocks is None:
         return None, "KV for every running sequence (the server's /metrics names no KV pool)"
     size = given_size or said.get("kv_block_size") or DEFAULT_BLOCK_SIZE
-    kv = KVBudget(blocks, size)
+    if blocks < 2:
+        raise UserError("server_kv", f"{blocks} block: vLLM keeps one as its null block, none left")
+    kv = KVBudget(blocks - NULL_BLOCKS, size)
     for r in requests:
         need = blocks_for(kv.peak_tokens(r.prompt_tokens, r.output_tokens), size)
         if need > blocks:
             raise UserError(
                 "server_kv",
                 f"request {r.id} ({r.prompt_tokens:,}-token prompt, {r.output_tokens:,} output "
-                f"tokens) needs {need:,} blocks of {size} tokens, more than the server's "
-                f"{blocks:,}: it could never run there",
+                f"tokens) needs {need:,} blocks of {size} tokens, more than the {kv.blocks:,} "
+                f"the server hands out: it could never run there",
             )
     metrics = "the server's /metrics"
     blocks_from = "--server-kv" if given_blocks else metrics
     size_from = ("--server-kv" if given_size
                  else metrics if said.get("kv_block_size") else "vLLM's default")  # fmt: skip
-    return kv, f"{blocks:,} KV blocks ({blocks_from}) of {size} tokens ({size_from})"
+    return kv, (f"{blocks:,} KV blocks ({blocks_from}) of {size} tokens ({size_from}), "
+                f"{kv.blocks:,} handed out (vLLM keeps one as its null block)")  # fmt: skip
 
 
 def preempted_line(count: int, calibrations: int, kv) -> str:
@@ -212,15 +218,23 @@ def preempted_line(count: int, calibrations: int, kv) -> str:
     )
 
 
-def with_server_kv(rec, opts, info: dict, setup, requests):
-    """setup with the server's KV pool (server_kv), said and recorded in the metadata."""
+def server_setup(rec, opts, info: dict, setup, requests):
+    """setup as the server runs: its KV pool (server_kv, said and recorded in the metadata)
+    and its prefill chunks as long as the token budget allows (vLLM's default: no
+    long-prefill threshold; --chunk-size gives one). Checked before any request is sent:
+    a UserError naming the option the scheduler refuses."""
     from dataclasses import replace
+
+    from benchbatch.core.scheduler import SchedulerConfig
+    from benchbatch.experiments.serve import probe
 
     kv, where = server_kv(opts, info, requests)
     rec.meta["prediction_kv"] = {"blocks": kv and kv.blocks, "block_size": kv and kv.block_size,
                                  "source": where}  # fmt: skip
     rec.say(f"predicted with {where}")
-    return replace(setup, kv=kv)
+    out = replace(setup, kv=kv, chunk=opts.chunk_size or setup.budget)
+    SchedulerConfig(out.slots, **probe.settings(opts.server_scheduler, out)[1])
+    return out
 
 
 def _price(model, row: dict) -> float:
