@@ -194,7 +194,8 @@ class VirtualServer:
     def stream(self, endpoint, prompts, arrivals, opts):
         self.episodes.append([p.prompt_tokens for p in prompts])
         speed = 1 + self.drift * len(self.episodes)
-        pool = None if self.kv is None else Pool(*self.kv)
+        # As vLLM's BlockPool: the first of num_gpu_blocks is its null block, never handed out.
+        pool = None if self.kv is None else Pool(self.kv[0] - 1, self.kv[1])
         served = serve_virtual(prompts, arrivals, self.max_num_seqs, self.budget, self.chunked,
                                speed, pool)  # fmt: skip
         self.preemptions += pool.preemptions if pool else 0
@@ -363,9 +364,10 @@ def test_a_server_short_of_kv_is_calibrated_and_predicted_within_its_pool(
     assert len(p50) == 9 and ((p50["ratio"] - 1).abs() < 0.01).all(), p50
     meta = json.loads((out / "metadata.json").read_text())
     assert meta["prediction_kv"] == {
-        "blocks": 14,
+        "blocks": 13,  # vLLM's null block is not handed out
         "block_size": 16,
-        "source": ("14 KV blocks (the server's /metrics) of 16 tokens (the server's /metrics)"),
+        "source": "14 KV blocks (the server's /metrics) of 16 tokens (the server's /metrics), "
+        "13 handed out (vLLM keeps one as its null block)",
     }
 
 
