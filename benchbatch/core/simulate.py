@@ -14,7 +14,8 @@ import numpy as np
 from benchbatch.core import article
 from benchbatch.core.arrivals import ArrivalFeed
 from benchbatch.core.metrics import RunMetrics
-from benchbatch.core.scheduler import Scheduler, StepPlan, make_scheduler
+from benchbatch.core.plans import StepPlan
+from benchbatch.core.scheduler import Scheduler, make_scheduler
 from benchbatch.core.serving import timed_run_metrics
 from benchbatch.core.timeline import EventTimeline, RunLengths, Timeline
 from benchbatch.core.workload import Request, Workload

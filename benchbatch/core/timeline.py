@@ -12,7 +12,7 @@ from functools import cached_property
 
 import numpy as np
 
-from benchbatch.core.scheduler import StepPlan
+from benchbatch.core.plans import StepPlan
 
 
 @dataclass(frozen=True, eq=False)

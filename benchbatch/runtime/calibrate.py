@@ -19,7 +19,8 @@ from dataclasses import dataclass
 import torch
 
 from benchbatch.core.calibration import load_class
-from benchbatch.core.scheduler import StepPlan, make_scheduler
+from benchbatch.core.plans import StepPlan
+from benchbatch.core.scheduler import make_scheduler
 from benchbatch.core.simulate import simulate
 from benchbatch.core.workload import Request
 from benchbatch.runtime.runs import EngineRun, Finished, engine_events

@@ -51,7 +51,8 @@ import torch
 from benchbatch.core.arrivals import ArrivalFeed
 from benchbatch.core.kvblocks import PAGED
 from benchbatch.core.metrics import RunMetrics
-from benchbatch.core.scheduler import PrefillChunk, StepPlan, make_scheduler
+from benchbatch.core.plans import PrefillChunk, StepPlan
+from benchbatch.core.scheduler import make_scheduler
 from benchbatch.core.serving import timed_run_metrics
 from benchbatch.core.simulate import batched, gathered_tokens, masked_tokens
 from benchbatch.core.workload import Request, Workload

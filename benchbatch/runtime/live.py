@@ -39,7 +39,8 @@ from dataclasses import dataclass, field
 
 import torch
 
-from benchbatch.core.scheduler import StepPlan, make_scheduler
+from benchbatch.core.plans import StepPlan
+from benchbatch.core.scheduler import make_scheduler
 from benchbatch.core.workload import Request
 from benchbatch.runtime.engine import Engine, EngineResult, _RunState, run_alone
 from benchbatch.runtime.model import Transformer

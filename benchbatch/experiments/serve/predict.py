@@ -175,9 +175,9 @@ def pooled(calibrations: list[dict]) -> dict:
 def server_kv(opts, info: dict, requests):
     """The server's KV pool as the prediction models it: --server-kv, else what its
     /metrics says (vLLM's cache_config_info; block size 16, vLLM's default, where only the
-    count is known), less vLLM's null block. Returns (KVBudget or None, where it came from); None where nothing
-    names the blocks (KV for every running sequence). A request that could not run alone
-    in the pool: UserError naming --server-kv."""
+    count is known), less vLLM's null block. Returns (KVBudget or None, where it came
+    from); None where nothing names the blocks (KV for every running sequence). A request
+    that could not run alone in the pool: UserError naming --server-kv."""
     from benchbatch.core.kvblocks import DEFAULT_BLOCK_SIZE, KVBudget, blocks_for
 
     said = info.get("metrics") or {}
