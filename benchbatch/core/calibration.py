@@ -114,7 +114,8 @@ def fit(rows: Sequence[dict], option: str = "--step-costs") -> dict:
     {"model": StepCostModel, "rows": each row with fitted_ms, error and kind,
     "summary": the coefficients, their standard errors and each kind's errors}."""
     rows = [r for r in rows if r["step_ms"] > 0 and step_kind(r) != "idle"]
-    x, y = design(rows), np.array([r["step_ms"] / 1e3 for r in rows])
+    gap = host_gap_ms(rows)
+    x, y = design(rows), np.array([(r["step_ms"] + gap) / 1e3 for r in rows])
     present = np.abs(x).sum(axis=0) > 0
     if len(rows) < present.sum() + 2 or np.linalg.matrix_rank(x[:, present]) < present.sum():
         raise UserError(
@@ -132,8 +133,28 @@ def fit(rows: Sequence[dict], option: str = "--step-costs") -> dict:
     fitted = []
     for r, p in zip(rows, pred, strict=True):
         fitted.append({**r, "kind": step_kind(r), "fitted_ms": 1e3 * p,
-                       "error": 1e3 * p / r["step_ms"] - 1})  # fmt: skip
-    return {"model": model, "rows": fitted, "summary": summary(model, errors, fitted)}
+                       "error": 1e3 * p / (r["step_ms"] + gap) - 1})  # fmt: skip
+    out = summary(model, errors, fitted) | {"host_gap_ms": gap}
+    return {"model": model, "rows": fitted, "summary": out}
+
+
+# A gap this many times the median is a one-off (a file opened, the first record handed on),
+# not the loop's per-step work.
+ONE_OFF_GAP = 10.0
+
+
+def host_gap_ms(rows: Sequence[dict]) -> float:
+    """The serving loop's host time between two steps, as the calibration's steps show it
+    (their gap_ms): the mean without one-offs (ONE_OFF_GAP times the median or more); 0 for
+    rows without gaps (an endpoint's, an older calibration's). Each step is priced this
+    much more than its own time, so the simulation's steps follow one another as the
+    engine's do."""
+    gaps = [g for r in rows if (g := r.get("gap_ms", 0.0)) == g and g > 0]
+    if not gaps:
+        return 0.0
+    middle = float(np.median(gaps))
+    kept = [g for g in gaps if g < ONE_OFF_GAP * middle]
+    return float(np.mean(kept))
 
 
 def _model(coef: Sequence[float]) -> StepCostModel:
@@ -159,14 +180,22 @@ def price_ms(model: StepCostModel, row: dict) -> float:
     return 1e3 * float(design([features])[0] @ np.array(coefficients(model)))
 
 
+def loop_ms(row: dict) -> float:
+    """What a step costs the serving loop: the step itself and the host gap before it
+    (gap_ms: handing the last record on, releasing arrivals; 0 where a row has none)."""
+    gap = row.get("gap_ms", 0.0)
+    return row["step_ms"] + (gap if gap == gap and gap > 0 else 0.0)  # a NaN cell: none
+
+
 def price_errors(rows: Sequence[dict], key: str = "policy") -> list[dict]:
     """Per run (key) and step kind: the steps, and the median and p10/p90 of measured over
-    priced (step_ms / priced_ms): how far the calibration prices the steps a run took."""
+    priced (loop_ms / priced_ms: the step and the gap before it): how far the calibration
+    prices the steps a run took."""
     groups: dict[tuple, list[float]] = {}
     for r in rows:
         kind, priced = step_kind(r), r.get("priced_ms")
         if kind != "idle" and priced and r["step_ms"] > 0:
-            groups.setdefault((r[key], kind), []).append(r["step_ms"] / priced)
+            groups.setdefault((r[key], kind), []).append(loop_ms(r) / priced)
     return [
         {
             key: name,
@@ -276,10 +305,12 @@ def line(s: dict) -> str:
         f"{kind} {v['median_abs_error']:.0%}/{v['p90_abs_error']:.0%}"
         for kind, v in s["kinds"].items()
     )
+    gap = s.get("host_gap_ms") or 0.0
+    host = f"; {gap * 1e3:.0f} us between steps in base" if gap > 0 else ""
     return (
         f"{s.get('calibrated', 'engine')} calibration ({s['samples']} steps): "
         + " + ".join(parts)
-        + f" (|error| median/p90: {kinds})"
+        + f" (|error| median/p90: {kinds}{host})"
     )  # fmt: skip
 
 
@@ -347,7 +378,8 @@ def read(path: Path, option: str = "--step-costs") -> dict | None:
             df[name] = 0
     _check_numbers(path, df, FEATURES)
     _check_numbers(path, df, ("step_ms",), (1e-4, 3.6e6))
-    rows = pd.DataFrame({k: df[k] for k in (*FEATURES, "step_ms")}).to_dict("records")
+    kept = (*FEATURES, "step_ms", *(("gap_ms",) if "gap_ms" in df else ()))
+    rows = pd.DataFrame({k: df[k] for k in kept}).to_dict("records")
     out = fit(rows, option)
     beside = path.with_suffix(".json")
     out["conditions"] = _read_json(beside, option).get("conditions") if beside.exists() else None

@@ -40,6 +40,7 @@ scheduling overhead.
 from __future__ import annotations
 
 import dataclasses
+import math
 import time
 from collections import defaultdict
 from collections.abc import Callable, Collection, Iterator, Sequence
@@ -89,6 +90,10 @@ class StepRecord:
     gathered_tokens: int = 0
     masked_tokens: int = 0
     batched: int = 0
+    # Host time from the previous step's end to this one's start (the loop handing the last
+    # record on, releasing arrivals); None (an empty cell) for a run's first step and after
+    # an idle wait, where there is no such gap.
+    gap_s: float | None = None
 
     def row(self) -> dict:
         ranks = {f"step_ms_rank{i}": s * 1e3 for i, s in enumerate(self.rank_step_s)}
@@ -110,6 +115,7 @@ class StepRecord:
             "gathered_tokens": self.gathered_tokens,
             "masked_tokens": self.masked_tokens,
             "batched": self.batched,
+            "gap_ms": math.nan if self.gap_s is None else self.gap_s * 1e3,
             **timed,
         }
 
@@ -298,10 +304,12 @@ class Engine:
         state = _RunState(self, requests)
         self.result = result = EngineResult(self.policy, self.slots, len(requests))
         origin = time.perf_counter()  # prompts are ready: the clock of the arrivals starts
+        since = None  # the previous step's end, while the loop has not idled since
         while not sched.done or (feed is not None and not feed.empty):
-            if feed is not None:
-                _release(feed, sched, origin)
-            record = state.step(sched, result, None if feed is None else origin)
+            if feed is not None and _release(feed, sched, origin):
+                since = None
+            record = state.step(sched, result, None if feed is None else origin, since)
+            since = state.last_end
             result.steps.append(record)
             yield record
         if feed is None:
@@ -313,13 +321,16 @@ class Engine:
         result.complete = True
 
 
-def _release(feed: ArrivalFeed, sched, origin: float) -> None:
+def _release(feed: ArrivalFeed, sched, origin: float) -> bool:
     """Queue every request whose arrival time has passed; with nothing to run, sleep until
-    the next one arrives (an idle server waits; it does not spin steps)."""
+    the next one arrives (an idle server waits; it does not spin steps). Whether it waited."""
     feed.release(sched, time.perf_counter() - origin)
+    waited = False
     while sched.done and not feed.empty:
+        waited = True
         time.sleep(max(0.0, feed.next_arrival - (time.perf_counter() - origin)))
         feed.release(sched, time.perf_counter() - origin)
+    return waited
 
 
 class _RunState:
@@ -339,6 +350,7 @@ class _RunState:
         # Prompts are the workload's input, made before the clock starts (like tokenized text).
         self.prompts = {r.id: prompt_ids(r, model.cfg.vocab, engine.seed) for r in requests}
         self.output_tokens = {r.id: r.output_tokens for r in requests}
+        self.last_end: float | None = None  # perf_counter at the end of the last step
 
     def add(self, request: Request) -> None:
         """A request that came while the run runs (runtime/live.py): its prompt and length."""
@@ -350,11 +362,15 @@ class _RunState:
         self.prompts.pop(request_id, None)
         self.output_tokens.pop(request_id, None)
 
-    def step(self, sched, result: EngineResult, origin: float | None = None) -> StepRecord:
+    def step(
+        self, sched, result: EngineResult, origin: float | None = None, since: float | None = None
+    ) -> StepRecord:
         """One step, timed; origin: the run's clock, for steps stamped with their start and
-        end (arrivals in seconds)."""
+        end (arrivals in seconds); since: the previous step's end (perf_counter), for the
+        host gap before this one (StepRecord.gap_s)."""
         synchronize(self.device)
         start = time.perf_counter()
+        gap_s = None if since is None else max(0.0, start - since)
         plan = sched.schedule()
         calls = self._prepare(plan, result)
         synchronize(self.device)
@@ -369,7 +385,8 @@ class _RunState:
         ranks = each(step_s, model_s)  # under torchrun: every rank's; a step is its slowest's
         step_s, model_s = max(r[0] for r in ranks), max(r[1] for r in ranks)
         per_rank = tuple(r[0] for r in ranks) if len(ranks) > 1 else ()
-        record = _record(self.policy, plan, calls, step_s, model_s, per_rank)
+        self.last_end = end
+        record = replace(_record(self.policy, plan, calls, step_s, model_s, per_rank), gap_s=gap_s)
         if origin is None:
             return record
         return replace(record, start_s=start - origin, end_s=end - origin)  # this rank's clock

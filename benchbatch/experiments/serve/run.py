@@ -303,6 +303,12 @@ def _priced(events, cost):
         yield event
 
 
+# A run's steps priced outside this (median, per policy and kind, of at least PRICED_STEPS
+# steps) mean the calibration was made at another speed than the run's: said as a warning.
+PRICED_WITHIN = (0.9, 1.1)
+PRICED_STEPS = 20
+
+
 def _say_prices(rec) -> None:
     """How far the calibration priced the steps the real engine took, per policy and step
     kind (metadata's real.step_prices): a ratio far from 1 is the step-cost model's error
@@ -323,6 +329,18 @@ def _say_prices(rec) -> None:
         "the real engine's steps over the calibration's price of them (median, steps): "
         + "; ".join(f"{p} {', '.join(v)}" for p, v in by_policy.items())
     )
+    off = [e for e in errors if e["steps"] >= PRICED_STEPS and not
+           PRICED_WITHIN[0] <= e["ratio_p50"] <= PRICED_WITHIN[1]]  # fmt: skip
+    if off:
+        worst = max(off, key=lambda e: abs(math.log(e["ratio_p50"])))
+        rec.warning(
+            f"the calibration priced the real engine's steps off: {worst['policy']} "
+            f"{worst['kind']} steps took x{worst['ratio_p50']:.2f} of their price "
+            f"(median of {worst['steps']:,}); the machine ran at another speed while it "
+            "calibrated (another process, a frequency change), so the simulation beside "
+            "them is off by about as much: run again on a quieter machine, or reuse a "
+            "calibration made under the run's conditions with --step-costs"
+        )
 
 
 def _matched(rec, opts: ServeOptions, w, setup, cost, rates, n: int):
