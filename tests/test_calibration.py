@@ -429,3 +429,26 @@ def test_price_errors_are_measured_over_priced_per_run_and_kind():
     assert out[("a", "decode")]["ratio_p50"] == pytest.approx(3.0)
     assert out[("a", "decode")]["steps"] == 2
     assert out[("a", "prefill")]["ratio_p50"] == pytest.approx(0.75)
+
+
+def test_the_host_gap_between_steps_is_charged_once_a_step():
+    """A synthetic engine's steps with a known gap before each (0.3 ms, a first step with
+    none, one one-off of 250 ms): the gap is their mean without the one-off, the fit's base
+    is the engine's plus it, and the other terms are untouched."""
+    rows = []
+    for b in (1, 2, 4, 8):
+        for ctx in (100, 400, 900):
+            step = 2.0 + 0.5 * b + 0.002 * b * ctx  # ms
+            rows.append(dict.fromkeys(cal.FEATURES, 0) | {
+                "decode_tokens": b, "context_tokens": b * ctx, "step_ms": step,
+                "gap_ms": 0.3})  # fmt: skip
+    rows[0]["gap_ms"] = float("nan")  # a run's first step
+    rows[5]["gap_ms"] = 250.0  # a file opened: a one-off
+    assert cal.host_gap_ms(rows) == pytest.approx(0.3)
+    got = cal.fit(rows)["summary"]
+    assert got["host_gap_ms"] == pytest.approx(0.3)
+    coef = got["coefficients_s"]
+    assert coef["base_s"] * 1e3 == pytest.approx(2.0 + 0.3, rel=1e-6)
+    assert coef["per_decode_token_s"] * 1e3 == pytest.approx(0.5, rel=1e-6)
+    assert coef["per_context_token_s"] * 1e3 == pytest.approx(0.002, rel=1e-6)
+    assert cal.host_gap_ms([{"step_ms": 1.0}]) == 0.0  # an endpoint's rows: none

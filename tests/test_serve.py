@@ -63,6 +63,17 @@ def test_the_engine_admits_a_request_only_after_it_arrives(tiny_model):
     # Nothing to run between the first four and the last two: the engine waited.
     assert any(s >= 0.3 and e < 0.3 for e, s in zip(ends, starts[1:], strict=False))
     assert result.step_end_times() == ends
+    # The host gap before each step: none for the first and after an idle wait (the loop
+    # slept until an arrival between the two steps), else the time from the previous step's
+    # end to this one's start, as stamped.
+    assert records[0].gap_s is None
+    for i in range(1, len(records)):
+        if records[i].gap_s is None:
+            assert any(ends[i - 1] < t <= starts[i] for t in arrivals), i
+        else:
+            assert records[i].gap_s == pytest.approx(starts[i] - ends[i - 1], abs=1e-6)
+    waited = [i for i in range(1, len(records)) if ends[i - 1] < 0.3 <= starts[i]]
+    assert waited and all(records[i].gap_s is None for i in waited)
 
 
 def test_steps_without_arrivals_are_stamped_as_before(tiny_model):
