@@ -227,8 +227,8 @@ BREAKS = [
     Break(
         "scheduler: static admits before its group ends",
         "benchbatch/core/scheduler.py",
-        "        self._padding.add(slot)\n        if self.num_running == 0:",
-        "        self._padding.add(slot)\n        if True:",
+        "self.step)\n        if self.num_running == 0:  # the group is over",
+        "self.step)\n        if True:  # the group is over",
         SCHEDULER,
     ),
     Break(
@@ -279,6 +279,35 @@ BREAKS = [
         "workload.id, workload.arrival_step, starts + 1, starts + outputs,",
         "workload.id, workload.arrival_step, starts, starts + outputs,",
         SIMULATE,
+    ),
+    # --- KV blocks under a token budget, and a server's pool ------------------------------------
+    Break(
+        "scheduler: a KV preemption takes the oldest running request",
+        "benchbatch/core/scheduler.py",
+        "victim = max(running, key=lambda s: s.admission)",
+        "victim = min(running, key=lambda s: s.admission)",
+        tests("tests/test_kvblocks.py"),
+    ),
+    Break(
+        "scheduler: a chunked request is admitted with blocks for its whole prompt",
+        "benchbatch/core/scheduler.py",
+        "new.append(self._admit_head(n))",
+        "new.append(self._admit_head())",
+        tests("tests/test_kvblocks.py"),
+    ),
+    Break(
+        "predict: vLLM's null block handed out",
+        "benchbatch/experiments/serve/predict.py",
+        "NULL_BLOCKS = 1",
+        "NULL_BLOCKS = 0",
+        tests("tests/test_endpoint_predict.py"),
+    ),
+    Break(
+        "calibration: the host gap between steps left out",
+        "benchbatch/core/calibration.py",
+        "(r[\"step_ms\"] + gap) / 1e3 for r in rows",
+        "r[\"step_ms\"] / 1e3 for r in rows",
+        tests("tests/test_calibration.py"),
     ),
 ]
 
