@@ -96,7 +96,7 @@ def test_commands_reuse_the_latest_probe_and_say_so(runner, tmp_path, small_prob
         assert meta_a["ceilings"]["source"].startswith("measured now, noise ")
         assert meta_b["ceilings"]["source"].startswith(f"cached from {tmp_path / 'a'}, ")
     assert meta_b["ceilings_source"].startswith(f"cached from {tmp_path / 'a'}, ")
-    assert meta_b["ceilings_from"]["key"].endswith("| threads 1 | load quiet")
+    assert meta_b["ceilings_from"]["key"].endswith("| threads 1 | load quiet | clock cpu")
     third = _phases(runner, tmp_path / "c", "--reprobe")
     assert third.exit_code == 0 and "latest probe" not in third.stderr
     assert "ceilings_from" not in json.loads((tmp_path / "c" / "metadata.json").read_text())

@@ -127,7 +127,7 @@ def test_another_load_class_or_thread_count_measures_again(runner, tmp_path, sma
     assert a["ceilings_source"].startswith("measured now")
     _, b = _phases(runner, tmp_path / "b", "--threads", "1")
     assert b["ceilings_source"].startswith(f"cached from {tmp_path / 'a'}, ")
-    assert b["ceilings_from"]["key"].endswith("| threads 1 | load quiet")
+    assert b["ceilings_from"]["key"].endswith("| threads 1 | load quiet | clock cpu")
     load["now"] = 50.0  # another process now takes the cores
     result, c = _phases(runner, tmp_path / "c", "--threads", "1")
     assert "latest probe" not in result.stderr and "ceilings_from" not in c

@@ -185,6 +185,7 @@ class ScriptedBackend(backend.CpuBackend):
             def time(self, fn) -> None:
                 fn()
                 self._ms.append(next(outer.clock))
+                self._wall.append(self._ms[-1])
 
         return Scripted()
 

@@ -32,6 +32,8 @@ class FakeClock:
     def perf_counter(self) -> float:
         return self.now
 
+    thread_time = perf_counter  # one compute thread: the CPU's timer reads its CPU clock
+
 
 def test_repeats_reach_both_count_and_time(monkeypatch):
     clock, calls = FakeClock(), []
@@ -57,6 +59,7 @@ def test_count_bound_when_calls_are_slow():
         *("step_ms", "step_ms_min", "step_ms_iqr", "step_ms_p10", "step_ms_p90", "cv"),
         *("repeats", "noisy", "attempts", "interleaved", "host_ms", "launch_bound"),
         *("queued_ms", "queued_host_ms"),  # CUDA's queued launch-bound probe: NaN here
+        *("clock", "wall_ms", "core_share"),  # a CPU's clocks (tests/test_cpu_clock.py)
     }
     # On a CPU the host runs the work: its time is the device time, and nothing is queued.
     assert m.summary()["host_ms"] == m.median_ms and m.summary()["launch_bound"] is False

@@ -112,13 +112,25 @@ def choose_threads(cores: int, load: float | None) -> tuple[int, str]:
 
 def busy_warning(load: float | None, cores: int, threads: int, own_threads: int = 0):
     """A warning when other processes compete for the cores (None when they do not), with
-    what helps."""
+    what helps. With one compute thread the probes time it on its own CPU clock
+    (runtime/backend.py, HostTimer), which the other processes' turns on its core do not
+    stretch; the real engine's steps and latencies are wall-clock and do slow down."""
     if load_class(load, cores, own_threads) != "busy":
         return None
-    more = "; --threads 1 measures best on a shared machine" if threads > 1 else ""
-    return (
+    head = (
         f"the machine is busy: load average {load:.1f} on {cores} physical cores ("
-        f"{max(0.0, load - own_threads) / cores:.1f} per core from other processes): every "
-        f"step is slower and noisier than on a quiet machine; close other work{more}, and "
-        "read each row's noise (cv, p10-p90) before trusting a difference"
+        f"{max(0.0, load - own_threads) / cores:.1f} per core from other processes): "
+    )
+    if threads == 1:
+        return head + (
+            "timed steps count the compute thread's own CPU time, which other processes' "
+            "turns on its core do not stretch (wall_ms and core_share beside them say how "
+            "long it waited), but the real engine's steps and latencies are wall-clock and "
+            "slower than on a quiet machine; close other work for those, and read each "
+            "row's noise (cv, p10-p90) before trusting a difference"
+        )
+    return head + (
+        "every step is slower and noisier than on a quiet machine; close other work; "
+        "--threads 1 measures best on a shared machine, and read each row's noise (cv, "
+        "p10-p90) before trusting a difference"
     )

@@ -60,28 +60,80 @@ def use_threads(rec: Recorder, run: RunOptions) -> None:
     threads = device.apply_threads(rec.target.device, run.threads, pin=alone)
     rec.meta["threads"] = threads.to_dict()
     rec.write_meta()
-    if rec.target.device.type == "cpu":
+    cpu = rec.target.device.type == "cpu"
+    if cpu:
         pinned = threads.pinned
         where = f", pinned to CPU {','.join(map(str, pinned))}" if pinned else ", not pinned"
-        rec.note(threads.reason + where)
+        rec.meta["threads"]["clock"] = clock = host_clock(threads.threads, alone)
+        rec.write_meta()
+        rec.note(threads.reason + where + CLOCK_NOTE[clock])
         rec.warning(machine.busy_warning(threads.load_average, threads.cores, threads.threads))
 
     def at_end() -> None:
         threads.restore()
+        if cpu:
+            say_core_share(rec)
         load = machine.load_average()
         after = load[0] if load else None
-        if rec.target.device.type != "cpu" or after is None or threads.load_class == "busy":
+        if not cpu or after is None or threads.load_class == "busy":
             return  # said at the start already
         own = threads.threads
         if machine.load_class(after, threads.cores, own) == "busy":
+            rows = (
+                "timed steps count the compute thread's own CPU time, but the real engine's "
+                "are wall-clock and may be slower and noisier"
+                if rec.meta["threads"].get("clock") == "cpu"
+                else "later rows may be slower and noisier"
+            )
             rec.warning(
                 f"the load average rose from {threads.load_average} to {after:.1f} during the "
                 f"run (on {threads.cores} physical cores, {own} of it this run's): another "
-                "process competed for the cores, so later rows may be slower and noisier; "
-                "rerun with other work closed (--threads 1 measures best on a shared machine)"
+                f"process competed for the cores, so {rows}; rerun with other work closed "
+                "(--threads 1 measures best on a shared machine)"
             )
 
     rec._stack.callback(at_end)  # leaving the run's `with` block
+
+
+# How a CPU run's timed steps are clocked (runtime/backend.py, HostTimer), said beside its
+# threads.
+CLOCK_NOTE = {
+    "cpu": "; steps timed on its CPU clock (the load does not stretch them; wall_ms beside)",
+    "wall": "; steps timed on the wall clock",
+}
+# Timed rows whose compute thread held its core less than this share of their wall time
+# (median) are said to have waited for it: the machine was shared while they were timed.
+SHARED_CORE = 0.9
+
+
+def host_clock(threads: int, alone: bool) -> str:
+    """The clock of a CPU run's timed steps: the compute thread's CPU time with one thread
+    and one rank, else the wall clock (HostTimer's rule)."""
+    return "cpu" if threads == 1 and alone else "wall"
+
+
+def say_core_share(rec: Recorder) -> None:
+    """How much of their wall time the timed steps' thread held its core (the median of
+    every row's core_share), in metadata's threads.core_share; a note when other processes
+    took it often enough to matter (below SHARED_CORE)."""
+    shares = sorted(
+        r["core_share"]
+        for table in list(rec.tables)
+        for r in rec.rows(table)
+        if isinstance(r.get("core_share"), float) and r["core_share"] == r["core_share"]
+    )
+    if not shares:
+        return
+    median = shares[len(shares) // 2]
+    rec.meta["threads"]["core_share"] = median
+    rec.write_meta()
+    if median < SHARED_CORE:
+        rec.note(
+            f"other processes held the compute thread's core while it was timed: it ran "
+            f"{median:.0%} of the wall time (median of {len(shares)} rows); step_ms counts "
+            "its own CPU time, so the steps are the device's, and wall_ms how long they took "
+            "on the machine as it was"
+        )
 
 
 def _open(command: str, model: ModelOptions, run: RunOptions, target, options, check, cache):
@@ -254,7 +306,8 @@ def measure_probe(rec: Recorder, run: RunOptions, plan=None, timing=None) -> lis
 
 
 def cache_key(rec: Recorder) -> str:
-    """The cache's key of this run: device, dtype, torch, compute threads, load class."""
+    """The cache's key of this run: device, dtype, torch, compute threads, load class and
+    a CPU's clock."""
     from benchbatch.core import machine
     from benchbatch.output import ceilings_cache
     from benchbatch.runtime import device
@@ -264,7 +317,8 @@ def cache_key(rec: Recorder) -> str:
     name = device.device_name(t.device)
     load = threads.get("load_class", "unknown")
     version = machine.version("torch")
-    return ceilings_cache.key(name, t.dtype_name, version, threads.get("threads"), load)
+    return ceilings_cache.key(name, t.dtype_name, version, threads.get("threads"), load,
+                              threads.get("clock"))  # fmt: skip
 
 
 def _cached_probe(rec: Recorder):

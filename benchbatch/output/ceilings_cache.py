@@ -13,8 +13,8 @@ Only a probe worth reusing is kept: one measured whole (not interrupted) with no
 (core/noise.py's rule), since a bad probe reused for a day misplaces every later row (issue
 28: an interrupted probe with three noisy rows of four made decode "compute"-bound). The key
 holds what changes the ceilings: the device, the dtype, the torch build, the compute
-threads and the load class (core/machine.py): a probe from another load, version or thread
-count is measured again.
+threads, the load class (core/machine.py) and, on a CPU, the clock its steps were timed on:
+a probe from another load, version, thread count or clock is measured again.
 
 A cache that cannot be read or written is no cache: the command measures, as without one.
 """
@@ -43,9 +43,12 @@ def folder() -> Path:
 
 
 def key(device_name: str, dtype: str, torch_version: str | None, threads: int | None = None,
-        load: str = "unknown") -> str:  # fmt: skip
-    """The cache's key: a probe is reused only under every one of these alike."""
-    return f"{device_name} | {dtype} | torch {torch_version} | threads {threads} | load {load}"
+        load: str = "unknown", clock: str | None = None) -> str:  # fmt: skip
+    """The cache's key: a probe is reused only under every one of these alike (clock: a CPU
+    probe's, "cpu" or "wall": runtime/backend.py's HostTimer)."""
+    tail = "" if clock is None else f" | clock {clock}"
+    head = f"{device_name} | {dtype} | torch {torch_version}"
+    return f"{head} | threads {threads} | load {load}{tail}"
 
 
 def noisy_rows(rows: list[dict]) -> list[str]:

@@ -56,6 +56,10 @@ class Measurement:
     interleaved: int = 1  # steps whose repeats alternated with this one's (itself included)
     queued_ms: float | None = None  # device time per call of QUEUED_CALLS queued at once
     queued_host_ms: float | None = None  # the host's time per call to enqueue them
+    # Where the host runs the work (CPU): each repeat's wall time, and the clock of times_ms
+    # ("cpu": the compute thread's CPU time; "wall"; "device": a GPU's events).
+    wall_times_ms: list[float] | None = field(default=None, repr=False)
+    clock: str = "device"
 
     @property
     def repeats(self) -> int:
@@ -101,6 +105,20 @@ class Measurement:
         return statistics.median(self.host_times_ms)
 
     @property
+    def wall_ms(self) -> float:
+        """The median repeat's wall time where the host runs the work (NaN on a GPU)."""
+        return statistics.median(self.wall_times_ms) if self.wall_times_ms else math.nan
+
+    @property
+    def core_share(self) -> float:
+        """The share of its wall time the compute thread held a core (its CPU time over its
+        wall time, all repeats): 1 on a quiet machine, 0.5 when another process took the
+        core half the time. NaN where the device time is not a CPU clock."""
+        if self.clock != "cpu" or not self.wall_times_ms or sum(self.wall_times_ms) <= 0:
+            return math.nan
+        return min(1.0, sum(self.times_ms) / sum(self.wall_times_ms))
+
+    @property
     def launch_bound(self) -> bool:
         """The device waits for the host's launches (capture a graph, or batch more).
 
@@ -131,6 +149,9 @@ class Measurement:
             "queued_ms": math.nan if self.queued_ms is None else self.queued_ms,
             "queued_host_ms": math.nan if self.queued_host_ms is None else self.queued_host_ms,
             "launch_bound": self.launch_bound,
+            "clock": self.clock,
+            "wall_ms": self.wall_ms,
+            "core_share": self.core_share,
         }
 
 
@@ -152,6 +173,9 @@ def unmeasured() -> dict:
         "queued_ms": nan,
         "queued_host_ms": nan,
         "launch_bound": False,
+        "clock": "",
+        "wall_ms": nan,
+        "core_share": nan,
     }
 
 
@@ -212,9 +236,11 @@ def _attempt(fns, device: torch.device, opts: TimingOptions) -> list[Measurement
                     timer.time(fn)
         out = []
         for timer, (_, warm_host_ms), (q_ms, q_host) in zip(timers, warm, queued, strict=True):
-            times_ms, _queued_host_ms = timer.read()  # a running-ahead queue's: unused
+            times_ms, host_ms = timer.read()  # queued: a running-ahead queue's, unused
             host = warm_host_ms if b.queued else None
             m = Measurement(times_ms, opts.cv_threshold, host, interleaved=len(fns))
+            if not b.queued:  # the host ran each call: host_ms are their wall times
+                m.wall_times_ms, m.clock = host_ms, getattr(timer, "clock", "wall")
             m.queued_ms, m.queued_host_ms = q_ms, q_host
             out.append(m)
     return out
