@@ -452,3 +452,115 @@ def test_the_host_gap_between_steps_is_charged_once_a_step():
     assert coef["per_decode_token_s"] * 1e3 == pytest.approx(0.5, rel=1e-6)
     assert coef["per_context_token_s"] * 1e3 == pytest.approx(0.002, rel=1e-6)
     assert cal.host_gap_ms([{"step_ms": 1.0}]) == 0.0  # an endpoint's rows: none
+
+
+# --- the CPU clock: the steps' work, whatever the load ----------------------------------------
+
+
+def shared_core_steps(share_of: callable, n: int = 90) -> list[dict]:
+    """synthetic_steps as the engine records them on a core it shares: each step's CPU time
+    is TRUE's cost (the work), its wall time that over the share of the core it held
+    (share_of(i)), and so is the gap before it (0.2 ms of work)."""
+    rows = []
+    for i, r in enumerate(synthetic_steps(n, noise=0.0)):
+        share = share_of(i)
+        rows.append(r | {"cpu_ms": r["step_ms"], "step_ms": r["step_ms"] / share,
+                         "gap_cpu_ms": 0.2, "gap_ms": 0.2 / share})  # fmt: skip
+    return rows
+
+
+def test_the_cpu_clock_fit_recovers_the_work_whatever_share_of_the_core_it_had():
+    rows = shared_core_steps(lambda i: 0.4 + 0.5 * (i % 2))  # every other step at 0.4, 0.9
+    out = cal.with_cpu_clock(cal.fit(rows), rows)
+    clock = out["summary"]["cpu_clock"]
+    got = clock["coefficients_s"]
+    # The work's terms exactly, the 0.2 ms gap in the base (the wall fit cannot: its steps
+    # cost 1/0.4 or 1/0.9 of the work, a factor no term holds).
+    assert got["base_s"] == pytest.approx(TRUE["base_s"] + 0.2e-3, rel=1e-9)
+    for term in ("per_sequence_s", "per_decode_token_s", "per_prefill_token_s",
+                 "per_context_token_s"):  # fmt: skip
+        assert got[term] == pytest.approx(TRUE[term], rel=1e-9), term
+        assert getattr(out["cpu_model"], term) == pytest.approx(TRUE[term], rel=1e-9)
+    assert clock["median_abs_error"] < 1e-9 and out["summary"]["median_abs_error"] > 0.2
+    cpu = sum(r["cpu_ms"] + r["gap_cpu_ms"] for r in rows)
+    wall = sum(r["step_ms"] + r["gap_ms"] for r in rows)
+    assert clock["core_share"] == pytest.approx(cpu / wall, rel=1e-12)
+
+
+def test_on_a_steady_share_the_wall_fit_is_the_cpu_fit_over_it():
+    rows = shared_core_steps(lambda i: 0.5)
+    out = cal.with_cpu_clock(cal.fit(rows), rows)
+    wall, cpu = out["summary"]["coefficients_s"], out["summary"]["cpu_clock"]["coefficients_s"]
+    for term in TRUE:
+        assert wall[term] == pytest.approx(2 * cpu[term], rel=1e-9), term
+    assert out["summary"]["cpu_clock"]["core_share"] == pytest.approx(0.5)
+    assert "the core held 50% of the time" in cal.line(out["summary"])
+
+
+def test_steps_without_cpu_times_have_no_cpu_clock_fit():
+    rows = synthetic_steps(60, 0.0)
+    out = cal.fit(rows)
+    assert cal.with_cpu_clock(out, rows) is out and cal.on_cpu_clock(rows) is None
+    half = shared_core_steps(lambda i: 0.5)
+    half[3]["cpu_ms"] = float("nan")  # one step without: no fit from part of the steps
+    assert cal.on_cpu_clock(half) is None and cal.core_share(half) != cal.core_share(half)
+
+
+def test_the_cpu_clock_fit_is_read_back_from_json_and_csv(tmp_path):
+    import pandas as pd
+
+    rows = shared_core_steps(lambda i: 0.5)
+    out = cal.with_cpu_clock(cal.fit(rows), rows)
+    path = tmp_path / "step_cost.json"
+    path.write_text(json.dumps(out["summary"] | {"conditions": HERE}))
+    back = cal.given([path])
+    for term in cal.TERMS:
+        assert getattr(back["cpu_model"], term) == pytest.approx(getattr(out["cpu_model"], term))
+    pd.DataFrame(out["rows"]).to_csv(tmp_path / "step_cost.csv", index=False)
+    refit = cal.given([tmp_path / "step_cost.csv"])
+    assert refit["cpu_model"].per_decode_token_s == pytest.approx(TRUE["per_decode_token_s"])
+    broken = out["summary"] | {"cpu_clock": {"coefficients_s": {"base_s": -1.0}}}
+    path.write_text(json.dumps(broken))
+    with pytest.raises(UserError, match="cpu_clock"):
+        cal.given([path])
+
+
+def test_the_engine_records_each_steps_cpu_time_within_its_wall_time(tiny_model, one_thread):
+    from benchbatch.runtime.calibrate import Plan, events, runs
+
+    plan = Plan(slots=3, prompt=12, long_prompt=24, chunk=8, budget=16, decode_steps=2)
+    rows = [e for e in events(tiny_model, runs(plan), warm_up=False) if isinstance(e, dict)]
+    assert rows and all(0 < r["cpu_ms"] <= r["step_ms"] + 0.01 for r in rows)
+    gaps = [r for r in rows if r["gap_ms"] == r["gap_ms"]]
+    assert gaps and all(0 <= r["gap_cpu_ms"] <= r["gap_ms"] + 0.01 for r in gaps)
+    # A run's first step has no gap before it, on either clock.
+    firsts = [r for r in rows if r["step"] == 0]
+    assert firsts and all(r["gap_ms"] != r["gap_ms"] for r in firsts)
+    assert all(r["gap_cpu_ms"] != r["gap_cpu_ms"] for r in firsts)
+
+
+def test_serve_sweep_simulates_its_sweep_on_the_cpu_clock(runner, tmp_path):
+    """A calibration whose steps held half the core: the sweep is the device's (the CPU
+    clock's fit), twice the wall clock's rate at the same latencies; a calibration without
+    a CPU clock fit sweeps on its wall clock as before."""
+    import pandas as pd
+
+    from benchbatch.app.cli import app
+    from benchbatch.runtime.device import cpu_model
+
+    rows = shared_core_steps(lambda i: 0.5)
+    out = cal.with_cpu_clock(cal.fit(rows), rows)
+    here = {"device": cpu_model(), "threads": 1, "torch": "x", "load_class": "quiet"}
+    runs = {}
+    for name, doc in (("shared", out["summary"]), ("wall", cal.fit(rows)["summary"])):
+        path = tmp_path / f"{name}.json"
+        path.write_text(json.dumps(doc | {"conditions": here}))
+        args = ["serve-sweep", "--engine", "sim", "--step-costs", str(path), "--requests",
+                "60", "--rates", "max", "--out", str(tmp_path / name)]  # fmt: skip
+        result = runner.invoke(app, args)
+        assert result.exit_code == 0, result.output
+        runs[name] = pd.read_csv(tmp_path / name / "serve.csv").set_index("policy")
+        meta = json.loads((tmp_path / name / "metadata.json").read_text())
+        assert meta.get("sweep_step_costs") == ("cpu clock" if name == "shared" else None)
+    ratio = runs["wall"]["duration_s"] / runs["shared"]["duration_s"]
+    assert ratio.to_numpy() == pytest.approx(2.0, rel=1e-6)  # every step half the wall's

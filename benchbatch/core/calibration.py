@@ -138,6 +138,54 @@ def fit(rows: Sequence[dict], option: str = "--step-costs") -> dict:
     return {"model": model, "rows": fitted, "summary": out}
 
 
+# --- the CPU clock: the steps' work, whatever the load -------------------------------------------
+
+
+def on_cpu_clock(rows: Sequence[dict]) -> list[dict] | None:
+    """The steps on the engine thread's CPU clock: cpu_ms as step_ms and gap_cpu_ms as
+    gap_ms (runtime/engine.py records both with one compute thread), the work a core did
+    for each step and the loop between steps, which other processes' turns on the core do
+    not stretch. None where a step has no CPU time (an endpoint's, an older calibration's)."""
+    out = []
+    for r in rows:
+        cpu = r.get("cpu_ms", math.nan)
+        if not isinstance(cpu, (int, float)) or not cpu == cpu:
+            return None
+        out.append({**r, "step_ms": cpu, "gap_ms": r.get("gap_cpu_ms", math.nan)})
+    return out or None
+
+
+def core_share(rows: Sequence[dict]) -> float:
+    """The share of their wall time the steps (and the gaps between them) held a core: their
+    CPU time over their wall time; 1 on a quiet machine. NaN without CPU times."""
+    cpu = wall = 0.0
+    for r in rows:
+        c, w = r.get("cpu_ms", math.nan), r["step_ms"]
+        if not c == c:
+            return math.nan
+        gap, gap_cpu = r.get("gap_ms", math.nan), r.get("gap_cpu_ms", math.nan)
+        both = gap == gap and gap_cpu == gap_cpu
+        cpu += c + (gap_cpu if both else 0.0)
+        wall += w + (gap if both else 0.0)
+    return min(1.0, cpu / wall) if wall > 0 else math.nan
+
+
+def with_cpu_clock(out: dict, rows: Sequence[dict], option: str = "--step-costs") -> dict:
+    """A fit (fit's result) with the same steps fitted again on the CPU clock: "cpu_model",
+    and the summary's "cpu_clock" (its coefficients, errors, kinds, host gap, and the core
+    share the steps had). The wall-clock fit prices the engine as it ran, the machine's load
+    included; the CPU clock's, the device's own steps. Unchanged without CPU times."""
+    steps = [r for r in rows if r["step_ms"] > 0 and step_kind(r) != "idle"]
+    cpu_rows = on_cpu_clock(steps)
+    if cpu_rows is None:
+        return out
+    cpu = fit(cpu_rows, option)
+    keep = ("coefficients_s", "std_errors_s", "kinds", "host_gap_ms", "median_abs_error",
+            "p90_abs_error")  # fmt: skip
+    clock = {k: cpu["summary"][k] for k in keep} | {"core_share": core_share(steps)}
+    return out | {"cpu_model": cpu["model"], "summary": out["summary"] | {"cpu_clock": clock}}
+
+
 # A gap this many times the median is a one-off (a file opened, the first record handed on),
 # not the loop's per-step work.
 ONE_OFF_GAP = 10.0
@@ -307,6 +355,12 @@ def line(s: dict) -> str:
     )
     gap = s.get("host_gap_ms") or 0.0
     host = f"; {gap * 1e3:.0f} us between steps in base" if gap > 0 else ""
+    clock = s.get("cpu_clock") or {}
+    if clock.get("core_share") is not None and clock["core_share"] == clock["core_share"]:
+        host += (
+            f"; the core held {clock['core_share']:.0%} of the time, the CPU clock's fit "
+            f"|error| median {clock['median_abs_error']:.0%}"
+        )
     return (
         f"{s.get('calibrated', 'engine')} calibration ({s['samples']} steps): "
         + " + ".join(parts)
@@ -378,9 +432,10 @@ def read(path: Path, option: str = "--step-costs") -> dict | None:
             df[name] = 0
     _check_numbers(path, df, FEATURES)
     _check_numbers(path, df, ("step_ms",), (1e-4, 3.6e6))
-    kept = (*FEATURES, "step_ms", *(("gap_ms",) if "gap_ms" in df else ()))
+    clocks = [c for c in ("gap_ms", "cpu_ms", "gap_cpu_ms") if c in df]
+    kept = (*FEATURES, "step_ms", *clocks)
     rows = pd.DataFrame({k: df[k] for k in kept}).to_dict("records")
-    out = fit(rows, option)
+    out = with_cpu_clock(fit(rows, option), rows, option)
     beside = path.with_suffix(".json")
     out["conditions"] = _read_json(beside, option).get("conditions") if beside.exists() else None
     return out
@@ -411,7 +466,17 @@ def _read_json(path: Path, option: str) -> dict:
     if not all(math.isfinite(v) and v >= 0 for v in values):
         raise UserError(option, f"{path}: a coefficient is negative or not a number")
     model = _model(values)
-    return {"model": model, "rows": [], "summary": doc, "conditions": doc.get("conditions")}
+    out = {"model": model, "rows": [], "summary": doc, "conditions": doc.get("conditions")}
+    clock = doc.get("cpu_clock")
+    if isinstance(clock, dict) and isinstance(clock.get("coefficients_s"), dict):
+        try:
+            cpu = [float(clock["coefficients_s"].get(t, 0.0)) for t in TERMS]
+        except (ValueError, TypeError) as e:
+            raise UserError(option, f"{path}: its cpu_clock coefficients ({e})") from None
+        if not all(math.isfinite(v) and v >= 0 for v in cpu):
+            raise UserError(option, f"{path}: a cpu_clock coefficient is negative or not a number")
+        out["cpu_model"] = _model(cpu)
+    return out
 
 
 def given(paths: Sequence[Path], option: str = "--step-costs") -> dict:

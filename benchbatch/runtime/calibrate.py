@@ -68,7 +68,9 @@ def runs(p: Plan) -> list[CalibrationRun]:
     decode: `slots` requests admitted at once (one prefill of `slots` prompts), their
       outputs staggered so the decode batch steps down slots, slots - 1, ..., 1, every
       `decode_steps` steps; then as many again with the long prompt (longer contexts),
-      admitted as the first finish (unchunked prompts beside decodes);
+      admitted as the first finish (unchunked prompts beside decodes); then, once all are
+      done, `slots` short prompts again, stepping down every half `decode_steps` (small
+      batches at short contexts, as a serving run's are);
     scattered: `slots` long prompts, every other one finishing after `decode_steps`: the
       rest decode over scattered slots (the engine gathers their KV, a view no longer);
     prefill: prompts of a few lengths (a quarter, half, one and two prompts, the long one)
@@ -82,6 +84,11 @@ def runs(p: Plan) -> list[CalibrationRun]:
     long = max(short, min(p.long_prompt, room - s * k))
     decode = [Request(i, short, k * (i + 1)) for i in range(s)]
     decode += [Request(s + i, long, k * (i + 1)) for i in range(s)]
+    # Then the short prompts again once those are done, stepping down alone: a serving
+    # run's small batches are at short contexts, and the groups above reach them only long.
+    done = len(plans(EngineRun("decode", s, key="calibration"), decode))
+    half = max(2, k // 2)
+    decode += [Request(2 * s + i, short, half * (i + 1), arrival_step=done) for i in range(s)]
     # Every other slot finishing first: decodes over scattered slots (their KV gathered).
     scattered = [Request(i, long, k if i % 2 == 0 else 3 * k) for i in range(max(3, s))]
     lengths = sorted({max(1, short // 4), max(1, short // 2), short, min(2 * short, room), long})
@@ -159,7 +166,7 @@ def fit_rows(rows: Sequence[dict]) -> list[dict]:
     """The fit's rows from the recorded step rows (step_ms: the whole step)."""
     keys = ("calibration", "step", "sequences", "decode_tokens", "prefill_tokens",
             "context_tokens", "gathered_tokens", "masked_tokens", "batched", "step_ms",
-            "gap_ms", "model_ms")  # fmt: skip
+            "gap_ms", "model_ms", "cpu_ms", "gap_cpu_ms")  # fmt: skip
     return [{k: r[k] for k in keys if k in r} for r in rows]
 
 

@@ -94,6 +94,12 @@ class StepRecord:
     # record on, releasing arrivals); None (an empty cell) for a run's first step and after
     # an idle wait, where there is no such gap.
     gap_s: float | None = None
+    # The engine thread's CPU time over the step and over the gap before it (None where
+    # there is no gap): with one compute thread (torch runs the step's work inline) what a
+    # core spent on them, which other processes' turns on the core do not stretch
+    # (runtime/backend.py, HostTimer); step_s over cpu_s says how long it waited for one.
+    cpu_s: float | None = None
+    gap_cpu_s: float | None = None
 
     def row(self) -> dict:
         ranks = {f"step_ms_rank{i}": s * 1e3 for i, s in enumerate(self.rank_step_s)}
@@ -116,6 +122,8 @@ class StepRecord:
             "masked_tokens": self.masked_tokens,
             "batched": self.batched,
             "gap_ms": math.nan if self.gap_s is None else self.gap_s * 1e3,
+            "cpu_ms": math.nan if self.cpu_s is None else self.cpu_s * 1e3,
+            "gap_cpu_ms": math.nan if self.gap_cpu_s is None else self.gap_cpu_s * 1e3,
             **timed,
         }
 
@@ -351,6 +359,7 @@ class _RunState:
         self.prompts = {r.id: prompt_ids(r, model.cfg.vocab, engine.seed) for r in requests}
         self.output_tokens = {r.id: r.output_tokens for r in requests}
         self.last_end: float | None = None  # perf_counter at the end of the last step
+        self.last_cpu_end: float | None = None  # and the thread's CPU clock then
 
     def add(self, request: Request) -> None:
         """A request that came while the run runs (runtime/live.py): its prompt and length."""
@@ -369,8 +378,11 @@ class _RunState:
         end (arrivals in seconds); since: the previous step's end (perf_counter), for the
         host gap before this one (StepRecord.gap_s)."""
         synchronize(self.device)
-        start = time.perf_counter()
+        start, cpu_start = time.perf_counter(), time.thread_time()
         gap_s = None if since is None else max(0.0, start - since)
+        gap_cpu_s = None
+        if gap_s is not None and since == self.last_end and self.last_cpu_end is not None:
+            gap_cpu_s = max(0.0, cpu_start - self.last_cpu_end)
         plan = sched.schedule()
         calls = self._prepare(plan, result)
         synchronize(self.device)
@@ -380,13 +392,15 @@ class _RunState:
         model_s = time.perf_counter() - model_start
         stopped = self._collect(plan, calls, chosen, result)
         sched.update(plan, stopped)
-        end = time.perf_counter()
+        cpu_end = time.thread_time()
+        end = time.perf_counter()  # the CPU clock's interval within the wall clock's
         step_s = end - start
         ranks = each(step_s, model_s)  # under torchrun: every rank's; a step is its slowest's
         step_s, model_s = max(r[0] for r in ranks), max(r[1] for r in ranks)
         per_rank = tuple(r[0] for r in ranks) if len(ranks) > 1 else ()
-        self.last_end = end
-        record = replace(_record(self.policy, plan, calls, step_s, model_s, per_rank), gap_s=gap_s)
+        self.last_end, self.last_cpu_end = end, cpu_end
+        record = replace(_record(self.policy, plan, calls, step_s, model_s, per_rank),
+                         gap_s=gap_s, cpu_s=cpu_end - cpu_start, gap_cpu_s=gap_cpu_s)  # fmt: skip
         if origin is None:
             return record
         return replace(record, start_s=start - origin, end_s=end - origin)  # this rank's clock

@@ -97,11 +97,12 @@ def _named(option: str, check, *args):
 # --- the step-cost model ------------------------------------------------------------------------
 
 
-def cost_model(rec, net, budgets, requests, given, run: RunOptions):
+def cost_model(rec, net, budgets, requests, given, run: RunOptions, cpu_clock: bool = False):
     """The step-cost model: with a model, the engine calibrated as it runs (the real engine's
     own steps, engine_calibration); or the one read from --step-costs (given: a calibration,
     its conditions checked against this run's, or isolated steps' times): step_cost.csv,
-    step_cost.json and the metadata (ablation, serve-sweep and occupancy)."""
+    step_cost.json and the metadata (ablation, serve-sweep and occupancy). cpu_clock: also
+    the calibration's fit on the CPU clock (None where it has none): (model, cpu model)."""
     from benchbatch.core import calibration as cal
     from benchbatch.output import results
 
@@ -124,6 +125,8 @@ def cost_model(rec, net, budgets, requests, given, run: RunOptions):
         rec.put("step_cost", given["rows"])
     results.write_json(rec.folder / "step_cost.json", summary)
     rec.meta["step_cost"] = summary
+    if cpu_clock:  # and the steps' work on the CPU clock, where the calibration has it
+        return given["model"], given.get("cpu_model")
     return given["model"]
 
 
@@ -143,7 +146,10 @@ def engine_calibration(rec, net, budgets, requests, seed: int) -> dict:
     label = "calibrating the engine"
     for _ in rec.engine_rows("calibration_steps", events, total=cb.total_steps(runs), label=label):
         pass
-    out = cal.fit(cb.fit_rows(rec.rows("calibration_steps")), "calibration")
+    rows = cb.fit_rows(rec.rows("calibration_steps"))
+    out = cal.fit(rows, "calibration")
+    if (rec.meta.get("threads") or {}).get("clock") == "cpu":  # one thread, one rank, a CPU
+        out = cal.with_cpu_clock(out, rows, "calibration")
     out["summary"]["conditions"] = conditions
     rec.say(cal.line(out["summary"]))
     return out | {"conditions": conditions, "source": "calibration"}

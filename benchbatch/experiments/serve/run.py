@@ -47,8 +47,8 @@ def measure_run(
         _figures(rec)
         return
     net = c.build_model(rec, model, run)[0] if rec.target is not None else None
-    cost = _cost_model(rec, net, setup, w, given, run)
-    rates = _simulate(rec, opts, w, setup, cost)
+    cost, cpu_cost = _cost_model(rec, net, setup, w, given, run)
+    rates = _simulate(rec, opts, w, setup, _sweep_cost(rec, cost, cpu_cost))
     if opts.engine == "real":
         _serve_real(rec, net, opts, w, setup, cost, rates, run.seed)
     rec.put("slo", probe.sustained(rec.rows("serve")))
@@ -201,11 +201,33 @@ def _ignored(
 
 
 def _cost_model(rec, net, setup, w, given, run):
+    """(the step costs as the engine ran, wall clock; the same steps' work on the CPU
+    clock, None where the calibration has none)."""
     from benchbatch.experiments.ablation.probe import Budgets
     from benchbatch.experiments.ablation.run import cost_model
 
     budgets = Budgets(setup.slots, setup.budget, setup.chunk)
-    return cost_model(rec, net, budgets, w.requests, given, run)
+    return cost_model(rec, net, budgets, w.requests, given, run, cpu_clock=True)
+
+
+def _sweep_cost(rec, cost, cpu_cost):
+    """The sweep's step costs: the calibration's fit on the CPU clock where it has one (the
+    device's own steps: the same on a quiet machine and on one whose other processes take
+    turns on the core), else its wall-clock fit. The real engine's points are set beside
+    their simulation on the wall-clock fit (the machine as it ran)."""
+    if cpu_cost is None:
+        return cost
+    clock = rec.meta["step_cost"].get("cpu_clock") or {}
+    share = clock.get("core_share", math.nan)
+    rec.meta["sweep_step_costs"] = "cpu clock"
+    if share == share and share < c.SHARED_CORE:
+        rec.note(
+            f"the engine held its core {share:.0%} of the calibration's wall time (other "
+            "processes took turns on it): the sweep is simulated on the calibration's CPU "
+            "clock, the device's own steps, and the real engine's points beside a simulation "
+            "on its wall clock, the machine as it ran"
+        )
+    return cpu_cost
 
 
 # --- the simulated sweep ------------------------------------------------------------------------
@@ -451,7 +473,7 @@ def _endpoint_costs(rec, setup, w, given, run) -> tuple:
             rec.warning(line)
         predict.save_given(rec, given)
         return given["model"], True
-    return _cost_model(rec, None, setup, w, given, run), False
+    return _cost_model(rec, None, setup, w, given, run)[0], False
 
 
 # --- figures ------------------------------------------------------------------------------------
