@@ -562,5 +562,7 @@ def test_serve_sweep_simulates_its_sweep_on_the_cpu_clock(runner, tmp_path):
         runs[name] = pd.read_csv(tmp_path / name / "serve.csv").set_index("policy")
         meta = json.loads((tmp_path / name / "metadata.json").read_text())
         assert meta.get("sweep_step_costs") == ("cpu clock" if name == "shared" else None)
+        said = "the engine held its core 50% of the calibration's wall time"
+        assert (said in " ".join(result.output.split())) == (name == "shared")
     ratio = runs["wall"]["duration_s"] / runs["shared"]["duration_s"]
     assert ratio.to_numpy() == pytest.approx(2.0, rel=1e-6)  # every step half the wall's
