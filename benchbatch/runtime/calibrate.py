@@ -25,10 +25,6 @@ from benchbatch.core.simulate import simulate
 from benchbatch.core.workload import Request
 from benchbatch.runtime.runs import EngineRun, Finished, engine_events
 
-# The decode run's pattern (a batch stepping down from the slots to 1, then long prompts
-# admitted as they finish) is run this many times, each with decode_steps / DECODE_PASSES
-# steps a batch size.
-DECODE_PASSES = 1
 # Steps of the first run taken once, unrecorded, before the calibration records: its
 # prefill of every slot and decodes at the largest batch.
 WARM_UP_STEPS = 8
@@ -86,19 +82,13 @@ def runs(p: Plan) -> list[CalibrationRun]:
     room = p.max_context - 1
     short = min(p.prompt, room - s * k)
     long = max(short, min(p.long_prompt, room - s * k))
-    # The pattern in DECODE_PASSES passes of k / passes steps a batch, each starting when
-    # the last is done: a batch's steps spread over the calibration instead of one stretch.
-    per, decode, done = max(1, k // DECODE_PASSES), [], 0
-    for _ in range(DECODE_PASSES):
-        n = len(decode)
-        decode += [Request(n + i, short, per * (i + 1), arrival_step=done) for i in range(s)]
-        decode += [Request(n + s + i, long, per * (i + 1), arrival_step=done) for i in range(s)]
-        done = len(plans(EngineRun("decode", s, key="calibration"), decode))
+    decode = [Request(i, short, k * (i + 1)) for i in range(s)]
+    decode += [Request(s + i, long, k * (i + 1)) for i in range(s)]
     # Then the short prompts again once those are done, stepping down alone: a serving
     # run's small batches are at short contexts, and the groups above reach them only long.
+    done = len(plans(EngineRun("decode", s, key="calibration"), decode))
     half = max(2, k // 2)
-    n = len(decode)
-    decode += [Request(n + i, short, half * (i + 1), arrival_step=done) for i in range(s)]
+    decode += [Request(2 * s + i, short, half * (i + 1), arrival_step=done) for i in range(s)]
     # Every other slot finishing first: decodes over scattered slots (their KV gathered).
     scattered = [Request(i, long, k if i % 2 == 0 else 3 * k) for i in range(max(3, s))]
     lengths = sorted({max(1, short // 4), max(1, short // 2), short, min(2 * short, room), long})
