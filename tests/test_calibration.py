@@ -566,3 +566,45 @@ def test_serve_sweep_simulates_its_sweep_on_the_cpu_clock(runner, tmp_path):
         assert (said in " ".join(result.output.split())) == (name == "shared")
     ratio = runs["wall"]["duration_s"] / runs["shared"]["duration_s"]
     assert ratio.to_numpy() == pytest.approx(2.0, rel=1e-6)  # every step half the wall's
+
+
+def test_a_point_served_under_another_load_than_the_calibration_is_named(
+    runner, tmp_path, monkeypatch
+):
+    """Each real point's core share beside the calibration's; one that differs by more
+    than 10% (here the continuous point's steps, made to read 50% against the
+    calibration's own) is named in a warning, the others are not."""
+    import pandas as pd
+
+    from benchbatch.app.cli import app
+
+    real = cal.core_share
+
+    def share(rows):
+        if rows and rows[0].get("policy") == "continuous":
+            return 0.5 * real(rows)  # as if another process took half the core meanwhile
+        return real(rows)
+
+    monkeypatch.setattr(cal, "core_share", share)
+    out = tmp_path / "real"
+    args = ["serve-sweep", "--preset", "tiny", "--requests", "30", "--real-requests", "8",
+            "--median", "4", "--max-output", "8", "--prompt-len", "16", "--max-prompt", "64",
+            "--rates", "50,max", "--real-rates", "max", "--threads", "1",
+            "--out", str(out)]  # fmt: skip
+    result = runner.invoke(app, args)
+    assert result.exit_code == 0, result.output
+    serve = pd.read_csv(out / "serve.csv")
+    shares = serve[serve["source"] == "real"].set_index("policy")["core_share"]
+    assert ((shares > 0) & (shares <= 1)).all()
+    meta = json.loads((out / "metadata.json").read_text())
+    calibrated = meta["real"]["core_shares"]["calibration"]
+    assert calibrated == meta["step_cost"]["cpu_clock"]["core_share"]
+    assert meta["real"]["core_shares"]["continuous max"] == shares["continuous"]
+    text = " ".join(result.output.split())
+    assert "while it served (" in text
+    warned = text.split("while it served (", 1)[1].split(")", 1)[0]
+    assert "continuous max req/s" in warned  # half of what the calibration held
+    # The others are named only where the machine itself moved them past 10%.
+    for policy in ("static", "chunked"):
+        moved = abs(shares[policy] / calibrated - 1) > 0.1
+        assert (f"{policy} max req/s" in warned) == moved

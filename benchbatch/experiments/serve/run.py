@@ -270,6 +270,7 @@ def _serve_real(rec, net, opts: ServeOptions, w, setup, cost, rates, seed: int) 
     """The chosen rates on the model: real_steps.csv as steps end (the engine's events,
     through the run); per point its serve.csv row beside the simulation of the same
     requests (sim-matched) and sim_vs_real.csv."""
+    from benchbatch.core.calibration import core_share
     from benchbatch.experiments.serve import probe
     from benchbatch.runtime import telemetry
     from benchbatch.runtime.runs import engine_events
@@ -299,6 +300,7 @@ def _serve_real(rec, net, opts: ServeOptions, w, setup, cost, rates, seed: int) 
         point = probe.real_point(done.result, done.run.name, rate, requests, w.at(rate, n)[1])
         row = probe.point_row(point, setup)
         row |= energy.serve_columns(row, reading, opts.price_per_hour)
+        row["core_share"] = core_share([s.row() for s in done.result.steps])
         rec.add("serve", row)
         for versus in probe.sim_vs_real(row, rows[(done.run.name, rate)]):
             rec.add("sim_vs_real", versus)
@@ -309,6 +311,7 @@ def _serve_real(rec, net, opts: ServeOptions, w, setup, cost, rates, seed: int) 
         pairs += probe.prediction_pairs(row, rows[(done.run.name, rate)], span)
     meter.close()
     _say_prices(rec)
+    _say_core_shares(rec)
     from benchbatch.output.plots.prediction import record
 
     record(rec, pairs, f"serve-sweep: the real engine beside its simulation; {c.title(rec)}")
@@ -362,6 +365,34 @@ def _say_prices(rec) -> None:
             "calibrated (another process, a frequency change), so the simulation beside "
             "them is off by about as much: run again on a quieter machine, or reuse a "
             "calibration made under the run's conditions with --step-costs"
+        )
+
+
+# A point whose engine held its core a share this far (relative) from the calibration's was
+# served under another load than its simulation priced: said as a warning.
+SHARE_CHANGE = 0.1
+
+
+def _say_core_shares(rec) -> None:
+    """Each real point's core share (its steps' CPU time over their wall time, serve.csv's
+    core_share) against the calibration's (metadata's real.core_shares): a point served
+    while other processes took more or less of the core than while the engine calibrated
+    is predicted at the calibration's speed, so a warning names it."""
+    calibrated = (rec.meta.get("step_cost") or {}).get("cpu_clock", {}).get("core_share")
+    real = [r for r in rec.rows("serve") if r["source"] == "real" and "core_share" in r]
+    if calibrated is None or not calibrated == calibrated or not real:
+        return
+    shares = {f"{r['policy']} {r['rate']}": r["core_share"] for r in real}
+    rec.meta.setdefault("real", {})["core_shares"] = {"calibration": calibrated, **shares}
+    off = {k: v for k, v in shares.items() if abs(v / calibrated - 1) > SHARE_CHANGE}
+    if off:
+        points = ", ".join(f"{k} req/s {v:.0%}" for k, v in off.items())
+        rec.warning(
+            f"the engine held its core {calibrated:.0%} of the time while it calibrated and "
+            f"otherwise while it served ({points}): the load changed, so the simulation "
+            "beside those points priced their steps at the calibration's speed and is off "
+            "by about as much; run again with the load steady (other work closed), or "
+            "read those points' ratios with that in mind"
         )
 
 
