@@ -98,9 +98,6 @@ class _Run:
         self.meta = {"threads": {}}
         self.notes: list[str] = []
 
-    def rows(self, table):
-        return self.tables[table]
-
     def write_meta(self):
         pass
 

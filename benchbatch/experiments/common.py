@@ -118,8 +118,9 @@ def say_core_share(rec: Recorder) -> None:
     took it often enough to matter (below SHARED_CORE)."""
     shares = sorted(
         r["core_share"]
-        for table in list(rec.tables)
-        for r in rec.rows(table)
+        for rows in list(rec.tables.values())
+        if isinstance(rows, list)  # timed rows; a DataFrame (a simulation's requests) has none
+        for r in rows
         if isinstance(r.get("core_share"), float) and r["core_share"] == r["core_share"]
     )
     if not shares:
