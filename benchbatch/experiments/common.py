@@ -53,7 +53,7 @@ def use_threads(rec: Recorder, run: RunOptions) -> None:
     "threads"; a warning when other processes compete for the cores, at the start or by the
     end (their load rose). The process gets its threads and CPUs back when the run ends."""
     from benchbatch.core import machine
-    from benchbatch.runtime import device
+    from benchbatch.runtime import backend, device
 
     world = rec.target.world
     alone = world is None or not world.distributed  # ranks of one machine: none pinned
@@ -64,7 +64,7 @@ def use_threads(rec: Recorder, run: RunOptions) -> None:
     if cpu:
         pinned = threads.pinned
         where = f", pinned to CPU {','.join(map(str, pinned))}" if pinned else ", not pinned"
-        rec.meta["threads"]["clock"] = clock = host_clock(threads.threads, alone)
+        rec.meta["threads"]["clock"] = clock = backend.host_clock(threads.threads, alone)
         rec.write_meta()
         rec.note(threads.reason + where + CLOCK_NOTE[clock])
         rec.warning(machine.busy_warning(threads.load_average, threads.cores, threads.threads))
@@ -104,12 +104,6 @@ CLOCK_NOTE = {
 # Timed rows whose compute thread held its core less than this share of their wall time
 # (median) are said to have waited for it: the machine was shared while they were timed.
 SHARED_CORE = 0.9
-
-
-def host_clock(threads: int, alone: bool) -> str:
-    """The clock of a CPU run's timed steps: the compute thread's CPU time with one thread
-    and one rank, else the wall clock (HostTimer's rule)."""
-    return "cpu" if threads == 1 and alone else "wall"
 
 
 def say_core_share(rec: Recorder) -> None:

@@ -136,6 +136,12 @@ class CpuBackend:
         raise ImportError("not an NVIDIA GPU")
 
 
+def host_clock(threads: int, alone: bool) -> str:
+    """The clock of a CPU's timed calls (HostTimer): "cpu", the calling thread's CPU time,
+    with one compute thread and one rank; else "wall"."""
+    return "cpu" if threads == 1 and alone else "wall"
+
+
 class HostTimer:
     """The host runs the work itself (CPU): each call is timed on two clocks, the wall clock
     and the CPU clock of the thread that runs it.
@@ -153,7 +159,7 @@ class HostTimer:
         self._ms: list[float] = []  # the device time of each call
         self._wall: list[float] = []
         ranks = torch.distributed.is_available() and torch.distributed.is_initialized()
-        self.clock = "cpu" if torch.get_num_threads() == 1 and not ranks else "wall"
+        self.clock = host_clock(torch.get_num_threads(), alone=not ranks)
 
     @property
     def count(self) -> int:
