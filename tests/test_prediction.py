@@ -186,7 +186,7 @@ def test_a_point_is_below_saturation_when_it_keeps_up_with_its_arrivals():
 
 
 class _PricesRec:
-    """What serve/run._say_prices reads and writes of a recorder."""
+    """What serve/real.say_prices reads and writes of a recorder."""
 
     def __init__(self, rows):
         self._rows, self.meta, self.notes, self.warnings = rows, {}, [], []
@@ -212,14 +212,14 @@ def test_steps_priced_off_by_the_calibration_are_a_warning_with_the_advice():
     """A run whose steps (with the host gap before each) took x0.80 of what the calibration
     priced them is warned about, with what to do; one within 0.9-1.1, or too few steps to
     judge, is only noted."""
-    from benchbatch.experiments.serve import run
+    from benchbatch.experiments.serve import real
 
     off = _PricesRec(_steps("continuous", 40, 7.8, 10.0) + _steps("static", 40, 9.8, 10.0))
-    run._say_prices(off)
+    real.say_prices(off)
     assert len(off.warnings) == 1 and "continuous decode steps took x0.80" in off.warnings[0]
     assert "--step-costs" in off.warnings[0] and "quieter" in off.warnings[0]
     steps = {e["policy"]: e["ratio_p50"] for e in off.meta["real"]["step_prices"]}
     assert steps["continuous"] == pytest.approx(0.8) and steps["static"] == pytest.approx(1.0)
     fine = _PricesRec(_steps("continuous", 40, 9.8, 10.0) + _steps("chunked", 5, 5.0, 10.0))
-    run._say_prices(fine)
+    real.say_prices(fine)
     assert fine.warnings == [] and len(fine.notes) == 1

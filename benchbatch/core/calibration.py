@@ -257,6 +257,39 @@ def price_errors(rows: Sequence[dict], key: str = "policy") -> list[dict]:
     ]
 
 
+def priced_ratio(model: StepCostModel, rows: Sequence[dict]) -> float:
+    """The median of measured over priced (loop_ms over price_ms) of a run's executed
+    steps, by this model: 1 where it prices them right. NaN without a timed step."""
+    ratios = [
+        loop_ms(r) / p
+        for r in rows
+        if step_kind(r) != "idle" and r["step_ms"] > 0 and (p := price_ms(model, r)) > 0
+    ]
+    return percentile(ratios, 50) if ratios else math.nan
+
+
+DRIFT_RULE = "each calibration's own fit of a decode step of one sequence, over the pooled fit's"
+
+
+def drift(parts: Sequence[tuple[Sequence[dict], StepCostModel | None]], pooled) -> dict:
+    """How far the device's (or a server's) speed moved between a run's calibrations, fitted
+    together as `pooled`: per calibration (its steps, its own fit; None where it determined
+    none), its own price of its first decode step of one sequence over the pooled price."""
+    each = []
+    for steps, own in parts:
+        ref = next((r for r in steps if r["decode_tokens"] == 1 and not r["prefill_tokens"]),
+                   None)  # fmt: skip
+        if own is not None and ref is not None:
+            price = design([ref])[0]
+            each.append(float(price @ coefficients(own)) / float(price @ coefficients(pooled)))
+    return {
+        "decode_step_low": min(each, default=math.nan),
+        "decode_step_high": max(each, default=math.nan),
+        "each": each,
+        "rule": DRIFT_RULE,
+    }
+
+
 def relative_scale(pred: np.ndarray) -> np.ndarray:
     """Each step's row scale in the weighted fit: the square root of its weight 1/pred^2,
     so the fit minimizes the sum of squared relative errors."""

@@ -148,26 +148,13 @@ def pooled(calibrations: list[dict]) -> dict:
     step of one sequence over the pooled fit's."""
     steps = [r for c in calibrations for r in c["steps"]]
     out = cal.fit(steps, OPTION)
-    model = out["model"]
-    drift = []
-    for c in calibrations:
-        if c["fit"] is None:
-            continue
-        own = c["fit"]["model"]
-        ref = next((r for r in c["steps"] if r["decode_tokens"] == 1), None)
-        if ref is not None:
-            drift.append(_price(own, ref) / _price(model, ref))
+    parts = [(c["steps"], c["fit"] and c["fit"]["model"]) for c in calibrations]
     out["summary"] |= {
         "calibrated": "endpoint",
         "conditions": calibrations[0]["conditions"],
         "seconds": sum(c["seconds"] for c in calibrations),
         "calibrations": len(calibrations),
-        "drift": {
-            "decode_step_low": min(drift, default=math.nan),
-            "decode_step_high": max(drift, default=math.nan),
-            "rule": "each calibration's own fit of a decode step of one sequence, over "
-            "the pooled fit's",
-        },  # fmt: skip
+        "drift": cal.drift(parts, out["model"]),
     }
     return out | {"source": "endpoint calibration"}
 
@@ -235,11 +222,6 @@ def server_setup(rec, opts, info: dict, setup, requests):
     out = replace(setup, kv=kv, chunk=opts.chunk_size or setup.budget)
     SchedulerConfig(out.slots, **probe.settings(opts.server_scheduler, out)[1])
     return out
-
-
-def _price(model, row: dict) -> float:
-    """A step row's time by a model, as the fit prices it (its design row, its terms)."""
-    return float(cal.design([row])[0] @ np.asarray(cal.coefficients(model)))
 
 
 def _failed_line(failed: list, of: int) -> str:

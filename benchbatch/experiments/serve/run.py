@@ -9,6 +9,7 @@ from benchbatch.core import energy
 from benchbatch.core.options import ModelOptions, RunOptions, WorkloadOptions, record
 from benchbatch.errors import UserError
 from benchbatch.experiments import common as c
+from benchbatch.experiments.serve import real
 from benchbatch.experiments.serve.options import SERVE_WORKLOAD, ServeOptions
 from benchbatch.output import render
 from benchbatch.output.recorder import Recorder
@@ -50,7 +51,11 @@ def measure_run(
     cost, cpu_cost = _cost_model(rec, net, setup, w, given, run)
     rates = _simulate(rec, opts, w, setup, _sweep_cost(rec, cost, cpu_cost))
     if opts.engine == "real":
-        _serve_real(rec, net, opts, w, setup, cost, rates, run.seed)
+        served = real.serve(rec, net, opts, w, setup, cost, rates, run.seed)
+        if served is not None and served.points and given is None:
+            served = _calibrate_after(rec, net, opts, w, setup, rates, served, run.seed)
+        if served is not None:
+            real.compare(rec, served)
     rec.put("slo", probe.sustained(rec.rows("serve")))
     rec.meta["energy"] = energy.summary(rec.rows("serve"), "joules_per_output_token")
     _figures(rec)
@@ -85,7 +90,7 @@ def _check_work(opts: ServeOptions, workload: WorkloadOptions, w=None) -> None:
         rates = len(set(given) | set(real_given))
     points = rates * len(opts.policies)
     n = len(w.requests) if w is not None else workload.requests
-    real = min(opts.real_requests, n) if opts.engine == "real" else 0
+    served = min(opts.real_requests, n) if opts.engine == "real" else 0
     candidates = (len(real_given) or rates) * len(opts.policies)
 
     def work(requests: int, first=None) -> int:
@@ -93,7 +98,7 @@ def _check_work(opts: ServeOptions, workload: WorkloadOptions, w=None) -> None:
         return steps + ServeOptions.REQUEST_WORK * requests
 
     head = None if w is None else w.requests
-    total = points * work(n, head) + candidates * work(real, head and head[:real])
+    total = points * work(n, head) + candidates * work(served, head and head[:served])
     if total <= ServeOptions.MAX_SIM_WORK:
         return
     one_rate = len(opts.policies) * work(n, head)
@@ -130,7 +135,7 @@ def _steps_bound(opts: ServeOptions, requests) -> int:
 def _check_real_rates(opts: ServeOptions, w) -> None:
     """Explicit --real-rates must fit --real-time as the default ones do: a point lasts at
     least until its last request arrives (on the wall clock), for every policy; refused here,
-    before anything runs (_matched checks the fitted cost model's fuller estimate)."""
+    before anything runs (real.py's matched checks the fitted cost model's fuller estimate)."""
     if opts.engine != "real" or opts.real_rates is None:
         return
     from benchbatch.experiments.serve import probe
@@ -168,8 +173,8 @@ def _open(opts, workload, model, run, w, need_model: bool) -> Recorder:
         return rec
     n = min(opts.real_requests, len(w.requests))
     names = _length_options(opts, workload)
-    real = opts.engine == "real"
-    check = (lambda cfg: _check_real(cfg, w.requests[:n], *names)) if real else None
+    serving = opts.engine == "real"
+    check = (lambda cfg: _check_real(cfg, w.requests[:n], *names)) if serving else None
     return c.open_model_run("serve-sweep", model, run, opts, workload, check=check)
 
 
@@ -210,7 +215,7 @@ def _cost_model(rec, net, setup, w, given, run):
     return cost_model(rec, net, budgets, w.requests, given, run, cpu_clock=True)
 
 
-def _sweep_cost(rec, cost, cpu_cost):
+def _sweep_cost(rec, cost, cpu_cost, say: bool = True):
     """The sweep's step costs: the calibration's fit on the CPU clock where it has one (the
     device's own steps: the same on a quiet machine and on one whose other processes take
     turns on the core), else its wall-clock fit. The real engine's points are set beside
@@ -220,7 +225,7 @@ def _sweep_cost(rec, cost, cpu_cost):
     clock = rec.meta["step_cost"].get("cpu_clock") or {}
     share = clock.get("core_share", math.nan)
     rec.meta["sweep_step_costs"] = "cpu clock"
-    if share == share and share < c.SHARED_CORE:
+    if say and share == share and share < c.SHARED_CORE:
         rec.note(
             f"the engine held its core {share:.0%} of the calibration's wall time (other "
             "processes took turns on it): the sweep is simulated on the calibration's CPU "
@@ -248,224 +253,70 @@ def _simulate(rec, opts: ServeOptions, w, setup, cost) -> tuple[float, ...]:
     rates = tuple(sorted(set(rates) | set(opts.real_rate_values or ())))
     rec.meta["rates_rps"] = [probe.rate_label(r) for r in rates]
     requests: list[dict] = []
-
-    def points():
-        for rate in rates:
-            for p in opts.policies:
-                point = done.pop((p, rate), None) or probe.simulate_point(w, p, rate, setup, cost)
-                requests.extend(probe.request_rows(point, setup.slo))
-                row = probe.point_row(point, setup)
-                yield row | energy.serve_columns(row, None, opts.price_per_hour)
-
+    points = _sweep_rows(opts, w, setup, cost, rates, done, requests)
     total = len(rates) * len(opts.policies)
-    rec.record("serve", points(), total=total, label="simulating the sweep", timed=False)
+    rec.record("serve", points, total=total, label="simulating the sweep", timed=False)
     rec.put("requests", requests)
     return rates
 
 
-# --- the real engine ------------------------------------------------------------------------------
-
-
-def _serve_real(rec, net, opts: ServeOptions, w, setup, cost, rates, seed: int) -> None:
-    """The chosen rates on the model: real_steps.csv as steps end (the engine's events,
-    through the run); per point its serve.csv row beside the simulation of the same
-    requests (sim-matched) and sim_vs_real.csv."""
-    from benchbatch.core.calibration import core_share
+def _sweep_rows(opts: ServeOptions, w, setup, cost, rates, done: dict, requests: list):
+    """Each (rate, policy)'s simulated serve.csv row in turn (done: points simulated
+    already), its requests' rows added to `requests`."""
     from benchbatch.experiments.serve import probe
-    from benchbatch.runtime import telemetry
-    from benchbatch.runtime.runs import engine_events
 
-    n = min(opts.real_requests, len(w.requests))
-    matched, chosen, n = _matched(rec, opts, w, setup, cost, rates, n)
-    if not chosen:
-        return
-    rows = {k: probe.point_row(v, setup) for k, v in matched.items()}
-    for r in chosen:
+    for rate in rates:
         for p in opts.policies:
-            priced = energy.serve_columns(rows[(p, r)], None, opts.price_per_hour)
-            rec.add("serve", rows[(p, r)] | priced)
-            for row in probe.request_rows(matched[(p, r)], setup.slo):
-                rec.add("requests", row, stream=True)
-    by_label = {probe.rate_label(r): r for r in chosen}
-    requests, _ = w.at(math.inf, n)
-    runs = probe.engine_runs(w, chosen, opts.policies, setup, n, matched)
-    events = _priced(engine_events(net, requests, runs, seed), cost)
-    total = sum(run.sim_steps for run in runs)
-    pairs: list[dict] = []
-    meter = telemetry.EnergyMeter(net.embed.weight.device)
-    meter.start()
-    for done in rec.engine_rows("real_steps", events, total=total, label="real engine"):
-        reading = meter.lap()
-        rate = by_label[done.run.columns["rate"]]
-        point = probe.real_point(done.result, done.run.name, rate, requests, w.at(rate, n)[1])
-        row = probe.point_row(point, setup)
-        row |= energy.serve_columns(row, reading, opts.price_per_hour)
-        row["core_share"] = core_share([s.row() for s in done.result.steps])
-        rec.add("serve", row)
-        for versus in probe.sim_vs_real(row, rows[(done.run.name, rate)]):
-            rec.add("sim_vs_real", versus)
-        for r in probe.request_rows(point, setup.slo):
-            rec.add("requests", r, stream=True)
-        arrivals = w.at(rate, n)[1]
-        span = float(arrivals.max() - arrivals.min()) if len(arrivals) else 0.0
-        pairs += probe.prediction_pairs(row, rows[(done.run.name, rate)], span)
-    meter.close()
-    _say_prices(rec)
-    _say_core_shares(rec)
-    from benchbatch.output.plots.prediction import record
-
-    record(rec, pairs, f"serve-sweep: the real engine beside its simulation; {c.title(rec)}")
+            point = done.pop((p, rate), None) or probe.simulate_point(w, p, rate, setup, cost)
+            requests.extend(probe.request_rows(point, setup.slo))
+            row = probe.point_row(point, setup)
+            yield row | energy.serve_columns(row, None, opts.price_per_hour)
 
 
-def _priced(events, cost):
-    """The engine's step rows, each with the cost model's price of the step it took
-    (priced_ms: what the simulation charges that plan), the rest passed through."""
-    from benchbatch.core.calibration import price_ms
-
-    for event in events:
-        if isinstance(event, dict):
-            event = event | {"priced_ms": price_ms(cost, event)}
-        yield event
+# --- the calibration after the real points -----------------------------------------------------
 
 
-# A run's steps priced outside this (median, per policy and kind, of at least PRICED_STEPS
-# steps) mean the calibration was made at another speed than the run's: said as a warning.
-PRICED_WITHIN = (0.9, 1.1)
-PRICED_STEPS = 20
-
-
-def _say_prices(rec) -> None:
-    """How far the calibration priced the steps the real engine took, per policy and step
-    kind (metadata's real.step_prices): a ratio far from 1 is the step-cost model's error
-    (the machine changed since the calibration), one near 1 beside a latency far off is
-    the scheduling's or the queue's."""
-    from benchbatch.core.calibration import price_errors
-
-    errors = price_errors(rec.rows("real_steps"))
-    if not errors:
-        return
-    rec.meta.setdefault("real", {})["step_prices"] = errors
-    by_policy: dict[str, list[str]] = {}
-    for e in errors:
-        by_policy.setdefault(e["policy"], []).append(
-            f"{e['kind']} x{e['ratio_p50']:.2f} ({e['steps']:,})"
-        )
-    rec.note(
-        "the real engine's steps over the calibration's price of them (median, steps): "
-        + "; ".join(f"{p} {', '.join(v)}" for p, v in by_policy.items())
-    )
-    off = [e for e in errors if e["steps"] >= PRICED_STEPS and not
-           PRICED_WITHIN[0] <= e["ratio_p50"] <= PRICED_WITHIN[1]]  # fmt: skip
-    if off:
-        worst = max(off, key=lambda e: abs(math.log(e["ratio_p50"])))
-        rec.warning(
-            f"the calibration priced the real engine's steps off: {worst['policy']} "
-            f"{worst['kind']} steps took x{worst['ratio_p50']:.2f} of their price "
-            f"(median of {worst['steps']:,}); the machine ran at another speed while it "
-            "calibrated (another process, a frequency change), so the simulation beside "
-            "them is off by about as much: run again on a quieter machine, or reuse a "
-            "calibration made under the run's conditions with --step-costs"
-        )
-
-
-# A point whose engine held its core a share this far (relative) from the calibration's was
-# served under another load than its simulation priced: said as a warning.
-SHARE_CHANGE = 0.1
-
-
-def _say_core_shares(rec) -> None:
-    """Each real point's core share (its steps' CPU time over their wall time, serve.csv's
-    core_share) against the calibration's (metadata's real.core_shares): a point served
-    while other processes took more or less of the core than while the engine calibrated
-    is predicted at the calibration's speed, so a warning names it."""
-    calibrated = (rec.meta.get("step_cost") or {}).get("cpu_clock", {}).get("core_share")
-    real = [r for r in rec.rows("serve") if r["source"] == "real" and "core_share" in r]
-    if calibrated is None or not calibrated == calibrated or not real:
-        return
-    shares = {f"{r['policy']} {r['rate']}": r["core_share"] for r in real}
-    rec.meta.setdefault("real", {})["core_shares"] = {"calibration": calibrated, **shares}
-    off = {k: v for k, v in shares.items() if abs(v / calibrated - 1) > SHARE_CHANGE}
-    if off:
-        points = ", ".join(f"{k} req/s {v:.0%}" for k, v in off.items())
-        rec.warning(
-            f"the engine held its core {calibrated:.0%} of the time while it calibrated and "
-            f"otherwise while it served ({points}): the load changed, so the simulation "
-            "beside those points priced their steps at the calibration's speed and is off "
-            "by about as much; run again with the load steady (other work closed), or "
-            "read those points' ratios with that in mind"
-        )
-
-
-def _matched(rec, opts: ServeOptions, w, setup, cost, rates, n: int):
-    """The simulation of the real engine's n requests at every candidate rate, and the rates
-    to serve: --real-rates, or those that fit --real-time by these simulations' durations."""
+def _calibrate_after(rec, net, opts: ServeOptions, w, setup, rates, served, seed: int):
+    """The engine calibrated again once its points are served, both calibrations fitted
+    together (ablation's calibrate_after), and every simulation of the run made again on
+    that fit: the sweep, each real point's sim-matched row and requests, sim_vs_real.csv
+    and the price of each real step. One set of step costs for the whole run, measured on
+    both sides of the points it predicts. Returns the points with their new simulations."""
+    from benchbatch.core import calibration as cal
+    from benchbatch.experiments.ablation.probe import Budgets
+    from benchbatch.experiments.ablation.run import calibrate_after
     from benchbatch.experiments.serve import probe
 
-    candidates = opts.real_rate_values or rates
-    matched = {
-        (p, r): probe.simulate_point(w, p, r, setup, cost, n, probe.MATCHED)
-        for r in candidates
-        for p in opts.policies
-    }
-    cost_s = {r: sum(matched[(p, r)].step_ends[-1] for p in opts.policies) for r in candidates}
-    if opts.real_rates is None:
-        rows = [probe.point_row(v, setup) for v in matched.values()]
-        chosen, spent = probe.choose_real_rates(rows, cost_s, opts.real_time)
-        fewer = n // 2
-        if len(chosen) < min(2, len(candidates)) and fewer >= MIN_REAL_REQUESTS:
-            # A slow or loaded device: fewer requests a point rather than no answer.
-            rec.note(
-                f"{len(chosen) or 'no'} rate{'' if len(chosen) == 1 else 's'} of {n} requests "
-                f"fit{'s' if len(chosen) == 1 else ''} --real-time {opts.real_time:g} s on "
-                f"this device; trying {fewer} requests a point (raise --real-time to serve "
-                "more)"
-            )
-            return _matched(rec, opts, w, setup, cost, rates, fewer)
-    else:
-        chosen, spent = list(candidates), sum(cost_s.values())
-        if spent > opts.real_time:  # explicit rates: the fitted model's estimate, all points
-            raise UserError(
-                "real_rates",
-                f"{', '.join(probe.rate_label(r) for r in chosen)} req/s: the fitted cost "
-                f"model expects about {_seconds(spent)} on the model, more than "
-                f"--real-time {opts.real_time:g} s (higher or fewer --real-rates, fewer "
-                "--real-requests, or a larger --real-time)",
-            )
-    rec.meta["real"] = {
-        "requests": n,
-        "rates_rps": [probe.rate_label(r) for r in chosen],
-        "estimated_s": spent,
-        "budget_s": opts.real_time,
-    }
-    if chosen:
-        _say_estimate(rec, n, chosen, spent)
-    else:
-        least = min(cost_s.values(), default=math.nan)
-        rec.warning(
-            f"no rate fits --real-time {opts.real_time:g} s even with {n} requests a point "
-            f"(the cheapest needs about {_seconds(least)}): none served on the model; raise "
-            "--real-time, or give --real-rates"
+    budgets = Budgets(setup.slots, setup.budget, setup.chunk)
+    out = calibrate_after(rec, net, budgets, w.requests, seed)
+    cost = out["model"]
+    steps = rec.rows("real_steps")
+    alone = [cal.priced_ratio(own, steps) for _, own in out["parts"] if own is not None]
+    both = cal.priced_ratio(cost, steps)
+    rec.meta["real"]["calibrations_priced"] = {"each": alone, "both": both}
+    if len(alone) == 2:
+        rec.note(
+            f"the calibration before the real points priced their steps at x{alone[0]:.2f} of "
+            f"their time (median), the one after at x{alone[1]:.2f}, both together "
+            f"x{both:.2f}: the simulation beside them is priced by both"
         )
-    return matched, chosen, n
-
-
-# The fewest requests a real point is cut to when the default ones do not fit --real-time.
-MIN_REAL_REQUESTS = 10
-
-
-def _seconds(s: float) -> str:
-    return render.duration(s) if s >= 10 else f"{s:.2g} s"
-
-
-def _say_estimate(rec, n: int, chosen, spent: float) -> None:
-    if rec.quiet:
-        return
-    from benchbatch.experiments.serve.options import rate_label
-
-    rec.say(
-        f"real engine: {n} requests per point at {', '.join(rate_label(r) for r in chosen)} "
-        f"req/s; the fitted cost model expects about {render.duration(spent)}"
-    )
+    requests: list[dict] = []
+    sweep_cost = _sweep_cost(rec, cost, out.get("cpu_model"), say=False)
+    sweep = list(_sweep_rows(opts, w, setup, sweep_cost, rates, {}, requests))
+    matched = {}
+    for p, r in served.matched:
+        point = probe.simulate_point(w, p, r, setup, cost, served.n, probe.MATCHED)
+        requests += probe.request_rows(point, setup.slo)
+        row = probe.point_row(point, setup)
+        matched[(p, r)] = row | energy.serve_columns(row, None, opts.price_per_hour)
+    measured = [row for row, _ in served.points]
+    rec.put("serve", [*sweep, *matched.values(), *measured])
+    rec.put("requests", requests + [r for r in rec.rows("requests") if r["source"] == probe.REAL])
+    versus = [probe.sim_vs_real(row, matched[(row["policy"], row["rate_rps"])]) for row in measured]
+    rec.put("sim_vs_real", [v for pair in versus for v in pair])
+    rec.put("real_steps", [r | {"priced_ms": cal.price_ms(cost, r)} if "priced_ms" in r else r
+                           for r in steps])  # fmt: skip
+    return real.Served(matched, served.n, served.points)
 
 
 # --- a running server (--endpoint) ------------------------------------------------------------

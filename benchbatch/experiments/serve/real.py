@@ -1,0 +1,245 @@
+"""serve-sweep's real engine: the rates that fit --real-time served on the model, each point
+beside the simulation of the same requests at the same arrival times (sim-matched), how the
+calibration priced the steps the engine took and the core share each point had."""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+
+from benchbatch.core import energy
+from benchbatch.errors import UserError
+from benchbatch.experiments import common as c
+from benchbatch.experiments.serve.options import ServeOptions
+from benchbatch.output import render
+
+
+@dataclass
+class Served:
+    """The real engine's points: each simulation of the same requests (sim-matched rows by
+    policy and rate), the requests a point, and each real row with its arrivals' span."""
+
+    matched: dict
+    n: int
+    points: list = field(default_factory=list)
+
+
+def serve(rec, net, opts: ServeOptions, w, setup, cost, rates, seed: int):
+    """The chosen rates on the model: real_steps.csv as steps end (the engine's events,
+    through the run); per point its serve.csv row beside the simulation of the same
+    requests (sim-matched) and sim_vs_real.csv. Returns the points (Served; None where no
+    rate fits --real-time)."""
+    from benchbatch.core.calibration import core_share
+    from benchbatch.experiments.serve import probe
+    from benchbatch.runtime import telemetry
+    from benchbatch.runtime.runs import engine_events
+
+    n = min(opts.real_requests, len(w.requests))
+    matched, chosen, n = _matched(rec, opts, w, setup, cost, rates, n)
+    if not chosen:
+        return None
+    rows = {k: probe.point_row(v, setup) for k, v in matched.items()}
+    served = Served({(p, r): rows[(p, r)] for r in chosen for p in opts.policies}, n)
+    for r in chosen:
+        for p in opts.policies:
+            priced = energy.serve_columns(rows[(p, r)], None, opts.price_per_hour)
+            rec.add("serve", rows[(p, r)] | priced)
+            for row in probe.request_rows(matched[(p, r)], setup.slo):
+                rec.add("requests", row, stream=True)
+    by_label = {probe.rate_label(r): r for r in chosen}
+    requests, _ = w.at(math.inf, n)
+    runs = probe.engine_runs(w, chosen, opts.policies, setup, n, matched)
+    events = _priced(engine_events(net, requests, runs, seed), cost)
+    total = sum(run.sim_steps for run in runs)
+    meter = telemetry.EnergyMeter(net.embed.weight.device)
+    meter.start()
+    for done in rec.engine_rows("real_steps", events, total=total, label="real engine"):
+        reading = meter.lap()
+        rate = by_label[done.run.columns["rate"]]
+        point = probe.real_point(done.result, done.run.name, rate, requests, w.at(rate, n)[1])
+        row = probe.point_row(point, setup)
+        row |= energy.serve_columns(row, reading, opts.price_per_hour)
+        row["core_share"] = core_share([s.row() for s in done.result.steps])
+        rec.add("serve", row)
+        for versus in probe.sim_vs_real(row, rows[(done.run.name, rate)]):
+            rec.add("sim_vs_real", versus)
+        for r in probe.request_rows(point, setup.slo):
+            rec.add("requests", r, stream=True)
+        arrivals = w.at(rate, n)[1]
+        span = float(arrivals.max() - arrivals.min()) if len(arrivals) else 0.0
+        served.points.append((row, span))
+    meter.close()
+    return served
+
+
+def compare(rec, served: Served) -> None:
+    """The real points beside their simulation: prediction.csv/png and its verdict, and
+    how the calibration priced the steps the engine took."""
+    from benchbatch.experiments.serve import probe
+    from benchbatch.output.plots.prediction import record
+
+    pairs = []
+    for row, span in served.points:
+        pairs += probe.prediction_pairs(row, served.matched[(row["policy"], row["rate_rps"])],
+                                        span)  # fmt: skip
+    say_prices(rec)
+    say_core_shares(rec)
+    record(rec, pairs, f"serve-sweep: the real engine beside its simulation; {c.title(rec)}")
+
+
+def _priced(events, cost):
+    """The engine's step rows, each with the cost model's price of the step it took
+    (priced_ms: what the simulation charges that plan), the rest passed through."""
+    from benchbatch.core.calibration import price_ms
+
+    for event in events:
+        if isinstance(event, dict):
+            event = event | {"priced_ms": price_ms(cost, event)}
+        yield event
+
+
+# A run's steps priced outside this (median, per policy and kind, of at least PRICED_STEPS
+# steps) mean the calibration was made at another speed than the run's: said as a warning.
+PRICED_WITHIN = (0.9, 1.1)
+PRICED_STEPS = 20
+
+
+def say_prices(rec) -> None:
+    """How far the calibration priced the steps the real engine took, per policy and step
+    kind (metadata's real.step_prices): a ratio far from 1 is the step-cost model's error
+    (the machine changed since the calibration), one near 1 beside a latency far off is
+    the scheduling's or the queue's."""
+    from benchbatch.core.calibration import price_errors
+
+    errors = price_errors(rec.rows("real_steps"))
+    if not errors:
+        return
+    rec.meta.setdefault("real", {})["step_prices"] = errors
+    by_policy: dict[str, list[str]] = {}
+    for e in errors:
+        by_policy.setdefault(e["policy"], []).append(
+            f"{e['kind']} x{e['ratio_p50']:.2f} ({e['steps']:,})"
+        )
+    rec.note(
+        "the real engine's steps over the calibration's price of them (median, steps): "
+        + "; ".join(f"{p} {', '.join(v)}" for p, v in by_policy.items())
+    )
+    off = [e for e in errors if e["steps"] >= PRICED_STEPS and not
+           PRICED_WITHIN[0] <= e["ratio_p50"] <= PRICED_WITHIN[1]]  # fmt: skip
+    if off:
+        worst = max(off, key=lambda e: abs(math.log(e["ratio_p50"])))
+        rec.warning(
+            f"the calibration priced the real engine's steps off: {worst['policy']} "
+            f"{worst['kind']} steps took x{worst['ratio_p50']:.2f} of their price "
+            f"(median of {worst['steps']:,}); the machine ran at another speed while it "
+            "calibrated (another process, a frequency change), so the simulation beside "
+            "them is off by about as much: run again on a quieter machine, or reuse a "
+            "calibration made under the run's conditions with --step-costs"
+        )
+
+
+# A point whose engine held its core a share this far (relative) from the calibration's was
+# served under another load than its simulation priced: said as a warning.
+SHARE_CHANGE = 0.1
+
+
+def say_core_shares(rec) -> None:
+    """Each real point's core share (its steps' CPU time over their wall time, serve.csv's
+    core_share) against the calibration's (metadata's real.core_shares): a point served
+    while other processes took more or less of the core than while the engine calibrated
+    is predicted at the calibration's speed, so a warning names it."""
+    calibrated = (rec.meta.get("step_cost") or {}).get("cpu_clock", {}).get("core_share")
+    real = [r for r in rec.rows("serve") if r["source"] == "real" and "core_share" in r]
+    if calibrated is None or not calibrated == calibrated or not real:
+        return
+    shares = {f"{r['policy']} {r['rate']}": r["core_share"] for r in real}
+    rec.meta.setdefault("real", {})["core_shares"] = {"calibration": calibrated, **shares}
+    off = {k: v for k, v in shares.items() if abs(v / calibrated - 1) > SHARE_CHANGE}
+    if off:
+        points = ", ".join(f"{k} req/s {v:.0%}" for k, v in off.items())
+        rec.warning(
+            f"the engine held its core {calibrated:.0%} of the time while it calibrated and "
+            f"otherwise while it served ({points}): the load changed, so the simulation "
+            "beside those points priced their steps at the calibration's speed and is off "
+            "by about as much; run again with the load steady (other work closed), or "
+            "read those points' ratios with that in mind"
+        )
+
+
+def _matched(rec, opts: ServeOptions, w, setup, cost, rates, n: int):
+    """The simulation of the real engine's n requests at every candidate rate, and the rates
+    to serve: --real-rates, or those that fit --real-time by these simulations' durations."""
+    from benchbatch.experiments.serve import probe
+
+    candidates = opts.real_rate_values or rates
+    matched = {
+        (p, r): probe.simulate_point(w, p, r, setup, cost, n, probe.MATCHED)
+        for r in candidates
+        for p in opts.policies
+    }
+    cost_s = {r: sum(matched[(p, r)].step_ends[-1] for p in opts.policies) for r in candidates}
+    if opts.real_rates is None:
+        rows = [probe.point_row(v, setup) for v in matched.values()]
+        chosen, spent = probe.choose_real_rates(rows, cost_s, opts.real_time)
+        fewer = n // 2
+        if len(chosen) < min(2, len(candidates)) and fewer >= MIN_REAL_REQUESTS:
+            # A slow or loaded device: fewer requests a point rather than no answer.
+            rec.note(
+                f"{len(chosen) or 'no'} rate{'' if len(chosen) == 1 else 's'} of {n} requests "
+                f"fit{'s' if len(chosen) == 1 else ''} --real-time {opts.real_time:g} s on "
+                f"this device; trying {fewer} requests a point (raise --real-time to serve "
+                "more)"
+            )
+            return _matched(rec, opts, w, setup, cost, rates, fewer)
+    else:
+        chosen, spent = list(candidates), sum(cost_s.values())
+        if spent > opts.real_time:  # explicit rates: the fitted model's estimate, all points
+            raise UserError(
+                "real_rates",
+                f"{', '.join(probe.rate_label(r) for r in chosen)} req/s: the fitted cost "
+                f"model expects about {_seconds(spent)} on the model, more than "
+                f"--real-time {opts.real_time:g} s (higher or fewer --real-rates, fewer "
+                "--real-requests, or a larger --real-time)",
+            )
+    rec.meta["real"] = {
+        "requests": n,
+        "rates_rps": [probe.rate_label(r) for r in chosen],
+        "estimated_s": spent,
+        "budget_s": opts.real_time,
+    }
+    if chosen:
+        _say_estimate(rec, n, chosen, spent)
+    else:
+        least = min(cost_s.values(), default=math.nan)
+        rec.warning(
+            f"no rate fits --real-time {opts.real_time:g} s even with {n} requests a point "
+            f"(the cheapest needs about {_seconds(least)}): none served on the model; raise "
+            "--real-time, or give --real-rates"
+        )
+    return matched, chosen, n
+
+
+# The fewest requests a real point is cut to when the default ones do not fit --real-time.
+MIN_REAL_REQUESTS = 10
+
+
+def _seconds(s: float) -> str:
+    return render.duration(s) if s >= 10 else f"{s:.2g} s"
+
+
+def _say_estimate(rec, n: int, chosen, spent: float) -> None:
+    if rec.quiet:
+        return
+    from benchbatch.experiments.serve.options import rate_label
+
+    again = ""
+    calibrated = rec.rows("calibration_steps")  # in this run (none with --step-costs)
+    if calibrated:
+        from benchbatch.core.calibration import loop_ms
+
+        took = sum(loop_ms(r) for r in calibrated) / 1e3
+        again = f", then the engine calibrated again (about {render.duration(took)})"
+    rec.say(
+        f"real engine: {n} requests per point at {', '.join(rate_label(r) for r in chosen)} "
+        f"req/s; the fitted cost model expects about {render.duration(spent)}{again}"
+    )
