@@ -618,3 +618,24 @@ def test_a_point_served_under_another_load_than_the_calibration_is_named(
     for policy in ("static", "chunked"):
         moved = abs(shares[policy] / calibrated - 1) > 0.1
         assert (f"{policy} max req/s" in warned) == moved
+
+
+def test_the_drift_is_each_calibrations_own_price_over_the_pooled_fits():
+    """Two noiseless calibrations, the second of an engine 10% slower (an endpoint's before
+    and after a point): each fits its own engine exactly, so their prices of a one-sequence
+    decode step stand 1.10 apart, each that step's own cost over the pooled fit's price."""
+    first = synthetic_steps(60, 0.0, seed=0)
+    second = [r | {"step_ms": 1.1 * r["step_ms"]} for r in synthetic_steps(60, 0.0, seed=1)]
+    lone = {"sequences": 1, "decode_tokens": 1, "prefill_tokens": 0, "context_tokens": 100}
+    first.insert(0, lone | {"step_ms": 1e3 * true_cost(1, 1, 0, 100)})
+    second.insert(0, lone | {"step_ms": 1.1e3 * true_cost(1, 1, 0, 100)})
+    own = [cal.fit(part)["model"] for part in (first, second)]
+    pooled = cal.fit(first + second)["model"]
+    d = cal.drift([(first, own[0]), (second, own[1])], pooled)
+    price = float(cal.design([first[0]])[0] @ np.array(cal.coefficients(pooled)))
+    assert d["each"] == pytest.approx([first[0]["step_ms"] / 1e3 / price,
+                                       second[0]["step_ms"] / 1e3 / price], rel=1e-9)  # fmt: skip
+    assert d["each"][1] / d["each"][0] == pytest.approx(1.1, rel=1e-9)
+    assert (d["decode_step_low"], d["decode_step_high"]) == (min(d["each"]), max(d["each"]))
+    # A calibration that determined no fit of its own is left out, not guessed.
+    assert cal.drift([(first, own[0]), (second, None)], pooled)["each"] == d["each"][:1]

@@ -257,17 +257,6 @@ def price_errors(rows: Sequence[dict], key: str = "policy") -> list[dict]:
     ]
 
 
-def priced_ratio(model: StepCostModel, rows: Sequence[dict]) -> float:
-    """The median of measured over priced (loop_ms over price_ms) of a run's executed
-    steps, by this model: 1 where it prices them right. NaN without a timed step."""
-    ratios = [
-        loop_ms(r) / p
-        for r in rows
-        if step_kind(r) != "idle" and r["step_ms"] > 0 and (p := price_ms(model, r)) > 0
-    ]
-    return percentile(ratios, 50) if ratios else math.nan
-
-
 DRIFT_RULE = "each calibration's own fit of a decode step of one sequence, over the pooled fit's"
 
 

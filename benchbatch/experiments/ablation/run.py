@@ -104,6 +104,7 @@ def cost_model(rec, net, budgets, requests, given, run: RunOptions, cpu_clock: b
     step_cost.json and the metadata (ablation, serve-sweep and occupancy). cpu_clock: also
     the calibration's fit on the CPU clock (None where it has none): (model, cpu model)."""
     from benchbatch.core import calibration as cal
+    from benchbatch.output import results
 
     if given is None:
         given = engine_calibration(rec, net, budgets, requests, run.seed)
@@ -119,72 +120,20 @@ def cost_model(rec, net, budgets, requests, given, run: RunOptions, cpu_clock: b
                 f"step costs calibrated on {was.get('device')} ({was.get('threads')} threads, "
                 f"torch {was.get('torch')}, load {was.get('load_class')}): simulated as that"
             )
-    _save(rec, given)
-    if cpu_clock:  # and the steps' work on the CPU clock, where the calibration has it
-        return given["model"], given.get("cpu_model")
-    return given["model"]
-
-
-def _save(rec, given: dict) -> None:
-    """step_cost.csv (the fitted rows), step_cost.json and the metadata's step_cost."""
-    from benchbatch.output import results
-
     summary = given["summary"] | {"source": given.get("source", "calibration")}
     if given["rows"]:
         rec.put("step_cost", given["rows"])
     results.write_json(rec.folder / "step_cost.json", summary)
     rec.meta["step_cost"] = summary
+    if cpu_clock:  # and the steps' work on the CPU clock, where the calibration has it
+        return given["model"], given.get("cpu_model")
+    return given["model"]
 
 
-def calibrate_after(rec, net, budgets, requests, seed: int) -> dict:
-    """The engine calibrated again after the real engine's points (the same workload), both
-    calibrations fitted together: the points ran between them, so a machine whose speed
-    moved while they ran (other processes, a frequency change) is priced as it ran then,
-    not as it was before. Saved as the run's step costs (step_cost.csv/json, metadata:
-    calibrations 2, the drift between them, the conditions after). Returns the pooled fit
-    (engine_calibration's result) with "parts": each calibration's steps and own model."""
-    from benchbatch.core import calibration as cal
-    from benchbatch.errors import UserError
-    from benchbatch.runtime.calibrate import fit_rows
-
-    before = rec.meta["step_cost"]
-    out = engine_calibration(rec, net, budgets, requests, seed, when="after")
-    rows = fit_rows(rec.rows("calibration_steps"))
-    parts = []
-    for when in WHEN:
-        steps = [r for r in rows if r.get("when") == when]
-        try:
-            own = cal.fit(steps, "calibration")["model"]
-        except UserError:  # an interrupted or degenerate part: the pooled fit stands alone
-            own = None
-        parts.append((steps, own))
-    after = out["summary"]["conditions"]
-    out["summary"] |= {
-        "conditions": before.get("conditions", after),
-        "conditions_after": after,
-        "calibrations": len(WHEN),
-        "drift": cal.drift(parts, out["model"]),
-    }
-    _save(rec, out)
-    d = out["summary"]["drift"]
-    if len(d["each"]) == len(WHEN):
-        rec.say(
-            f"the engine's decode step moved x{d['each'][0]:.2f} and x{d['each'][1]:.2f} of "
-            "both calibrations' fit, before the real points and after them: they are "
-            "simulated on both together"
-        )
-    return out | {"parts": parts}
-
-
-# A calibration's rows say when it ran: before the run's real engine, or after it.
-WHEN = ("before", "after")
-
-
-def engine_calibration(rec, net, budgets, requests, seed: int, when: str = WHEN[0]) -> dict:
+def engine_calibration(rec, net, budgets, requests, seed: int) -> dict:
     """The real engine run on runtime/calibrate.py's workload at these budgets and the
-    requests' prompt lengths (calibration_steps.csv as its steps end, each row saying
-    `when`), every calibration of the run so far fitted together by core/calibration.py;
-    its conditions (read before it ran) in the summary. The first warms the model up."""
+    requests' prompt lengths (calibration_steps.csv as its steps end), fitted by
+    core/calibration.py; its conditions (read before it ran) in the summary."""
     from benchbatch.core import calibration as cal
     from benchbatch.runtime import calibrate as cb
 
@@ -193,9 +142,8 @@ def engine_calibration(rec, net, budgets, requests, seed: int, when: str = WHEN[
                        budgets.max_num_batched_tokens, net.cfg.max_context)  # fmt: skip
     runs = cb.runs(plan)
     conditions = cb.conditions(net)
-    events = cb.events(net, runs, seed, warm_up=when == WHEN[0])
-    events = (e | {"when": when} if isinstance(e, dict) else e for e in events)
-    label = "calibrating the engine" + ("" if when == WHEN[0] else f" ({when})")
+    events = cb.events(net, runs, seed)
+    label = "calibrating the engine"
     for _ in rec.engine_rows("calibration_steps", events, total=cb.total_steps(runs), label=label):
         pass
     rows = cb.fit_rows(rec.rows("calibration_steps"))

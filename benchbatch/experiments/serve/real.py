@@ -232,14 +232,7 @@ def _say_estimate(rec, n: int, chosen, spent: float) -> None:
         return
     from benchbatch.experiments.serve.options import rate_label
 
-    again = ""
-    calibrated = rec.rows("calibration_steps")  # in this run (none with --step-costs)
-    if calibrated:
-        from benchbatch.core.calibration import loop_ms
-
-        took = sum(loop_ms(r) for r in calibrated) / 1e3
-        again = f", then the engine calibrated again (about {render.duration(took)})"
     rec.say(
         f"real engine: {n} requests per point at {', '.join(rate_label(r) for r in chosen)} "
-        f"req/s; the fitted cost model expects about {render.duration(spent)}{again}"
+        f"req/s; the fitted cost model expects about {render.duration(spent)}"
     )

@@ -52,8 +52,6 @@ def measure_run(
     rates = _simulate(rec, opts, w, setup, _sweep_cost(rec, cost, cpu_cost))
     if opts.engine == "real":
         served = real.serve(rec, net, opts, w, setup, cost, rates, run.seed)
-        if served is not None and served.points and given is None:
-            served = _calibrate_after(rec, net, opts, w, setup, rates, served, run.seed)
         if served is not None:
             real.compare(rec, served)
     rec.put("slo", probe.sustained(rec.rows("serve")))
@@ -215,7 +213,7 @@ def _cost_model(rec, net, setup, w, given, run):
     return cost_model(rec, net, budgets, w.requests, given, run, cpu_clock=True)
 
 
-def _sweep_cost(rec, cost, cpu_cost, say: bool = True):
+def _sweep_cost(rec, cost, cpu_cost):
     """The sweep's step costs: the calibration's fit on the CPU clock where it has one (the
     device's own steps: the same on a quiet machine and on one whose other processes take
     turns on the core), else its wall-clock fit. The real engine's points are set beside
@@ -225,7 +223,7 @@ def _sweep_cost(rec, cost, cpu_cost, say: bool = True):
     clock = rec.meta["step_cost"].get("cpu_clock") or {}
     share = clock.get("core_share", math.nan)
     rec.meta["sweep_step_costs"] = "cpu clock"
-    if say and share == share and share < c.SHARED_CORE:
+    if share == share and share < c.SHARED_CORE:
         rec.note(
             f"the engine held its core {share:.0%} of the calibration's wall time (other "
             "processes took turns on it): the sweep is simulated on the calibration's CPU "
@@ -253,70 +251,19 @@ def _simulate(rec, opts: ServeOptions, w, setup, cost) -> tuple[float, ...]:
     rates = tuple(sorted(set(rates) | set(opts.real_rate_values or ())))
     rec.meta["rates_rps"] = [probe.rate_label(r) for r in rates]
     requests: list[dict] = []
-    points = _sweep_rows(opts, w, setup, cost, rates, done, requests)
+
+    def points():
+        for rate in rates:
+            for p in opts.policies:
+                point = done.pop((p, rate), None) or probe.simulate_point(w, p, rate, setup, cost)
+                requests.extend(probe.request_rows(point, setup.slo))
+                row = probe.point_row(point, setup)
+                yield row | energy.serve_columns(row, None, opts.price_per_hour)
+
     total = len(rates) * len(opts.policies)
-    rec.record("serve", points, total=total, label="simulating the sweep", timed=False)
+    rec.record("serve", points(), total=total, label="simulating the sweep", timed=False)
     rec.put("requests", requests)
     return rates
-
-
-def _sweep_rows(opts: ServeOptions, w, setup, cost, rates, done: dict, requests: list):
-    """Each (rate, policy)'s simulated serve.csv row in turn (done: points simulated
-    already), its requests' rows added to `requests`."""
-    from benchbatch.experiments.serve import probe
-
-    for rate in rates:
-        for p in opts.policies:
-            point = done.pop((p, rate), None) or probe.simulate_point(w, p, rate, setup, cost)
-            requests.extend(probe.request_rows(point, setup.slo))
-            row = probe.point_row(point, setup)
-            yield row | energy.serve_columns(row, None, opts.price_per_hour)
-
-
-# --- the calibration after the real points -----------------------------------------------------
-
-
-def _calibrate_after(rec, net, opts: ServeOptions, w, setup, rates, served, seed: int):
-    """The engine calibrated again once its points are served, both calibrations fitted
-    together (ablation's calibrate_after), and every simulation of the run made again on
-    that fit: the sweep, each real point's sim-matched row and requests, sim_vs_real.csv
-    and the price of each real step. One set of step costs for the whole run, measured on
-    both sides of the points it predicts. Returns the points with their new simulations."""
-    from benchbatch.core import calibration as cal
-    from benchbatch.experiments.ablation.probe import Budgets
-    from benchbatch.experiments.ablation.run import calibrate_after
-    from benchbatch.experiments.serve import probe
-
-    budgets = Budgets(setup.slots, setup.budget, setup.chunk)
-    out = calibrate_after(rec, net, budgets, w.requests, seed)
-    cost = out["model"]
-    steps = rec.rows("real_steps")
-    alone = [cal.priced_ratio(own, steps) for _, own in out["parts"] if own is not None]
-    both = cal.priced_ratio(cost, steps)
-    rec.meta["real"]["calibrations_priced"] = {"each": alone, "both": both}
-    if len(alone) == 2:
-        rec.note(
-            f"the calibration before the real points priced their steps at x{alone[0]:.2f} of "
-            f"their time (median), the one after at x{alone[1]:.2f}, both together "
-            f"x{both:.2f}: the simulation beside them is priced by both"
-        )
-    requests: list[dict] = []
-    sweep_cost = _sweep_cost(rec, cost, out.get("cpu_model"), say=False)
-    sweep = list(_sweep_rows(opts, w, setup, sweep_cost, rates, {}, requests))
-    matched = {}
-    for p, r in served.matched:
-        point = probe.simulate_point(w, p, r, setup, cost, served.n, probe.MATCHED)
-        requests += probe.request_rows(point, setup.slo)
-        row = probe.point_row(point, setup)
-        matched[(p, r)] = row | energy.serve_columns(row, None, opts.price_per_hour)
-    measured = [row for row, _ in served.points]
-    rec.put("serve", [*sweep, *matched.values(), *measured])
-    rec.put("requests", requests + [r for r in rec.rows("requests") if r["source"] == probe.REAL])
-    versus = [probe.sim_vs_real(row, matched[(row["policy"], row["rate_rps"])]) for row in measured]
-    rec.put("sim_vs_real", [v for pair in versus for v in pair])
-    rec.put("real_steps", [r | {"priced_ms": cal.price_ms(cost, r)} if "priced_ms" in r else r
-                           for r in steps])  # fmt: skip
-    return real.Served(matched, served.n, served.points)
 
 
 # --- a running server (--endpoint) ------------------------------------------------------------
