@@ -7,7 +7,7 @@ measured one differ only in what a step costs.
 from __future__ import annotations
 
 from collections.abc import Callable, Iterable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, fields, replace
 
 import numpy as np
 
@@ -319,6 +319,13 @@ class StepCostModel:
     # slower to start than the matrix-vector one a lone decode row takes; fitted by the
     # engine's calibration, else 0.
     batched_step_s: float = 0.0
+
+    def scaled(self, factor: float) -> StepCostModel:
+        """Every term times factor: the same steps on a device that much slower (above 1)
+        or faster. Arrivals aside, a simulation on it is the same run with every time scaled
+        (a rate r on the scaled model is the rate factor x r on this one, its latencies times
+        factor)."""
+        return replace(self, **{f.name: factor * getattr(self, f.name) for f in fields(self)})
 
     def __call__(self, plan: StepPlan) -> float:
         padded = len(plan.padded_slots)

@@ -53,6 +53,8 @@ SLO_COLUMNS = {
     "sustained_rate": "sustains (req/s)",
     "goodput_rps": "goodput there",
     "leaves_slo_at": "leaves the SLO at",
+    "knee": "knee",
+    "knee_range": "steps ±10%",
 }
 
 
@@ -100,7 +102,8 @@ def show(rec) -> None:
         render.table(_versus(versus), VERSUS_COLUMNS, title)
     if (rec.meta.get("prediction") or {}).get("verdict"):
         render.out_console.print(rec.meta["prediction"]["verdict"], highlight=False)
-    render.table(slo, SLO_COLUMNS, "the largest rate each policy sustains within the SLO")
+    render.table([r | _knee_cells(r) for r in slo], SLO_COLUMNS,
+                 "the largest rate each policy sustains within the SLO")  # fmt: skip
     limits = rec.meta["options"]
     for line in verdict_lines(slo) + what_moves_it(slo, rows, limits):
         render.out_console.print(line, highlight=False)
@@ -144,7 +147,29 @@ def verdict_lines(slo: list[dict]) -> list[str]:
             continue
         parts = [f"{p} {_sustains(r)}" for p, r in by.items()]
         lines.append(f"{name}: within the SLO up to " + ", ".join(parts))
+        knees = [f"{p} {_knee(r)} req/s" for p, r in by.items() if _knee(r)]
+        if knees:
+            lines.append(
+                f"{name}: the knees, bisected to 2% (in parentheses: with every step 10% slower "
+                "and faster): " + ", ".join(knees)
+            )
     return lines
+
+
+def _knee(r: dict) -> str:
+    """A simulated row's bisected knee and its range with every step 10% slower and faster
+    (slo.csv's knee_rps, knee_rps_slow, knee_rps_fast); "" where it has none."""
+    cells = _knee_cells(r)
+    return f"{cells['knee']} ({cells['knee_range']})" if cells["knee"] else ""
+
+
+def _knee_cells(r: dict) -> dict:
+    knee = r.get("knee_rps")
+    if knee is None or not knee == knee:
+        return {"knee": "", "knee_range": ""}
+    ends = [r.get(f"knee_rps_{k}") for k in ("slow", "fast")]
+    shown = [f"{v:.3g}" if v is not None and v == v else "?" for v in ends]
+    return {"knee": f"{knee:.3g}", "knee_range": f"{shown[0]}-{shown[1]}"}
 
 
 def what_moves_it(slo: list[dict], rows: list[dict], limits: dict) -> list[str]:

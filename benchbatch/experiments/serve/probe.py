@@ -378,6 +378,81 @@ def _sustained_row(policy: str, source: str, mine: list[dict]) -> dict:
     }
 
 
+# --- the knee, found by bisection ----------------------------------------------------------------
+
+# A simulated knee (the largest rate within the SLO) is bisected to this width (relative),
+# then found again with every step STEP_COST_SPREAD slower and faster: how far the
+# conclusion moves when the step costs are off by as much as the simulator's target allows
+# (the prediction's p50 band, 0.9-1.1). KNEE_STEPS: the simulations one knee may take.
+KNEE_WIDTH = 0.02
+STEP_COST_SPREAD = 0.1
+KNEE_STEPS = 10
+
+
+def knee(within, lo: float, hi: float, known: bool = False, width: float = KNEE_WIDTH,
+         steps: int = KNEE_STEPS) -> float:  # fmt: skip
+    """The largest rate within the SLO to `width`: within(rate) says whether a rate is;
+    [lo, hi] a guess of where it lies (known: within(lo) and not within(hi) already seen).
+    The bracket is moved by its own width until lo is within and hi is not, then bisected
+    in log space. NaN where `steps` calls of within do not bracket it; where they run out
+    while bisecting, the last rate seen within (a lower bound, coarser than `width`)."""
+    left = steps
+
+    def ask(rate: float) -> bool | None:
+        nonlocal left
+        if left <= 0:
+            return None
+        left -= 1
+        return within(rate)
+
+    if not known:
+        while (ok := ask(lo)) is False:  # lo misses: the knee lies lower
+            lo, hi = lo / (hi / lo), lo
+        if ok is None:
+            return math.nan
+        while (ok := ask(hi)) is True:  # hi is within: the knee lies higher
+            lo, hi = hi, hi * (hi / lo)
+        if ok is None:
+            return math.nan
+    while hi / lo - 1 > width:
+        mid = math.sqrt(lo * hi)
+        ok = ask(mid)
+        if ok is None:
+            break
+        lo, hi = (mid, hi) if ok else (lo, mid)
+    return lo
+
+
+def knees(w: ServeWorkload, rows: Sequence[dict], setup: Setup, cost: StepCostModel,
+          advance=lambda: None) -> list[dict]:  # fmt: skip
+    """Per policy whose sweep (rows: SIM) leaves the SLO between two of its rates: the knee
+    bisected between them (knee_rps), and again with every step STEP_COST_SPREAD slower
+    (knee_rps_slow) and faster (knee_rps_fast). advance() after each simulation."""
+    out = []
+    for row in sustained(rows):
+        if row["source"] != SIM or not row["sustained_rate"] or not row["leaves_slo_at"]:
+            continue
+        lo, hi = row["sustained_rps"], row["leaves_slo_rps"]
+        if not math.isfinite(hi):  # the max point: every finite rate was within
+            continue
+        policy = row["policy"]
+
+        def within(rate: float, model: StepCostModel, policy: str = policy) -> bool:
+            advance()
+            point = simulate_point(w, policy, rate, setup, model)
+            return setup.slo.within(point_row(point, setup))
+
+        found = {"policy": policy,
+                 "knee_rps": knee(lambda r: within(r, cost), lo, hi, known=True)}  # fmt: skip
+        spread = 1 + STEP_COST_SPREAD / 2
+        for name, factor in (("slow", 1 + STEP_COST_SPREAD), ("fast", 1 - STEP_COST_SPREAD)):
+            model, guess = cost.scaled(factor), found["knee_rps"] / factor
+            found[f"knee_rps_{name}"] = knee(lambda r, m=model: within(r, m), guess / spread,
+                                             guess * spread)  # fmt: skip
+        out.append(found)
+    return out
+
+
 # --- the real engine ------------------------------------------------------------------------------
 
 

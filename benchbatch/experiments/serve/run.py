@@ -49,12 +49,14 @@ def measure_run(
         return
     net = c.build_model(rec, model, run)[0] if rec.target is not None else None
     cost, cpu_cost = _cost_model(rec, net, setup, w, given, run)
-    rates = _simulate(rec, opts, w, setup, _sweep_cost(rec, cost, cpu_cost))
+    sweep_cost = _sweep_cost(rec, cost, cpu_cost)
+    rates = _simulate(rec, opts, w, setup, sweep_cost)
+    _knees(rec, opts, w, setup, sweep_cost)
     if opts.engine == "real":
         served = real.serve(rec, net, opts, w, setup, cost, rates, run.seed)
         if served is not None:
             real.compare(rec, served)
-    rec.put("slo", probe.sustained(rec.rows("serve")))
+    rec.put("slo", _with_knees(rec, probe.sustained(rec.rows("serve"))))
     rec.meta["energy"] = energy.summary(rec.rows("serve"), "joules_per_output_token")
     _figures(rec)
 
@@ -264,6 +266,43 @@ def _simulate(rec, opts: ServeOptions, w, setup, cost) -> tuple[float, ...]:
     rec.record("serve", points(), total=total, label="simulating the sweep", timed=False)
     rec.put("requests", requests)
     return rates
+
+
+def _knees(rec, opts: ServeOptions, w, setup, cost) -> None:
+    """Each policy's knee in the sweep bisected between its last rate within the SLO and its
+    first outside (probe.knees: to KNEE_WIDTH, and again with every step STEP_COST_SPREAD
+    slower and faster), into metadata's knees; left out, with a note, where those
+    simulations would pass the run's simulation budget beside the sweep's."""
+    from benchbatch.experiments.serve import probe
+
+    rows = [r for r in rec.rows("serve") if r["source"] == probe.SIM]
+    bracketed = [r for r in probe.sustained(rows) if r["sustained_rate"] and r["leaves_slo_at"]
+                 and math.isfinite(r["leaves_slo_rps"])]  # fmt: skip
+    if not bracketed:
+        return
+    point = _steps_bound(opts, w.requests) + ServeOptions.REQUEST_WORK * len(w.requests)
+    total = len(bracketed) * 3 * probe.KNEE_STEPS
+    if (len(rows) + total) * point > ServeOptions.MAX_SIM_WORK:
+        rec.note(
+            f"the SLO knees are not bisected: {total} more simulations of {len(w.requests):,} "
+            "requests would pass the run's simulation budget (fewer --requests); each "
+            "policy's knee lies between its last rate within the SLO and its first outside"
+        )
+        return
+    with rec.progress("bisecting the SLO knees", total) as task:
+        found = probe.knees(w, rows, setup, cost, task.advance)
+    rec.meta["knees"] = {"width": probe.KNEE_WIDTH, "step_cost_spread": probe.STEP_COST_SPREAD,
+                         "policies": found}  # fmt: skip
+
+
+def _with_knees(rec, slo: list[dict]) -> list[dict]:
+    """slo.csv's simulated rows with their knees (knee_rps, knee_rps_slow, knee_rps_fast)."""
+    from benchbatch.experiments.serve import probe
+
+    found = {k["policy"]: k for k in (rec.meta.get("knees") or {}).get("policies", [])}
+    return [r | {k: v for k, v in found[r["policy"]].items() if k != "policy"}
+            if r["source"] == probe.SIM and r["policy"] in found else r
+            for r in slo]  # fmt: skip
 
 
 # --- a running server (--endpoint) ------------------------------------------------------------
