@@ -15,6 +15,8 @@ comparison (DIR/comparison.md, printed):
   noise both report): agree when the two runs' p10-p90 ranges overlap;
 - every command: its conclusion lines (the sentences after the tables) with their numbers,
   side by side; occupancy's are exact (a simulation), the others are judged by the rows;
+- serve-sweep: each simulated policy's SLO knee with its range (every step priced 10% slower
+  and faster): agree when the two runs' ranges overlap;
 - reproduce: each claim's verdict (holds, fails, ...) the same in both.
 Nothing here is a test: the machine is shared, so this is a measurement to quote.
 """
@@ -43,10 +45,10 @@ def load() -> float:
     return os.getloadavg()[0]
 
 
-def run_pass(folder: Path) -> list[dict]:
+def run_pass(folder: Path, commands: tuple[str, ...] = COMMANDS) -> list[dict]:
     folder.mkdir(parents=True, exist_ok=True)
     done = []
-    for cmd in COMMANDS:
+    for cmd in commands:
         out = folder / cmd
         shutil.rmtree(out, ignore_errors=True)
         before, t0 = load(), time.monotonic()
@@ -133,6 +135,31 @@ def steps_agree(quiet: list[dict], loaded: list[dict]) -> list[dict]:
     return out
 
 
+def knees(folder: Path) -> dict[str, dict]:
+    path = folder / "serve-sweep" / "result.json"
+    if not path.exists():
+        return {}
+    slo = json.loads(path.read_text()).get("metrics", {}).get("slo") or []
+    return {r["policy"]: r for r in slo if r.get("source") == "sim" and r.get("knee_rps")}
+
+
+def knees_agree(quiet: dict[str, dict], loaded: dict[str, dict]) -> list[str]:
+    """Per policy: both knees with their ranges, and whether the ranges overlap."""
+    lines = []
+    for policy in dict.fromkeys([*quiet, *loaded]):
+        q, lo = quiet.get(policy), loaded.get(policy)
+        if not q or not lo:
+            lines.append(f"| {policy} | {q and q['knee_rps']} | {lo and lo['knee_rps']} | - | - |")
+            continue
+        overlap = (lo["knee_rps_slow"] <= q["knee_rps_fast"]
+                   and q["knee_rps_slow"] <= lo["knee_rps_fast"])  # fmt: skip
+        lines.append(f"| {policy} | {q['knee_rps']:.3g} ({q['knee_rps_slow']:.3g}-"
+                     f"{q['knee_rps_fast']:.3g}) | {lo['knee_rps']:.3g} ({lo['knee_rps_slow']:.3g}-"
+                     f"{lo['knee_rps_fast']:.3g}) | {lo['knee_rps'] / q['knee_rps']:.2f} | "
+                     f"{'yes' if overlap else 'NO'} |")  # fmt: skip
+    return lines
+
+
 def verdicts(folder: Path) -> dict[str, str]:
     path = folder / "reproduce" / "result.json"
     if not path.exists():
@@ -166,6 +193,11 @@ def compare(out: Path) -> str:
                          f"{r['ratio']:.2f} | {r['quiet_p10_p90']} | {r['loaded_p10_p90']} | "
                          f"{agree} |")  # fmt: skip
         lines.append("")
+    k = knees_agree(knees(quiet), knees(loaded))
+    if k:
+        lines += ["## serve-sweep: simulated SLO knees (req/s; steps priced 10% slower-faster)", "",
+                  "| policy | quiet | loaded | loaded/quiet | ranges overlap |",
+                  "|---|---|---|---|---|", *k, ""]  # fmt: skip
     v_q, v_l = verdicts(quiet), verdicts(loaded)
     if v_q or v_l:
         lines += ["## reproduce: verdicts", "", "| claim | quiet | loaded |", "|---|---|---|"]
@@ -186,16 +218,21 @@ def main() -> int:
     p.add_argument("--out", type=Path, required=True, help="folder for both passes")
     p.add_argument("--compare", action="store_true", help="only compare passes already run")
     p.add_argument("--only", choices=("quiet", "loaded"), help="run one pass only")
+    p.add_argument("--commands", default=",".join(COMMANDS),
+                   help=f"comma-separated, of {', '.join(COMMANDS)} (default all)")  # fmt: skip
     args = p.parse_args()
+    commands = tuple(c.strip() for c in args.commands.split(",") if c.strip())
+    if not commands or set(commands) - set(COMMANDS):
+        p.error(f"--commands: choose from {', '.join(COMMANDS)}")
     args.out.mkdir(parents=True, exist_ok=True)
     if not args.compare:
         if args.only in (None, "quiet"):
             print(f"quiet pass (load {load():.2f})", flush=True)
-            run_pass(args.out / "quiet")
+            run_pass(args.out / "quiet", commands)
         if args.only in (None, "loaded"):
             with tempfile.TemporaryDirectory() as work, two_suites(Path(work)):
                 print(f"loaded pass (load {load():.2f})", flush=True)
-                run_pass(args.out / "loaded")
+                run_pass(args.out / "loaded", commands)
     text = compare(args.out)
     (args.out / "comparison.md").write_text(text + "\n")
     print(text)
