@@ -618,6 +618,24 @@ def test_a_point_served_under_another_load_than_the_calibration_is_named(
     for policy in ("static", "chunked"):
         moved = abs(shares[policy] / calibrated - 1) > 0.1
         assert (f"{policy} max req/s" in warned) == moved
+    assert "real engine: served on a shared core" in text  # continuous held half of it
+
+
+def test_the_real_verdict_names_a_shared_core_only_below_ninety_percent():
+    """The real engine's verdict says it was served loaded where a point's engine held its
+    core under 90% of the time, with the range of the shares; quiet points, simulated
+    rows and rows without a core share (a GPU, several threads) say nothing."""
+    from benchbatch.app.views.serve import shared_core
+
+    quiet = [{"source": "real", "core_share": v} for v in (0.999, 0.95, 0.9)]
+    assert shared_core(quiet) == []
+    assert shared_core([{"source": "sim", "core_share": 0.3}, {"source": "real"}]) == []
+    loaded = [*quiet, {"source": "real", "core_share": 0.52},
+              {"source": "real", "core_share": float("nan")}]  # fmt: skip
+    (line,) = shared_core(loaded)
+    assert "held it 52%-100% of the time" in line
+    (line,) = shared_core([{"source": "real", "core_share": 0.5}])
+    assert "held it 50% of the time" in line
 
 
 def test_the_drift_is_each_calibrations_own_price_over_the_pooled_fits():

@@ -105,7 +105,7 @@ def show(rec) -> None:
     render.table([r | _knee_cells(r) for r in slo], SLO_COLUMNS,
                  "the largest rate each policy sustains within the SLO")  # fmt: skip
     limits = rec.meta["options"]
-    for line in verdict_lines(slo) + what_moves_it(slo, rows, limits):
+    for line in verdict_lines(slo) + shared_core(rows) + what_moves_it(slo, rows, limits):
         render.out_console.print(line, highlight=False)
     _energy(rows)
     _warn_uncertain(rows)
@@ -154,6 +154,29 @@ def verdict_lines(slo: list[dict]) -> list[str]:
                 "and faster): " + ", ".join(knees)
             )
     return lines
+
+
+SHARED_CORE = 0.9  # a real point whose engine held its core less than this was served loaded
+
+
+def shared_core(rows: list[dict]) -> list[str]:
+    """The real engine's verdict names the load it was served under: where other processes
+    held its core (serve.csv's core_share below 90% at some point), its rates are the loaded
+    machine's, wall clock and all, and a quiet run serves more; the simulated knees price
+    the device's own steps (the CPU clock), so they, not the real rates, compare across
+    machines and loads."""
+    shares = [r["core_share"] for r in rows if r["source"] == "real" and r.get("core_share")]
+    shares = [v for v in shares if v == v]
+    if not shares or min(shares) >= SHARED_CORE:
+        return []
+    low, high = min(shares), max(shares)
+    held = f"{low:.0%}" if high - low < 0.005 else f"{low:.0%}-{high:.0%}"
+    return [
+        f"real engine: served on a shared core (the engine held it {held} of the time, "
+        "serve.csv's core_share; other processes took the rest): its rates are this loaded "
+        "machine's, and a quiet run serves more; the simulated knees price the device's own "
+        "steps and are the ones to compare across runs"
+    ]
 
 
 def _knee(r: dict) -> str:
