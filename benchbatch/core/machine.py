@@ -114,7 +114,8 @@ def busy_warning(load: float | None, cores: int, threads: int, own_threads: int 
     """A warning when other processes compete for the cores (None when they do not), with
     what helps. With one compute thread the probes time it on its own CPU clock
     (runtime/backend.py, HostTimer), which the other processes' turns on its core do not
-    stretch; the real engine's steps and latencies are wall-clock and do slow down."""
+    stretch (their use of the caches and memory bus can); the real engine's steps and
+    latencies are wall-clock and do slow down."""
     if load_class(load, cores, own_threads) != "busy":
         return None
     head = (
@@ -125,7 +126,9 @@ def busy_warning(load: float | None, cores: int, threads: int, own_threads: int 
         return head + (
             "timed steps count the compute thread's own CPU time, which other processes' "
             "turns on its core do not stretch (wall_ms and core_share beside them say how "
-            "long it waited), but the real engine's steps and latencies are wall-clock and "
+            "long it waited), though their use of the shared caches and memory bus still "
+            "can (the small, memory-bound batches most); the real engine's steps and "
+            "latencies are wall-clock and "
             "slower than on a quiet machine; close other work for those, and read each "
             "row's noise (cv, p10-p90) before trusting a difference"
         )
