@@ -309,6 +309,27 @@ BREAKS = [
         "r[\"step_ms\"] / 1e3 for r in rows",
         tests("tests/test_calibration.py"),
     ),
+    Break(
+        "knee: the bisection reports the rate above the knee",
+        "benchbatch/experiments/serve/probe.py",
+        "        lo, hi = (mid, hi) if ok else (lo, mid)\n    return lo\n",
+        "        lo, hi = (mid, hi) if ok else (lo, mid)\n    return hi\n",
+        tests("tests/test_knee.py"),
+    ),
+    Break(
+        "knee: the slower and faster steps swapped",
+        "benchbatch/experiments/serve/probe.py",
+        '(("slow", 1 + STEP_COST_SPREAD), ("fast", 1 - STEP_COST_SPREAD))',
+        '(("slow", 1 - STEP_COST_SPREAD), ("fast", 1 + STEP_COST_SPREAD))',
+        tests("tests/test_knee.py"),
+    ),
+    Break(
+        "knee: bisected to ten times its width",
+        "benchbatch/experiments/serve/probe.py",
+        "    while hi / lo - 1 > width:\n",
+        "    while hi / lo - 1 > 10 * width:\n",
+        tests("tests/test_knee.py"),
+    ),
 ]
 
 
