@@ -50,6 +50,21 @@ def test_knee_brackets_a_threshold_from_any_guess_then_bisects_it(lo, hi):
     assert len(calls) <= 30
 
 
+@pytest.mark.parametrize("lo, hi", [(1.0, 4.0), (3.0, 3.3), (2.0, 100.0), (3.1, 3.15)])
+def test_knee_calls_count_the_simulations_a_bracket_takes(lo, hi):
+    """The progress bar's estimate: a bracket that holds the knee takes exactly
+    knee_calls(hi / lo) simulations, known or asked first."""
+    for known in (True, False):
+        calls = []
+
+        def under_pi(rate: float, calls=calls) -> bool:
+            calls.append(rate)
+            return rate <= math.pi
+
+        probe.knee(under_pi, lo, hi, known=known)
+        assert len(calls) == probe.knee_calls(hi / lo, known=known), (lo, hi, known)
+
+
 def test_knee_gives_up_within_its_steps():
     """Too few simulations to bracket the knee: NaN, never a guess; too few to finish the
     bisection: the last rate seen within (a lower bound)."""

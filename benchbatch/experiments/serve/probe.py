@@ -423,6 +423,21 @@ def knee(within, lo: float, hi: float, known: bool = False, width: float = KNEE_
     return lo
 
 
+def knee_calls(ratio: float, known: bool = False, width: float = KNEE_WIDTH) -> int:
+    """The simulations knee() takes on a bracket hi/lo = ratio that holds the knee: its
+    bisection's halvings, and the two rates asked first when the bracket is a guess (a
+    guess that misses costs more: an estimate, for the progress bar)."""
+    halvings = max(0, math.ceil(math.log2(math.log(ratio) / math.log1p(width))))
+    return min(KNEE_STEPS, halvings + (0 if known else 2))
+
+
+def expected_knee_calls(brackets: Sequence[tuple[float, float]]) -> int:
+    """knees()'s simulations for these (sustained, leaves) brackets: each knee, then the
+    same with steps slower and faster from a guess STEP_COST_SPREAD wide."""
+    side = knee_calls((1 + STEP_COST_SPREAD / 2) ** 2)
+    return sum(knee_calls(hi / lo, known=True) + 2 * side for lo, hi in brackets)
+
+
 def knees(w: ServeWorkload, rows: Sequence[dict], setup: Setup, cost: StepCostModel,
           advance=lambda: None) -> list[dict]:  # fmt: skip
     """Per policy whose sweep (rows: SIM) leaves the SLO between two of its rates: the knee

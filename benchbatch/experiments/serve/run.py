@@ -289,7 +289,9 @@ def _knees(rec, opts: ServeOptions, w, setup, cost) -> None:
             "policy's knee lies between its last rate within the SLO and its first outside"
         )
         return
-    with rec.progress("bisecting the SLO knees", total) as task:
+    expected = probe.expected_knee_calls([(r["sustained_rps"], r["leaves_slo_rps"])
+                                          for r in bracketed])  # fmt: skip
+    with rec.progress("bisecting the SLO knees", expected) as task:
         found = probe.knees(w, rows, setup, cost, task.advance)
     rec.meta["knees"] = {"width": probe.KNEE_WIDTH, "step_cost_spread": probe.STEP_COST_SPREAD,
                          "policies": found}  # fmt: skip
