@@ -144,15 +144,18 @@ def knees(folder: Path) -> dict[str, dict]:
 
 
 def knees_agree(quiet: dict[str, dict], loaded: dict[str, dict]) -> list[str]:
-    """Per policy: both knees with their ranges, and whether the ranges overlap."""
+    """Per policy: both knees with their ranges, and whether the ranges overlap (as
+    `benchbatch compare` judges them)."""
+    from benchbatch.output.compare import ranges_overlap
+
     lines = []
     for policy in dict.fromkeys([*quiet, *loaded]):
         q, lo = quiet.get(policy), loaded.get(policy)
         if not q or not lo:
             lines.append(f"| {policy} | {q and q['knee_rps']} | {lo and lo['knee_rps']} | - | - |")
             continue
-        overlap = (lo["knee_rps_slow"] <= q["knee_rps_fast"]
-                   and q["knee_rps_slow"] <= lo["knee_rps_fast"])  # fmt: skip
+        overlap = ranges_overlap((q["knee_rps_slow"], q["knee_rps_fast"]),
+                                 (lo["knee_rps_slow"], lo["knee_rps_fast"]))  # fmt: skip
         lines.append(f"| {policy} | {q['knee_rps']:.3g} ({q['knee_rps_slow']:.3g}-"
                      f"{q['knee_rps_fast']:.3g}) | {lo['knee_rps']:.3g} ({lo['knee_rps_slow']:.3g}-"
                      f"{lo['knee_rps_fast']:.3g}) | {lo['knee_rps'] / q['knee_rps']:.2f} | "

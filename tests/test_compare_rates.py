@@ -136,3 +136,41 @@ def test_rate_groups_keep_one_runs_points_apart():
     shared = merging.rate_groups({"x": [1.0, 1.0001], "y": [1.00005]})
     assert shared["x"] == {1.0: 1.0, 1.0001: 1.0001}  # a run's own points never merge
     assert shared["y"] == {1.00005: 1.0}
+
+
+def write_knees(folder, knees: dict) -> None:
+    """slo.csv's knee columns added to a written sweep: knees[policy] = (knee, slow, fast),
+    None: the sweep never bracketed the knee (empty cells)."""
+    slo = pd.read_csv(folder / "slo.csv")
+    for i, col in enumerate(merging.KNEE_COLUMNS):
+        slo[col] = [knees[p][i] if knees[p] else math.nan for p in slo["policy"]]
+    slo.to_csv(folder / "slo.csv", index=False)
+
+
+def test_the_simulated_knees_are_set_side_by_side_with_their_ranges(tmp_path, sweeps):
+    """Each run's knee with its range (every step 10% slower-faster), then B's over A's and
+    whether the ranges overlap: static's do (2.2-2.9 against 1.8-2.4), continuous's do not
+    (5.5-7 against 7.2-9); a run without a bisected knee shows "-"."""
+    a, b = sweeps
+    write_knees(a, {"static": (2.5, 2.2, 2.9), "continuous": (6.2, 5.5, 7.0)})
+    write_knees(b, {"static": (2.1, 1.8, 2.4), "continuous": (8.1, 7.2, 9.0)})
+    out = compare(tmp_path, a, b, "--label", "A,B").stdout
+    rows = {r[0]: " ".join(r[1:]) for r in printed_rows(out, "slo: simulated knee")}
+    assert rows["static"] == "2.5 (2.2-2.9) 2.1 (1.8-2.4) x0.84, ranges overlap"
+    assert rows["continuous"] == "6.2 (5.5-7) 8.1 (7.2-9) x1.31, ranges apart"
+    merged = pd.read_csv(tmp_path / "c" / "compare-slo.csv")
+    assert set(merging.KNEE_COLUMNS) <= set(merged.columns)  # the numbers, unrounded
+    write_knees(b, {"static": None, "continuous": (6.0, 5.4, 6.7)})
+    again = tmp_path / "again"
+    again.mkdir()
+    out = compare(again, a, b, "--label", "A,B").stdout
+    rows = {r[0]: " ".join(r[1:]) for r in printed_rows(out, "slo: simulated knee")}
+    assert rows["static"] == "2.5 (2.2-2.9) - -"
+    assert rows["continuous"] == "6.2 (5.5-7) 6 (5.4-6.7) x0.968, ranges overlap"
+
+
+def test_ranges_overlap_at_a_shared_end_and_not_past_it():
+    assert merging.ranges_overlap((1.0, 2.0), (2.0, 3.0))
+    assert not merging.ranges_overlap((1.0, 2.0), (2.0000001, 3.0))
+    assert merging.ranges_overlap((3.0, 1.0), (1.5, 1.6))  # either end order, one inside
+    assert merging.ranges_overlap((1.0, 2.0), (math.nan, 3.0)) is None

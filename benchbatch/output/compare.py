@@ -370,3 +370,39 @@ def ratio(a: float, b: float) -> float:
     if not numbers or not (math.isfinite(a) and math.isfinite(b)) or a == 0:
         return math.nan
     return b / a
+
+
+# --- serve-sweep's simulated knees, with their ranges ---------------------------------------
+
+KNEE_COLUMNS = ("knee_rps", "knee_rps_slow", "knee_rps_fast")
+
+
+def knees(slo: pd.DataFrame, runs: list[str]) -> list[dict]:
+    """Per policy whose simulated knee some run bisected (slo.csv's knee columns): each run's
+    knee and its range with every step 10% slower and faster ({run: (knee, slow, fast)}),
+    and, for every later run, its knee over the first run's and whether the two ranges
+    overlap (agree within the noise the runs report) or not."""
+    if not set(KNEE_COLUMNS) <= set(slo.columns):
+        return []
+    sim = slo[(slo["source"] == "sim") & slo["knee_rps"].notna()]
+    out = []
+    for policy, mine in sim.groupby("policy", sort=False):
+        by = {r["run"]: tuple(float(r[c]) for c in KNEE_COLUMNS) for _, r in mine.iterrows()}
+        by = {run: by[run] for run in runs if run in by}
+        first = next(iter(by.values())) if runs and runs[0] in by else None
+        versus = {}
+        for run, (knee, slow, fast) in by.items():
+            if first is None or run == runs[0]:
+                continue
+            versus[run] = {"ratio": ratio(first[0], knee),
+                           "overlap": ranges_overlap(first[1:], (slow, fast))}  # fmt: skip
+        out.append({"policy": policy, "runs": by, "versus_first": versus})
+    return out
+
+
+def ranges_overlap(a: tuple[float, float], b: tuple[float, float]) -> bool | None:
+    """Two closed ranges (either end order) share a point; None where an end is missing."""
+    ends = [*a, *b]
+    if not all(isinstance(v, float) and math.isfinite(v) for v in ends):
+        return None
+    return max(min(a), min(b)) <= min(max(a), max(b))

@@ -63,6 +63,8 @@ def show(rec) -> None:
         render.out_console.print(_view(table, df, names))
         if table == "serve" and rec.meta.get("serve_rates") is not None:
             render.out_console.print(_matched(rec.meta["serve_rates"]), highlight=False)
+        if table == "slo" and merging.knees(df, names):
+            render.out_console.print(_knees(merging.knees(df, names), names))
     if any(d["status"] != "complete" for d in runs):
         render.warning("some runs did not complete (see status): their tables may miss rows.")
     files = rec.meta["files"]
@@ -108,6 +110,31 @@ def _view(table: str, df, names: list[str]) -> Table:
         cells += [_cell(row[n], table) for n in wide.columns]
         if first in wide:
             cells += [_ratio(row[first], row[n]) for n in others]
+        view.add_row(*cells)
+    return view
+
+
+def _knees(found: list[dict], names: list[str]) -> Table:
+    """The simulated knees side by side: each run's knee (its range with every step 10%
+    slower and faster), then each later run's over the first's and whether the ranges
+    overlap, the runs agreeing within the noise they report."""
+    first = names[0]
+    present = [n for n in names if any(n in k["runs"] for k in found)]
+    others = [n for n in present if n != first]
+    headers = ["policy", *present, *(f"{n} / {first}" for n in others)]
+    view = _table("slo: simulated knee, req/s (with every step 10% slower-faster)", headers)
+    for k in found:
+        cells = [k["policy"]]
+        for n in present:
+            v = k["runs"].get(n)
+            cells.append(f"{fmt(v[0])} ({fmt(v[1])}-{fmt(v[2])})" if v else "-")
+        for n in others:
+            vs = k["versus_first"].get(n)
+            if not vs:
+                cells.append("-")
+                continue
+            agree = {True: "ranges overlap", False: "ranges apart", None: "?"}[vs["overlap"]]
+            cells.append(f"{_ratio(1.0, vs['ratio'])}, {agree}")
         view.add_row(*cells)
     return view
 
