@@ -164,3 +164,53 @@ def test_serve_sweep_reports_each_knee_with_its_range(runner, tmp_path):
     assert result.exit_code == 0, result.output
     serve = pd.read_csv(again / "serve.csv").sort_values("rate_rps")
     assert serve["within_slo"].tolist() == [True, False]
+
+
+def sweep_rows(points: dict[str, list[tuple[float, bool, float]]]) -> list[dict]:
+    """Simulated serve rows: points[policy] = [(rate_rps, within_slo, request throughput)]."""
+    return [{"policy": p, "source": probe.SIM, "rate": f"{r:g}" if math.isfinite(r) else "max",
+             "rate_rps": r, "within_slo": ok, "request_throughput_rps": tput,
+             "goodput_rps": 0.0, "output_throughput_tps": 0.0}
+            for p, pts in points.items() for r, ok, tput in pts]  # fmt: skip
+
+
+def test_a_knee_is_sought_below_the_policys_capacity_only():
+    """The bracket each knee is bisected in: between the last rate within and the first
+    outside, capped at the policy's throughput with everything queued (x1.02); above the
+    sweep when every finite rate was within; none when the SLO held past that capacity
+    (a finite run's end, not a sustained rate), at max too, or never."""
+    inf = math.inf
+    rows = sweep_rows({
+        "static": [(1, True, 1), (2, True, 2), (4, False, 3.5), (inf, False, 10.0)],
+        "continuous": [(1, True, 1), (2, True, 2), (4, True, 4), (inf, False, 5.0)],
+        "chunked": [(1, True, 1), (2, False, 2), (4, False, 2), (inf, False, 1.5)],
+    })  # fmt: skip
+    got = {b[0]: b[1:] for b in probe.knee_brackets(rows)}
+    assert got == {"static": (2, 4, 10.0), "continuous": (4, 5.0 * 1.02, 5.0),
+                   "chunked": (1, 1.5 * 1.02, 1.5)}  # fmt: skip
+    rows = sweep_rows({
+        "static": [(1, True, 1), (2, True, 2), (4, True, 3), (inf, False, 3.0)],  # past it
+        "continuous": [(1, True, 1), (2, True, 2), (inf, True, 5.0)],  # within at max
+        "chunked": [(1, False, 1), (2, False, 2), (inf, False, 5.0)],  # never within
+    })  # fmt: skip
+    assert probe.knee_brackets(rows) == []
+
+
+def test_no_knee_lies_past_the_capacity():
+    """A policy within the SLO at every rate up to its capacity (a loose SLO): its knee, and
+    those of steps 10% slower and faster, stop at the capacity each cost gives (the slower,
+    1/1.1 of it), never past it where only the run's end keeps the latency down."""
+    w, setup = workload()
+    loose = probe.Setup(setup.slots, setup.budget, setup.chunk, ServingSLO(1e3, 1e3))
+    rows = [probe.point_row(probe.simulate_point(w, p, r, loose, COST), loose)
+            for p in probe.POLICIES for r in (1.0, 2.0, math.inf)]  # fmt: skip
+    top = {r["policy"]: r["request_throughput_rps"] for r in rows if math.isinf(r["rate_rps"])}
+    for r in rows:  # the max point made outside, as a tight SLO would make it
+        r["within_slo"] = math.isfinite(r["rate_rps"])
+    found = probe.knees(w, rows, loose, COST)
+    assert {k["policy"] for k in found} == set(probe.POLICIES)
+    for k in found:
+        cap = top[k["policy"]]
+        assert cap / (1 + probe.KNEE_WIDTH) <= k["knee_rps"] <= cap
+        assert k["knee_rps_slow"] <= cap / 1.1 and k["knee_rps_fast"] <= cap / 0.9
+        assert k["knee_rps_slow"] >= cap / 1.1 / (1 + probe.KNEE_WIDTH)

@@ -416,3 +416,33 @@ def test_html_inlines_the_plots_and_escapes_text():
 @pytest.mark.parametrize("verdict", [report.HOLDS, report.PARTLY, report.FAILS, report.UNMEASURED])
 def test_every_verdict_has_a_style(verdict):
     assert verdict in report.VERDICT_CLASS
+
+
+def test_the_serving_claim_judges_the_knees_ranges():
+    """Claim S on bisected knees: holds when continuous's knee with every step 10% slower
+    is above static's with every step 10% faster, partly when only the knees themselves
+    are in that order (ranges overlapping), fails otherwise; without knees, on the swept
+    rates (higher holds, equal partly)."""
+    from benchbatch.output.report.claims import serve_claim
+
+    def rows(static, cont):
+        keys = ("knee_rps", "knee_rps_slow", "knee_rps_fast")
+        return [
+            {"policy": p, "source": "sim", "sustained_rps": rate, **dict(zip(keys, k, strict=True))}
+            for p, rate, k in (("static", 2.0, static), ("continuous", 6.0, cont))
+        ]
+
+    static = (2.6, 2.3, 3.1)
+    assert serve_claim(rows(static, (6.3, 5.6, 7.1))).verdict == report.HOLDS
+    assert serve_claim(rows(static, (6.3, above(3.1), 7.1))).verdict == report.HOLDS
+    assert serve_claim(rows(static, (3.0, 3.1, 3.4))).verdict == report.PARTLY  # touching
+    assert serve_claim(rows(static, (above(2.6), 2.3, 2.9))).verdict == report.PARTLY
+    assert serve_claim(rows(static, (2.6, 2.3, 3.1))).verdict == report.FAILS
+    claim = serve_claim(rows(static, (6.3, 5.6, 7.1)))
+    assert "continuous's knee 6.3 req/s (5.6-7.1), static's 2.6 (2.3-3.1)" in claim.measured
+    swept = rows((None,) * 3, (None,) * 3)
+    assert serve_claim(swept).verdict == report.HOLDS
+    swept[1]["sustained_rps"] = 2.0
+    assert serve_claim(swept).verdict == report.PARTLY
+    swept[1]["sustained_rps"] = 1.0
+    assert serve_claim(swept).verdict == report.FAILS

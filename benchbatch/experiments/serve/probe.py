@@ -431,39 +431,66 @@ def knee_calls(ratio: float, known: bool = False, width: float = KNEE_WIDTH) -> 
     return min(KNEE_STEPS, halvings + (0 if known else 2))
 
 
-def expected_knee_calls(brackets: Sequence[tuple[float, float]]) -> int:
-    """knees()'s simulations for these (sustained, leaves) brackets: each knee, then the
-    same with steps slower and faster from a guess STEP_COST_SPREAD wide."""
+def expected_knee_calls(brackets: Sequence[tuple]) -> int:
+    """knees()'s simulations for knee_brackets(): each knee, then the same with steps
+    slower and faster from a guess STEP_COST_SPREAD wide."""
     side = knee_calls((1 + STEP_COST_SPREAD / 2) ** 2)
-    return sum(knee_calls(hi / lo, known=True) + 2 * side for lo, hi in brackets)
+    return sum(knee_calls(hi / lo, known=True) + 2 * side for _, lo, hi, _ in brackets)
 
 
-def knees(w: ServeWorkload, rows: Sequence[dict], setup: Setup, cost: StepCostModel,
-          advance=lambda: None) -> list[dict]:  # fmt: skip
-    """Per policy whose sweep (rows: SIM) leaves the SLO between two of its rates: the knee
-    bisected between them (knee_rps), and again with every step STEP_COST_SPREAD slower
-    (knee_rps_slow) and faster (knee_rps_fast). advance() after each simulation."""
+def with_knees(slo: Sequence[dict], found: Sequence[dict]) -> list[dict]:
+    """slo.csv's simulated rows with their knees (knee_rps, knee_rps_slow, knee_rps_fast)."""
+    by = {k["policy"]: k for k in found}
+    return [r | {k: v for k, v in by[r["policy"]].items() if k != "policy"}
+            if r["source"] == SIM and r["policy"] in by else r
+            for r in slo]  # fmt: skip
+
+
+def knee_brackets(rows: Sequence[dict]) -> list[tuple[str, float, float, float]]:
+    """Per simulated policy with a knee to find: (policy, lo, hi, capacity), lo a rate
+    within the SLO and hi one outside. capacity: the policy's request throughput at the max
+    point (everything queued at once; inf without one). A rate above it only seems within
+    the SLO because a finite run ends before its queue grows, so the knee is sought below
+    it: hi is at most capacity x (1 + KNEE_WIDTH), and a policy within the SLO at every
+    finite rate but not at max has its knee between its largest rate and its capacity.
+    None where it never met the SLO, met it at max too, or already at its capacity."""
+    top = {r["policy"]: r["request_throughput_rps"] for r in rows
+           if r["source"] == SIM and math.isinf(r["rate_rps"])}  # fmt: skip
     out = []
     for row in sustained(rows):
         if row["source"] != SIM or not row["sustained_rate"] or not row["leaves_slo_at"]:
             continue
-        lo, hi = row["sustained_rps"], row["leaves_slo_rps"]
-        if not math.isfinite(hi):  # the max point: every finite rate was within
-            continue
-        policy = row["policy"]
+        cap = top.get(row["policy"], math.inf)
+        lo, hi = row["sustained_rps"], min(row["leaves_slo_rps"], cap * (1 + KNEE_WIDTH))
+        if math.isfinite(hi) and lo < min(hi, cap):
+            out.append((row["policy"], lo, hi, cap))
+    return out
 
-        def within(rate: float, model: StepCostModel, policy: str = policy) -> bool:
+
+def knees(w: ServeWorkload, rows: Sequence[dict], setup: Setup, cost: StepCostModel,
+          advance=lambda: None) -> list[dict]:  # fmt: skip
+    """Per policy with a knee to find (knee_brackets): the largest rate within the SLO and
+    at most the policy's capacity, bisected to KNEE_WIDTH (knee_rps), and again with every
+    step STEP_COST_SPREAD slower (knee_rps_slow) and faster (knee_rps_fast), whose
+    capacities are the policy's over that factor (a scaled cost is the same run in scaled
+    time). advance() after each simulation."""
+    out = []
+    for policy, lo, hi, cap in knee_brackets(rows):
+
+        def within(rate: float, model: StepCostModel, factor: float, policy=policy, cap=cap):
+            if rate > cap / factor:  # past the capacity: the queue grows without bound
+                return False
             advance()
             point = simulate_point(w, policy, rate, setup, model)
             return setup.slo.within(point_row(point, setup))
 
         found = {"policy": policy,
-                 "knee_rps": knee(lambda r: within(r, cost), lo, hi, known=True)}  # fmt: skip
+                 "knee_rps": knee(lambda r: within(r, cost, 1.0), lo, hi, known=True)}  # fmt: skip
         spread = 1 + STEP_COST_SPREAD / 2
         for name, factor in (("slow", 1 + STEP_COST_SPREAD), ("fast", 1 - STEP_COST_SPREAD)):
             model, guess = cost.scaled(factor), found["knee_rps"] / factor
-            found[f"knee_rps_{name}"] = knee(lambda r, m=model: within(r, m), guess / spread,
-                                             guess * spread)  # fmt: skip
+            found[f"knee_rps_{name}"] = knee(lambda r, m=model, f=factor: within(r, m, f),
+                                             guess / spread, guess * spread)  # fmt: skip
         out.append(found)
     return out
 

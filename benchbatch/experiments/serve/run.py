@@ -56,7 +56,8 @@ def measure_run(
         served = real.serve(rec, net, opts, w, setup, cost, rates, run.seed)
         if served is not None:
             real.compare(rec, served)
-    rec.put("slo", _with_knees(rec, probe.sustained(rec.rows("serve"))))
+    found = (rec.meta.get("knees") or {}).get("policies", [])
+    rec.put("slo", probe.with_knees(probe.sustained(rec.rows("serve")), found))
     rec.meta["energy"] = energy.summary(rec.rows("serve"), "joules_per_output_token")
     _figures(rec)
 
@@ -270,18 +271,18 @@ def _simulate(rec, opts: ServeOptions, w, setup, cost) -> tuple[float, ...]:
 
 def _knees(rec, opts: ServeOptions, w, setup, cost) -> None:
     """Each policy's knee in the sweep bisected between its last rate within the SLO and its
-    first outside (probe.knees: to KNEE_WIDTH, and again with every step STEP_COST_SPREAD
-    slower and faster), into metadata's knees; left out, with a note, where those
-    simulations would pass the run's simulation budget beside the sweep's."""
+    first outside, or searched above the sweep where every finite rate was within
+    (probe.knees: to KNEE_WIDTH, and again with every step STEP_COST_SPREAD slower and
+    faster), into metadata's knees; left out, with a note, where those simulations would
+    pass the run's simulation budget beside the sweep's."""
     from benchbatch.experiments.serve import probe
 
     rows = [r for r in rec.rows("serve") if r["source"] == probe.SIM]
-    bracketed = [r for r in probe.sustained(rows) if r["sustained_rate"] and r["leaves_slo_at"]
-                 and math.isfinite(r["leaves_slo_rps"])]  # fmt: skip
-    if not bracketed:
+    brackets = probe.knee_brackets(rows)
+    if not brackets:
         return
     point = _steps_bound(opts, w.requests) + ServeOptions.REQUEST_WORK * len(w.requests)
-    total = len(bracketed) * 3 * probe.KNEE_STEPS
+    total = len(brackets) * 3 * probe.KNEE_STEPS
     if (len(rows) + total) * point > ServeOptions.MAX_SIM_WORK:
         rec.note(
             f"the SLO knees are not bisected: {total} more simulations of {len(w.requests):,} "
@@ -289,22 +290,11 @@ def _knees(rec, opts: ServeOptions, w, setup, cost) -> None:
             "policy's knee lies between its last rate within the SLO and its first outside"
         )
         return
-    expected = probe.expected_knee_calls([(r["sustained_rps"], r["leaves_slo_rps"])
-                                          for r in bracketed])  # fmt: skip
+    expected = probe.expected_knee_calls(brackets)
     with rec.progress("bisecting the SLO knees", expected) as task:
         found = probe.knees(w, rows, setup, cost, task.advance)
     rec.meta["knees"] = {"width": probe.KNEE_WIDTH, "step_cost_spread": probe.STEP_COST_SPREAD,
                          "policies": found}  # fmt: skip
-
-
-def _with_knees(rec, slo: list[dict]) -> list[dict]:
-    """slo.csv's simulated rows with their knees (knee_rps, knee_rps_slow, knee_rps_fast)."""
-    from benchbatch.experiments.serve import probe
-
-    found = {k["policy"]: k for k in (rec.meta.get("knees") or {}).get("policies", [])}
-    return [r | {k: v for k, v in found[r["policy"]].items() if k != "policy"}
-            if r["source"] == probe.SIM and r["policy"] in found else r
-            for r in slo]  # fmt: skip
 
 
 # --- a running server (--endpoint) ------------------------------------------------------------
@@ -376,7 +366,8 @@ REPRODUCE_FRACTIONS = (0.3, 0.6, 0.9)  # of the simulated capacity: below, near 
 def reproduce_curve(rec, seed: int) -> dict:
     """reproduce's serving curve: serve-sweep's default workload and SLO at three rates,
     simulated with a cost model fitted to the phases and sweep steps the run just measured
-    (no step is timed again): serve.csv, slo.csv, serve.png. Returns its summary."""
+    (no step is timed again): serve.csv, slo.csv (with each policy's bisected knee and
+    its range), serve.png. Returns its summary."""
     from benchbatch.core import stepcost
     from benchbatch.core.serving import ServingSLO
     from benchbatch.experiments.serve import probe
@@ -402,7 +393,9 @@ def reproduce_curve(rec, seed: int) -> dict:
         for p in opts.policies
     ]
     rec.put("serve", rows)
-    rec.put("slo", probe.sustained(rows))
+    # The S claim's rates with their noise; the max point says where the knee is above them.
+    found = probe.knees(w, rows + top, setup, cost)
+    rec.put("slo", probe.with_knees(probe.sustained(rows), found))
     title = f"{c.title(rec)}; serve-sweep's workload, {workload.slots} slots"
     serve_figure(rows, rec.folder / "serve.png", title, opts.slo_ttft, opts.slo_tpot)
     return {
@@ -411,4 +404,6 @@ def reproduce_curve(rec, seed: int) -> dict:
         "capacity_rps": capacity,
         "rates_rps": rates,
         "step_cost": stepcost.cost_summary(cost, fitted),
+        "knees": {"width": probe.KNEE_WIDTH, "step_cost_spread": probe.STEP_COST_SPREAD,
+                  "policies": found},  # fmt: skip
     }
