@@ -324,6 +324,13 @@ BREAKS = [
         tests("tests/test_knee.py"),
     ),
     Break(
+        "knee: the slower steps' capacity taken as the faster's",
+        "benchbatch/experiments/serve/probe.py",
+        "            if rate > cap / factor:",
+        "            if rate > cap * factor:",
+        tests("tests/test_knee.py"),
+    ),
+    Break(
         "knee: bisected to ten times its width",
         "benchbatch/experiments/serve/probe.py",
         "    while hi / lo - 1 > width:\n",
