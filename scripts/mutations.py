@@ -324,6 +324,13 @@ BREAKS = [
         tests("tests/test_knee.py"),
     ),
     Break(
+        "conclusion ranges: the denominator's spread taken the wrong way round",
+        "benchbatch/core/noise.py",
+        'under["step_ms"] / under["step_ms_p10"]',
+        'under["step_ms_p90"] / under["step_ms"]',
+        tests("tests/test_conclusion_ranges.py"),
+    ),
+    Break(
         "knee: the slower steps' capacity taken as the faster's",
         "benchbatch/experiments/serve/probe.py",
         "            if rate > cap / factor:",

@@ -26,6 +26,7 @@ from __future__ import annotations
 import argparse
 import contextlib
 import json
+import math
 import os
 import re
 import shutil
@@ -105,6 +106,8 @@ def conclusions(text: str) -> list[str]:
                 continue
         if re.search(r"\S {2,}\S", s):  # a table's row: its columns are runs of spaces
             continue
+        if s.count(")") > s.count("("):  # the tail of a line the terminal wrapped
+            continue
         if NUMBER.search(s) and re.search(r"[a-z]{3,}", s) and len(s.split()) > 4:
             keep.append(s)
     return keep[-8:]
@@ -133,6 +136,37 @@ def steps_agree(quiet: list[dict], loaded: list[dict]) -> list[dict]:
                     "loaded_p10_p90": f"{r['step_ms_p10']:.3g}-{r['step_ms_p90']:.3g}",
                     "agree": overlap})  # fmt: skip
     return out
+
+
+RATIOS = {
+    "phases": ("prefill_over_decode_tflops", "decode_token_cost_ratio"),
+    "sweep": ("throughput_ratio", "step_latency_ratio"),
+}
+
+
+def ratios(folder: Path, cmd: str) -> dict[str, tuple[float, float, float]]:
+    """The ratios a command concludes with: (value, low, high) from its result.json."""
+    path = folder / cmd / "result.json"
+    if not path.exists():
+        return {}
+    summary = json.loads(path.read_text()).get("metrics", {}).get("summary") or {}
+    summary = summary[0] if isinstance(summary, list) and summary else summary
+    return {k: (summary[k], summary.get(f"{k}_low", math.nan), summary.get(f"{k}_high", math.nan))
+            for k in RATIOS[cmd] if k in summary}  # fmt: skip
+
+
+def ratios_agree(quiet: dict, loaded: dict) -> list[str]:
+    """Per ratio: both values with their p10-p90 ranges, and whether the ranges overlap."""
+    from benchbatch.output.compare import ranges_overlap
+
+    lines = []
+    for key in quiet.keys() & loaded.keys():
+        (q, q_lo, q_hi), (v, lo, hi) = quiet[key], loaded[key]
+        overlap = ranges_overlap((q_lo, q_hi), (lo, hi))
+        said = "-" if overlap is None else "yes" if overlap else "NO"
+        lines.append(f"| {key} | {q:.3g} ({q_lo:.3g}-{q_hi:.3g}) | {v:.3g} ({lo:.3g}-{hi:.3g}) "
+                     f"| {v / q:.2f} | {said} |")  # fmt: skip
+    return sorted(lines)
 
 
 def knees(folder: Path) -> dict[str, dict]:
@@ -196,6 +230,12 @@ def compare(out: Path) -> str:
                          f"{r['ratio']:.2f} | {r['quiet_p10_p90']} | {r['loaded_p10_p90']} | "
                          f"{agree} |")  # fmt: skip
         lines.append("")
+    for cmd in RATIOS:
+        r = ratios_agree(ratios(quiet, cmd), ratios(loaded, cmd))
+        if r:
+            lines += [f"## {cmd}: the ratios it concludes with (ranges: the steps' p10-p90)", "",
+                      "| ratio | quiet | loaded | loaded/quiet | ranges overlap |",
+                      "|---|---|---|---|---|", *r, ""]  # fmt: skip
     k = knees_agree(knees(quiet), knees(loaded))
     if k:
         lines += ["## serve-sweep: simulated SLO knees (req/s; steps priced 10% slower-faster)", "",

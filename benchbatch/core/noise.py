@@ -5,6 +5,8 @@ Every table flags its rows by these thresholds, and every warning and verdict qu
 
 from __future__ import annotations
 
+import math
+
 # Repeats of one step: a coefficient of variation (stdev / mean) above 10% makes the median
 # hard to trust.
 DEFAULT_CV_THRESHOLD = 0.10
@@ -31,3 +33,40 @@ def noisy_hint(load: float | None, cores: int, threads: int | None = None) -> st
         "compete: close other work and run with --threads 1 (one pinned thread measures "
         f"best on a shared machine), then {REPEATS_HINT}"
     )
+
+
+def time_ratio_range(ratio: float, over: dict, under: dict) -> tuple[float, float]:
+    """The range of a ratio proportional to `over`'s step time over `under`'s (both timed
+    rows: step_ms the median, step_ms_p10/_p90 their repeats' spread), with each row
+    anywhere in its p10-p90: the ratio a conclusion states, with the noise its steps carry.
+    NaN where a row has no spread."""
+    try:
+        up = over["step_ms_p90"] / over["step_ms"], under["step_ms"] / under["step_ms_p10"]
+        down = over["step_ms_p10"] / over["step_ms"], under["step_ms"] / under["step_ms_p90"]
+    except (KeyError, TypeError, ZeroDivisionError):
+        return math.nan, math.nan
+    low, high = ratio * down[0] * down[1], ratio * up[0] * up[1]
+    if not (math.isfinite(low) and math.isfinite(high)):
+        return math.nan, math.nan
+    return low, high
+
+
+def range_text(low: float, high: float) -> str:
+    """' (x4.12-x9.2 across the steps' p10-p90)', or '' without a range."""
+    if not (math.isfinite(low) and math.isfinite(high)):
+        return ""
+
+    def x(v: float) -> str:
+        return f"x{v:.3g}" if v < 1000 else f"x{v:,.0f}"
+
+    return f" ({x(low)}-{x(high)} across the steps' p10-p90)"
+
+
+def summary_range(summary: dict, key: str) -> str:
+    """range_text of a summary's ratio `key` from its `key`_low/_high (none in older results)."""
+    return range_text(summary.get(f"{key}_low", math.nan), summary.get(f"{key}_high", math.nan))
+
+
+def summary_span(summary: dict, key: str) -> str:
+    """'x4.12-x9.2' for a summary's ratio `key`, or '' without a range (for verdict cells)."""
+    return summary_range(summary, key).removeprefix(" (").split(" across")[0]

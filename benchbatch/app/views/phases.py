@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from math import nan
 
+from benchbatch.core.noise import summary_range
 from benchbatch.output import render
 
 # Short headers so the table fits 80 columns (MBU stands for GB/s); the CSV has every column.
@@ -34,13 +35,13 @@ def show(rec) -> None:
     if "prefill_over_decode_tflops" in s:
         render.out_console.print(
             f"{s['prefill_label']} ran at {s['prefill_over_decode_tflops']:.1f}x the FLOP/s "
-            f"of {s['decode_label']}."
+            f"of {s['decode_label']}{summary_range(s, 'prefill_over_decode_tflops')}."
         )
     if "decode_token_cost_ratio" in s:
         b0, b1 = s["decode_batches"]
         render.out_console.print(
             f"Batching {b1} decodes made each token {s['decode_token_cost_ratio']:.1f}x cheaper "
-            f"than batch {b0}."
+            f"than batch {b0}{summary_range(s, 'decode_token_cost_ratio')}."
         )
     render.warn_untrusted(rec.meta["untrusted"])
     if rec.meta.get("ceilings_source"):

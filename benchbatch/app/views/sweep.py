@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from benchbatch.core import energy
+from benchbatch.core.noise import summary_range
 from benchbatch.output import render
 from benchbatch.output.render import fmt
 
@@ -99,7 +100,8 @@ def _summary_lines(s: dict) -> list[str]:
         measured = f"batch {knee:,} (step x{s['measured_knee_step_ratio']:.2f})"
     lines = [
         f"{head} batch {s['batch_from']:,} -> {s['batch_to']:,}: throughput "
-        f"x{s['throughput_ratio']:.1f}, step latency x{s['step_latency_ratio']:.2f}",
+        f"x{s['throughput_ratio']:.1f}{summary_range(s, 'throughput_ratio')}, step latency "
+        f"x{s['step_latency_ratio']:.2f}{summary_range(s, 'step_latency_ratio')}",
         f"  knee (step time > batch {s['batch_from']:,} + {threshold}): {measured}; "
         f"roofline: {s['predicted_knee_note']}",
     ]

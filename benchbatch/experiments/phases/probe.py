@@ -9,6 +9,7 @@ from __future__ import annotations
 
 from collections.abc import Iterator
 
+from benchbatch.core.noise import time_ratio_range
 from benchbatch.experiments.phases.options import PhasesOptions as Options
 from benchbatch.runtime import steps
 from benchbatch.runtime.model import Transformer
@@ -46,9 +47,15 @@ def summary(rows: list[dict]) -> dict:
     out: dict = {}
     if pre and dec:
         best = max(pre, key=lambda r: r["tflops"])
-        out["prefill_over_decode_tflops"] = best["tflops"] / dec[0]["tflops"]
+        ratio = best["tflops"] / dec[0]["tflops"]  # as decode's time over prefill's
+        out["prefill_over_decode_tflops"] = ratio
+        low, high = time_ratio_range(ratio, dec[0], best)
+        out["prefill_over_decode_tflops_low"], out["prefill_over_decode_tflops_high"] = low, high
         out["prefill_label"], out["decode_label"] = best["label"], dec[0]["label"]
     if len(dec) > 1:
-        out["decode_token_cost_ratio"] = dec[0]["us_per_token"] / dec[-1]["us_per_token"]
+        ratio = dec[0]["us_per_token"] / dec[-1]["us_per_token"]
+        out["decode_token_cost_ratio"] = ratio
+        low, high = time_ratio_range(ratio, dec[0], dec[-1])
+        out["decode_token_cost_ratio_low"], out["decode_token_cost_ratio_high"] = low, high
         out["decode_batches"] = [dec[0]["batch"], dec[-1]["batch"]]
     return out

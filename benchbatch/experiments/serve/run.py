@@ -404,6 +404,9 @@ def reproduce_curve(rec, seed: int) -> dict:
         "capacity_rps": capacity,
         "rates_rps": rates,
         "step_cost": stepcost.cost_summary(cost, fitted),
-        "knees": {"width": probe.KNEE_WIDTH, "step_cost_spread": probe.STEP_COST_SPREAD,
-                  "policies": found},  # fmt: skip
+        "knees": {
+            "width": probe.KNEE_WIDTH,
+            "step_cost_spread": probe.STEP_COST_SPREAD,
+            "policies": found,
+        },
     }

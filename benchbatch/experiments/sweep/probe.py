@@ -18,6 +18,7 @@ from dataclasses import dataclass
 
 from benchbatch.core import accounting, energy
 from benchbatch.core.config import DTYPE_BYTES, ModelConfig
+from benchbatch.core.noise import time_ratio_range
 from benchbatch.experiments.sweep.options import SweepOptions as Options
 from benchbatch.runtime import steps, telemetry
 from benchbatch.runtime.tensor_parallel import tp_of
@@ -193,11 +194,19 @@ def claim(rows: list[dict]) -> dict | None:
         return None
     first, last = ok[0], ok[-1]
     best = max(ok, key=lambda r: r["tokens_per_s"])
+    throughput = last["tokens_per_s"] / first["tokens_per_s"]  # as first's time over last's
+    latency = last["step_ms"] / first["step_ms"]
+    t_low, t_high = time_ratio_range(throughput, first, last)
+    l_low, l_high = time_ratio_range(latency, last, first)
     return {
         "batch_from": first["batch"],
         "batch_to": last["batch"],
-        "throughput_ratio": last["tokens_per_s"] / first["tokens_per_s"],
-        "step_latency_ratio": last["step_ms"] / first["step_ms"],
+        "throughput_ratio": throughput,
+        "throughput_ratio_low": t_low,
+        "throughput_ratio_high": t_high,
+        "step_latency_ratio": latency,
+        "step_latency_ratio_low": l_low,
+        "step_latency_ratio_high": l_high,
         "best_batch": best["batch"],
         "best_tokens_per_s": best["tokens_per_s"],
     }

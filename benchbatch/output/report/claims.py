@@ -7,6 +7,7 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass, replace
 
+from benchbatch.core.noise import summary_span
 from benchbatch.output.render import fmt
 from benchbatch.output.report.cells import number, ok_rows, percent
 
@@ -198,11 +199,18 @@ def _real_caveat(rows: list[dict]) -> str:
     return f"rests on uneven steps: {', '.join(uneven)}" if uneven else ""
 
 
+def _p10_p90(s: dict, key: str) -> str:
+    """'; x4.12-x9.2 across the steps' p10-p90' for a ratio's range, '' without one."""
+    span = summary_span(s, key)
+    return f"; {span} across the steps' p10-p90" if span else ""
+
+
 def _prefill_claim(s: dict) -> Claim:
     ratio = s.get("prefill_over_decode_tflops")
     measured = "not measured"
     if ratio is not None:
-        measured = f"{ratio:.3g}x ({s['prefill_label']} over {s['decode_label']})"
+        span = _p10_p90(s, "prefill_over_decode_tflops")
+        measured = f"{ratio:.3g}x ({s['prefill_label']} over {s['decode_label']}{span})"
     return Claim(
         "B",
         "prefill runs at far more FLOP/s than decode on the same device",
@@ -218,7 +226,8 @@ def _batching_claim(s: dict) -> Claim:
     measured, verdict = "not measured", UNMEASURED
     if ratio is not None:
         b0, b1 = s["decode_batches"]
-        measured = f"{ratio:.3g}x cheaper (batch {b0:,} to {b1:,})"
+        span = _p10_p90(s, "decode_token_cost_ratio")
+        measured = f"{ratio:.3g}x cheaper (batch {b0:,} to {b1:,}{span})"
         verdict = batching_verdict(ratio, b1 / b0)
     return Claim(
         "B",
@@ -242,9 +251,14 @@ def _latency_claim(c: dict) -> Claim:
     measured, verdict = "not measured", UNMEASURED
     if "batch_from" in c:
         t, lat = c["throughput_ratio"], c["step_latency_ratio"]
+        t_span, lat_span = (
+            summary_span(c, "throughput_ratio"),
+            summary_span(c, "step_latency_ratio"),
+        )
+        spans = f"; {t_span} and {lat_span} across the steps' p10-p90" if t_span else ""
         measured = (
             f"throughput x{t:.3g}, step time x{lat:.3g} "
-            f"(batch {c['batch_from']:,} to {c['batch_to']:,})"
+            f"(batch {c['batch_from']:,} to {c['batch_to']:,}{spans})"
         )
         verdict = latency_verdict(t, lat)
     return Claim(
