@@ -174,3 +174,51 @@ def test_ranges_overlap_at_a_shared_end_and_not_past_it():
     assert not merging.ranges_overlap((1.0, 2.0), (2.0000001, 3.0))
     assert merging.ranges_overlap((3.0, 1.0), (1.5, 1.6))  # either end order, one inside
     assert merging.ranges_overlap((1.0, 2.0), (math.nan, 3.0)) is None
+
+
+def write_sweep_steps(folder, steps: dict[int, tuple[float, float, float]]) -> None:
+    """A sweep folder at context 8: steps[batch] = (median, p10, p90) ms."""
+    folder.mkdir()
+    rows = [
+        {"phase": "decode", "label": f"decode b={b}", "context": 8, "batch": b, "step_ms": ms,
+         "step_ms_p10": p10, "step_ms_p90": p90, "tokens_per_s": b / ms * 1e3, "status": "ok"}
+        for b, (ms, p10, p90) in steps.items()
+    ]  # fmt: skip
+    pd.DataFrame(rows).to_csv(folder / "sweep.csv", index=False)
+    meta = {"schema_version": 1, "command": "sweep", "status": "complete",
+            "written_files": ["metadata.json", "sweep.csv"],
+            "environment": {"device_name": "cpu"}}  # fmt: skip
+    (folder / "metadata.json").write_text(json.dumps(meta))
+
+
+def test_the_ratios_runs_conclude_with_are_set_side_by_side_with_their_ranges(tmp_path):
+    """Sweep's throughput and step-time ratios, batch 1 to 4, from each run's rows with their
+    p10-p90, worked by hand: A's throughput x2 (4 x 8/25 = 1.28 to 4 x 12/18 = 2.67), step
+    time x2 (18/12 = 1.5 to 25/8 = 3.12); B's x2.67 (4 x 9/17 = 2.12 to 4 x 11/13 = 3.38)
+    and x1.5 (13/11 = 1.18 to 17/9 = 1.89): both ranges overlap A's. C's batch 4 as fast as
+    its batch 1: x4 (3.27-4.89) and x1 (0.818-1.22), apart from A's."""
+    a, b, c = tmp_path / "a", tmp_path / "b", tmp_path / "c-run"
+    write_sweep_steps(a, {1: (10.0, 8.0, 12.0), 4: (20.0, 18.0, 25.0)})
+    write_sweep_steps(b, {1: (10.0, 9.0, 11.0), 4: (15.0, 13.0, 17.0)})
+    write_sweep_steps(c, {1: (10.0, 9.0, 11.0), 4: (10.0, 9.0, 11.0)})
+    result = CliRunner().invoke(app, ["compare", str(a), str(b), str(c), "--label", "A,B,C",
+                                      "--out", str(tmp_path / "out"), "--json"])  # fmt: skip
+    assert result.exit_code == 0, result.output
+    said = {k["ratio"]: k for k in json.loads(result.stdout)["conclusions"]}
+    tp = said["throughput, batch 1 to 4, context 8"]
+    step = said["step time, batch 1 to 4, context 8"]
+    assert tp["runs"]["A"] == pytest.approx([2.0, 1.28, 4 * 12 / 18])
+    assert tp["runs"]["B"] == pytest.approx([40 / 15, 4 * 9 / 17, 4 * 11 / 13])
+    assert step["runs"]["A"] == pytest.approx([2.0, 1.5, 25 / 8])
+    assert step["runs"]["C"] == pytest.approx([1.0, 9 / 11, 11 / 9])
+    for k in (tp, step):
+        assert k["versus_first"]["B"]["overlap"] is True
+        assert k["versus_first"]["C"]["overlap"] is False
+    assert tp["versus_first"]["C"]["ratio"] == pytest.approx(2.0)
+    (tmp_path / "printed").mkdir()
+    out = compare(tmp_path / "printed", a, b, c, "--label", "A,B,C").stdout
+    table = out[out.index("conclusions:") :]
+    for cell in ("(1.28-2.67)", "(2.12-3.38)", "(3.27-4.89)", "(1.5-3.12)", "(0.818-1.22)"):
+        assert cell in table  # never folded inside
+    words = table.split()  # cells wrap across lines: count the words
+    assert words.count("overlap") == 2 and words.count("apart") == 2

@@ -147,8 +147,14 @@ def read_table(folder: Path, table: str) -> pd.DataFrame:
         raise fail(f"{path} is corrupt: no rows")
     for col in COLUMNS[table]:
         df[col] = _numbers(df[col], path, col) if col in NUMERIC else _words(df[col])
+    for col in SPREAD:  # the ranges conclusions carry; older results have none
+        if col in df.columns and table in ("phases", "sweep"):
+            df[col] = _numbers(df[col], path, col)
     return df
 
+
+# Each step's spread, read where a table has it (a conclusion's range, compare.conclusions).
+SPREAD = ("step_ms_p10", "step_ms_p90")
 
 # Every number compare reads (times, rates, counts, fractions) is positive and far below this.
 MAX_VALUE = 1e15
@@ -388,16 +394,23 @@ def knees(slo: pd.DataFrame, runs: list[str]) -> list[dict]:
     out = []
     for policy, mine in sim.groupby("policy", sort=False):
         by = {r["run"]: tuple(float(r[c]) for c in KNEE_COLUMNS) for _, r in mine.iterrows()}
-        by = {run: by[run] for run in runs if run in by}
-        first = next(iter(by.values())) if runs and runs[0] in by else None
-        versus = {}
-        for run, (knee, slow, fast) in by.items():
-            if first is None or run == runs[0]:
-                continue
-            versus[run] = {"ratio": ratio(first[0], knee),
-                           "overlap": ranges_overlap(first[1:], (slow, fast))}  # fmt: skip
-        out.append({"policy": policy, "runs": by, "versus_first": versus})
+        out.append({"policy": policy, **side_by_side(by, runs)})
     return out
+
+
+def side_by_side(by: dict[str, tuple[float, float, float]], runs: list[str]) -> dict:
+    """One number from several runs, each (value, low, high) with the range its run reports:
+    {"runs": the runs that have it, in order; "versus_first": for every later run, its value
+    over the first run's and whether their ranges overlap (agree within the noise) or not}."""
+    by = {run: by[run] for run in runs if run in by}
+    first = by.get(runs[0]) if runs else None
+    versus = {}
+    for run, (value, low, high) in by.items():
+        if first is None or run == runs[0]:
+            continue
+        versus[run] = {"ratio": ratio(first[0], value),
+                       "overlap": ranges_overlap(first[1:], (low, high))}  # fmt: skip
+    return {"runs": by, "versus_first": versus}
 
 
 def ranges_overlap(a: tuple[float, float], b: tuple[float, float]) -> bool | None:

@@ -42,6 +42,8 @@ def document(rec) -> dict:
     doc = {"runs": rec.meta["runs"], "rows": rows}
     if rec.meta.get("serve_rates") is not None:
         doc["serve_rates"] = rec.meta["serve_rates"]
+    if rec.meta.get("conclusions"):
+        doc["conclusions"] = rec.meta["conclusions"]
     return doc
 
 
@@ -65,6 +67,8 @@ def show(rec) -> None:
             render.out_console.print(_matched(rec.meta["serve_rates"]), highlight=False)
         if table == "slo" and merging.knees(df, names):
             render.out_console.print(_knees(merging.knees(df, names), names))
+    if rec.meta.get("conclusions"):
+        render.out_console.print(_conclusions(rec.meta["conclusions"], names))
     if any(d["status"] != "complete" for d in runs):
         render.warning("some runs did not complete (see status): their tables may miss rows.")
     files = rec.meta["files"]
@@ -118,13 +122,30 @@ def _knees(found: list[dict], names: list[str]) -> Table:
     """The simulated knees side by side: each run's knee (its range with every step 10%
     slower and faster), then each later run's over the first's and whether the ranges
     overlap, the runs agreeing within the noise they report."""
+    title = "slo: simulated knee, req/s (with every step 10% slower-faster)"
+    return _side_by_side(title, "policy", [(k["policy"], k) for k in found], names)
+
+
+def _conclusions(found: list[dict], names: list[str]) -> Table:
+    """The ratios the runs conclude with side by side, as the knees are."""
+    title = "conclusions: each ratio (its range across the steps' p10-p90)"
+    return _side_by_side(title, "ratio", [(f"{k['table']}: {k['ratio']}", k) for k in found],
+                         names)  # fmt: skip
+
+
+def _side_by_side(title: str, what: str, found: list[tuple[str, dict]], names: list[str]):
+    """One number of several runs per row: each run's value (its range), then each later
+    run's over the first's and whether the ranges overlap."""
     first = names[0]
-    present = [n for n in names if any(n in k["runs"] for k in found)]
+    present = [n for n in names if any(n in k["runs"] for _, k in found)]
     others = [n for n in present if n != first]
-    headers = ["policy", *present, *(f"{n} / {first}" for n in others)]
-    view = _table("slo: simulated knee, req/s (with every step 10% slower-faster)", headers)
-    for k in found:
-        cells = [k["policy"]]
+    headers = [what, *present, *(f"{n} / {first}" for n in others)]
+    view = _table(title, headers)
+    for i, n in enumerate(present, start=1):  # a range is never folded inside
+        spans = [f"({fmt(v[1])}-{fmt(v[2])})" for _, k in found if (v := k["runs"].get(n))]
+        view.columns[i].min_width = max(map(len, spans), default=1)
+    for name, k in found:
+        cells = [name]
         for n in present:
             v = k["runs"].get(n)
             cells.append(f"{fmt(v[0])} ({fmt(v[1])}-{fmt(v[2])})" if v else "-")
@@ -133,7 +154,7 @@ def _knees(found: list[dict], names: list[str]) -> Table:
             if not vs:
                 cells.append("-")
                 continue
-            agree = {True: "ranges overlap", False: "ranges apart", None: "?"}[vs["overlap"]]
+            agree = {True: "ranges overlap", False: "ranges apart", None: "no range"}[vs["overlap"]]
             cells.append(f"{_ratio(1.0, vs['ratio'])}, {agree}")
         view.add_row(*cells)
     return view

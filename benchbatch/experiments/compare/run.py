@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 from pathlib import Path
 
 from benchbatch.core.options import RunOptions
@@ -36,11 +37,53 @@ def measure_run(rec, opts: CompareOptions, run: RunOptions) -> None:
     if "serve" in tables:  # points matched by absolute rate, and which ones matched
         names = [r.label for r in loaded]
         tables["serve"], rec.meta["serve_rates"] = merging.match_rates(tables["serve"], names)
+    said = conclusions(tables, [r.label for r in loaded])
+    if said:
+        rec.meta["conclusions"] = said
     files = rec.meta["files"]
     for table, df in tables.items():
         rec.put(PREFIX + table, df)
         files.append(f"{PREFIX}{table}.csv")
     files += _figures(tables, loaded, rec.folder, loaded[0].kind)
+
+
+def conclusions(tables: dict, names: list[str]) -> list[dict]:
+    """The ratios phases and sweep (and reproduce's parts) conclude with, recomputed from
+    each run's rows, side by side: each run's value with its range across its steps'
+    p10-p90, each later run's over the first's and whether the ranges overlap. A ratio is
+    matched only between runs that measured the same steps (its name says which)."""
+    from benchbatch.experiments.phases import probe as phases
+    from benchbatch.experiments.sweep import probe as sweep
+    from benchbatch.output import compare as merging
+
+    found: dict[tuple[str, str], dict] = {}
+
+    def keep(table: str, what: str, run: str, s: dict, key: str) -> None:
+        value = (s[key], s.get(f"{key}_low", math.nan), s.get(f"{key}_high", math.nan))
+        found.setdefault((table, what), {})[run] = value
+
+    if "phases" in tables:
+        for run, df in tables["phases"].groupby("run", sort=False):
+            s = phases.summary(df.to_dict("records"))
+            if "prefill_over_decode_tflops" in s:
+                what = f"{s['prefill_label']} FLOP/s over {s['decode_label']}"
+                keep("phases", what, run, s, "prefill_over_decode_tflops")
+            if "decode_token_cost_ratio" in s:
+                b0, b1 = s["decode_batches"]
+                what = f"each token cheaper, batch {b0:,} to {b1:,}"
+                keep("phases", what, run, s, "decode_token_cost_ratio")
+    if "sweep" in tables:
+        for (run, context), df in tables["sweep"].groupby(["run", "context"], sort=False):
+            c = sweep.claim(df.to_dict("records"))
+            if c is None:
+                continue
+            span = f"batch {c['batch_from']:,} to {c['batch_to']:,}, context {int(context):,}"
+            keep("sweep", f"throughput, {span}", run, c, "throughput_ratio")
+            keep("sweep", f"step time, {span}", run, c, "step_latency_ratio")
+    return [
+        {"table": table, "ratio": what, **merging.side_by_side(by, names)}
+        for (table, what), by in found.items()
+    ]
 
 
 def _run_title(run) -> str:
