@@ -126,3 +126,17 @@ def test_reproduce_claims_quote_the_ranges_of_their_ratios():
     old = {k: v for k, v in s.items() if not k.endswith(("_low", "_high"))}
     want = f"{s['decode_token_cost_ratio']:.3g}x cheaper (batch 1 to 32)"
     assert claims(old, None, None)[1].measured == want
+
+
+def test_the_report_section_quotes_the_sweep_ranges():
+    from benchbatch.output.report.sections import _section_a
+
+    rows = [decode_row(1, 512, 10.0, 0.8, 1.3), decode_row(32, 512, 60.0, 0.9, 1.2)]
+    for r in rows:
+        r["mbu"] = 0.5
+    a = sweep.claim(rows)
+    (note,) = [n for n in _section_a(rows, a, None).notes if n.startswith("From batch")]
+    t = f"x{a['throughput_ratio_low']:.3g}-x{a['throughput_ratio_high']:.3g}"
+    lat = f"x{a['step_latency_ratio_low']:.3g}-x{a['step_latency_ratio_high']:.3g}"
+    assert f"({t} across the steps' p10-p90), step time" in note
+    assert f"({lat} across the steps' p10-p90) (article" in note
