@@ -324,6 +324,13 @@ BREAKS = [
         tests("tests/test_knee.py"),
     ),
     Break(
+        "real points simulated at the core share's inverse",
+        "benchbatch/experiments/serve/real.py",
+        "scaled = cpu_cost.scaled(1.0 / share)",
+        "scaled = cpu_cost.scaled(share)",
+        tests("tests/test_calibration.py"),
+    ),
+    Break(
         "conclusion ranges: the denominator's spread taken the wrong way round",
         "benchbatch/core/noise.py",
         'under["step_ms"] / under["step_ms_p10"]',

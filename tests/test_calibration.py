@@ -578,12 +578,14 @@ def test_serve_sweep_simulates_its_sweep_on_the_cpu_clock(runner, tmp_path):
     assert ratio.to_numpy() == pytest.approx(2.0, rel=1e-6)  # every step half the wall's
 
 
-def test_a_point_served_under_another_load_than_the_calibration_is_named(
-    runner, tmp_path, monkeypatch
-):
-    """Each real point's core share beside the calibration's; one that differs by more
-    than 10% (here the continuous point's steps, made to read 50% against the
-    calibration's own) is named in a warning, the others are not."""
+def test_each_real_point_is_simulated_at_its_own_core_share(runner, tmp_path, monkeypatch):
+    """The simulation beside a real point is priced at the share of the core the engine held
+    while it served that point: the calibration's CPU-clock fit over the share. The
+    continuous point's steps made to read half of their real share: its sim-matched row at
+    the max rate (every request at once, so every time scales) lasts exactly its CPU-clock
+    simulation (serve.csv's sim row of the same requests) over that share, and carries it;
+    a note names the points under 90% with the calibration's share, and the verdict says
+    it was served on a shared core."""
     import pandas as pd
 
     from benchbatch.app.cli import app
@@ -597,28 +599,51 @@ def test_a_point_served_under_another_load_than_the_calibration_is_named(
 
     monkeypatch.setattr(cal, "core_share", share)
     out = tmp_path / "real"
-    args = ["serve-sweep", "--preset", "tiny", "--requests", "30", "--real-requests", "8",
+    args = ["serve-sweep", "--preset", "tiny", "--requests", "8", "--real-requests", "8",
             "--median", "4", "--max-output", "8", "--prompt-len", "16", "--max-prompt", "64",
             "--rates", "50,max", "--real-rates", "max", "--threads", "1",
             "--out", str(out)]  # fmt: skip
     result = runner.invoke(app, args)
     assert result.exit_code == 0, result.output
     serve = pd.read_csv(out / "serve.csv")
-    shares = serve[serve["source"] == "real"].set_index("policy")["core_share"]
+    top = serve[serve["rate"] == "max"]
+    by = {src: top[top["source"] == src].set_index("policy") for src in ("sim", "sim-matched",
+                                                                          "real")}  # fmt: skip
+    shares = by["real"]["core_share"]
     assert ((shares > 0) & (shares <= 1)).all()
+    for policy in ("static", "continuous", "chunked"):
+        matched, sim = by["sim-matched"].loc[policy], by["sim"].loc[policy]
+        assert matched["step_costs"] == "cpu clock / core share"
+        assert matched["core_share"] == shares[policy]
+        assert matched["duration_s"] == pytest.approx(sim["duration_s"] / shares[policy],
+                                                      rel=1e-9)  # fmt: skip
     meta = json.loads((out / "metadata.json").read_text())
     calibrated = meta["real"]["core_shares"]["calibration"]
     assert calibrated == meta["step_cost"]["cpu_clock"]["core_share"]
     assert meta["real"]["core_shares"]["continuous max"] == shares["continuous"]
+    assert meta["real"]["step_prices_clock"] == "cpu"
     text = " ".join(result.output.split())
-    assert "while it served (" in text
-    warned = text.split("while it served (", 1)[1].split(")", 1)[0]
-    assert "continuous max req/s" in warned  # half of what the calibration held
-    # The others are named only where the machine itself moved them past 10%.
-    for policy in ("static", "chunked"):
-        moved = abs(shares[policy] / calibrated - 1) > 0.1
-        assert (f"{policy} max req/s" in warned) == moved
+    noted = text.split("while it served (", 1)[1].split(";", 1)[0]
+    for policy in ("static", "continuous", "chunked"):
+        assert (f"{policy} max req/s" in noted) == (shares[policy] < 0.9)
+    assert "continuous max req/s" in noted
     assert "real engine: served on a shared core" in text  # continuous held half of it
+
+
+def test_the_cpu_price_errors_are_cpu_time_over_the_cpu_price():
+    """On the CPU clock a step is its CPU time and its gap's over the CPU fit's price,
+    whatever its wall time; rows without a CPU price are left out."""
+    rows = [
+        {"policy": "a", "active": 1, "decode_tokens": 1, "prefill_tokens": 0, "step_ms": 9.0,
+         "gap_ms": 1.0, "cpu_ms": 4.0, "gap_cpu_ms": 0.5, "priced_ms": 5.0,
+         "priced_cpu_ms": 3.0},
+        {"policy": "a", "active": 1, "decode_tokens": 1, "prefill_tokens": 0, "step_ms": 9.0,
+         "cpu_ms": 4.0, "priced_ms": 5.0},
+    ]  # fmt: skip
+    (cpu,) = cal.price_errors(rows, clock="cpu")
+    assert cpu["steps"] == 1 and cpu["ratio_p50"] == pytest.approx(4.5 / 3.0)
+    (wall,) = cal.price_errors(rows)
+    assert wall["steps"] == 2 and wall["ratio_p50"] == pytest.approx(1.9)  # 10/5 and 9/5
 
 
 def test_the_real_verdict_names_a_shared_core_only_below_ninety_percent():

@@ -228,6 +228,12 @@ def price_ms(model: StepCostModel, row: dict) -> float:
     return 1e3 * float(design([features])[0] @ np.array(coefficients(model)))
 
 
+def loop_cpu_ms(row: dict) -> float:
+    """loop_ms on the CPU clock: the step's CPU time and its gap's (NaN without them)."""
+    cpu, gap = row.get("cpu_ms", math.nan), row.get("gap_cpu_ms", 0.0)
+    return cpu + (gap if gap == gap and gap > 0 else 0.0)
+
+
 def loop_ms(row: dict) -> float:
     """What a step costs the serving loop: the step itself and the host gap before it
     (gap_ms: handing the last record on, releasing arrivals; 0 where a row has none)."""
@@ -235,15 +241,19 @@ def loop_ms(row: dict) -> float:
     return row["step_ms"] + (gap if gap == gap and gap > 0 else 0.0)  # a NaN cell: none
 
 
-def price_errors(rows: Sequence[dict], key: str = "policy") -> list[dict]:
+def price_errors(rows: Sequence[dict], key: str = "policy", clock: str = "wall") -> list[dict]:
     """Per run (key) and step kind: the steps, and the median and p10/p90 of measured over
     priced (loop_ms / priced_ms: the step and the gap before it): how far the calibration
-    prices the steps a run took."""
+    prices the steps a run took. clock "cpu": the steps' CPU time (loop_cpu_ms) over the CPU
+    clock fit's price (priced_cpu_ms), the device's speed whatever share of the core the
+    engine had; rows without either are left out."""
     groups: dict[tuple, list[float]] = {}
     for r in rows:
-        kind, priced = step_kind(r), r.get("priced_ms")
-        if kind != "idle" and priced and r["step_ms"] > 0:
-            groups.setdefault((r[key], kind), []).append(loop_ms(r) / priced)
+        kind = step_kind(r)
+        priced = r.get("priced_ms" if clock == "wall" else "priced_cpu_ms")
+        measured = loop_ms(r) if clock == "wall" else loop_cpu_ms(r)
+        if kind != "idle" and priced and priced == priced and r["step_ms"] > 0 and measured > 0:
+            groups.setdefault((r[key], kind), []).append(measured / priced)
     return [
         {
             key: name,

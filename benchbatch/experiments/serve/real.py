@@ -24,11 +24,11 @@ class Served:
     points: list = field(default_factory=list)
 
 
-def serve(rec, net, opts: ServeOptions, w, setup, cost, rates, seed: int):
+def serve(rec, net, opts: ServeOptions, w, setup, cost, rates, seed: int, cpu_cost=None):
     """The chosen rates on the model: real_steps.csv as steps end (the engine's events,
     through the run); per point its serve.csv row beside the simulation of the same
-    requests (sim-matched) and sim_vs_real.csv. Returns the points (Served; None where no
-    rate fits --real-time)."""
+    requests (sim-matched: priced at the point's own core share, `beside`) and
+    sim_vs_real.csv. Returns the points (Served; None where no rate fits --real-time)."""
     from benchbatch.core.calibration import core_share
     from benchbatch.experiments.serve import probe
     from benchbatch.runtime import telemetry
@@ -38,18 +38,11 @@ def serve(rec, net, opts: ServeOptions, w, setup, cost, rates, seed: int):
     matched, chosen, n = _matched(rec, opts, w, setup, cost, rates, n)
     if not chosen:
         return None
-    rows = {k: probe.point_row(v, setup) for k, v in matched.items()}
-    served = Served({(p, r): rows[(p, r)] for r in chosen for p in opts.policies}, n)
-    for r in chosen:
-        for p in opts.policies:
-            priced = energy.serve_columns(rows[(p, r)], None, opts.price_per_hour)
-            rec.add("serve", rows[(p, r)] | priced)
-            for row in probe.request_rows(matched[(p, r)], setup.slo):
-                rec.add("requests", row, stream=True)
+    served = Served({}, n)
     by_label = {probe.rate_label(r): r for r in chosen}
     requests, _ = w.at(math.inf, n)
     runs = probe.engine_runs(w, chosen, opts.policies, setup, n, matched)
-    events = _priced(engine_events(net, requests, runs, seed), cost)
+    events = _priced(engine_events(net, requests, runs, seed), cost, cpu_cost)
     total = sum(run.sim_steps for run in runs)
     meter = telemetry.EnergyMeter(net.embed.weight.device)
     meter.start()
@@ -60,8 +53,16 @@ def serve(rec, net, opts: ServeOptions, w, setup, cost, rates, seed: int):
         row = probe.point_row(point, setup)
         row |= energy.serve_columns(row, reading, opts.price_per_hour)
         row["core_share"] = core_share([s.row() for s in done.result.steps])
+        sim = beside(matched[(done.run.name, rate)], w, setup, cpu_cost, row["core_share"], n)
+        sim_row = probe.point_row(sim, setup) | {
+            "step_costs": "wall clock" if sim is matched[(done.run.name, rate)] else
+            "cpu clock / core share", "core_share": row["core_share"]}  # fmt: skip
+        rec.add("serve", sim_row | energy.serve_columns(sim_row, None, opts.price_per_hour))
+        for r in probe.request_rows(sim, setup.slo):
+            rec.add("requests", r, stream=True)
+        served.matched[(done.run.name, rate)] = sim_row
         rec.add("serve", row)
-        for versus in probe.sim_vs_real(row, rows[(done.run.name, rate)]):
+        for versus in probe.sim_vs_real(row, sim_row):
             rec.add("sim_vs_real", versus)
         for r in probe.request_rows(point, setup.slo):
             rec.add("requests", r, stream=True)
@@ -70,6 +71,21 @@ def serve(rec, net, opts: ServeOptions, w, setup, cost, rates, seed: int):
         served.points.append((row, span))
     meter.close()
     return served
+
+
+def beside(point, w, setup, cpu_cost, share: float, n: int):
+    """The simulation set beside a real point: its requests at their arrival times on the
+    calibration's CPU-clock step costs over the share of the core the engine held while it
+    served the point (its steps' CPU time over their wall time): the device's work at the
+    load the point ran under, which another process's turns on the core change from point
+    to point. `point` (the wall-clock fit's simulation, the calibration's load) where the
+    calibration has no CPU clock or the point no core share (a GPU, several threads)."""
+    from benchbatch.experiments.serve import probe
+
+    if cpu_cost is None or not (share == share and share > 0):
+        return point
+    scaled = cpu_cost.scaled(1.0 / share)
+    return probe.simulate_point(w, point.policy, point.rate, setup, scaled, n, probe.MATCHED)
 
 
 def compare(rec, served: Served) -> None:
@@ -87,14 +103,17 @@ def compare(rec, served: Served) -> None:
     record(rec, pairs, f"serve-sweep: the real engine beside its simulation; {c.title(rec)}")
 
 
-def _priced(events, cost):
+def _priced(events, cost, cpu_cost=None):
     """The engine's step rows, each with the cost model's price of the step it took
-    (priced_ms: what the simulation charges that plan), the rest passed through."""
+    (priced_ms: what the wall-clock fit charges that plan; priced_cpu_ms: the CPU clock's,
+    where the calibration has one), the rest passed through."""
     from benchbatch.core.calibration import price_ms
 
     for event in events:
         if isinstance(event, dict):
             event = event | {"priced_ms": price_ms(cost, event)}
+            if cpu_cost is not None:
+                event["priced_cpu_ms"] = price_ms(cpu_cost, event)
         yield event
 
 
@@ -106,63 +125,70 @@ PRICED_STEPS = 20
 
 def say_prices(rec) -> None:
     """How far the calibration priced the steps the real engine took, per policy and step
-    kind (metadata's real.step_prices): a ratio far from 1 is the step-cost model's error
-    (the machine changed since the calibration), one near 1 beside a latency far off is
-    the scheduling's or the queue's."""
+    kind (metadata's real.step_prices): on the CPU clock where the calibration has one (the
+    steps' CPU time over the CPU fit's price: the device's speed, which the simulations
+    beside the points assume; the core share is theirs), else on the wall clock. A ratio
+    far from 1 is the step-cost model's error (the device changed since the calibration),
+    one near 1 beside a latency far off is the scheduling's or the queue's."""
     from benchbatch.core.calibration import price_errors
 
-    errors = price_errors(rec.rows("real_steps"))
+    steps = rec.rows("real_steps")
+    clock = "cpu" if any(r.get("priced_cpu_ms") for r in steps) else "wall"
+    errors = price_errors(steps, clock=clock)
     if not errors:
         return
     rec.meta.setdefault("real", {})["step_prices"] = errors
+    rec.meta["real"]["step_prices_clock"] = clock
     by_policy: dict[str, list[str]] = {}
     for e in errors:
         by_policy.setdefault(e["policy"], []).append(
             f"{e['kind']} x{e['ratio_p50']:.2f} ({e['steps']:,})"
         )
+    what = "CPU time" if clock == "cpu" else "time"
     rec.note(
-        "the real engine's steps over the calibration's price of them (median, steps): "
-        + "; ".join(f"{p} {', '.join(v)}" for p, v in by_policy.items())
+        f"the real engine's steps' {what} over the calibration's price of them (median, "
+        "steps): " + "; ".join(f"{p} {', '.join(v)}" for p, v in by_policy.items())
     )
     off = [e for e in errors if e["steps"] >= PRICED_STEPS and not
            PRICED_WITHIN[0] <= e["ratio_p50"] <= PRICED_WITHIN[1]]  # fmt: skip
     if off:
         worst = max(off, key=lambda e: abs(math.log(e["ratio_p50"])))
+        why = (
+            "the device ran at another speed while it calibrated (a frequency change, "
+            "other processes' use of the caches and memory bus)"
+            if clock == "cpu"
+            else "the machine ran at another speed while it calibrated (another process, a "
+            "frequency change)"
+        )
         rec.warning(
             f"the calibration priced the real engine's steps off: {worst['policy']} "
             f"{worst['kind']} steps took x{worst['ratio_p50']:.2f} of their price "
-            f"(median of {worst['steps']:,}); the machine ran at another speed while it "
-            "calibrated (another process, a frequency change), so the simulation beside "
-            "them is off by about as much: run again on a quieter machine, or reuse a "
-            "calibration made under the run's conditions with --step-costs"
+            f"(median of {worst['steps']:,}); {why}, so the simulation beside them is off "
+            "by about as much: run again on a quieter machine, or reuse a calibration made "
+            "under the run's conditions with --step-costs"
         )
-
-
-# A point whose engine held its core a share this far (relative) from the calibration's was
-# served under another load than its simulation priced: said as a warning.
-SHARE_CHANGE = 0.1
 
 
 def say_core_shares(rec) -> None:
     """Each real point's core share (its steps' CPU time over their wall time, serve.csv's
-    core_share) against the calibration's (metadata's real.core_shares): a point served
-    while other processes took more or less of the core than while the engine calibrated
-    is predicted at the calibration's speed, so a warning names it."""
+    core_share) beside the calibration's (metadata's real.core_shares). The simulation
+    beside a point is priced at its own share (`beside`), so a load that changed since the
+    calibration does not shift it; a note says so where some point's share is under
+    SHARED_CORE (its latencies are the loaded machine's, the sweep's the device's)."""
     calibrated = (rec.meta.get("step_cost") or {}).get("cpu_clock", {}).get("core_share")
     real = [r for r in rec.rows("serve") if r["source"] == "real" and "core_share" in r]
     if calibrated is None or not calibrated == calibrated or not real:
         return
     shares = {f"{r['policy']} {r['rate']}": r["core_share"] for r in real}
     rec.meta.setdefault("real", {})["core_shares"] = {"calibration": calibrated, **shares}
-    off = {k: v for k, v in shares.items() if abs(v / calibrated - 1) > SHARE_CHANGE}
-    if off:
-        points = ", ".join(f"{k} req/s {v:.0%}" for k, v in off.items())
-        rec.warning(
-            f"the engine held its core {calibrated:.0%} of the time while it calibrated and "
-            f"otherwise while it served ({points}): the load changed, so the simulation "
-            "beside those points priced their steps at the calibration's speed and is off "
-            "by about as much; run again with the load steady (other work closed), or "
-            "read those points' ratios with that in mind"
+    shared = {k: v for k, v in shares.items() if v == v and v < c.SHARED_CORE}
+    if shared:
+        points = ", ".join(f"{k} req/s {v:.0%}" for k, v in shared.items())
+        rec.note(
+            f"other processes took turns on the engine's core while it served ({points}; "
+            f"{calibrated:.0%} while it calibrated): each point's simulation beside it is "
+            "priced at the share it had (the calibration's CPU clock over it), so the "
+            "ratios judge the model at the load the point ran under"
         )
 
 

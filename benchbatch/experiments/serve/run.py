@@ -53,7 +53,7 @@ def measure_run(
     rates = _simulate(rec, opts, w, setup, sweep_cost)
     _knees(rec, opts, w, setup, sweep_cost)
     if opts.engine == "real":
-        served = real.serve(rec, net, opts, w, setup, cost, rates, run.seed)
+        served = real.serve(rec, net, opts, w, setup, cost, rates, run.seed, cpu_cost)
         if served is not None:
             real.compare(rec, served)
     found = (rec.meta.get("knees") or {}).get("policies", [])
