@@ -1,0 +1,89 @@
+"""Paired check: serve-sweep runs' real points simulated two ways, on the same requests.
+
+For every real point of the runs under a folder (bench_sim_error.py --keep DIR), its requests
+at their arrival times (the run's requests.csv, sim-matched rows) are simulated on the run's
+own calibration twice: on the wall-clock fit (the calibration's load, as serve-sweep priced
+real points before 2026-12-04) and on the CPU-clock fit over the share of the core the engine
+held while it served the point (as serve-sweep prices them now). Prints measured over
+simulated per point and, for TTFT/TPOT/E2E p50 over the points below saturation, the median
+ratio and the median |log ratio| of each way. Run on folders made after the change, the
+"share" column reproduces the runs' own prediction.csv.
+
+    python scripts/paired_share.py DIR [DIR ...]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+from pathlib import Path
+
+import numpy as np
+import pandas as pd
+
+from benchbatch.core import calibration as cal
+from benchbatch.core.serving import ServingSLO
+from benchbatch.core.workload import Request
+from benchbatch.experiments.serve import probe
+from benchbatch.experiments.serve.options import chunk_of
+
+METRICS = ("ttft_p50_s", "tpot_p50_s", "e2e_p50_s")
+
+
+def points(run: Path) -> list[dict]:
+    m = json.loads((run / "metadata.json").read_text())
+    o = m["options"]
+    fits = cal.read(run / "step_cost.json")
+    wall, cpu = fits["model"], fits.get("cpu_model")
+    if cpu is None:
+        return []
+    chunk = chunk_of(o["chunk_size"], o["max_num_batched_tokens"])
+    setup = probe.Setup(o["slots"], o["max_num_batched_tokens"], chunk,
+                        ServingSLO(o["slo_ttft"], o["slo_tpot"]))  # fmt: skip
+    serve, req = pd.read_csv(run / "serve.csv"), pd.read_csv(run / "requests.csv")
+    pred = pd.read_csv(run / "prediction.csv")
+    out = []
+    for _, r in serve[serve["source"] == "real"].iterrows():
+        if str(r["rate"]) == "max":
+            continue
+        same = (req["policy"] == r["policy"]) & (req["rate"].astype(str) == str(r["rate"]))
+        mine = req[same & (req["source"] == "sim-matched")].sort_values("request_id")
+        rate = float(r["rate_rps"])
+        columns = (mine["request_id"], mine["prompt_tokens"], mine["output_tokens"])
+        reqs = [Request(int(i), int(p), int(t)) for i, p, t in zip(*columns, strict=True)]
+        w = probe.ServeWorkload(reqs, mine["arrival_s"].to_numpy() * rate, "requests.csv", "")
+        label = f"{r['policy']} @ {probe.rate_label(rate)} req/s"
+        below = bool(pred[pred["point"] == label]["below_saturation"].astype(bool).any())
+        for how, cost in (("wall", wall), ("share", cpu.scaled(1.0 / r["core_share"]))):
+            point = probe.simulate_point(w, r["policy"], rate, setup, cost, len(reqs),
+                                         probe.MATCHED)  # fmt: skip
+            row = probe.point_row(point, setup)
+            for metric in METRICS:
+                out.append({"run": str(run), "point": label,
+                            "core_share": r["core_share"], "below_saturation": below,
+                            "how": how, "metric": metric,
+                            "ratio": r[metric] / row[metric]})  # fmt: skip
+    return out
+
+
+def main() -> int:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("folders", nargs="+", type=Path, help="folders of serve-sweep runs")
+    args = p.parse_args()
+    rows = [x for f in args.folders for run in sorted(f.iterdir()) if run.is_dir()
+            and (run / "step_cost.json").exists() for x in points(run)]  # fmt: skip
+    df = pd.DataFrame(rows)
+    below = df[df["below_saturation"]]
+    table = below.pivot_table(index=["run", "point", "core_share"], columns=["metric", "how"],
+                              values="ratio")  # fmt: skip
+    print(table.round(2).to_string())
+    n = below.groupby(["run", "point"]).ngroups
+    print(f"\n{n} points below saturation in {df['run'].nunique()} runs")
+    for (how, metric), v in below.groupby(["how", "metric"])["ratio"]:
+        print(f"{how:6} {metric:11} median {v.median():.3f}, median |log| "
+              f"{np.median(np.abs(np.log(v))):.3f} ({len(v)} points)")  # fmt: skip
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
