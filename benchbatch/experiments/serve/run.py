@@ -220,7 +220,7 @@ def _sweep_cost(rec, cost, cpu_cost):
     """The sweep's step costs: the calibration's fit on the CPU clock where it has one (the
     device's own steps: the same on a quiet machine and on one whose other processes take
     turns on the core), else its wall-clock fit. The real engine's points are set beside
-    their simulation on the wall-clock fit (the machine as it ran)."""
+    their simulation on the CPU clock's fit over each point's own core share (real.beside)."""
     if cpu_cost is None:
         return cost
     clock = rec.meta["step_cost"].get("cpu_clock") or {}
@@ -230,8 +230,8 @@ def _sweep_cost(rec, cost, cpu_cost):
         rec.note(
             f"the engine held its core {share:.0%} of the calibration's wall time (other "
             "processes took turns on it): the sweep is simulated on the calibration's CPU "
-            "clock, the device's own steps, and the real engine's points beside a simulation "
-            "on its wall clock, the machine as it ran"
+            "clock, the device's own steps, and each of the real engine's points beside a "
+            "simulation at the share of the core it had while it was served"
         )
     return cpu_cost
 
