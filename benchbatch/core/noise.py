@@ -51,15 +51,21 @@ def time_ratio_range(ratio: float, over: dict, under: dict) -> tuple[float, floa
     return low, high
 
 
-def range_text(low: float, high: float) -> str:
-    """' (x4.12-x9.2 across the steps' p10-p90)', or '' without a range."""
+def span_text(low: float, high: float) -> str:
+    """'x4.12-x9.2', or '' without a range."""
     if not (math.isfinite(low) and math.isfinite(high)):
         return ""
 
     def x(v: float) -> str:
         return f"x{v:.3g}" if v < 1000 else f"x{v:,.0f}"
 
-    return f" ({x(low)}-{x(high)} across the steps' p10-p90)"
+    return f"{x(low)}-{x(high)}"
+
+
+def range_text(low: float, high: float) -> str:
+    """' (x4.12-x9.2 across the steps' p10-p90)', or '' without a range."""
+    span = span_text(low, high)
+    return f" ({span} across the steps' p10-p90)" if span else ""
 
 
 def summary_range(summary: dict, key: str) -> str:
@@ -68,5 +74,5 @@ def summary_range(summary: dict, key: str) -> str:
 
 
 def summary_span(summary: dict, key: str) -> str:
-    """'x4.12-x9.2' for a summary's ratio `key`, or '' without a range (for verdict cells)."""
-    return summary_range(summary, key).removeprefix(" (").split(" across")[0]
+    """span_text of a summary's ratio `key` (for verdict cells)."""
+    return span_text(summary.get(f"{key}_low", math.nan), summary.get(f"{key}_high", math.nan))
