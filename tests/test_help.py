@@ -196,3 +196,28 @@ def test_short_help_rows_keep_their_meaning():
     )
     assert help_view._fold("<fixed|uniform|lognormal>", 18) == "<fixed|uniform|\nlognormal>"
     assert help_view._fold("<sim|real>", 18) == "<sim|real>"
+
+
+@pytest.mark.parametrize(
+    "missing",
+    [(), ("typer._click.decorators", "typer._coercion")],
+    ids=["typer-0.29", "plain-click"],
+)
+def test_the_answer_flags_build_on_every_typer_s_option_decorator(monkeypatch, missing):
+    """typer 0.29's own click takes an option's names as one list and a flag's type
+    descriptor; plain click (typer before 0.26) takes the names one by one and keeps the
+    option in __click_params__. (0.26-0.28, the GPU image's 0.27.2, where every command
+    failed on the names: their own click without the descriptor, checked by hand with each
+    installed, docs/gpu.md.)"""
+    import sys
+
+    from benchbatch.app import cli
+
+    for name in missing:
+        monkeypatch.setitem(sys.modules, name, None)  # import of it fails
+    seen = []
+    option = cli._flag_option(["--help-all"], "Every option.", lambda *a: seen.append(a))
+    assert option.opts == ["--help-all"] and option.is_flag and option.is_eager
+    assert not option.expose_value and option.help == "Every option."
+    assert type(option).__module__.startswith("click" if "typer._click.decorators" in missing
+                                               else "typer")  # fmt: skip

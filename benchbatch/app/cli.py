@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import contextlib
 import errno
+import inspect
 import os
 import signal
 import sys
@@ -103,21 +104,26 @@ def _show_all(ctx, param, value) -> None:
 
 def _flag_option(names: list[str], help: str, callback):
     """An eager flag that answers and exits, made as typer makes --help (a TyperOption, so
-    its help lists it)."""
+    its help lists it). Typer's own click (typer._click, typer >= 0.24 or so) takes the names
+    as one list; click and some typer releases take them one by one, and only some typers
+    have a type descriptor for a flag: each is asked for, not assumed by version."""
     try:  # recent typer vendors its own click
         from typer._click.decorators import option
+    except ImportError:  # pragma: no cover - older typer over plain click
+        from click import option
+    extra = {}
+    try:
         from typer._coercion import bool_flag_type_descriptor
 
         extra = {"type_descriptor": bool_flag_type_descriptor()}
-    except ImportError:  # pragma: no cover
-        from click import option
-
-        extra = {}
-
+    except ImportError:  # pragma: no cover - a typer without it (the GPU image's)
+        pass
+    first = next(iter(inspect.signature(option).parameters.values()))
+    args = tuple(names) if first.kind is inspect.Parameter.VAR_POSITIONAL else (names,)
     holder = types.SimpleNamespace(params=[])  # what the decorator appends its option to
-    option(names, is_flag=True, expose_value=False, is_eager=True, help=help,
+    option(*args, is_flag=True, expose_value=False, is_eager=True, help=help,
            callback=callback, metavar="", **extra)(holder)  # fmt: skip
-    return holder.params[0]
+    return (getattr(holder, "__click_params__", None) or holder.params)[0]  # click's, typer's
 
 
 class HelpIsAFlag:
