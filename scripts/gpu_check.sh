@@ -20,22 +20,23 @@ LIMIT=360  # seconds the whole script may take
 GRACE=3    # seconds a step gets after SIGTERM before SIGKILL
 PY=${PYTHON:-python3}
 
-# name, timeout (s): the only place the timeouts are set. None of them has been measured
-# on a GPU yet (docs/gpu.md): a step that times out keeps its rows and says so.
+# name, timeout (s): the only place the timeouts are set. Sized from the first run on an
+# H200 (2026-12-04, results/nvidia-h200; each step's seconds are in its log): a step that
+# times out keeps its rows and says so.
 STEPS=(
-  "preflight 8"
+  "preflight 10"
   "machine 8"
-  "gpu-tests 30"
-  "graph-lifetime 40"
-  "reproduce 78"
+  "gpu-tests 25"
+  "graph-lifetime 22"
+  "reproduce 30"
   "ranges 5"
-  "phases-eager 14"
-  "phases-compile 32"
-  "sweep-contexts 18"
-  "occupancy-real 20"
-  "ablation 18"
-  "piggyback 22"
-  "tensor-parallel 18"
+  "phases-eager 18"
+  "phases-compile 45"
+  "sweep-contexts 22"
+  "occupancy-real 35"
+  "ablation 48"
+  "piggyback 28"
+  "tensor-parallel 15"
   "pack 4"
 )
 # What each step should show on an H200 SXM (the article model, fp16), printed beside its
@@ -48,6 +49,8 @@ declare -A EXPECT=(
   [ranges]="each of reproduce's numbers inside its H200 range"
   [phases-eager]="decode b=1 slower than with graphs, launch_bound true"
   [phases-compile]="log says whether inductor skipped cudagraphs (mutated inputs) and recompiled"
+  [occupancy-real]="continuous above static occupancy; steps near the estimate's (not x10)"
+  [ablation]="engine calibration: per-token slopes not all zero, decode error under 50%"
   [piggyback]="a 64-token chunk adds well under a decode step's time"
 )
 
@@ -134,9 +137,9 @@ to=$out/phases-compile.txt step phases-compile env TORCH_LOGS=cudagraphs,recompi
   --min-time 0.05 --out "$out/phases-compile" --force
 bb sweep-contexts sweep --context 128,512,2048 --ceilings "$out/reproduce/probe.csv" \
   --out "$out/sweep-contexts" --force
-bb occupancy-real occupancy --engine real --requests 200 --out "$out/occupancy-real" --force
-bb ablation ablation --engine real --requests 60 --long-prompt-len 2048 \
-  --max-num-batched-tokens 512 --chunk-size 256 --max-num-seqs 16 --out "$out/ablation" --force
+bb occupancy-real occupancy --engine real --requests 48 --output-median 16 --max-output 48 --out "$out/occupancy-real" --force
+bb ablation ablation --engine real --requests 16 --long-prompt-len 1024 \
+  --max-num-batched-tokens 512 --chunk-size 256 --max-num-seqs 8 --out "$out/ablation" --force
 bb piggyback piggyback --decode-batch 32 --cuda-graphs --out "$out/piggyback" --force
 
 # Tensor parallelism: two ranks (NCCL, one GPU each) time prefill and decode with their

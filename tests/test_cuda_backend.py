@@ -403,3 +403,22 @@ def test_grouped_commands_replay_graphs_whose_inputs_are_alive(fake, tmp_path, c
     assert len(fake.captures) == len(df) >= 3
     assert len(fake.called("empty_cache")) >= len(df)  # each capture's, then the group's
     assert fake.reused > 0  # freed blocks were handed out again, as a GPU's allocator does
+
+
+def test_a_cuda_backend_keeps_attention_off_cudnn(monkeypatch):
+    """cuDNN's attention rebuilds its graph for each new shape (the engine's steps on the
+    first H200 run): a CUDA backend turns it off for the process, and the selector's choice
+    for the rows follows."""
+    from benchbatch.runtime.cuda import CudaBackend
+
+    was = torch.backends.cuda.cudnn_sdp_enabled()
+    try:
+        torch.backends.cuda.enable_cudnn_sdp(True)
+        CudaBackend(torch.device("cuda", 0), FakeCuda(devices=1), torch.device("cpu"))
+        assert not torch.backends.cuda.cudnn_sdp_enabled()
+        assert (
+            torch.backends.cuda.flash_sdp_enabled()
+            and torch.backends.cuda.mem_efficient_sdp_enabled()
+        )
+    finally:
+        torch.backends.cuda.enable_cudnn_sdp(was)

@@ -28,6 +28,22 @@ FLUSH_BYTES = 256 * 2**20  # at least this much (and twice L2): each repeat star
 CAPTURE_WARMUP_CALLS = 3  # capture needs the first-call allocations and autotuning done
 
 
+def avoid_cudnn_attention() -> None:
+    """Attention on flash or memory-efficient kernels, never cuDNN's (process-wide; the
+    selector's choice is recorded per row, sdpa_backend, and in metadata.json).
+
+    cuDNN's attention builds an execution graph for every new shape before it runs (tens
+    to hundreds of ms: sglang#4650, pytorch#155958), and a served step changes shape every
+    step (each sequence's context grows by one). On the first H200 run (2026-12-04,
+    torch 2.11, results/nvidia-h200) torch picked cuDNN for every kind of call, and the
+    engine's calibrated steps took 8-14 ms in some blocks and 50-78 ms in others of the
+    same batch and kind (every per-token slope zero, errors to 400%; docs/gpu.md). vLLM
+    and SGLang serve on FlashAttention/FlashInfer. A fixed-shape step may lose some speed
+    in its attention kernel by this (not yet measured: docs/gpu.md); one choice for every
+    command keeps the engine's steps and the timed ones on the same kernels."""
+    torch.backends.cuda.enable_cudnn_sdp(False)
+
+
 class CudaBackend:
     """One CUDA device. `alloc_device` is where tensors are made (the device itself; a
     test's fake puts them on the CPU)."""
@@ -51,6 +67,7 @@ class CudaBackend:
         self._flush: Callable[[], object] | None = None
         self.flush_bytes: int | None = None  # the L2-flush buffer, once it is allocated
         self.flush_error: str | None = None  # why there is no L2 flush, if there is none
+        avoid_cudnn_attention()
 
     def activate(self) -> AbstractContextManager:
         """This device is the current one inside the block (and the previous one after)."""
