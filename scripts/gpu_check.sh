@@ -28,11 +28,12 @@ STEPS=(
   "machine 8"
   "gpu-tests 25"
   "graph-lifetime 22"
-  "reproduce 30"
+  "attention 6"
+  "reproduce 25"
   "ranges 5"
   "phases-eager 18"
   "phases-compile 45"
-  "sweep-contexts 22"
+  "sweep-contexts 18"
   "occupancy-real 35"
   "ablation 48"
   "piggyback 28"
@@ -45,6 +46,7 @@ declare -A EXPECT=(
   [preflight]="every import ok, CUDA visible"
   [gpu-tests]="all pass; no test asserts a speed"
   [graph-lifetime]="KV caches held; both replays give the eager logits after 4 GB reused"
+  [attention]="benchbatch's backends under 1 ms a new shape; cuDNN's cost recorded"
   [reproduce]="decode b=1 with graphs 0.33-0.5 ms; probe matmul 600-800 TFLOP/s, copy 3.8-4.3 TB/s"
   [ranges]="each of reproduce's numbers inside its H200 range"
   [phases-eager]="decode b=1 slower than with graphs, launch_bound true"
@@ -126,6 +128,8 @@ to=$out/gpu-tests.txt step gpu-tests "$PY" -m pytest -q -p no:cacheprovider test
 # Decode b=1 and b=32 graphs replayed after the cache is emptied and 4 GB refilled; then
 # the kernels of a prefill and a masked mixed step (kernels.txt); then an OOM row and a row.
 to=$out/graph-lifetime.txt step graph-lifetime "$PY" "$check" lifetime "$out/graph-lifetime"
+# A new shape's first call on cuDNN's attention and on the backends benchbatch runs.
+to=$out/attention.txt step attention "$PY" "$check" attention
 
 bb reproduce reproduce --out "$out/reproduce" --force
 to=$out/ranges.txt step ranges "$PY" "$check" ranges "$out/reproduce"

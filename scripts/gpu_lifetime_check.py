@@ -3,9 +3,11 @@
     python3 scripts/gpu_lifetime_check.py preflight        every dependency imports, CUDA is there
     python3 scripts/gpu_lifetime_check.py lifetime OUTDIR  graphs own their inputs; kernels; OOM
     python3 scripts/gpu_lifetime_check.py ranges RUNDIR    reproduce's numbers against an H200's
+    python3 scripts/gpu_lifetime_check.py attention        a new shape's cost on each SDPA backend
 
-`--dry` runs lifetime on the CPU through the fake CUDA of the tests (tests/fake_cuda.py) and
-the tiny model: the same logic, so a machine without a GPU can tell the script works.
+`--dry` runs lifetime and attention on the CPU through the fake CUDA of the tests
+(tests/fake_cuda.py) and the tiny model: the same logic, so a machine without a GPU can
+tell the script works.
 Each check prints one line: "ok", or "FAILED" and why; the exit status is the count failed.
 """
 
@@ -260,9 +262,83 @@ def measured(pd, run: Path) -> dict:
     return got
 
 
+# --- attention: what a new shape costs on each SDPA backend -----------------------------------
+
+NEW_SHAPES = 12  # consecutive key lengths, as a served decode batch meets them step by step
+
+
+def attention(dev, dtype, dry: bool, limit_ms: float | None = None) -> int:
+    """Decode attention (batch 8, one query each) over NEW_SHAPES consecutive key lengths,
+    each shape's first call timed, then one shape repeated: per backend, unmasked and with
+    the engine's boolean mask. cuDNN builds a graph for each new shape (docs/gpu.md: the
+    engine's steps cost 50-78 ms on the first H200 run); benchbatch runs the others (a
+    CUDA backend turns cuDNN's off). ok when the backends benchbatch uses take a new shape
+    in under 1 ms a call (on the CPU of --dry: under 50 ms)."""
+    import functools
+    import statistics
+
+    import torch
+    from torch.nn.attention import SDPBackend
+
+    heads, d, batch, start = (2, 16, 2, 33) if dry else (16, 128, 8, 513)
+    sync = (lambda: None) if dry else torch.cuda.synchronize  # noqa: E731
+    make = lambda *shape: torch.randn(*shape, device=dev, dtype=dtype)  # noqa: E731
+    q = make(batch, heads, 1, d)
+    sets = {
+        "cudnn": [SDPBackend.CUDNN_ATTENTION],
+        "benchbatch's (flash, memory-efficient, math)": [
+            SDPBackend.FLASH_ATTENTION, SDPBackend.EFFICIENT_ATTENTION, SDPBackend.MATH,
+        ],
+    }  # fmt: skip
+    failed, limit_ms = 0, limit_ms or (50.0 if dry else 1.0)
+    for name, backends in sets.items():
+        for masked in (False, True):
+            kind = "masked" if masked else "unmasked"
+
+            call = functools.partial(_timed_attention, q, make, sync, backends, masked)
+            try:
+                call(start - 1)  # the backend's own first-call setup, not a shape's
+                new = [call(start + i) for i in range(NEW_SHAPES)]
+                again = [call(start + NEW_SHAPES - 1) for _ in range(NEW_SHAPES)]
+            except RuntimeError as e:  # this backend does not take these tensors here
+                why = str(e).split(". ")[0][:80]
+                print(f"{'attention':<24} -: {name}, {kind}: not available ({why})")
+                continue
+            new_ms, again_ms = statistics.median(new), statistics.median(again)
+            detail = (f"{name}, {kind}: a new shape {new_ms:.3g} ms a call, the same shape "
+                      f"again {again_ms:.3g} ms (medians of {NEW_SHAPES})")  # fmt: skip
+            if name == "cudnn":  # recorded, not judged: benchbatch does not run it
+                print(f"{'attention':<24} -: {detail}", flush=True)
+            else:
+                failed += not say("attention", new_ms < limit_ms, detail)
+    return failed
+
+
+def _timed_attention(q, make, sync, backends, masked: bool, length: int) -> float:
+    """Milliseconds of one attention call of q against `length` new keys, on `backends`,
+    with the engine's boolean mask (one sequence a key shorter) or none."""
+    import time
+
+    import torch
+    import torch.nn.functional as F
+    from torch.nn.attention import sdpa_kernel
+
+    batch, heads, _, d = q.shape
+    keys, mask = make(batch, heads, length, d), None
+    if masked:
+        mask = torch.ones(batch, 1, 1, length, dtype=torch.bool, device=q.device)
+        mask[0, ..., -1] = False
+    sync()
+    begin = time.perf_counter()
+    with sdpa_kernel(backends):
+        F.scaled_dot_product_attention(q, keys, keys, attn_mask=mask)
+    sync()
+    return (time.perf_counter() - begin) * 1e3
+
+
 def main(argv=None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("check", choices=["preflight", "lifetime", "ranges"])
+    parser.add_argument("check", choices=["preflight", "lifetime", "ranges", "attention"])
     parser.add_argument("folder", nargs="?", default="results/gpu-check", type=Path)
     parser.add_argument("--dry", action="store_true", help="on the CPU, through the fake CUDA")
     args = parser.parse_args(argv)
@@ -272,6 +348,8 @@ def main(argv=None) -> int:
         return ranges(args.folder)
     sys.path.insert(0, str(REPO))
     with machine(args.dry) as (api, dev, name, dtype):
+        if args.check == "attention":
+            return attention(dev, dtype, args.dry)
         return lifetime(api, dev, name, dtype, args.folder)
 
 

@@ -33,9 +33,9 @@ def test_the_step_timeouts_add_up_to_under_six_minutes(tmp_path):
     done = subprocess.run(["bash", str(SCRIPT), str(tmp_path / "out")], env=env,
                           capture_output=True, text=True, check=True)  # fmt: skip
     budget = int(done.stdout.split()[1])
-    assert budget < 360 and "14 steps" in done.stdout
+    assert budget < 360 and "15 steps" in done.stdout
     text = SCRIPT.read_text()
-    for step in ("preflight", "graph-lifetime", "ranges", "phases-compile"):
+    for step in ("preflight", "graph-lifetime", "attention", "ranges", "phases-compile"):
         assert f'"{step} ' in text  # each new check has its own timeout in the budget
     assert "TORCH_LOGS=cudagraphs,recompiles" in text
 
@@ -78,3 +78,30 @@ def test_ranges_judge_an_h200_and_only_an_h200(check, tmp_path, capsys):
     # Another GPU's numbers are printed, not judged: an H200 NVL is not an H200 SXM.
     assert check.ranges(write_run(tmp_path / "c", "NVIDIA H200 NVL", 0.9, 500, 2.1)) == 0
     assert "not judged on NVIDIA H200 NVL" in capsys.readouterr().out
+
+
+def test_the_attention_check_times_new_shapes_and_fails_a_slow_backend(check, monkeypatch, capsys):
+    """On the CPU cuDNN's attention is not there (said, not judged) and the others take a
+    new shape quickly; a backend whose new shapes cost more than the limit fails."""
+    import torch
+
+    cpu = torch.device("cpu")
+    assert check.attention(cpu, torch.float32, dry=True) == 0
+    lines = capsys.readouterr().out.splitlines()
+    assert sum("cudnn" in line and "not available" in line for line in lines) == 2
+    ok = [line for line in lines if " ok: " in line]
+    assert len(ok) == 2 and all("a new shape" in line for line in ok)
+
+    seen = set()
+
+    def slow_first_call(q, make, sync, backends, masked, length):
+        first = (tuple(backends), masked, length) not in seen
+        seen.add((tuple(backends), masked, length))
+        return 40.0 if first else 0.05  # a graph built for each new shape
+
+    monkeypatch.setattr(check, "_timed_attention", slow_first_call)
+    assert check.attention(cpu, torch.float32, dry=True, limit_ms=1.0) == 2
+    lines = capsys.readouterr().out.splitlines()
+    assert any("cudnn, masked: a new shape 40 ms a call, the same shape again 0.05" in x
+               for x in lines)  # fmt: skip
+    assert sum(" FAILED: " in line for line in lines) == 2
