@@ -150,6 +150,11 @@ def test_real_engine_measures_both_policies(runner, tmp_path):
     assert meta["status"] == "complete" and meta["config"]["name"] == "tiny"
     assert meta["estimate"]["estimated_s"] > 0 and "median" in meta["sim_time_basis"]
     assert "Estimated duration" in result.stderr and "faster in wall time" in result.stdout
+    # The estimate counts the calibration that follows the runs (the first H200 run's said
+    # 1 s for 12 s of runs and 45 s of calibration): as many steps as it then ran.
+    calibrated = len(pd.read_csv(run / "calibration_steps.csv"))
+    assert meta["estimate"]["calibration_steps"] == calibrated > 0
+    assert f"then {calibrated:,} to calibrate its simulation" in " ".join(result.stderr.split())
 
 
 def test_interrupted_real_run_keeps_its_measured_rows(runner, tmp_path, monkeypatch):

@@ -130,6 +130,17 @@ def cost_model(rec, net, budgets, requests, given, run: RunOptions, cpu_clock: b
     return given["model"]
 
 
+def calibration_runs(net, budgets, requests) -> list:
+    """runtime/calibrate.py's runs at these budgets and the requests' prompt lengths (what
+    engine_calibration serves; their steps counted beforehand: calibrate.total_steps)."""
+    from benchbatch.runtime import calibrate as cb
+
+    prompts = [r.prompt_tokens for r in requests]
+    plan = cb.plan_for(budgets.max_num_seqs, prompts, budgets.chunk_size,
+                       budgets.max_num_batched_tokens, net.cfg.max_context)  # fmt: skip
+    return cb.runs(plan)
+
+
 def engine_calibration(rec, net, budgets, requests, seed: int) -> dict:
     """The real engine run on runtime/calibrate.py's workload at these budgets and the
     requests' prompt lengths (calibration_steps.csv as its steps end), fitted by
@@ -137,10 +148,7 @@ def engine_calibration(rec, net, budgets, requests, seed: int) -> dict:
     from benchbatch.core import calibration as cal
     from benchbatch.runtime import calibrate as cb
 
-    prompts = [r.prompt_tokens for r in requests]
-    plan = cb.plan_for(budgets.max_num_seqs, prompts, budgets.chunk_size,
-                       budgets.max_num_batched_tokens, net.cfg.max_context)  # fmt: skip
-    runs = cb.runs(plan)
+    runs = calibration_runs(net, budgets, requests)
     conditions = cb.conditions(net)
     events = cb.events(net, runs, seed)
     label = "calibrating the engine"

@@ -266,6 +266,8 @@ def _run_real(rec, model: ModelOptions, run: RunOptions, requests, slots: int, s
 
     net, cfg = c.build_model(rec, model, run)
     estimate = probe.estimate(net, rec.target.dtype_name, requests, slots, sims)
+    if not stop and rec.inputs.given is None:  # prediction_part calibrates the engine after
+        estimate |= calibration_estimate(net, requests, slots, estimate)
     rec.meta.update(estimate=estimate, sim_time_basis=probe.SIM_TIME_BASIS)
     if not run.json_out:
         _say_estimate(estimate, sims, rec, slots)
@@ -291,13 +293,10 @@ def prediction_part(rec, net, requests, slots: int, run: RunOptions, given=None)
     from benchbatch.core.prediction import pairs_of
     from benchbatch.core.scheduler import make_scheduler
     from benchbatch.core.simulate import simulate
-    from benchbatch.experiments.ablation.probe import Budgets
     from benchbatch.experiments.ablation.run import cost_model
     from benchbatch.output.plots.prediction import record
 
-    prompts = [r.prompt_tokens for r in requests]
-    chunk = max(16, min(256, max(prompts)))
-    cost = cost_model(rec, net, Budgets(slots, chunk + slots, chunk), requests, given, run)
+    cost = cost_model(rec, net, calibration_budgets(requests, slots), requests, given, run)
     pairs = []
     for real in rec.rows("engine"):
         policy = real["policy"]
@@ -306,6 +305,26 @@ def prediction_part(rec, net, requests, slots: int, run: RunOptions, given=None)
         row = {"wall_s": sim.total_time, **{f"{k}_s": v for k, v in m.items()}}
         pairs += pairs_of(policy, row, real, PREDICTED, policy=policy)
     record(rec, pairs, f"occupancy: the real engine beside its simulation; {slots} slots")
+
+
+def calibration_budgets(requests, slots: int):
+    """The budgets the engine is calibrated at for the simulation beside its runs: the
+    slots, and chunks as long as the longest prompt (16-256 tokens)."""
+    from benchbatch.experiments.ablation.probe import Budgets
+
+    chunk = max(16, min(256, max(r.prompt_tokens for r in requests)))
+    return Budgets(slots, chunk + slots, chunk)
+
+
+def calibration_estimate(net, requests, slots: int, e: dict) -> dict:
+    """The calibration that follows the runs (prediction_part's): its steps, counted from
+    its plan, each priced as the estimate's average engine step."""
+    from benchbatch.experiments.ablation.run import calibration_runs
+    from benchbatch.runtime import calibrate as cb
+
+    steps = cb.total_steps(calibration_runs(net, calibration_budgets(requests, slots), requests))
+    per_step = e["estimated_s"] / max(1, e["simulated_steps"])
+    return {"calibration_steps": steps, "calibration_s": steps * per_step}
 
 
 def _collectives(rec, net, context: int, slots: int, run: RunOptions) -> None:
@@ -372,11 +391,15 @@ def _observed_sim(rec, requests, result, policy: str):
 def _say_estimate(e: dict, sims: dict, rec, slots: int) -> None:
     cfg, target = rec.cfg, rec.target
     steps = " + ".join(f"{p} {s.total_steps:,}" for p, s in sims.items())
+    calibrating = ""
+    if e.get("calibration_steps"):
+        calibrating = f", then {e['calibration_steps']:,} to calibrate its simulation"
     rec.say(
         f"real engine: {cfg.name} (hidden {cfg.hidden}, {cfg.layers} layers) "
         f"{target.dtype_name} on {target.device}, KV cache {e['kv_cache_bytes'] / 2**20:,.0f} "
-        f"MiB; {e['simulated_steps']:,} steps to run ({steps}). Estimated duration: about "
-        f"{duration(e['estimated_s'])} (a decode step of {slots} sequences at context "
+        f"MiB; {e['simulated_steps']:,} steps to run ({steps}){calibrating}. Estimated "
+        f"duration: about {duration(e['estimated_s'] + e.get('calibration_s', 0.0))} (a "
+        f"decode step of {slots} sequences at context "
         f"{e['decode_context']:,} took {e['decode_step_ms']:.3g} ms here, a "
         f"{e['prefill_tokens']}-token prefill {e['prefill_ms']:.3g} ms)."
     )
