@@ -585,7 +585,8 @@ def test_each_real_point_is_simulated_at_its_own_core_share(runner, tmp_path, mo
     the max rate (every request at once, so every time scales) lasts exactly its CPU-clock
     simulation (serve.csv's sim row of the same requests) over that share, and carries it;
     a note names the points under 90% with the calibration's share, and the verdict says
-    it was served on a shared core."""
+    it was served on a shared core, and what the same requests on a core of their own keep
+    within the SLO."""
     import pandas as pd
 
     from benchbatch.app.cli import app
@@ -628,6 +629,14 @@ def test_each_real_point_is_simulated_at_its_own_core_share(runner, tmp_path, mo
         assert (f"{policy} max req/s" in noted) == (shares[policy] < 0.9)
     assert "continuous max req/s" in noted
     assert "real engine: served on a shared core" in text  # continuous held half of it
+    # On a core of its own: the same requests on the CPU clock's prices as they are, which
+    # is the sim row of the same requests (the sweep's 8 are the real engine's 8).
+    for policy in ("static", "continuous", "chunked"):
+        real_row, sim = by["real"].loc[policy], by["sim"].loc[policy]
+        assert real_row["whole_core_e2e_p50_s"] == pytest.approx(sim["e2e_p50_s"], rel=1e-9)
+        assert bool(real_row["whole_core_within_slo"]) == bool(sim["within_slo"])
+    own = text.split("real engine, the same requests on a core of their own", 1)[1]
+    assert "within the SLO up to static" in own.split("\n", 1)[0]
 
 
 def test_the_cpu_price_errors_are_cpu_time_over_the_cpu_price():

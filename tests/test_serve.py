@@ -38,7 +38,29 @@ CPU_LIKE = StepCostModel(0.016, 0.002, 0.00027, 5e-7)
 # --- the real engine, arrivals on the wall clock ----------------------------------------------
 
 
-def test_the_engine_admits_a_request_only_after_it_arrives(tiny_model):
+class VirtualTime:
+    """The engine's clock in virtual time: each reading advances it 0.1 ms (a step takes a
+    few readings: well under a millisecond) and a sleep jumps it ahead, so where the steps
+    fall against the arrivals does not depend on how busy the machine is (a wall clock at
+    load 8 ran the first four requests past the last two's arrival)."""
+
+    def __init__(self):
+        self.now = 1000.0
+
+    def perf_counter(self) -> float:
+        self.now += 1e-4
+        return self.now
+
+    def sleep(self, seconds: float) -> None:
+        self.now += max(0.0, seconds)
+
+    thread_time = perf_counter
+
+
+def test_the_engine_admits_a_request_only_after_it_arrives(tiny_model, monkeypatch):
+    from benchbatch.runtime import engine as engine_module
+
+    monkeypatch.setattr(engine_module, "time", VirtualTime())
     requests = [Request(i, 5 + i, 3 + i % 4) for i in range(6)]
     arrivals = [0.0, 0.0, 0.05, 0.05, 0.3, 0.31]  # the engine idles before the last two
     engine = Engine(tiny_model, "continuous", slots=4, seed=3)

@@ -175,7 +175,29 @@ def shared_core(rows: list[dict]) -> list[str]:
         f"real engine: served on a shared core (the engine held it {held} of the time, "
         "serve.csv's core_share; other processes took the rest): its rates are this loaded "
         "machine's, and a quiet run serves more; the simulated knees price the device's own "
-        "steps and are the ones to compare across runs"
+        "steps and are the ones to compare across runs",
+        *_whole_core(rows),
+    ]
+
+
+def _whole_core(rows: list[dict]) -> list[str]:
+    """The real points' requests on a core of their own (serve.csv's whole_core_within_slo:
+    simulated on the calibration's CPU-clock step costs): the rates a quiet run of the same
+    requests would keep within the SLO."""
+    from benchbatch.experiments.serve import probe
+
+    real = [r for r in rows if r["source"] == "real" and "whole_core_within_slo" in r]
+    real = [r for r in real if r["whole_core_within_slo"] == r["whole_core_within_slo"]]
+    parts = []
+    for policy in dict.fromkeys(r["policy"] for r in real):
+        mine = sorted((r | {"within_slo": bool(r["whole_core_within_slo"])} for r in real
+                       if r["policy"] == policy), key=lambda r: r["rate_rps"])  # fmt: skip
+        parts.append(f"{policy} {_sustains(probe.sustained_row(policy, 'real', mine))}")
+    if not parts:
+        return []
+    return [
+        "real engine, the same requests on a core of their own (simulated on the CPU time "
+        "its steps take): within the SLO up to " + ", ".join(parts)
     ]
 
 

@@ -356,11 +356,11 @@ def sustained(rows: Sequence[dict]) -> list[dict]:
                 key=lambda r: r["rate_rps"],
             )
             if mine:
-                out.append(_sustained_row(policy, source, mine))
+                out.append(sustained_row(policy, source, mine))
     return out
 
 
-def _sustained_row(policy: str, source: str, mine: list[dict]) -> dict:
+def sustained_row(policy: str, source: str, mine: list[dict]) -> dict:
     miss = next((i for i, r in enumerate(mine) if not r["within_slo"]), len(mine))
     last = mine[miss - 1] if miss > 0 else None
     left = mine[miss] if miss < len(mine) else None

@@ -54,6 +54,7 @@ def serve(rec, net, opts: ServeOptions, w, setup, cost, rates, seed: int, cpu_co
         row |= energy.serve_columns(row, reading, opts.price_per_hour)
         row["core_share"] = core_share([s.row() for s in done.result.steps])
         sim = beside(matched[(done.run.name, rate)], w, setup, cpu_cost, row["core_share"], n)
+        row |= whole_core(matched[(done.run.name, rate)], w, setup, cpu_cost, n)
         sim_row = probe.point_row(sim, setup) | {
             "step_costs": "wall clock" if sim is matched[(done.run.name, rate)] else
             "cpu clock / core share", "core_share": row["core_share"]}  # fmt: skip
@@ -86,6 +87,19 @@ def beside(point, w, setup, cpu_cost, share: float, n: int):
         return point
     scaled = cpu_cost.scaled(1.0 / share)
     return probe.simulate_point(w, point.policy, point.rate, setup, scaled, n, probe.MATCHED)
+
+
+def whole_core(point, w, setup, cpu_cost, n: int) -> dict:
+    """A real point's requests simulated on the calibration's CPU-clock step costs as they
+    are (a core of its own): whether they stay within the SLO there, and their E2E p50.
+    What a quiet machine would serve, where other processes took the engine's core (the
+    verdict says it beside the measured rates); {} without a CPU clock (a GPU)."""
+    from benchbatch.experiments.serve import probe
+
+    if cpu_cost is None:
+        return {}
+    row = probe.point_row(beside(point, w, setup, cpu_cost, 1.0, n), setup)
+    return {"whole_core_within_slo": row["within_slo"], "whole_core_e2e_p50_s": row["e2e_p50_s"]}
 
 
 def compare(rec, served: Served) -> None:
