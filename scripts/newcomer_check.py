@@ -186,7 +186,8 @@ def knees_agree(quiet: dict[str, dict], loaded: dict[str, dict]) -> list[str]:
     for policy in dict.fromkeys([*quiet, *loaded]):
         q, lo = quiet.get(policy), loaded.get(policy)
         if not q or not lo:
-            lines.append(f"| {policy} | {q and q['knee_rps']} | {lo and lo['knee_rps']} | - | - |")
+            shown = [f"{r['knee_rps']:.3g}" if r else "none" for r in (q, lo)]
+            lines.append(f"| {policy} | {shown[0]} | {shown[1]} | - | - |")
             continue
         overlap = ranges_overlap((q["knee_rps_slow"], q["knee_rps_fast"]),
                                  (lo["knee_rps_slow"], lo["knee_rps_fast"]))  # fmt: skip

@@ -189,11 +189,15 @@ def test_a_knee_is_sought_below_the_policys_capacity_only():
     assert got == {"static": (2, 4, 10.0), "continuous": (4, 5.0 * 1.02, 5.0),
                    "chunked": (1, 1.5 * 1.02, 1.5)}  # fmt: skip
     rows = sweep_rows({
-        "static": [(1, True, 1), (2, True, 2), (4, True, 3), (inf, False, 3.0)],  # past it
         "continuous": [(1, True, 1), (2, True, 2), (inf, True, 5.0)],  # within at max
         "chunked": [(1, False, 1), (2, False, 2), (inf, False, 5.0)],  # never within
     })  # fmt: skip
     assert probe.knee_brackets(rows) == []
+    # Within the SLO at a swept rate past its capacity (a finite run ends before its queue
+    # grows): the knee is the capacity (the quiet newcomer run's continuous, which had none
+    # and so nothing to compare with the loaded run's).
+    past = sweep_rows({"static": [(1, True, 1), (2, True, 2), (4, True, 3), (inf, False, 3.0)]})
+    assert probe.knee_brackets(past) == [("static", 3.0, 3.0, 3.0)]
 
 
 def test_no_knee_lies_past_the_capacity():
@@ -214,3 +218,25 @@ def test_no_knee_lies_past_the_capacity():
         assert cap / (1 + probe.KNEE_WIDTH) <= k["knee_rps"] <= cap
         assert k["knee_rps_slow"] <= cap / 1.1 and k["knee_rps_fast"] <= cap / 0.9
         assert k["knee_rps_slow"] >= cap / 1.1 / (1 + probe.KNEE_WIDTH)
+
+
+def test_a_policy_within_the_slo_past_its_capacity_has_its_knee_there():
+    """Swept at a rate past its capacity and still within the SLO (the run ended before its
+    queue grew): the knee is exactly the capacity, and with every step 10% slower and
+    faster the capacity over that factor, bisected to 2%; the progress estimate counts the
+    simulations those take."""
+    w, setup = workload()
+    loose = probe.Setup(setup.slots, setup.budget, setup.chunk, ServingSLO(1e3, 1e3))
+    top = probe.point_row(probe.simulate_point(w, "continuous", math.inf, loose, COST), loose)
+    cap = top["request_throughput_rps"]
+    rows = [probe.point_row(probe.simulate_point(w, "continuous", r, loose, COST), loose)
+            for r in (cap / 4, cap * 1.5)] + [top]  # fmt: skip
+    for r in rows:  # within at both swept rates, not at max (as a tight TTFT limit makes it)
+        r["within_slo"] = math.isfinite(r["rate_rps"])
+    calls = []
+    found = probe.knees(w, rows, loose, COST, advance=lambda: calls.append(1))
+    (k,) = found
+    assert k["knee_rps"] == cap
+    assert cap / 1.1 / (1 + probe.KNEE_WIDTH) <= k["knee_rps_slow"] <= cap / 1.1
+    assert cap / 0.9 / (1 + probe.KNEE_WIDTH) <= k["knee_rps_fast"] <= cap / 0.9
+    assert len(calls) <= probe.expected_knee_calls(probe.knee_brackets(rows))

@@ -110,17 +110,21 @@ def test_the_serving_curve_at_three_rates_and_where_each_policy_leaves_the_slo(t
         said = "stays within" if pd.isna(left) else f"leaves the SLO at {left} req/s"
         assert said in report or f"outside the SLO already at {left}" in report
     claim = next(c for c in meta["claims"] if c["key"] == "S")
-    # A knee is bisected for each policy that leaves the SLO below its capacity (its
-    # throughput at the max point): this tiny model's policies stay within up to it, so
-    # none here, and the claim is judged on the swept rates (the knees' rule: test_report).
+    # A knee for each policy that leaves the SLO: bisected below its capacity (its request
+    # throughput at the max point), or the capacity itself where the policy stayed within
+    # at a swept rate past it (this tiny model's static does: a finite run ends before its
+    # queue grows); the claim is judged on the knees (the knees' rule: test_report).
     serve_meta = meta["serve"]
     found = {k["policy"]: k for k in serve_meta["knees"]["policies"]}
     assert serve_meta["knees"]["width"] == 0.02 and serve_meta["knees"]["step_cost_spread"] == 0.1
     for policy, r in slo.set_index("policy").iterrows():
         if policy in found:
             k = found[policy]
-            assert r["sustained_rps"] <= k["knee_rps"] and k["knee_rps_slow"] < k["knee_rps"]
-            assert k["knee_rps"] < k["knee_rps_fast"]
+            assert k["knee_rps_slow"] < k["knee_rps"] < k["knee_rps_fast"]
+            if k["knee_rps"] < r["sustained_rps"]:  # at the capacity: it scales with the steps
+                width = 1 + serve_meta["knees"]["width"]
+                assert k["knee_rps"] / 1.1 / width <= k["knee_rps_slow"] <= k["knee_rps"] / 1.1
+                assert k["knee_rps"] / 0.9 / width <= k["knee_rps_fast"] <= k["knee_rps"] / 0.9
     by = slo.set_index("policy")["sustained_rps"]
     static, cont = by["static"], by["continuous"]
     if {"static", "continuous"} <= set(found):

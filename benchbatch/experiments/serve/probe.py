@@ -427,6 +427,8 @@ def knee_calls(ratio: float, known: bool = False, width: float = KNEE_WIDTH) -> 
     """The simulations knee() takes on a bracket hi/lo = ratio that holds the knee: its
     bisection's halvings, and the two rates asked first when the bracket is a guess (a
     guess that misses costs more: an estimate, for the progress bar)."""
+    if ratio <= 1 + width:  # already as narrow as asked (a knee at the capacity)
+        return 0 if known else 2
     halvings = max(0, math.ceil(math.log2(math.log(ratio) / math.log1p(width))))
     return min(KNEE_STEPS, halvings + (0 if known else 2))
 
@@ -452,8 +454,10 @@ def knee_brackets(rows: Sequence[dict]) -> list[tuple[str, float, float, float]]
     point (everything queued at once; inf without one). A rate above it only seems within
     the SLO because a finite run ends before its queue grows, so the knee is sought below
     it: hi is at most capacity x (1 + KNEE_WIDTH), and a policy within the SLO at every
-    finite rate but not at max has its knee between its largest rate and its capacity.
-    None where it never met the SLO, met it at max too, or already at its capacity."""
+    finite rate but not at max has its knee between its largest rate and its capacity. A
+    policy within the SLO at a swept rate past its capacity has its knee at the capacity
+    (lo = hi = capacity: saturation, not latency, bounds it; steps 10% slower and faster
+    move it by that factor). None where it never met the SLO or met it at max too."""
     top = {r["policy"]: r["request_throughput_rps"] for r in rows
            if r["source"] == SIM and math.isinf(r["rate_rps"])}  # fmt: skip
     out = []
@@ -464,6 +468,8 @@ def knee_brackets(rows: Sequence[dict]) -> list[tuple[str, float, float, float]]
         lo, hi = row["sustained_rps"], min(row["leaves_slo_rps"], cap * (1 + KNEE_WIDTH))
         if math.isfinite(hi) and lo < min(hi, cap):
             out.append((row["policy"], lo, hi, cap))
+        elif math.isfinite(cap) and lo >= cap:  # within past its capacity: the knee is it
+            out.append((row["policy"], cap, cap, cap))
     return out
 
 
