@@ -345,6 +345,27 @@ BREAKS = [
         tests("tests/test_knee.py"),
     ),
     Break(
+        "knee: a policy within the SLO past its capacity given its sustained rate",
+        "benchbatch/experiments/serve/probe.py",
+        "            out.append((row[\"policy\"], cap, cap, cap))",
+        "            out.append((row[\"policy\"], lo, lo, cap))",
+        tests("tests/test_knee.py"),
+    ),
+    Break(
+        "a shared core's whole-core simulation at the point's own share",
+        "benchbatch/experiments/serve/real.py",
+        "row = probe.point_row(beside(point, w, setup, cpu_cost, 1.0, n), setup)",
+        "row = probe.point_row(beside(point, w, setup, cpu_cost, 0.5, n), setup)",
+        tests("tests/test_calibration.py"),
+    ),
+    Break(
+        "occupancy's estimate: the calibration's runs counted, not their steps",
+        "benchbatch/experiments/occupancy/run.py",
+        "steps = cb.total_steps(calibration_runs(",
+        "steps = len(calibration_runs(",
+        tests("tests/test_occupancy_cli.py"),
+    ),
+    Break(
         "knee: bisected to ten times its width",
         "benchbatch/experiments/serve/probe.py",
         "    while hi / lo - 1 > width:\n",
