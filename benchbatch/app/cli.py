@@ -104,9 +104,9 @@ def _show_all(ctx, param, value) -> None:
 
 def _flag_option(names: list[str], help: str, callback):
     """An eager flag that answers and exits, made as typer makes --help (a TyperOption, so
-    its help lists it). Typer's own click (typer._click, typer >= 0.24 or so) takes the names
-    as one list; click and some typer releases take them one by one, and only some typers
-    have a type descriptor for a flag: each is asked for, not assumed by version."""
+    its help lists it). Typer's own click (typer._click, typer 0.26 and later) takes the names
+    as one list, plain click (older typers) one by one, and only typer 0.29 on has a type
+    descriptor for a flag: each is asked of what is installed, not assumed by version."""
     try:  # recent typer vendors its own click
         from typer._click.decorators import option
     except ImportError:  # pragma: no cover - older typer over plain click
