@@ -62,6 +62,25 @@ def test_the_noise_hint_names_the_load_when_it_is_the_likely_cause():
     assert noise.noisy_hint(0.4, 2) == noise.REPEATS_HINT  # quiet: repeats average it out
     assert noise.noisy_hint(1.5, 2) == noise.REPEATS_HINT  # this run's own thread is 1 of it
     assert "--threads 1" in noise.noisy_hint(0.1, 8, threads=4)
+    # A busy machine and a run already on one pinned thread: the advice is not what it did.
+    one = noise.noisy_hint(3.1, 2, threads=1)
+    assert "--threads 1" not in one and "close other work" in one and "already" in one
+    assert "--threads 1" in noise.noisy_hint(3.1, 2, threads=2)
+
+
+def test_the_noisy_warning_takes_the_runs_own_threads(monkeypatch):
+    from benchbatch.output import render
+
+    monkeypatch.setattr(machine, "load_average", lambda: [3.1, 3.0, 3.0])
+    monkeypatch.setattr(machine, "core_count", lambda: 2)
+    said = []
+    monkeypatch.setattr(render, "warning", said.append)
+    for threads in (1, 2):
+        meta = {"threads": {"threads": threads}}
+        render.warn_untrusted({"noisy": ["decode b=1"]}, render.run_threads(meta))
+    assert "--threads 1" not in said[0] and "already computes on one pinned thread" in said[0]
+    assert "run with --threads 1" in said[1]
+    assert render.run_threads({}) is None
 
 
 @pytest.mark.skipif(not AFFINITY, reason="no CPU affinity on this platform")

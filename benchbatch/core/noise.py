@@ -28,6 +28,12 @@ def noisy_hint(load: float | None, cores: int, threads: int | None = None) -> st
         if threads is not None and threads > 1:
             return f"{REPEATS_HINT}, or --threads 1 (one pinned thread measures best when shared)"
         return REPEATS_HINT
+    if threads == 1:  # the run already measures as well as a shared machine allows
+        return (
+            f"the load average is {load:.1f} on {cores} physical cores, so other processes "
+            "compete: close other work (this run already computes on one pinned thread, "
+            f"what measures best on a shared machine), then {REPEATS_HINT}"
+        )
     return (
         f"the load average is {load:.1f} on {cores} physical cores, so other processes "
         "compete: close other work and run with --threads 1 (one pinned thread measures "

@@ -163,23 +163,29 @@ def print_json(document: dict) -> None:
     out_console.out(json.dumps(json_safe(document), indent=2), highlight=False)
 
 
-def noisy_hint() -> str:
+def noisy_hint(threads: int | None = None) -> str:
     """NOISY_HINT, or on a CPU whose load says other processes compete (the likely cause),
-    fewer threads and less other work first (core/noise.py)."""
+    fewer threads and less other work first (core/noise.py); `threads`: the run's own."""
     from benchbatch.core import machine, noise
 
     load = machine.load_average()
-    return noise.noisy_hint(load[0] if load else None, machine.core_count())
+    return noise.noisy_hint(load[0] if load else None, machine.core_count(), threads)
 
 
-def warn_untrusted(flagged: dict[str, list[str]]) -> None:
-    """Say which rows are noisy or throttled, and what to try."""
+def run_threads(meta: dict) -> int | None:
+    """The run's compute threads (metadata's threads.threads), None where it set none."""
+    return (meta.get("threads") or {}).get("threads")
+
+
+def warn_untrusted(flagged: dict[str, list[str]], threads: int | None = None) -> None:
+    """Say which rows are noisy or throttled, and what to try (`threads`: the run's compute
+    threads, metadata's threads.threads, so the advice is not what the run already did)."""
     from benchbatch.core.noise import DEFAULT_CV_THRESHOLD
 
     if flagged.get("noisy"):
         warning(
             f"noisy (CV over {DEFAULT_CV_THRESHOLD:.0%}): {', '.join(flagged['noisy'])}; "
-            f"something else may be using the device: {noisy_hint()}."
+            f"something else may be using the device: {noisy_hint(threads)}."
         )
     if flagged.get("throttled"):
         warning(

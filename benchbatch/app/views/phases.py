@@ -43,7 +43,7 @@ def show(rec) -> None:
             f"Batching {b1} decodes made each token {s['decode_token_cost_ratio']:.1f}x cheaper "
             f"than batch {b0}{summary_range(s, 'decode_token_cost_ratio')}."
         )
-    render.warn_untrusted(rec.meta["untrusted"])
+    render.warn_untrusted(rec.meta["untrusted"], render.run_threads(rec.meta))
     if rec.meta.get("ceilings_source"):
         render.line(f"ceilings (mfu, mbu, bound): {rec.meta['ceilings_source']}")
     render.results_line(rec.folder)

@@ -55,7 +55,7 @@ def show(rec) -> None:
         )
     if tiles:
         render.table(tiles, TILE_COLUMNS, "tile effects: one prefill step of each length")
-    render.warn_untrusted(rec.meta["untrusted"])
+    render.warn_untrusted(rec.meta["untrusted"], render.run_threads(rec.meta))
     if rec.meta.get("ceilings_source"):
         render.line(f"ceilings (mfu, mbu, bound): {rec.meta['ceilings_source']}")
     render.results_line(rec.folder)

@@ -41,7 +41,7 @@ def show(rec) -> None:
                      "nccl-tests: algbw x 2(n-1)/n)")  # fmt: skip
     render.out_console.print(ceilings_table(s))
     render.out_console.print(datasheet_table(s["measured"]["dtype"]))
-    render.warn_untrusted(rec.meta["untrusted"])
+    render.warn_untrusted(rec.meta["untrusted"], render.run_threads(rec.meta))
     render.results_line(rec.folder)
 
 

@@ -107,7 +107,7 @@ def show(rec) -> None:
     out.print(verdicts)
     noisy = noisy_steps(rec)
     if noisy:
-        render.warn_untrusted({"noisy": noisy})
+        render.warn_untrusted({"noisy": noisy}, render.run_threads(rec.meta))
     out.print(f"report: {rec.folder / 'report.md'} (and report.html); every file: {rec.folder}")
 
 

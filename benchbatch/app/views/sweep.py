@@ -51,7 +51,7 @@ def show(rec) -> None:
             render.out_console.print(line)
     for line in energy.summary_lines(rows, name=lambda r: f"ctx {r['context']} b={r['batch']}"):
         render.out_console.print(line, highlight=False)  # energy and cost, or "not available"
-    render.warn_untrusted(rec.meta["untrusted"])
+    render.warn_untrusted(rec.meta["untrusted"], render.run_threads(rec.meta))
     if rec.meta.get("ceilings_source"):
         render.line(f"ceilings (mfu, mbu, bound): {rec.meta['ceilings_source']}")
     render.results_line(rec.folder)
