@@ -41,6 +41,10 @@ from benchbatch.experiments.serve import endpoint as ep
 # the tokens back).
 BASE, DECODE, PREFILL, CONTEXT, ADMIT, OVERHEAD = 4e-3, 0.8e-3, 0.12e-3, 1.5e-6, 2.5e-3, 7e-3
 IN_SHARE = 0.6
+# A server whose steps start slow when its batch changes (a request joins or leaves) and
+# settle over the next steps (vLLM-CPU's do, docs/simulation.md): SETTLE more at the step of
+# the change, SETTLE_DECAY times as much at each step after it.
+SETTLE, SETTLE_DECAY = 2.5e-3, 0.8
 
 
 @dataclass
@@ -88,9 +92,12 @@ class Pool:
         s.blocks = 0
 
 
-def serve_virtual(prompts, arrivals, max_num_seqs, budget, chunked=True, speed=1.0, pool=None):
+def serve_virtual(prompts, arrivals, max_num_seqs, budget, chunked=True, speed=1.0, pool=None,
+                  settle=0.0):  # fmt: skip
     """Each request's token times (client-side) from the brute-force engine; speed: every
-    cost times this; pool: its KV blocks (None: enough for everything)."""
+    cost times this; pool: its KV blocks (None: enough for everything); settle: the extra
+    cost of a step whose requests are not the last step's, SETTLE_DECAY times as much at
+    each step after it."""
     pending = sorted(
         (
             Seq(p.request_id, float(a), p.prompt_tokens, p.max_tokens)
@@ -100,6 +107,7 @@ def serve_virtual(prompts, arrivals, max_num_seqs, budget, chunked=True, speed=1
     )
     waiting, running, done, t = [], [], [], 0.0
     enter = OVERHEAD * IN_SHARE * speed
+    members, since = frozenset(), 0  # the last step's requests, steps since they changed
 
     def preempt_for(s: Seq, tokens: int) -> bool:
         """Blocks for s, the newest running requests preempted while there are too few."""
@@ -150,6 +158,10 @@ def serve_virtual(prompts, arrivals, max_num_seqs, budget, chunked=True, speed=1
         context += sum(s.prefilled for s, _ in chunks)  # a chunk reads the earlier chunks
         prefill = sum(n for _, n in chunks)
         cost = BASE + DECODE * len(decodes) + PREFILL * prefill + CONTEXT * context
+        now = frozenset(s.rid for s in decodes) | frozenset(s.rid for s, _ in chunks)
+        since = since + 1 if now == members else 0
+        members = now
+        cost += settle * SETTLE_DECAY**since
         t += speed * (cost + ADMIT * admitted)
         out = t + speed * OVERHEAD * (1 - IN_SHARE)
         for s in decodes:
@@ -177,6 +189,7 @@ class VirtualServer:
         self.drift = 0.0  # the server slows by this fraction per run of requests it serves
         self.kv: tuple[int, int] | None = None  # (blocks, block size): a pool per run
         self.preemptions = 0  # over every run, as vLLM's counter
+        self.settle = 0.0  # serve_virtual's settle
 
     def connect(self, opts):
         info = {"url": "http://virtual", "models": ["v"], "served_model": "v",
@@ -197,7 +210,7 @@ class VirtualServer:
         # As vLLM's BlockPool: the first of num_gpu_blocks is its null block, never handed out.
         pool = None if self.kv is None else Pool(self.kv[0] - 1, self.kv[1])
         served = serve_virtual(prompts, arrivals, self.max_num_seqs, self.budget, self.chunked,
-                               speed, pool)  # fmt: skip
+                               speed, pool, self.settle)  # fmt: skip
         self.preemptions += pool.preemptions if pool else 0
         yield Run(
             Streamed(s.rid, s.prompt, s.output, s.arrival, s.times, s.output, s.prompt)
@@ -246,6 +259,7 @@ def test_the_calibration_recovers_the_servers_costs(runner, tmp_path, virtual):
     assert got["per_context_token_s"] == pytest.approx(CONTEXT, rel=0.1)
     assert got["request_overhead_s"] == pytest.approx(OVERHEAD, rel=0.03)
     assert got["per_admitted_s"] == pytest.approx(ADMIT, rel=0.05)
+    assert got["settle_s"] < 0.02 * BASE  # its steps cost the same however long after a change
     assert fit["conditions"]["device"] == "endpoint" and fit["calibrated"] == "endpoint"
     # Every episode ran on the idle server, each with its own fresh prompts.
     calib = pd.read_csv(tmp_path / "run" / "endpoint_calibration.csv")
@@ -290,6 +304,46 @@ def test_a_server_that_slows_down_is_predicted_from_the_calibrations_around_each
     drift = json.loads((out / "step_cost.json").read_text())["drift"]
     assert drift["decode_step_high"] / drift["decode_step_low"] > 1.5
     assert "calibrations" in result.output and "moved" in result.output
+
+
+def test_a_server_whose_steps_settle_after_its_batch_changes_is_calibrated_and_predicted(
+    runner, tmp_path, virtual
+):
+    """Its steps cost SETTLE more when a request joins or leaves and settle over the next
+    ones (what vLLM-CPU's token gaps showed): the calibration recovers the settle term and
+    its decay, and the prediction, which prices each simulated step by the steps since its
+    batch changed, matches at every rate: within 2% at each p50, where a fit without the
+    term on 32-token decode episodes put TPOT p50 6% low at 2 req/s and 14% at 4 (and
+    16-token episodes without it 9% at 4)."""
+    virtual.settle = SETTLE
+    out = tmp_path / "run"
+    run_predict(runner, out, "--rates", "2,4,8", "--output-dist", "fixed", "--output-median",
+                "16", "--max-output", "16")  # fmt: skip
+    calib = pd.read_csv(out / "endpoint_calibration.csv")
+    decodes = calib[calib["episode"].str.startswith("decode")]
+    assert set(decodes["output_tokens"]) == {16}  # as long as the workload's requests
+    fit = json.loads((out / "step_cost.json").read_text())
+    assert fit["coefficients_s"]["settle_s"] == pytest.approx(SETTLE, rel=0.15)
+    assert fit["settle_decay"] == pytest.approx(SETTLE_DECAY, abs=0.06)  # the next on the grid
+    # Read back (--step-costs): the JSON's model, and the CSV's rows refitted at its decay.
+    saved, refit = cal.read(out / "step_cost.json"), cal.read(out / "step_cost.csv")
+    assert saved["model"].settle_decay == refit["model"].settle_decay == fit["settle_decay"]
+    for term in cal.TERMS:
+        got, want = getattr(refit["model"], term), getattr(saved["model"], term)
+        assert got == pytest.approx(want, rel=1e-6, abs=1e-12), term
+    pred = pd.read_csv(out / "prediction.csv")
+    p50 = pred[pred["metric"].isin(["ttft_p50_s", "tpot_p50_s", "e2e_p50_s"])]
+    assert len(p50) == 9 and ((p50["ratio"] - 1).abs() < 0.02).all(), p50
+
+
+def test_decode_episodes_last_as_long_as_the_workloads_median_request():
+    assert ec.decode_output([5, 12, 40]) == ec.MIN_DECODE_OUTPUT == 16  # the window's least
+    assert ec.decode_output([20, 24, 30]) == 24
+    assert ec.decode_output([100, 200]) == ec.DECODE_OUTPUT == 32
+    assert ec.decode_output(None) == ec.DECODE_OUTPUT
+    episodes = ec.plan([48] * 5, 4, 96, 4096, outputs=[24] * 5)
+    assert {e.output for e in episodes if e.kind != "single"} == {24}
+    assert {e.output for e in episodes if e.kind == "single"} == {ec.SINGLE_OUTPUT}
 
 
 def test_a_misdescribed_scheduler_is_seen_in_the_prediction(runner, tmp_path, virtual):
@@ -345,7 +399,9 @@ def test_a_server_short_of_kv_is_calibrated_and_predicted_within_its_pool(
     calibration's episodes are cut to fit it, so its costs come back as without a pool, and
     the prediction runs benchbatch's scheduler on the same pool, preempting as the server
     does: the preemptions counted by the server equal the simulated ones at every rate, and
-    the p50s agree within 1% where a pool-blind prediction is off 3x."""
+    the p50s agree within 2% (the 16-token decode episodes of this workload time the
+    context term over fewer steps than 32-token ones did: within 1% then) where a
+    pool-blind prediction is off 3x."""
     virtual.kv = POOL
     out = tmp_path / "run"
     result = run_predict(runner, out, "--rates", "5,10,20")
@@ -361,7 +417,7 @@ def test_a_server_short_of_kv_is_calibrated_and_predicted_within_its_pool(
     assert measured.to_dict() == simulated.to_dict()
     pred = pd.read_csv(out / "prediction.csv")
     p50 = pred[pred["metric"].isin(["ttft_p50_s", "tpot_p50_s", "e2e_p50_s"])]
-    assert len(p50) == 9 and ((p50["ratio"] - 1).abs() < 0.01).all(), p50
+    assert len(p50) == 9 and ((p50["ratio"] - 1).abs() < 0.02).all(), p50
     meta = json.loads((out / "metadata.json").read_text())
     assert meta["prediction_kv"] == {
         "blocks": 13,  # vLLM's null block is not handed out

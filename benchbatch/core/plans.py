@@ -47,6 +47,10 @@ class StepPlan:
     # The longest KV a padded slot holds before the step (it keeps growing by its padding
     # token): the real engine's decode batch attends every row up to it too.
     padded_context: int = 0
+    # Steps since the requests in a step last changed (0: this step's are not the last
+    # step's: one joined or left): a server whose steps start slow after a change and
+    # settle (vLLM-CPU's do) is priced by it (StepCostModel.settle_s).
+    since_change: int = 0
 
     @property
     def num_decode_tokens(self) -> int:

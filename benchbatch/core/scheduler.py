@@ -215,6 +215,8 @@ class Scheduler:
         self._resume: dict[int, int] = {}  # preempted request -> tokens it had generated
         self._new_blocks: list[tuple[int, int, int]] = []  # of the step being planned
         self._preempted_now: list[int] = []
+        self._members: frozenset[int] = frozenset()  # the last step's requests
+        self._since_change = 0
 
     # --- driver API ---------------------------------------------------------------------
 
@@ -252,8 +254,12 @@ class Scheduler:
         if self.config.mixed or not decodes:
             prefills, admitted = self._plan_prefills(self.config.budget - len(decodes))
         self._last_prefilled = bool(prefills)
+        members = frozenset(d.request_id for d in decodes) | {c.request_id for c in prefills}
+        self._since_change = self._since_change + 1 if members == self._members else 0
+        self._members = members
         plan = StepPlan(self.step, decodes, prefills, admitted, self._padded(), *self._kv_parts(),
-                        padded_context=self._padded_context())  # fmt: skip
+                        padded_context=self._padded_context(),
+                        since_change=self._since_change)  # fmt: skip
         self._check_plan(plan)
         self._planned = plan
         return plan

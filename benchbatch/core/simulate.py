@@ -319,13 +319,21 @@ class StepCostModel:
     # slower to start than the matrix-vector one a lone decode row takes; fitted by the
     # engine's calibration, else 0.
     batched_step_s: float = 0.0
+    # A step whose requests are not the last step's (one joined or left) costs settle_s
+    # more, and each step after it settle_decay times as much as the one before
+    # (plan.since_change): a server whose steps start slow after its batch changes
+    # (vLLM-CPU's token gaps ran 8.6 ms after a request began and 6.5 ms fifteen steps on);
+    # fitted by an endpoint calibration, else 0.
+    settle_s: float = 0.0
+    settle_decay: float = 0.0  # a ratio, not a time: scaled() keeps it
 
     def scaled(self, factor: float) -> StepCostModel:
         """Every term times factor: the same steps on a device that much slower (above 1)
         or faster. Arrivals aside, a simulation on it is the same run with every time scaled
         (a rate r on the scaled model is the rate factor x r on this one, its latencies times
         factor)."""
-        return replace(self, **{f.name: factor * getattr(self, f.name) for f in fields(self)})
+        return replace(self, **{f.name: factor * getattr(self, f.name) for f in fields(self)
+                                if f.name != "settle_decay"})  # fmt: skip
 
     def __call__(self, plan: StepPlan) -> float:
         padded = len(plan.padded_slots)
@@ -346,6 +354,8 @@ class StepCostModel:
             cost += self.per_masked_token_s * masked_tokens(plan)
         if self.batched_step_s and batched(plan):
             cost += self.batched_step_s
+        if self.settle_s:
+            cost += self.settle_s * self.settle_decay**plan.since_change
         return cost
 
 

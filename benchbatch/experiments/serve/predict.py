@@ -84,7 +84,8 @@ def calibrate(rec, opts, w, setup, target, info, index: int, client) -> dict:
 
     make_prompts, stream = client
     episodes = ec.plan([r.prompt_tokens for r in w.requests], setup.slots, setup.budget,
-                       info.get("max_model_len"), setup.kv)  # fmt: skip
+                       info.get("max_model_len"), setup.kv,
+                       [r.output_tokens for r in w.requests])  # fmt: skip
     seen = conditions(info)
     started = time.perf_counter()
     steps: list[dict] = []
