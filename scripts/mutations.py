@@ -54,6 +54,13 @@ REPORT = tests(
     "test_claims_use_their_rules_at_the_thresholds",
     "test_an_uneven_real_run_is_noted_above_one_and_a_half",
 )
+SETTLE = (
+    *tests("tests/test_simulate.py",
+           "test_a_step_after_its_batch_changed_pays_the_settle_term_and_its_decay"),
+    *tests("tests/test_endpoint_predict.py",
+           "test_a_server_whose_steps_settle_after_its_batch_changes_is_calibrated_and_predicted",
+           "test_decode_episodes_last_as_long_as_the_workloads_median_request"),
+)  # fmt: skip
 ENGINE = tests(
     "tests/test_engine.py",
     "test_real_run_takes_the_simulated_steps",
@@ -371,6 +378,41 @@ BREAKS = [
         "    while hi / lo - 1 > width:\n",
         "    while hi / lo - 1 > 10 * width:\n",
         tests("tests/test_knee.py"),
+    ),
+    Break(
+        "since_change: never reset when a step's requests change",
+        "benchbatch/core/scheduler.py",
+        "self._since_change + 1 if members == self._members else 0",
+        "self._since_change + 1",
+        tests("tests/test_scheduler.py"),
+    ),
+    Break(
+        "settle: every step priced at the change's cost, the decay dropped",
+        "benchbatch/core/simulate.py",
+        "cost += self.settle_s * self.settle_decay**plan.since_change",
+        "cost += self.settle_s",
+        SETTLE,
+    ),
+    Break(
+        "settle: scaling a model scales its decay too",
+        "benchbatch/core/simulate.py",
+        """                                if f.name != "settle_decay"})  # fmt: skip""",
+        """                                })  # fmt: skip""",
+        SETTLE,
+    ),
+    Break(
+        "settle: the step after a mixed one (the newcomer gone) not counted as a change",
+        "benchbatch/core/endpoint_calibration.py",
+        "return i - first if i <= j - 1 else (0 if i == j else i - (j + 1))",
+        "return i - first if i <= j - 1 else (0 if i == j else i - first)",
+        SETTLE,
+    ),
+    Break(
+        "endpoint calibration: decode episodes of 32 tokens whatever the workload",
+        "benchbatch/core/endpoint_calibration.py",
+        "    return max(MIN_DECODE_OUTPUT, min(DECODE_OUTPUT, median))",
+        "    return DECODE_OUTPUT",
+        SETTLE,
     ),
 ]
 

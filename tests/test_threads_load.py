@@ -161,3 +161,18 @@ def test_noisy_rows_on_a_busy_machine_get_the_thread_advice(monkeypatch, capsys)
     render.warn_untrusted({"noisy": ["decode b=1"]})
     err = " ".join(capsys.readouterr().err.split())
     assert "try more --repeats or --min-time." in err and "--threads" not in err
+
+
+def test_the_recorded_torch_version_keeps_its_build_tag(monkeypatch):
+    """metadata's torch_version is the imported torch's own (2.13.0+cpu, 2.14.1+cu130: which
+    build ran), where a wheel's metadata may drop the tag; a package not imported is read
+    from its metadata."""
+    import sys
+    import types
+    from importlib import metadata
+
+    assert machine.version("torch") == torch.__version__
+    monkeypatch.setitem(sys.modules, "fakepkg", types.SimpleNamespace(__version__="1.2.3+cu999"))
+    assert machine.version("fakepkg") == "1.2.3+cu999"
+    assert machine.version("typer") == metadata.version("typer")  # typer keeps no tag
+    assert machine.version("no-such-package-here") is None

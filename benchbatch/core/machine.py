@@ -8,6 +8,7 @@ from __future__ import annotations
 import math
 import os
 import platform
+import sys
 from importlib import metadata
 
 
@@ -42,7 +43,13 @@ def available_ram_bytes() -> int:
 
 
 def version(package: str) -> str | None:
-    """An installed package's version, read without importing it."""
+    """An installed package's version: the imported module's own (torch's keeps its build,
+    2.13.0+cpu or 2.14.1+cu130, which some wheels' metadata drops), else read without
+    importing it."""
+    module = sys.modules.get(package)
+    found = getattr(module, "__version__", None)
+    if isinstance(found, str) and found:
+        return found
     try:
         return metadata.version(package)
     except metadata.PackageNotFoundError:
