@@ -919,6 +919,10 @@ def measure(args, python: Path, checkpoint: Path, out: Path, work: Path) -> dict
 
 
 def interrupted(signum, frame):
+    """The first SIGTERM or Ctrl-C ends the run; later ones are ignored, so that they cannot
+    cut short the stopping of the servers (a second signal did, leaving vLLM running)."""
+    signal.signal(signal.SIGTERM, signal.SIG_IGN)
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
     raise KeyboardInterrupt
 
 
@@ -931,6 +935,7 @@ def main() -> int:
     shutil.rmtree(work, ignore_errors=True)
     work.mkdir(parents=True)
     signal.signal(signal.SIGTERM, interrupted)  # CI's timeout: the servers are still stopped
+    signal.signal(signal.SIGINT, interrupted)
     from benchbatch.core.machine import load_average
 
     args.load_at_start = load_average()
@@ -946,6 +951,10 @@ def main() -> int:
     except Failed as e:
         say(f"FAILED: {e}")
         return 1
+    except KeyboardInterrupt:  # Ctrl-C or CI's SIGTERM: each server was stopped on the way out
+        say(f"interrupted: every server stopped; the runs measured so far are in "
+            f"{out / 'raw'}, no table written")  # fmt: skip
+        return 130
     return report(args, out, result)
 
 
