@@ -201,7 +201,7 @@ def test_the_masked_keys_are_what_the_engines_attention_reads_past_each_context(
     """masked_tokens of every decode step equals the engine's own attention rectangle (the
     rows times the kv_len it passes the model) less the rows' own keys, for continuous
     batches of mixed contexts and static groups with padded slots; batched is 0 exactly
-    for a lone decode row."""
+    for a lone decode row; since_change is the plan's."""
     from benchbatch.core.simulate import batched, masked_tokens
     from benchbatch.runtime import calibrate as cb
     from benchbatch.runtime.runs import EngineRun, Finished, engine_events
@@ -230,6 +230,7 @@ def test_the_masked_keys_are_what_the_engines_attention_reads_past_each_context(
             assert masked_tokens(plan) == rectangle - own == row["masked_tokens"]
             lone = plan.num_decode_tokens == 1 and not plan.prefills and not plan.padded_slots
             assert batched(plan) == row["batched"] == (0 if lone else 1)
+            assert row["since_change"] == plan.since_change  # the step row keeps the plan's
             lone_steps += lone
         assert sum(r["masked_tokens"] for r in rows) > 0
         if policy == "static":  # a finished member's slot can be the longest one

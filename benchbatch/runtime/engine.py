@@ -90,6 +90,7 @@ class StepRecord:
     gathered_tokens: int = 0
     masked_tokens: int = 0
     batched: int = 0
+    since_change: int = 0  # steps since the step's requests changed (plan.since_change)
     # Host time from the previous step's end to this one's start (the loop handing the last
     # record on, releasing arrivals); None (an empty cell) for a run's first step and after
     # an idle wait, where there is no such gap.
@@ -121,6 +122,7 @@ class StepRecord:
             "gathered_tokens": self.gathered_tokens,
             "masked_tokens": self.masked_tokens,
             "batched": self.batched,
+            "since_change": self.since_change,
             "gap_ms": math.nan if self.gap_s is None else self.gap_s * 1e3,
             "cpu_ms": math.nan if self.cpu_s is None else self.cpu_s * 1e3,
             "gap_cpu_ms": math.nan if self.gap_cpu_s is None else self.gap_cpu_s * 1e3,
@@ -565,6 +567,7 @@ def _record(
         gathered_tokens=gathered_tokens(plan),
         masked_tokens=masked_tokens(plan),
         batched=batched(plan),
+        since_change=plan.since_change,
     )
 
 
