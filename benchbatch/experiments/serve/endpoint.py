@@ -21,6 +21,7 @@ from collections.abc import Iterator, Sequence
 
 import numpy as np
 
+from benchbatch.core import endpoint_calibration as ec
 from benchbatch.core import energy
 from benchbatch.core.serving import ServingSLO, tpot
 from benchbatch.errors import UserError
@@ -253,21 +254,22 @@ def serve(rec, opts: ServeOptions, w, setup: probe.Setup, cost, predicted: bool)
     counted = "preemptions" in (info.get("metrics") or {})
     preempted = [0]  # by the server during the calibrations
 
-    def calibrate() -> None:  # one more calibration, the server's preemptions watched
+    def calibrate(rate: float | None) -> None:  # one more, the server's preemptions watched
         before = preemptions(target) if counted else None
-        index = len(calibrations)
+        index, pause = len(calibrations), ec.idle_pause(rate)  # idle as the point's arrivals
         calibrations.append(
-            predict.calibrate(rec, opts, w, setup, target, info, index, (prompts, stream))
+            predict.calibrate(rec, opts, w, setup, target, info, index, (prompts, stream),
+                              pause)  # fmt: skip
         )
         after = preemptions(target) if before is not None else None
         if after is not None:
             preempted[0] += max(0, after - before)
 
-    if opts.predict:
-        calibrate()
-        predicted = True
     label = f"{info.get('served_model', 'server')} at {info.get('url', opts.endpoint)}"
     rates = list(opts.rate_values or (math.inf,))
+    if opts.predict:
+        calibrate(rates[0])
+        predicted = True
     rec.meta["rates_rps"] = [probe.rate_label(r) for r in rates]
     measured: list[tuple[float, dict]] = []
     while rates:
@@ -276,10 +278,10 @@ def serve(rec, opts: ServeOptions, w, setup: probe.Setup, cost, predicted: bool)
             continue
         row = _point(rec, opts, w, setup, prompts_at(len(measured) + 1)[0], rate, n, label)
         measured.append((rate, row))
-        if opts.predict:
-            calibrate()
         if opts.rates is None and math.isinf(rate):
             rates = _after_max(rec, opts, row, n)
+        if opts.predict:  # before the next point (idle as its arrivals), or after the last
+            calibrate(rates[0] if rates else rate)
     if opts.predict:
         if preempted[0]:
             rec.warning(predict.preempted_line(preempted[0], len(calibrations), setup.kv))

@@ -73,11 +73,12 @@ def compare(saved: dict, info: dict) -> list[str]:
     ]
 
 
-def calibrate(rec, opts, w, setup, target, info, index: int, client) -> dict:
+def calibrate(rec, opts, w, setup, target, info, index: int, client, pause: float = 0.0) -> dict:
     """One calibration (number `index` of the run): the episodes against the idle endpoint
     (endpoint_calibration.csv per request as each ends). client: (prompts, stream), the
     endpoint module's functions that build a point's prompts and stream them (passed in,
-    so this module does not import that one, which imports this). Returns {"steps": its
+    so this module does not import that one, which imports this). pause: the server idle
+    this long before each episode (ec.idle_pause of the point it prices). Returns {"steps": its
     step rows, "conditions", "seconds", "fit": its own fit or None where its steps alone
     determine none}."""
     import time
@@ -96,7 +97,7 @@ def calibrate(rec, opts, w, setup, target, info, index: int, client) -> dict:
 
     def requests():
         for i, e in enumerate(episodes):
-            times = ec.arrivals(e, timings.get((e.concurrency, e.decode_prompt)))
+            times = ec.arrivals(e, timings.get((e.concurrency, e.decode_prompt)), pause)
             if times is None:
                 failed.append(e)
                 continue
@@ -130,7 +131,7 @@ def calibrate(rec, opts, w, setup, target, info, index: int, client) -> dict:
             "failed or gave too few steps: endpoint_calibration.csv says which)",
         )
     return {"steps": steps, "conditions": seen, "seconds": time.perf_counter() - started,
-            "fit": own}  # fmt: skip
+            "fit": own, "pause_s": pause}  # fmt: skip
 
 
 def bracket(calibrations: list[dict], k: int):
@@ -155,6 +156,8 @@ def pooled(calibrations: list[dict]) -> dict:
         "conditions": calibrations[0]["conditions"],
         "seconds": sum(c["seconds"] for c in calibrations),
         "calibrations": len(calibrations),
+        # The server idle before each episode, per calibration (ec.idle_pause).
+        "pauses_s": [c.get("pause_s", 0.0) for c in calibrations],
         "drift": cal.drift(parts, out["model"]),
     }
     return out | {"source": "endpoint calibration"}
