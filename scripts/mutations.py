@@ -61,6 +61,11 @@ SETTLE = (
            "test_a_server_whose_steps_settle_after_its_batch_changes_is_calibrated_and_predicted",
            "test_decode_episodes_last_as_long_as_the_workloads_median_request"),
 )  # fmt: skip
+PAIRS = tests(
+    "tests/test_calibration.py",
+    "test_a_prompt_pair_term_is_recovered_beside_the_others",
+    "test_prompt_pairs_are_the_pairs_the_engines_causal_kernel_attends",
+)
 ENGINE = tests(
     "tests/test_engine.py",
     "test_real_run_takes_the_simulated_steps",
@@ -385,6 +390,27 @@ BREAKS = [
         "self._since_change + 1 if members == self._members else 0",
         "self._since_change + 1",
         tests("tests/test_scheduler.py"),
+    ),
+    Break(
+        "prompt pairs: a later chunk's pairs counted as if nothing were cached before it",
+        "benchbatch/core/simulate.py",
+        "for c in plan.prefills if c.start == 0)",
+        "for c in plan.prefills)",
+        PAIRS,
+    ),
+    Break(
+        "prompt pairs: n^2 / 2, the diagonal (each token seeing itself) left out",
+        "benchbatch/core/simulate.py",
+        "c.num_tokens * (c.num_tokens + 1) // 2 for c",
+        "c.num_tokens * c.num_tokens // 2 for c",
+        PAIRS,
+    ),
+    Break(
+        "prompt pairs: the fitted term never priced",
+        "benchbatch/core/simulate.py",
+        "            cost += self.per_prompt_pair_s * prompt_pairs(plan)\n",
+        "            cost += 0.0\n",
+        PAIRS,
     ),
     Break(
         "settle: every step priced at the change's cost, the decay dropped",

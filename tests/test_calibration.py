@@ -195,6 +195,69 @@ def test_masked_and_batched_terms_are_recovered_beside_the_others():
         assert got[term] == pytest.approx(value, rel=1e-9), term
 
 
+def test_a_prompt_pair_term_is_recovered_beside_the_others():
+    """Prompts whose attention costs with the square of their length (n(n + 1) / 2 pairs
+    each, one to four prompts of 16-256 tokens a step): the pair term recovered exactly
+    beside TRUE's per-token terms, and a fit without the pairs' column misses it."""
+    rows = synthetic_steps(150, 0.0)
+    q = 2e-7  # about what cpu-small's calibrations fit (0.15-0.3 us a pair)
+    for i, r in enumerate(rows):
+        if r["prefill_tokens"]:
+            prompts = 1 + i % 4  # the same total split another way each step
+            n, extra = divmod(r["prefill_tokens"], prompts)
+            lengths = [n + (j < extra) for j in range(prompts)]
+            r["prompt_pairs"] = sum(k * (k + 1) // 2 for k in lengths)
+            r["step_ms"] += 1e3 * q * r["prompt_pairs"]
+    got = cal.fit(rows)["summary"]["coefficients_s"]
+    assert got["per_prompt_pair_s"] == pytest.approx(q, rel=1e-9)
+    for term, value in TRUE.items():
+        assert got[term] == pytest.approx(value, rel=1e-9), term
+    blind = cal.fit([{k: v for k, v in r.items() if k != "prompt_pairs"} for r in rows])
+    assert blind["summary"]["kinds"]["prefill"]["median_abs_error"] > 0.01
+
+
+def test_prompt_pairs_are_the_pairs_the_engines_causal_kernel_attends(
+    tiny_model, one_thread, monkeypatch
+):
+    """prompt_pairs of every step (the plan's, and the engine's record of it) equals the
+    pairs of the model's own calls that attend from scratch (kv_len equal to the tokens:
+    SDPA's causal kernel, b x t(t + 1) / 2), for whole prompts and for a long prompt's
+    chunks, whose later chunks read the earlier ones from the cache and count none; the
+    step-cost model prices them at per_prompt_pair_s each."""
+    from benchbatch.core.simulate import prompt_pairs
+    from benchbatch.runtime import calibrate as cb
+    from benchbatch.runtime.runs import EngineRun, Finished, engine_events
+
+    calls = []
+    step = tiny_model.mixed_step
+
+    def spy(cache, parts, *args, **kwargs):
+        calls.append([(t.shape[0], t.shape[1], kv) for t, _, kv in parts])
+        return step(cache, parts, *args, **kwargs)
+
+    monkeypatch.setattr(tiny_model, "mixed_step", spy)
+    requests = [Request(i, 3 + 7 * i, 2 + (5 * i) % 9) for i in range(6)]
+    chunked = {"chunked_prefill": True, "chunk_size": 8, "mixed": True,
+               "max_num_batched_tokens": 12}  # fmt: skip
+    later_chunks = 0
+    for name, settings in (("continuous", {}), ("chunked", chunked)):
+        calls.clear()
+        run = EngineRun(name, 3, settings=settings)
+        plans = cb.plans(run, requests)
+        rows = [e for e in engine_events(tiny_model, requests, [run], 0)
+                if not isinstance(e, Finished)]  # fmt: skip
+        assert len(calls) == len(plans) == len(rows)
+        for plan, parts, row in zip(plans, calls, rows, strict=True):
+            prefills = parts[:-1] if plan.decodes or plan.padded_slots else parts  # decode last
+            fresh = sum(b * t * (t + 1) // 2 for b, t, kv in prefills if kv == t)
+            assert prompt_pairs(plan) == fresh == row["prompt_pairs"]
+            model = StepCostModel(0.0, 0.0, 0.0, 0.0, per_prompt_pair_s=1e-9)
+            assert model(plan) == pytest.approx(1e-9 * fresh, rel=1e-12, abs=0)
+            later_chunks += any(c.start > 0 for c in plan.prefills)
+        assert sum(r["prompt_pairs"] for r in rows) > 0
+    assert later_chunks > 0  # the chunked run had chunks after earlier ones
+
+
 def test_the_masked_keys_are_what_the_engines_attention_reads_past_each_context(
     tiny_model, one_thread, monkeypatch
 ):

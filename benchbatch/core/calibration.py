@@ -60,10 +60,12 @@ from benchbatch.errors import UserError
 
 # The features of a step, in the order of the model's terms (the base's is 1).
 FEATURES = ("sequences", "decode_tokens", "prefill_tokens", "context_tokens", "gathered_tokens",
-            "first_tokens", "admitted", "masked_tokens", "batched", "settling")  # fmt: skip
+            "first_tokens", "admitted", "masked_tokens", "batched", "settling",
+            "prompt_pairs")  # fmt: skip
 TERMS = ("base_s", "per_sequence_s", "per_decode_token_s", "per_prefill_token_s",
          "per_context_token_s", "per_gathered_token_s", "request_overhead_s",
-         "per_admitted_s", "per_masked_token_s", "batched_step_s", "settle_s")  # fmt: skip
+         "per_admitted_s", "per_masked_token_s", "batched_step_s", "settle_s",
+         "per_prompt_pair_s")  # fmt: skip
 # The settle decays a fit tries (per step after a change); rows with settle_terms (an
 # endpoint's: core/endpoint_calibration.py) are fitted at each, the best kept.
 SETTLE_DECAYS = (0.5, 0.6, 0.7, 0.75, 0.8, 0.85, 0.9, 0.95)
@@ -259,7 +261,8 @@ def _model(coef: Sequence[float], settle_decay: float = 0.0) -> StepCostModel:
                          per_admitted_s=c["per_admitted_s"],
                          per_masked_token_s=c["per_masked_token_s"],
                          batched_step_s=c["batched_step_s"], settle_s=c["settle_s"],
-                         settle_decay=settle_decay)  # fmt: skip
+                         settle_decay=settle_decay,
+                         per_prompt_pair_s=c["per_prompt_pair_s"])  # fmt: skip
 
 
 def price_ms(model: StepCostModel, row: dict) -> float:
@@ -404,6 +407,7 @@ def summary(model: StepCostModel, std_errors: Sequence[float], fitted: Sequence[
         "batched_step_ms": model.batched_step_s * 1e3,
         "settle_ms": model.settle_s * 1e3,
         "settle_decay": model.settle_decay,
+        "per_prompt_pair_ns": model.per_prompt_pair_s * 1e9,
         "median_abs_error": percentile(errs, 50),
         "p90_abs_error": percentile(errs, 90),
         "max_abs_error": max(errs),
@@ -424,7 +428,8 @@ def line(s: dict) -> str:
              ("per_admitted_s", 1e3, "ms/admitted"),
              ("per_masked_token_s", 1e6, "us/masked tok"),
              ("batched_step_s", 1e3, "ms/batched step"),
-             ("settle_s", 1e3, f"ms/change (x{decay:.2f} a step on)")]  # fmt: skip
+             ("settle_s", 1e3, f"ms/change (x{decay:.2f} a step on)"),
+             ("per_prompt_pair_s", 1e9, "ns/prompt pair")]  # fmt: skip
     coef = s["coefficients_s"]
     # A term no step holds (zero, no error: an engine's request overhead, an endpoint's
     # per-sequence and gathered costs) is left out of the line.
@@ -509,7 +514,7 @@ def read(path: Path, option: str = "--step-costs") -> dict | None:
 
     df = _read_costs_csv(path)
     optional = ("gathered_tokens", "first_tokens", "admitted", "masked_tokens", "batched",
-                "settling")  # fmt: skip
+                "settling", "prompt_pairs")  # fmt: skip
     for name in optional:  # older calibrations lack them
         if name not in df:
             df[name] = 0

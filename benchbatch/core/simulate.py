@@ -319,6 +319,12 @@ class StepCostModel:
     # slower to start than the matrix-vector one a lone decode row takes; fitted by the
     # engine's calibration, else 0.
     batched_step_s: float = 0.0
+    # Per query-key pair of a prompt attended from scratch (prompt_pairs): attention's cost
+    # grows with the square of a prompt's length, which a per-token price leaves to the
+    # others (a cpu-small prompt of 67 tokens took 29 ms alone, one of 745 took 240: 0.13
+    # ms a token more between 33 and 67, 0.33 between 270 and 745); fitted by the engine's
+    # calibration, else 0.
+    per_prompt_pair_s: float = 0.0
     # A step whose requests are not the last step's (one joined or left) costs settle_s
     # more, and each step after it settle_decay times as much as the one before
     # (plan.since_change): a server whose steps start slow after its batch changes
@@ -354,6 +360,8 @@ class StepCostModel:
             cost += self.per_masked_token_s * masked_tokens(plan)
         if self.batched_step_s and batched(plan):
             cost += self.batched_step_s
+        if self.per_prompt_pair_s:
+            cost += self.per_prompt_pair_s * prompt_pairs(plan)
         if self.settle_s:
             cost += self.settle_s * self.settle_decay**plan.since_change
         return cost
@@ -385,6 +393,14 @@ def masked_tokens(plan: StepPlan) -> int:
         return 0
     rows = len(plan.decodes) + len(plan.padded_slots)
     return rows * decode_kv_len(plan) - sum(d.context_len + 1 for d in plan.decodes)
+
+
+def prompt_pairs(plan: StepPlan) -> int:
+    """Query-key pairs the step's prompts attend from scratch: a chunk with nothing earlier
+    cached (start 0) of n tokens, n(n + 1) / 2 (each token sees itself and those before;
+    the real engine runs it through SDPA's causal kernel, runtime/model.py). A chunk after
+    earlier ones reads them from the cache (its context_tokens) through another kernel."""
+    return sum(c.num_tokens * (c.num_tokens + 1) // 2 for c in plan.prefills if c.start == 0)
 
 
 def batched(plan: StepPlan) -> int:

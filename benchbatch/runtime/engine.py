@@ -55,7 +55,7 @@ from benchbatch.core.metrics import RunMetrics
 from benchbatch.core.plans import PrefillChunk, StepPlan
 from benchbatch.core.scheduler import make_scheduler
 from benchbatch.core.serving import timed_run_metrics
-from benchbatch.core.simulate import batched, gathered_tokens, masked_tokens
+from benchbatch.core.simulate import batched, gathered_tokens, masked_tokens, prompt_pairs
 from benchbatch.core.workload import Request, Workload
 from benchbatch.errors import UserError
 from benchbatch.runtime.distributed import each
@@ -85,11 +85,13 @@ class StepRecord:
     end_s: float | None = None
     # What the step-cost model prices beside the counts (core/simulate.py): KV entries the
     # step's sequences read, those copied to gather a decode batch of scattered slots, the
-    # keys its attention reads past a row's own context, and whether its matmuls have 2+ rows.
+    # keys its attention reads past a row's own context, whether its matmuls have 2+ rows,
+    # and the query-key pairs of its prompts attended from scratch.
     context_tokens: int = 0
     gathered_tokens: int = 0
     masked_tokens: int = 0
     batched: int = 0
+    prompt_pairs: int = 0
     since_change: int = 0  # steps since the step's requests changed (plan.since_change)
     # Host time from the previous step's end to this one's start (the loop handing the last
     # record on, releasing arrivals); None (an empty cell) for a run's first step and after
@@ -122,6 +124,7 @@ class StepRecord:
             "gathered_tokens": self.gathered_tokens,
             "masked_tokens": self.masked_tokens,
             "batched": self.batched,
+            "prompt_pairs": self.prompt_pairs,
             "since_change": self.since_change,
             "gap_ms": math.nan if self.gap_s is None else self.gap_s * 1e3,
             "cpu_ms": math.nan if self.cpu_s is None else self.cpu_s * 1e3,
@@ -567,6 +570,7 @@ def _record(
         gathered_tokens=gathered_tokens(plan),
         masked_tokens=masked_tokens(plan),
         batched=batched(plan),
+        prompt_pairs=prompt_pairs(plan),
         since_change=plan.since_change,
     )
 
