@@ -195,6 +195,28 @@ def test_masked_and_batched_terms_are_recovered_beside_the_others():
         assert got[term] == pytest.approx(value, rel=1e-9), term
 
 
+def engine_steps(model, monkeypatch, requests, run):
+    """A run on the real engine, step by step: the scheduler's plans, the model's calls
+    ((batch, tokens, kv_len) of each part of its mixed_step) and the engine's step rows."""
+    from benchbatch.runtime import calibrate as cb
+    from benchbatch.runtime.runs import Finished, engine_events
+
+    calls = []
+    step = model.mixed_step
+
+    def spy(cache, parts, *args, **kwargs):
+        calls.append([(t.shape[0], t.shape[1], kv) for t, _, kv in parts])
+        return step(cache, parts, *args, **kwargs)
+
+    with monkeypatch.context() as patched:
+        patched.setattr(model, "mixed_step", spy)
+        plans = cb.plans(run, requests)
+        rows = [e for e in engine_events(model, requests, [run], 0)
+                if not isinstance(e, Finished)]  # fmt: skip
+    assert len(calls) == len(plans) == len(rows)
+    return plans, calls, rows
+
+
 def test_a_prompt_pair_term_is_recovered_beside_the_others():
     """Prompts whose attention costs with the square of their length (n(n + 1) / 2 pairs
     each, one to four prompts of 16-256 tokens a step): the pair term recovered exactly
@@ -225,28 +247,15 @@ def test_prompt_pairs_are_the_pairs_the_engines_causal_kernel_attends(
     chunks, whose later chunks read the earlier ones from the cache and count none; the
     step-cost model prices them at per_prompt_pair_s each."""
     from benchbatch.core.simulate import prompt_pairs
-    from benchbatch.runtime import calibrate as cb
-    from benchbatch.runtime.runs import EngineRun, Finished, engine_events
+    from benchbatch.runtime.runs import EngineRun
 
-    calls = []
-    step = tiny_model.mixed_step
-
-    def spy(cache, parts, *args, **kwargs):
-        calls.append([(t.shape[0], t.shape[1], kv) for t, _, kv in parts])
-        return step(cache, parts, *args, **kwargs)
-
-    monkeypatch.setattr(tiny_model, "mixed_step", spy)
     requests = [Request(i, 3 + 7 * i, 2 + (5 * i) % 9) for i in range(6)]
     chunked = {"chunked_prefill": True, "chunk_size": 8, "mixed": True,
                "max_num_batched_tokens": 12}  # fmt: skip
     later_chunks = 0
     for name, settings in (("continuous", {}), ("chunked", chunked)):
-        calls.clear()
         run = EngineRun(name, 3, settings=settings)
-        plans = cb.plans(run, requests)
-        rows = [e for e in engine_events(tiny_model, requests, [run], 0)
-                if not isinstance(e, Finished)]  # fmt: skip
-        assert len(calls) == len(plans) == len(rows)
+        plans, calls, rows = engine_steps(tiny_model, monkeypatch, requests, run)
         for plan, parts, row in zip(plans, calls, rows, strict=True):
             prefills = parts[:-1] if plan.decodes or plan.padded_slots else parts  # decode last
             fresh = sum(b * t * (t + 1) // 2 for b, t, kv in prefills if kv == t)
@@ -266,26 +275,13 @@ def test_the_masked_keys_are_what_the_engines_attention_reads_past_each_context(
     batches of mixed contexts and static groups with padded slots; batched is 0 exactly
     for a lone decode row; since_change is the plan's."""
     from benchbatch.core.simulate import batched, masked_tokens
-    from benchbatch.runtime import calibrate as cb
-    from benchbatch.runtime.runs import EngineRun, Finished, engine_events
+    from benchbatch.runtime.runs import EngineRun
 
-    calls = []
-    step = tiny_model.mixed_step
-
-    def spy(cache, parts, *args, **kwargs):
-        calls.append([(t.shape[0], t.shape[1], kv) for t, _, kv in parts])
-        return step(cache, parts, *args, **kwargs)
-
-    monkeypatch.setattr(tiny_model, "mixed_step", spy)
     requests = [Request(i, 3 + 7 * i, 2 + (5 * i) % 9) for i in range(6)]
     lone_steps = 0
     for policy in ("continuous", "static"):
-        calls.clear()
         run = EngineRun(policy, 3, policy=policy)
-        plans = cb.plans(run, requests)
-        rows = [e for e in engine_events(tiny_model, requests, [run], 0)
-                if not isinstance(e, Finished)]  # fmt: skip
-        assert len(calls) == len(plans) == len(rows)
+        plans, calls, rows = engine_steps(tiny_model, monkeypatch, requests, run)
         for plan, parts, row in zip(plans, calls, rows, strict=True):
             decode = [(b, kv) for b, t, kv in parts if t == 1 and plan.decodes]
             own = sum(d.context_len + 1 for d in plan.decodes)
