@@ -155,6 +155,26 @@ def test_real_engine_measures_both_policies(runner, tmp_path):
     calibrated = len(pd.read_csv(run / "calibration_steps.csv"))
     assert meta["estimate"]["calibration_steps"] == calibrated > 0
     assert f"then {calibrated:,} to calibrate its simulation" in " ".join(result.stderr.split())
+    # The simulation beside each run (issue 27): every policy's wall time and latencies,
+    # measured as engine.csv has them, judged against the documented bands, and its verdict
+    # printed and kept.
+    pred = pd.read_csv(run / "prediction.csv")
+    bands = {"wall_s": (0.9, 1.1), "ttft_p50_s": (0.9, 1.1), "e2e_p50_s": (0.9, 1.1),
+             "ttft_p99_s": (0.8, 1.25), "e2e_p99_s": (0.8, 1.25)}  # fmt: skip
+    assert sorted(zip(pred["point"], pred["metric"], strict=True)) == sorted(
+        (p, m) for p in ("static", "continuous") for m in bands
+    )
+    for _, r in pred.iterrows():
+        assert r["measured"] == pytest.approx(engine.loc[r["point"], r["metric"]], rel=1e-5)
+        assert r["simulated"] > 0 and r["ratio"] == pytest.approx(r["measured"] / r["simulated"])
+        lo, hi = bands[r["metric"]]
+        assert (r["target_low"], r["target_high"]) == (lo, hi)
+        assert r["within"] == (lo <= r["measured"] / r["simulated"] <= hi)
+    hit = int(pred["within"].sum())
+    assert meta["prediction"] == {"pairs": 10, "judged": 10, "within_target": hit,
+                                  "verdict": meta["prediction"]["verdict"]}  # fmt: skip
+    assert meta["prediction"]["verdict"] in " ".join(result.stdout.split())
+    assert (run / "prediction.png").stat().st_size > 10_000
 
 
 def test_interrupted_real_run_keeps_its_measured_rows(runner, tmp_path, monkeypatch):

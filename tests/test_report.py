@@ -446,3 +446,31 @@ def test_the_serving_claim_judges_the_knees_ranges():
     assert serve_claim(swept).verdict == report.PARTLY
     swept[1]["sustained_rps"] = 1.0
     assert serve_claim(swept).verdict == report.FAILS
+
+
+def _pred(ratio: float, within: bool | None) -> dict:
+    return {"point": "static", "metric": "wall_s", "simulated": 1.0, "measured": ratio,
+            "ratio": ratio, "within": within}  # fmt: skip
+
+
+@pytest.mark.parametrize(
+    ("withins", "verdict"),
+    [
+        ([True] * 4, "holds"),
+        ([True, True, True, False], "partly"),
+        ([True, True, False, False], "partly"),  # half: partly
+        ([True, False, False, False], "does not hold"),
+        ([True, True, None, None], "holds"),  # not judged: left out
+        ([None], "not measured"),
+    ],
+)
+def test_claim_p_holds_when_every_pair_is_within_and_partly_at_half(withins, verdict):
+    """Claim P from prediction.csv's rows as the CSV gives them back (text booleans too)."""
+    rows = [_pred(1.0 if w else 1.3, w) for w in withins]
+    as_text = [r | {"within": str(r["within"]) if r["within"] is not None else ""} for r in rows]
+    for given in (rows, as_text):
+        claim = report.prediction_claim(given)
+        assert claim.key == "P" and claim.verdict == verdict
+    judged = [w for w in withins if w is not None]
+    if judged:
+        assert claim.measured.startswith(f"{sum(judged)} of {len(judged)} within target")

@@ -28,7 +28,8 @@ EXPECTED = {
     "metadata.json", "report.md", "report.html", "probe.csv", "phases.csv", "phases.png",
     "sweep.csv", "sweep.png", "roofline.png", "occupancy.csv", "timeline.csv", "occupancy.png",
     "engine.csv", "engine_steps.csv", "engine.png", "memory_ceiling.csv", "memory.csv",
-    "memory_timeline.csv", "memory.png", "serve.csv", "slo.csv", "serve.png",
+    "memory_timeline.csv", "memory.png", "serve.csv", "slo.csv", "serve.png", "prediction.csv",
+    "prediction.png",
 }  # fmt: skip
 
 
@@ -54,8 +55,8 @@ def test_reproduce_writes_every_part_into_one_folder(tiny_run):
     parts |= {"serving curve"}
     assert set(meta["parts"]) == parts
     assert meta["ridge_source"] == "measured (probe)"
-    assert [c["verdict"] for c in meta["claims"]][:-1] == expected_verdicts(meta, out)
-    assert [c["key"] for c in meta["claims"]][-2:] == ["memory", "S"]
+    assert [c["verdict"] for c in meta["claims"]][:-2] == expected_verdicts(meta, out)
+    assert [c["key"] for c in meta["claims"]][-3:] == ["memory", "S", "P"]
 
 
 def literal(value: float, holds: float, partly: float) -> str:
@@ -176,12 +177,73 @@ def test_the_report_sets_every_article_number_beside_a_measured_one(tiny_run):
     assert "prefill 512 | prefill 16" in md and "decode b=32 | decode b=4" in md
     assert md.count("](") >= 4  # the plots
     html = (out / "report.html").read_text()
-    assert html.count("data:image/png;base64,") == 7  # memory.png and serve.png too
+    assert html.count("data:image/png;base64,") == 8  # memory, serve and prediction too
     # the terminal: the CPU notice first, the tables, the verdicts
     assert result.stdout.startswith("CPU-sized run")
     for title in ("B. prefill vs decode", "A. decode step vs batch", "C. static vs continuous"):
         assert title in result.stdout
     assert "verdicts" in result.stdout and "report.md" in result.stdout
+
+
+# The documented bands (issue 27's goal): p50s and whole-run times 0.9-1.1, p99s 0.8-1.25.
+BANDS = {"wall_s": (0.9, 1.1), "ttft_p50_s": (0.9, 1.1), "e2e_p50_s": (0.9, 1.1),
+         "ttft_p99_s": (0.8, 1.25), "e2e_p99_s": (0.8, 1.25)}  # fmt: skip
+
+
+def test_the_report_states_the_simulations_error_as_a_claim(tiny_run):
+    """Claim P and its section: each policy's real run beside its simulation, judged from
+    prediction.csv's simulated and measured numbers and the documented bands alone."""
+    out, result = tiny_run
+    pred = pd.read_csv(out / "prediction.csv")
+    engine = pd.read_csv(out / "engine.csv").set_index("policy")
+    assert sorted(pred["point"].unique()) == ["continuous", "static"]
+    assert sorted(pred["metric"].unique()) == sorted(BANDS)
+    hit = 0
+    for _, r in pred.iterrows():
+        assert r["measured"] == pytest.approx(engine.loc[r["point"], r["metric"]], rel=1e-5)
+        assert r["simulated"] > 0
+        lo, hi = BANDS[r["metric"]]
+        hit += lo <= r["measured"] / r["simulated"] <= hi
+    expected = "holds" if hit == len(pred) else "partly" if 2 * hit >= len(pred) else (
+        "does not hold")  # fmt: skip
+    meta = json.loads((out / "metadata.json").read_text())
+    (claim,) = [c for c in meta["claims"] if c["key"] == "P"]
+    assert claim["verdict"] == expected
+    assert claim["measured"].startswith(f"{hit} of {len(pred)} within target")
+    md = (out / "report.md").read_text()
+    section = md.split("## The simulation beside the real engine")[1].split("\n## ")[0]
+    rows = [line for line in section.splitlines() if line.startswith(("| static", "| contin"))]
+    assert len(rows) == len(pred)
+    for line, (_, r) in zip(rows, pred.iterrows(), strict=True):
+        cells = [c.strip() for c in line.strip("|").split("|")]
+        assert cells[0] == r["point"]
+        assert float(cells[4].rstrip("x")) == pytest.approx(r["measured"] / r["simulated"],
+                                                            rel=5e-3)  # fmt: skip
+        lo, hi = BANDS[r["metric"]]
+        assert cells[6] == ("yes" if lo <= r["measured"] / r["simulated"] <= hi else "no")
+    assert meta["prediction"]["verdict"] in section and "prediction.png" in section
+    assert "the simulator predicts the real engine" in result.stdout
+
+
+def test_the_serving_cells_carry_their_units(tiny_run):
+    """reproduce's serving cells: p99 TTFT in s, p99 TPOT in ms (the CSV's TPOT is in s)."""
+    out, _ = tiny_run
+    serve = pd.read_csv(out / "serve.csv", dtype={"rate": str}).set_index(["policy", "rate"])
+    section = (out / "report.md").read_text().split("## Serving curve")[1].split("\n## ")[0]
+    lines = [[c.strip() for c in line.strip().strip("|").split("|")]
+             for line in section.splitlines() if line.startswith("| ")]  # fmt: skip
+    rates = [h.removesuffix(" req/s") for h in lines[0][1:-1]]
+    checked = 0
+    for cells in lines[2:]:  # the header, its rule, then a row per policy
+        for rate, cell in zip(rates, cells[1:-1], strict=True):
+            r = serve.loc[(cells[0], rate)]
+            ttft, rest = cell.split(" s / ")
+            tpot, within = rest.split(" ms, ")
+            assert float(ttft) == pytest.approx(r["ttft_p99_s"], rel=6e-3)
+            assert float(tpot.replace(",", "")) == pytest.approx(1e3 * r["tpot_p99_s"], rel=6e-3)
+            assert within == ("within" if r["within_slo"] else "outside")
+            checked += 1
+    assert checked == len(serve) == 9
 
 
 def test_json_is_one_document(tmp_path):

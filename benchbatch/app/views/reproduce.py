@@ -14,7 +14,7 @@ from benchbatch.output import render, report
 from benchbatch.output.render import fmt
 
 TABLES = ("probe", "phases", "sweep", "occupancy", "memory_ceiling", "memory", "engine",
-          "serve", "slo")  # fmt: skip
+          "prediction", "serve", "slo")  # fmt: skip
 SUMMARIES = ("probe", "phases", "sweep", "occupancy", "memory", "memory_ceiling", "engine",
              "serve")  # fmt: skip
 VERDICT_STYLE = {

@@ -346,7 +346,8 @@ FILE_ORDER = (
     "report.md", "report.html", "metadata.json", "probe.csv", "phases.csv", "phases.png",
     "sweep.csv", "sweep.png", "roofline.png", "occupancy.csv", "timeline.csv",
     "occupancy.png", "memory_ceiling.csv", "memory.csv", "memory_timeline.csv", "memory.png",
-    "engine.csv", "engine_steps.csv", "engine.png", "serve.csv", "slo.csv", "serve.png",
+    "engine.csv", "engine_steps.csv", "engine.png", "prediction.csv", "prediction.png",
+    "serve.csv", "slo.csv", "serve.png",
 )  # fmt: skip
 
 
@@ -379,6 +380,8 @@ def build_report(run) -> report.Report:
         memory_ceiling=run.meta.get("memory_ceiling"),
         memory_rows=run.rows("memory") or None,
         ceilings_raised=run.meta.get("ceilings_raised"),
+        prediction_rows=run.rows("prediction") or None,
+        prediction_verdict=(run.meta.get("prediction") or {}).get("verdict"),
     )
 
 

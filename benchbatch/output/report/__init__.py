@@ -38,17 +38,20 @@ from benchbatch.output.report.claims import (
     claims,
     latency_verdict,
     memory_verdict,
+    prediction_claim,
     serve_claim,
 )
 from benchbatch.output.report.pages import VERDICT_CLASS, to_html, to_markdown
 from benchbatch.output.report.sections import (
     MEMORY_TITLE,
+    PREDICTION_TITLE,
     REAL_TITLE,
     SERVE_TITLE,
     Report,
     Section,
     build,
     pair_sizes,
+    section_prediction,
     section_roofline,
     section_serve,
     sweep_context,
@@ -63,7 +66,8 @@ __all__ = [
     "FAILS", "HOLDS", "LATENCY_HOLDS", "LATENCY_RULE_TEXT", "MEMORY_RULE_TEXT", "PAGING_GAIN",
     "PARTLY", "PREFILL_RULE", "SPEEDUP_RULE", "THROUGHPUT_OVER_LATENCY", "UNEVEN_STEPS",
     "UNMEASURED", "Claim", "Rule", "batching_verdict", "claims", "latency_verdict",
-    "memory_verdict", "serve_claim", "VERDICT_CLASS", "to_html", "to_markdown", "MEMORY_TITLE",
-    "REAL_TITLE", "SERVE_TITLE", "Report", "Section", "build", "pair_sizes", "section_roofline",
+    "memory_verdict", "prediction_claim", "serve_claim", "VERDICT_CLASS", "to_html",
+    "to_markdown", "MEMORY_TITLE", "PREDICTION_TITLE", "REAL_TITLE", "SERVE_TITLE", "Report",
+    "Section", "build", "pair_sizes", "section_prediction", "section_roofline",
     "section_serve", "sweep_context", "table_a", "table_b", "table_c",
 ]  # fmt: skip

@@ -335,3 +335,43 @@ def serve_claim(slo: list[dict]) -> Claim:
         "faster; partly when its knee is higher but the ranges overlap (on the swept rates "
         "where no knee was bisected: higher, or the same)",
     )
+
+
+PREDICTION_RULE_TEXT = (
+    "holds when measured over simulated falls within its target band (0.9-1.1 for p50s and "
+    "wall time, 0.8-1.25 for p99s) for every metric of every policy; partly when for at "
+    "least half of them; does not hold otherwise"
+)
+
+
+def prediction_claim(rows: list[dict]) -> Claim:
+    """Claim P on prediction.csv's rows (the real engine's runs beside their simulation of
+    the same requests, core/prediction.py): how many judged pairs fall within their band."""
+    judged = [r for r in rows if _within(r) is not None]
+    measured, verdict = "not measured", UNMEASURED
+    if judged:
+        hit = sum(bool(_within(r)) for r in judged)
+        ratios = [number(r, "ratio") for r in judged]
+        measured = (
+            f"{hit} of {len(judged)} within target (measured over simulated "
+            f"x{min(ratios):.2f}-x{max(ratios):.2f})"
+        )
+        verdict = HOLDS if hit == len(judged) else (PARTLY if 2 * hit >= len(judged) else FAILS)
+    return Claim(
+        "P",
+        "the simulator predicts the real engine's runs of the same requests",
+        "(not in the article: benchbatch's simulation, calibrated on the engine's own steps)",
+        measured,
+        verdict,
+        PREDICTION_RULE_TEXT,
+    )
+
+
+def _within(row: dict) -> bool | None:
+    """prediction.csv's within cell as a bool (None: not judged); CSVs hold text."""
+    value = row.get("within")
+    if value in (True, "True", "true"):
+        return True
+    if value in (False, "False", "false"):
+        return False
+    return None

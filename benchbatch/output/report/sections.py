@@ -29,7 +29,13 @@ from benchbatch.output.report.cells import (
     status_of,
     times,
 )
-from benchbatch.output.report.claims import UNEVEN_STEPS, Claim, claims, serve_claim
+from benchbatch.output.report.claims import (
+    UNEVEN_STEPS,
+    Claim,
+    claims,
+    prediction_claim,
+    serve_claim,
+)
 
 MEMORY_TITLE = "Memory, not compute, limits the batch"
 
@@ -265,6 +271,38 @@ def _section_real(rows: list[dict], workload: str | None, image: str | None) -> 
     return Section(REAL_TITLE, intro, headers, body, image, notes)
 
 
+PREDICTION_TITLE = "The simulation beside the real engine"
+
+
+def section_prediction(rows: list[dict], verdict: str | None, image: str | None) -> Section:
+    """prediction.csv: each policy's run on the model beside its simulation of the same
+    requests (the engine's calibration pricing the scheduler's steps), metric by metric."""
+    from benchbatch.core.prediction import NAMES
+
+    headers = ["policy", "metric", "simulated s", "measured s", "measured / simulated",
+               "target", "within"]  # fmt: skip
+    body = []
+    for r in rows:
+        lo, hi = number(r, "target_low"), number(r, "target_high")
+        within = str(r.get("within"))
+        body.append([
+            str(r["point"]),
+            NAMES.get(str(r["metric"]), str(r["metric"])),
+            fmt(number(r, "simulated")),
+            fmt(number(r, "measured")),
+            times(number(r, "ratio")),
+            "-" if lo is None or hi is None else f"x{lo:g}-x{hi:g}",
+            {"True": "yes", "False": "no"}.get(within, "-"),
+        ])  # fmt: skip
+    intro = [
+        "The same requests simulated with the engine's own calibration (its timed steps "
+        "after the runs, fitted per term; step_cost.json) and scheduled as the engine "
+        "scheduled them: the error of the simulation that occupancy, ablation and "
+        "serve-sweep put beside their measurements, on this device.",
+    ]
+    return Section(PREDICTION_TITLE, intro, headers, body, image, [verdict] if verdict else [])
+
+
 # --- the serving curve -------------------------------------------------------------------------
 
 SERVE_TITLE = "Serving curve: request rate against latency (simulated)"
@@ -285,7 +323,7 @@ def section_serve(rows: list[dict], slo: list[dict], meta: dict, image: str | No
     intro = [
         "Poisson arrivals at three request rates (fractions of the simulated capacity), "
         "simulated with a step-cost model fitted to this run's phases and sweep steps; "
-        f"{meta.get('workload', '')}. Cells: p99 TTFT s / p99 TPOT ms, and whether both "
+        f"{meta.get('workload', '')}. Cells: p99 TTFT / p99 TPOT, and whether both "
         f"are within the SLO (TTFT {limits.get('ttft_s', '-')} s, TPOT "
         f"{1e3 * limits.get('tpot_s', math.nan):g} ms). `benchbatch serve-sweep` draws the "
         "whole curve and serves it on the model.",
@@ -297,9 +335,9 @@ def _serve_cell(r: dict | None) -> str:
     if r is None:
         return "-"
     ok = "within" if r.get("within_slo") in (True, "True") else "outside"
-    return (
-        f"{fmt(number(r, 'ttft_p99_s'))} / {fmt(1e3 * (number(r, 'tpot_p99_s') or math.nan))}, {ok}"
-    )
+    ttft, tpot = number(r, "ttft_p99_s"), number(r, "tpot_p99_s")
+    return (f"{fmt(ttft)} s / {fmt(1e3 * tpot) if tpot is not None else '-'} ms, "
+            f"{ok}")  # fmt: skip
 
 
 def _leaves(r: dict | None) -> str:
@@ -380,6 +418,8 @@ def build(
     serve_slo: list[dict] | None = None,
     serve_meta: dict | None = None,
     ceilings_raised: list[dict] | None = None,
+    prediction_rows: list[dict] | None = None,
+    prediction_verdict: str | None = None,
 ) -> Report:
     """Every section of the report, from rows and summaries (see reproduce's metadata)."""
     images = set(files)
@@ -394,6 +434,9 @@ def build(
     ]
     if real_rows:
         sections.append(_section_real(real_rows, real_workload, image("engine.png")))
+    if prediction_rows:
+        sections.append(section_prediction(prediction_rows, prediction_verdict,
+                                           image("prediction.png")))  # fmt: skip
     if memory_ceiling:
         sections.append(_section_memory(memory_ceiling, memory_rows, image("memory.png")))
     if serve_rows:
@@ -414,7 +457,8 @@ def build(
             phases_rows,
             sweep_rows,
         )  # fmt: skip
-        + ([serve_claim(serve_slo)] if serve_slo else []),
+        + ([serve_claim(serve_slo)] if serve_slo else [])
+        + ([prediction_claim(prediction_rows)] if prediction_rows else []),
         sections,
         list(files),
     )
