@@ -318,6 +318,34 @@ def test_another_thread_count_is_flagged_by_name():
     assert "threads 2" in both and "load_class busy" in both
 
 
+@pytest.mark.parametrize(("key", "then", "now"), [
+    ("pinned_cores", [0], "all"),
+    ("benchbatch", "0.9.0", "1.0.0"),
+    ("host_id", "a1b2c3d4e5f6", "0f9e8d7c6b5a"),
+    ("torch", "2.4.0", "2.5.0"),
+    ("dtype", "bfloat16", "float32"),
+])  # fmt: skip
+def test_each_other_condition_is_flagged_by_name(key, then, now):
+    """Another host of the same CPU model, another benchbatch, pinning, torch or dtype: a
+    warning naming what moved (never a silent reuse), and no refusal."""
+    lines = cal.compare(HERE | {key: then}, HERE | {key: now})
+    assert len(lines) == 1 and f"{key} {then} at calibration, {now} now" in lines[0]
+    assert "calibrate again" in lines[0]
+
+
+def test_the_engines_conditions_name_the_host_without_its_name(tiny_model):
+    import platform
+
+    from benchbatch.runtime import calibrate as cb
+
+    seen = cb.conditions(tiny_model)
+    assert seen["host_id"] == cal.host_id(platform.node()) and len(seen["host_id"]) == 12
+    assert len(platform.node()) < 3 or platform.node() not in json.dumps(seen)
+    assert cal.host_id("machine-a") != cal.host_id("machine-b")
+    other = seen | {"host_id": cal.host_id(platform.node() + "-other")}
+    assert "host_id" in cal.compare(other, seen)[0]
+
+
 def test_the_load_class_follows_the_load_per_core():
     assert [cal.load_class(x, 2) for x in (0.5, 1.5, 2.5)] == ["quiet", "shared", "busy"]
 

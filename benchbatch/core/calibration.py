@@ -458,21 +458,31 @@ def line(s: dict) -> str:
 # --- conditions -----------------------------------------------------------------------------
 
 
+def host_id(name: str) -> str:
+    """A host's short fingerprint (its name hashed: the name itself stays out of results)."""
+    import hashlib
+
+    return hashlib.sha256(name.encode()).hexdigest()[:12]
+
+
 def load_class(load_1min: float, cores: int) -> str:
     per_core = load_1min / max(1, cores)
     return next(name for limit, name in LOAD_CLASSES if per_core < limit)
 
 
 # What differs and how much it matters: another device refuses the calibration (its costs
-# are another machine's), the others are flagged.
+# are another machine's), the others are flagged: another host of the same device (a CPU
+# model's name is shared by many machines, whose memory and neighbours differ), another
+# benchbatch (the engine's per-step work may have moved: vidur #60's 700%), and the rest.
 REFUSED = ("device",)
-FLAGGED = ("threads", "torch", "dtype", "load_class", "pinned_cores")
+FLAGGED = ("host_id", "benchbatch", "threads", "torch", "dtype", "load_class", "pinned_cores")
 
 
 def compare(saved: dict, current: dict, option: str = "--step-costs") -> list[str]:
     """The differences between a calibration's conditions and this run's: a UserError for
-    another device, a warning line for each other difference (threads, torch version,
-    dtype, load class, pinning). Conditions a side does not know are not compared."""
+    another device, a warning line for each other difference (host, benchbatch version,
+    threads, torch version, dtype, load class, pinning). Conditions a side does not know
+    are not compared."""
     for key in REFUSED:
         if key in saved and key in current and saved[key] != current[key]:
             raise UserError(

@@ -13,12 +13,13 @@ engine pays per step, which is what the simulator must predict.
 from __future__ import annotations
 
 import os
+import platform
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 
 import torch
 
-from benchbatch.core.calibration import load_class
+from benchbatch.core.calibration import host_id, load_class
 from benchbatch.core.plans import StepPlan
 from benchbatch.core.scheduler import make_scheduler
 from benchbatch.core.simulate import simulate
@@ -191,4 +192,5 @@ def conditions(model) -> dict:
         "load_1min": load,
         "load_class": load_class(load, cores),
         "benchbatch": __version__,
+        "host_id": host_id(platform.node()),
     }
