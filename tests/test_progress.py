@@ -3,6 +3,9 @@ columns the live display is built with, on a clock the test moves (no waiting)."
 
 from __future__ import annotations
 
+import json
+
+import pandas as pd
 import pytest
 from rich import progress as rp
 from rich.console import Console
@@ -79,3 +82,50 @@ def test_a_count_past_its_estimated_total_is_never_shown_as_more_than_the_total(
         bar.advance()
     (task,) = live.tasks
     assert task.completed == 5 and task.total == 5
+
+
+def test_before_the_first_item_the_runs_estimate_counts_down():
+    """Five steps estimated at 300 s: 60 s in, nothing done yet, the bar says ~4 min left
+    and ~60 s an item (marked as the estimate's); once the first is done, the run's own."""
+    now = [0.0]
+    live = pg.live_progress(console=Console(width=120), get_time=lambda: now[0])
+    task_id = live.add_task("phases", total=5, expected_s=300.0)
+    task = live.tasks[0]
+    now[0] = 60.0
+    assert pg.LeftColumn().render(task).plain == "~0:04:00 left"
+    assert pg.RateColumn().render(task).plain == "~60.0 s/it"
+    now[0] = 400.0  # past the estimate, still nothing done: no negative time
+    assert pg.LeftColumn().render(task).plain == "~0:00:00 left"
+    live.advance(task_id)  # one item in 400 s: 1,600 s for the four left
+    assert pg.LeftColumn().render(task).plain == "0:26:40 left"
+    assert pg.RateColumn().render(task).plain == "400.0 s/it"
+    log = pg._Log("phases", 5, expected_s=300.0)
+    assert log.text(60.0) == "phases: 0/5 done, 60 s, about 4 min left (estimated)"
+    log.done = 1
+    assert log.text(400.0) == "phases: 1/5 done, 400 s, 400.0 s/it, about 27 min left"
+
+
+def test_phases_hands_its_estimate_to_the_progress(monkeypatch, tmp_path):
+    """The estimate priced the same steps the bar counts: it reaches the task."""
+    from typer.testing import CliRunner
+
+    from benchbatch.app.cli import app
+
+    seen = []
+    real = pg.Progress.task.__func__
+
+    def spy(cls, label, total, quiet=False, expected_s=None):
+        seen.append((label, total, expected_s))
+        return real(cls, label, total, quiet, expected_s)
+
+    monkeypatch.setattr(pg.Progress, "task", classmethod(spy))
+    out = tmp_path / "p"
+    args = ["phases", "--preset", "tiny", "--device", "cpu", "--repeats", "1", "--min-time",
+            "0", "--prefill", "16", "--decode-batch", "1,2", "--context", "8", "--no-roofline",
+            "--out", str(out)]  # fmt: skip
+    result = CliRunner().invoke(app, args)
+    assert result.exit_code == 0, result.output
+    meta = json.loads((out / "metadata.json").read_text())
+    (phases,) = [s for s in seen if s[0] == "phases"]
+    assert phases == ("phases", meta["estimate"]["steps"], meta["estimate"]["estimated_s"])
+    assert phases[1] == len(pd.read_csv(out / "phases.csv"))

@@ -375,6 +375,13 @@ def estimate_run(rec: Recorder, net, run: RunOptions, lists: dict, keep: dict, p
         rec.note(f"that is long; {_shorter_hint(cut, lists, models)}")
 
 
+def expected_s(rec: Recorder, steps: int) -> float | None:
+    """The run's estimated duration (estimate_run's) where it priced these `steps`: what the
+    progress display counts down until the first step is done."""
+    e = rec.meta.get("estimate") or {}
+    return e.get("estimated_s") if e.get("steps") == steps else None
+
+
 def _smaller_models(rec: Recorder, seconds) -> list[tuple[str, float]]:
     """Fewer layers, and on a CPU cpu-small when the run's model is larger; none for a
     checkpoint (its shape is its own)."""

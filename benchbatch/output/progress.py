@@ -7,6 +7,9 @@ it is redrawn REFRESH_PER_S times a second by rich's own thread, so a step that 
 minutes still shows the spinner turning and the elapsed time ticking. Rate and time left
 are the task's average since it started (rich's own estimate needs two finished items
 within its window: a run of a few long steps would show none until its second step).
+Before the first item ends, a task opened with the run's estimated duration (phases and
+sweep price every planned step before they start) counts that down instead, marked "~", so
+a run of five minute-long steps does not sit at 0/5 with nothing to say.
 When stderr is not a terminal (a log file, CI, a pipe) a line is printed at most every
 LOG_EVERY_S seconds, with the same rate and time left, and one at the end of a task that
 took longer.
@@ -41,22 +44,31 @@ def rate_text(rate: float | None) -> str:
     return f"{rate:.1f} it/s" if rate >= 1 else f"{1 / rate:.1f} s/it"
 
 
-def left_s(done: float, total: float | None, elapsed: float | None) -> float | None:
-    """Seconds left at the average rate so far (None before the first item or without a
-    total)."""
+def left_s(done: float, total: float | None, elapsed: float | None,
+           expected_s: float | None = None) -> float | None:  # fmt: skip
+    """Seconds left at the average rate so far; before the first item, what is left of
+    expected_s (the run's estimate) when one is given; else None (or without a total)."""
+    if not done and expected_s is not None and elapsed is not None and total is not None:
+        return max(expected_s - elapsed, 0.0)
     rate = average_rate(done, elapsed)
     if rate is None or total is None:
         return None
     return max(total - done, 0) / rate
 
 
+def _expected(task: rp.Task) -> float | None:
+    return task.fields.get("expected_s")
+
+
 class RateColumn(rp.ProgressColumn):
     """Items per second (or seconds per item), averaged since the task started."""
 
     def render(self, task: rp.Task) -> Text:
-        return Text(
-            rate_text(average_rate(task.completed, task.elapsed)), style="progress.data.speed"
-        )
+        rate = average_rate(task.completed, task.elapsed)
+        expected = _expected(task)
+        if rate is None and expected and task.total:  # the estimate's, until one is done
+            return Text(f"~{rate_text(task.total / expected)}", style="progress.data.speed")
+        return Text(rate_text(rate), style="progress.data.speed")
 
 
 class LeftColumn(rp.TimeRemainingColumn):
@@ -66,12 +78,14 @@ class LeftColumn(rp.TimeRemainingColumn):
     def render(self, task: rp.Task) -> Text:
         if task.total is None:
             return Text("")
-        left = left_s(task.completed, task.total, task.elapsed)
+        left = left_s(task.completed, task.total, task.elapsed, _expected(task))
         if task.finished or left is None:
             return Text("-:--:-- left" if not task.finished else "", style="progress.remaining")
         minutes, seconds = divmod(int(left), 60)
         hours, minutes = divmod(minutes, 60)
-        return Text(f"{hours:d}:{minutes:02d}:{seconds:02d} left", style="progress.remaining")
+        mark = "~" if not task.completed else ""  # the estimate's, not yet the run's own
+        return Text(f"{mark}{hours:d}:{minutes:02d}:{seconds:02d} left",
+                    style="progress.remaining")  # fmt: skip
 
 
 def columns() -> tuple[rp.ProgressColumn, ...]:
@@ -107,8 +121,9 @@ class _Bar:
     """A total is an estimate (a real engine's steps from its simulation's): once passed,
     the total follows the count, so the bar never reads 3,996/3,722."""
 
-    def __init__(self, live: rp.Progress, label: str, total: int | None):
-        self._live, self._id = live, live.add_task(label, total=total)
+    def __init__(self, live: rp.Progress, label: str, total: int | None,
+                 expected_s: float | None = None):  # fmt: skip
+        self._live, self._id = live, live.add_task(label, total=total, expected_s=expected_s)
         self._total, self._done = total, 0
 
     def advance(self, n: int = 1) -> None:
@@ -122,8 +137,8 @@ class _Bar:
 class _Log:
     """Log lines: 'phases: 3/8 done, 41 s'."""
 
-    def __init__(self, label: str, total: int | None):
-        self.label, self.total, self.done = label, total, 0
+    def __init__(self, label: str, total: int | None, expected_s: float | None = None):
+        self.label, self.total, self.done, self.expected_s = label, total, 0, expected_s
         self.start = self.last = time.monotonic()
 
     def advance(self, n: int = 1) -> None:
@@ -144,11 +159,13 @@ class _Log:
         if over:
             line += f" (more than the {self.total:,} estimated)"
         rate = rate_text(average_rate(self.done, elapsed))
-        left = None if end else left_s(self.done, self.total, elapsed)
+        left = None if end else left_s(self.done, self.total, elapsed, self.expected_s)
         if rate:
             line += f", {rate}"
         if left is not None:
             line += f", about {duration(left)} left"
+            if not self.done:
+                line += " (estimated)"
         return line
 
 
@@ -158,17 +175,20 @@ class Progress:
 
     @classmethod
     @contextlib.contextmanager
-    def task(cls, label: str, total: int | None, quiet: bool = False):
+    def task(cls, label: str, total: int | None, quiet: bool = False,
+             expected_s: float | None = None):  # fmt: skip
+        """A task's progress: `total` items, and `expected_s` the run's estimate of them
+        all (shown as the time left until the first item is done)."""
         if quiet:
             yield _Null()
         elif not err_console.is_terminal:
-            log = _Log(label, total)
+            log = _Log(label, total, expected_s)
             yield log
             if time.monotonic() - log.start >= LOG_EVERY_S:
                 log.line(end=True)
         else:
             with cls._shared() as live:
-                bar = _Bar(live, label, total)
+                bar = _Bar(live, label, total, expected_s)
                 try:
                     yield bar
                 finally:

@@ -304,10 +304,12 @@ class Recorder(Run):
         label: str | None = None,
         timed: bool = True,
         stream: bool = False,
+        expected_s: float | None = None,
     ) -> list[dict]:
         """Consume a rows generator: each row gets the shared columns, reaches its CSV and
-        advances the progress display. Returns every row of the table."""
-        with self.progress(label or table, total) as task:
+        advances the progress display (expected_s: the run's estimate of all `total` rows,
+        counted down until the first is done). Returns every row of the table."""
+        with self.progress(label or table, total, expected_s) as task:
             for row in rows:
                 self.add(table, self.columns(row) if timed else row, stream=stream)
                 task.advance()
@@ -401,8 +403,8 @@ class Recorder(Run):
         self._group_look = (group, look) if group is not None else None
         return look
 
-    def progress(self, label: str, total: int | None):
-        return Progress.task(label, total, quiet=self.quiet)
+    def progress(self, label: str, total: int | None, expected_s: float | None = None):
+        return Progress.task(label, total, quiet=self.quiet, expected_s=expected_s)
 
     def untrusted(self, table: str, name: Callable[[dict], str]) -> dict[str, list[str]]:
         """Rows whose times are hard to trust, by name: noisy and throttled."""

@@ -40,7 +40,8 @@ def measure(rec, net, opts: PhasesOptions, run: RunOptions, timing=None) -> list
 
     timing = timing or run.timing()
     steps = probe.rows(net, rec.target.dtype_name, opts, timing, run.cuda_graphs)
-    rows = rec.record("phases", steps, total=len(probe.plan(opts)))
+    total = len(probe.plan(opts))
+    rows = rec.record("phases", steps, total=total, expected_s=c.expected_s(rec, total))
     phases_figure(rows, rec.folder / "phases.png", c.title(rec, "prefill vs decode", rows))
     c.allreduce_plot(rec, rows, "each step's all-reduces")
     return rows

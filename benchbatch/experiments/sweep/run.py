@@ -82,7 +82,7 @@ def measure(rec, net, opts: SweepOptions, ceiling: dict, ridge, run: RunOptions,
                        run.cuda_graphs, opts.kv_layout, opts.block_size)  # fmt: skip
     price = getattr(opts, "price_per_hour", None)  # --price-per-hour: the cost columns
     steps = ({**r, **energy.step_cost_columns(r, price)} for r in steps)
-    rows = rec.record("sweep", steps, total=len(plan))
+    rows = rec.record("sweep", steps, total=len(plan), expected_s=c.expected_s(rec, len(plan)))
     rec.meta["energy"] = energy.summary(rows)  # the counter, or "not available" and why
     if rec.ceilings is not None:  # as the rows were placed: raised if a row beat the probe
         ridge = rec.ceilings.ridge
