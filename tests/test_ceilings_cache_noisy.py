@@ -148,6 +148,15 @@ def test_the_roofline_names_its_ceilings(runner, tmp_path, small_probe, load, mo
         return real(rows, ceilings, path, sheet, title)
 
     monkeypatch.setattr(roofline, "roofline_figure", spy)
-    _, meta = _phases(runner, tmp_path / "a")
-    assert titles and titles[-1].endswith(f"\nceilings {meta['ceilings_source']}")
-    assert meta["ceilings"].get("source", meta["ceilings_source"]) == meta["ceilings_source"]
+    result, meta = _phases(runner, tmp_path / "a")
+    source = meta["ceilings_source"]
+    assert source.startswith("measured now, noise ")
+    assert titles and titles[-1].endswith(f"\nceilings {source}")
+    assert meta["ceilings"]["source"] == source
+    # ...and the table's line under it says the same (a second run: the cached probe's)
+    assert f"ceilings (mfu, mbu, bound): {source}" in " ".join(result.stdout.split())
+    result, again = _phases(runner, tmp_path / "b")
+    cached = again["ceilings_source"]
+    assert cached.startswith(f"cached from {tmp_path / 'a'}, ") and titles[-1].endswith(cached)
+    assert again["ceilings"]["source"] == cached
+    assert f"ceilings (mfu, mbu, bound): {cached}" in " ".join(result.stdout.split())

@@ -111,7 +111,7 @@ def test_help_of_serve_sweep_at_100_columns_as_a_user_types_it():
     env = {**__import__("os").environ, "COLUMNS": "100", "BENCHBATCH_SHOW_ALL": "1"}
     result = subprocess.run(
         [sys.executable, "-m", "benchbatch.app.start", "serve-sweep", "--help"],
-        capture_output=True, text=True, env=env, timeout=300,
+        capture_output=True, text=True, env=env, timeout=900,
     )  # fmt: skip
     assert result.returncode == 0, result.stderr
     assert 20 < len(result.stdout.splitlines()) <= 60

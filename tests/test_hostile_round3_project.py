@@ -73,7 +73,7 @@ def test_help_on_a_full_stdout_is_one_line(args):
     with open("/dev/full", "w") as full:
         command = [sys.executable, "-m", "benchbatch", *args]
         done = subprocess.run(command, cwd=root, stdout=full, stderr=subprocess.PIPE,
-                              text=True, timeout=120)  # fmt: skip
+                              text=True, timeout=900)  # fmt: skip
     assert done.returncode == 1, done.stderr
     assert done.stderr.strip().splitlines() == [
         "Error: cannot write the output: No space left on device"
@@ -93,7 +93,7 @@ def test_a_torch_logs_setting_torch_refuses_is_one_line(tmp_path):
             "8", "--no-roofline", "--out", str(tmp_path / "run")]  # fmt: skip
     env = {**os.environ, "TORCH_LOGS": "garbage", "PYTHONPATH": str(root)}
     done = subprocess.run([sys.executable, "-m", "benchbatch", *args], cwd=root, env=env,
-                          capture_output=True, text=True, timeout=300)  # fmt: skip
+                          capture_output=True, text=True, timeout=900)  # fmt: skip
     assert done.returncode == 2, done.stderr[-2000:]
     assert "Traceback" not in done.stderr
     assert done.stderr.strip().splitlines()[-1].startswith("Error: TORCH_LOGS: torch refuses")

@@ -94,7 +94,7 @@ def test_programs_start_with_a_terminals_signals_under_nohup():
     before = signal.signal(signal.SIGHUP, signal.SIG_IGN)  # as nohup leaves it
     try:
         out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
-                             preexec_fn=terminal_signals, timeout=60).stdout  # fmt: skip
+                             preexec_fn=terminal_signals, timeout=HANG_S).stdout  # fmt: skip
     finally:
         signal.signal(signal.SIGHUP, before)
     assert out.split() == ["True", "True"]
@@ -106,7 +106,7 @@ def test_a_run_with_stderr_on_a_full_device_ends_marked_complete(tmp_path):
     folder = tmp_path / "run"
     with open("/dev/full", "w") as full:
         proc = program([*REAL, "--out", str(folder)], stderr=full)
-        out, _ = proc.communicate(timeout=300)
+        out, _ = proc.communicate(timeout=HANG_S)
     assert proc.returncode == 0, out
     assert status(folder) == "complete"
     assert f"results: {folder}" in out
@@ -169,7 +169,7 @@ def test_sighup_ignored_from_the_start_stays_ignored(tmp_path):
         if line.startswith("note:"):
             break
     proc.send_signal(signal.SIGHUP)
-    out, err = proc.communicate(timeout=300)
+    out, err = proc.communicate(timeout=HANG_S)
     assert proc.returncode == 0, err
     assert status(folder) == "complete" and f"results: {folder}" in out
 

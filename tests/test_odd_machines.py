@@ -168,7 +168,7 @@ def test_a_run_with_a_read_only_home(tmp_path):
         env=env,
         capture_output=True,
         text=True,
-        timeout=300,
+        timeout=900,
     )
     assert warm.returncode == 0 and "Traceback" not in warm.stderr, warm.stderr
     assert "created a temporary" not in warm.stderr  # the cache directory warning
@@ -179,7 +179,7 @@ def test_a_run_with_a_read_only_home(tmp_path):
         env=env,
         capture_output=True,
         text=True,
-        timeout=120,
+        timeout=900,
     )
     assert proc.returncode == 0, proc.stderr
     assert "Traceback" not in proc.stderr and "Matplotlib" not in proc.stderr

@@ -42,7 +42,7 @@ def run_with_file_size_limit(args: list[str], limit: int) -> subprocess.Complete
 
     return subprocess.run(
         [sys.executable, "-m", "benchbatch", *args],
-        cwd=ROOT, capture_output=True, text=True, timeout=300, preexec_fn=cap,
+        cwd=ROOT, capture_output=True, text=True, timeout=900, preexec_fn=cap,
     )  # fmt: skip
 
 

@@ -310,10 +310,22 @@ def test_real_engine_points_beside_their_simulation(runner, tmp_path):
     args = ["serve-sweep", "--preset", "tiny", "--requests", "30", "--real-requests", "8",
             "--median", "4", "--max-output", "8", "--prompt-len", "16", "--max-prompt", "64",
             "--rates", "50,max", "--real-rates", "max", "--repeats", "1", "--min-time", "0",
-            "--warmup", "0", "--out", str(out)]  # fmt: skip
+            "--warmup", "0", "--price-per-hour", "3.6", "--out", str(out)]  # fmt: skip
     result = runner.invoke(app, args)
     assert result.exit_code == 0, result.output
     serve = pd.read_csv(out / "serve.csv", dtype={"rate": str})
+    # --price-per-hour: every point's cost per million output tokens, $0.001 a second over
+    # its duration's output tokens; energy where the device has a counter, else said so.
+    expected = 3.6 / 3600 * serve["duration_s"] / serve["output_tokens"] * 1e6
+    assert ((serve["usd_per_million_output_tokens"] / expected - 1).abs() < 1e-5).all()
+    sim = serve[serve["source"] != "real"]
+    assert (sim["energy_source"] == "not available: simulated (no device ran)").all()
+    measured = serve[serve["source"] == "real"]
+    assert (measured["joules_per_output_token"].notna()
+            == ~measured["energy_source"].str.startswith("not available")).all()  # fmt: skip
+    said = " ".join(result.stdout.split())
+    assert "cost per million tokens at $3.6/h: static at max $" in said
+    assert "energy per token" in said
     real = serve[serve["source"] == "real"]
     assert len(real) == 3 and set(real["rate"]) == {"max"} and (real["requests"] == 8).all()
     matched = serve[serve["source"] == "sim-matched"]

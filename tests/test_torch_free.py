@@ -36,7 +36,7 @@ def run_without(blocked: tuple[str, ...], code: str) -> subprocess.CompletedProc
         """
     )
     return subprocess.run(
-        [sys.executable, "-c", guard + code], capture_output=True, text=True, timeout=120
+        [sys.executable, "-c", guard + code], capture_output=True, text=True, timeout=900
     )
 
 

@@ -1,0 +1,159 @@
+"""Benchmark: vLLM-CPU predicted from a short calibration against it, on the machine as it is
+and with another process competing for a core (issue 27's goal for vLLM: TTFT, TPOT and
+E2E p50 measured over predicted within 0.85-1.15, from a calibration of at most two
+minutes, "with another process competing for a core").
+
+One vLLM-CPU server (vllm-cpu 0.32.0 in its own cached venv, the tiny checkpoint, both as
+scripts/vllm_peer.py makes them) on 127.0.0.1, stopped by its process group. Against it,
+`benchbatch serve-sweep --endpoint --predict` with vLLM's knobs (vllm_peer.predicted: the
+calibration before each point and after the last, each point predicted, then measured),
+alternating the machine as it is with a busy loop this script starts on the side (stopped by
+its pid), A B B A. The table: per condition, rate and metric, the median over the rounds of
+measured over predicted, its range, and whether the median is within the target; then the
+calibrations' lengths and one JSON line. Rows go to --out (prediction.csv of every run).
+
+    python scripts/bench_vllm_predict.py [--rounds 2] [--rates 2,4] [--requests 40] [--out DIR]
+"""
+
+from __future__ import annotations
+
+import argparse
+import csv
+import json
+import math
+import os
+import platform
+import shutil
+import signal
+import statistics
+import sys
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parent.parent
+sys.path[:0] = [str(REPO), str(REPO / "scripts")]
+
+import vllm_peer as vp  # noqa: E402
+from bench_sim_error import busy_loop  # noqa: E402
+
+CONDITIONS = ("as is", "one core busy")
+METRICS = ("ttft_p50_s", "tpot_p50_s", "e2e_p50_s", "ttft_p99_s", "tpot_p99_s", "e2e_p99_s")
+JUDGED = ("ttft_p50_s", "tpot_p50_s", "e2e_p50_s")  # the p99s of 40 requests: shown only
+
+
+def parse() -> argparse.Namespace:
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("--rounds", type=int, default=2, help="A B rounds (default 2)")
+    p.add_argument("--rates", default="2,4", help="offered rates, req/s (default 2,4)")
+    p.add_argument("--requests", type=int, default=40, help="requests per point (default 40)")
+    p.add_argument("--start-timeout", type=float, default=300.0,
+                   help="seconds the server may take to become healthy (default 300)")
+    p.add_argument("--out", type=Path, default=None,
+                   help="folder for the rows (default: a cache folder, replaced)")
+    args = p.parse_args()
+    try:
+        args.rates = [float(r) for r in args.rates.split(",")]
+    except ValueError:
+        p.error(f"--rates: comma-separated numbers, got {args.rates!r}")
+    if args.rounds < 1 or args.requests < 1 or not all(r > 0 for r in args.rates):
+        p.error("--rounds, --requests and every rate must be positive")
+    return args
+
+
+def measure(args, python: Path, checkpoint: Path, work: Path) -> list[dict]:
+    rows: list[dict] = []
+    with vp.vllm_server(python, checkpoint, work / "vllm-server.log", args.start_timeout) as s:
+        vp.warm_up(s["url"])
+        for i in range(args.rounds):
+            for condition in CONDITIONS if i % 2 == 0 else CONDITIONS[::-1]:
+                loop = busy_loop() if condition == "one core busy" else None
+                try:
+                    load = os.getloadavg()[0]
+                    vp.say(f"round {i}, {condition}: predicted, then measured, at "
+                           f"{args.rates} req/s (load {load:.1f})")  # fmt: skip
+                    folder = work / f"round{i}-{condition.replace(' ', '-')}"
+                    got = vp.predicted(s["url"], checkpoint, args.rates, args.requests, folder, i)
+                finally:
+                    if loop is not None:
+                        os.kill(loop.pid, signal.SIGTERM)
+                        loop.wait()
+                rows += [r | {"condition": condition, "load_1min_before": load} for r in got]
+    return rows
+
+
+def medians(rows: list[dict]) -> list[dict]:
+    out = []
+    lo, hi = vp.PREDICT_TARGET
+    for condition in CONDITIONS:
+        for rate in dict.fromkeys(r["rate"] for r in rows):
+            for metric in METRICS:
+                got = [float(r["ratio"]) for r in rows if r["condition"] == condition
+                       and r["rate"] == rate and r["metric"] == metric]  # fmt: skip
+                got = [g for g in got if math.isfinite(g)]
+                if not got:
+                    continue
+                med = statistics.median(got)
+                out.append({"condition": condition, "rate": rate, "metric": metric,
+                            "runs": len(got), "median": med, "low": min(got), "high": max(got),
+                            "within": (lo <= med <= hi) if metric in JUDGED else None})  # fmt: skip
+    return out
+
+
+def show(meds: list[dict], rows: list[dict]) -> None:
+    print(f"\nvLLM-CPU measured over predicted (medians of the rounds, range in brackets; "
+          f"target {vp.PREDICT_TARGET[0]}-{vp.PREDICT_TARGET[1]} for the p50s)")  # fmt: skip
+    print("| condition | rate | " + " | ".join(m.removesuffix("_s").replace("_", " ").upper()
+                                               for m in METRICS) + " |")  # fmt: skip
+    print("|---|---|" + "---|" * len(METRICS))
+    for condition in CONDITIONS:
+        for rate in dict.fromkeys(m["rate"] for m in meds):
+            cells = []
+            for metric in METRICS:
+                m = next((x for x in meds if x["condition"] == condition and x["rate"] == rate
+                          and x["metric"] == metric), None)  # fmt: skip
+                if m is None:
+                    cells.append("-")
+                    continue
+                mark = "" if m["within"] is None else (" ok" if m["within"] else " OUT")
+                cells.append(f"{m['median']:.2f} ({m['low']:.2f}-{m['high']:.2f}){mark}")
+            print(f"| {condition} | {rate} req/s | " + " | ".join(cells) + " |")
+    seconds = sorted({(r["condition"], r["run"], r["calibration_s"]) for r in rows})
+    print("calibration seconds per run: " + ", ".join(f"{c} {s}" for c, _, s in seconds))
+    judged = [m for m in meds if m["within"] is not None]
+    print(json.dumps({"machine": platform.processor() or platform.machine(),
+                      "within": sum(m["within"] for m in judged), "judged": len(judged),
+                      "medians": meds}))  # fmt: skip
+
+
+def main() -> int:
+    args = parse()
+    cache = vp.cache_dir()
+    work = cache / "vllm-predict-work"
+    shutil.rmtree(work, ignore_errors=True)
+    work.mkdir(parents=True)
+    signal.signal(signal.SIGTERM, vp.interrupted)  # the server is still stopped
+    signal.signal(signal.SIGINT, vp.interrupted)
+    try:
+        python = vp.prepare_venv(cache / f"vllm-cpu-{vp.VERSION}")
+        checkpoint = vp.prepare_checkpoint(cache / "tiny-llama-h512-l4-v2048")
+        rows = measure(args, python, checkpoint, work)
+    except vp.Skip as e:
+        print(f"skipped: {e}", flush=True)
+        return 0
+    except vp.Failed as e:
+        vp.say(f"FAILED: {e}")
+        return 1
+    except KeyboardInterrupt:
+        vp.say(f"interrupted: the server stopped; the runs so far are in {work}")
+        return 130
+    out = args.out or work
+    out.mkdir(parents=True, exist_ok=True)
+    with open(out / "prediction.csv", "w", newline="") as f:
+        w = csv.DictWriter(f, fieldnames=list(dict.fromkeys(k for r in rows for k in r)))
+        w.writeheader()
+        w.writerows(rows)
+    show(medians(rows), rows)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
