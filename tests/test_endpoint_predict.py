@@ -589,3 +589,25 @@ def test_predict_options_are_checked(runner, tmp_path, extra, flag):
     result = runner.invoke(app, ["serve-sweep", *extra, "--out", str(tmp_path / "x")])
     assert result.exit_code == 2, result.output
     assert flag in result.output
+
+
+def test_a_point_whose_calibrations_gave_too_few_steps_is_priced_by_the_pooled_fit():
+    """vLLM-CPU beside a busy loop streamed whole requests in one burst (its frontend waiting
+    for a core), so two calibrations gave a handful of steps: the point between them is
+    priced by the run's pooled fit, and says so, instead of ending the run."""
+    from test_calibration import synthetic_steps
+
+    from benchbatch.errors import UserError
+    from benchbatch.experiments.serve import predict
+
+    good = synthetic_steps(60, 0.0)
+    few = good[:3]
+    cals = [{"steps": good}, {"steps": few}, {"steps": few}]
+    pooled = cal.fit(good + few + few)["model"]
+    model, source = predict.bracket(cals, 0, pooled)
+    assert source == "the calibrations around it"
+    assert model.base_s == pytest.approx(cal.fit(good + few)["model"].base_s)
+    model, source = predict.bracket(cals, 1, pooled)
+    assert model is pooled and source.startswith("the run's every calibration pooled")
+    with pytest.raises(UserError):  # no pooled fit to fall back on: the fit's own error
+        predict.bracket(cals, 1)

@@ -321,7 +321,11 @@ def _beside(rec, opts, w, setup, measured, n, label, cost, predicted, calibratio
     policies = (opts.server_scheduler,) if predicted else opts.policies
     pairs: list[dict] = []
     for k, (rate, row) in enumerate(measured):
-        model = predict.bracket(calibrations, k) if calibrations else cost
+        model, source = predict.bracket(calibrations, k, cost) if calibrations else (cost, "")
+        if source.startswith("the run's"):
+            rec.warning(f"the point at {probe.rate_label(rate)} req/s is predicted by {source}: "
+                        "read its prediction as the run's average server, not the server as "
+                        "it was around that point")  # fmt: skip
         for policy in policies:
             twin = probe.simulate_point(w, policy, rate, setup, model, n, probe.MATCHED)
             twin_row = probe.point_row(twin, setup)

@@ -134,14 +134,21 @@ def calibrate(rec, opts, w, setup, target, info, index: int, client, pause: floa
             "fit": own, "pause_s": pause}  # fmt: skip
 
 
-def bracket(calibrations: list[dict], k: int):
-    """The cost model of point k: the calibrations just before and just after it, fitted
-    together (the one before alone where the one after gave no step)."""
-    steps = [r for c in calibrations[k : k + 2] for r in c["steps"]]
-    try:
-        return cal.fit(steps, OPTION)["model"]
-    except UserError:
-        return cal.fit(calibrations[k]["steps"], OPTION)["model"]
+def bracket(calibrations: list[dict], k: int, pooled_model=None):
+    """The cost model of point k and where it came from: the calibrations just before and
+    just after it, fitted together; the one before alone where the one after gave no step;
+    and where neither determines the terms (a server whose tokens came in bursts, its
+    streaming process waiting for a core, gives few steps), the run's pooled fit of every
+    calibration (pooled_model; without it, the UserError of the one before)."""
+    tries = [("the calibrations around it", calibrations[k : k + 2]),
+             ("the calibration before it", calibrations[k : k + 1])]  # fmt: skip
+    for source, parts in tries:
+        try:
+            return cal.fit([r for c in parts for r in c["steps"]], OPTION)["model"], source
+        except UserError:
+            if pooled_model is None and len(parts) == 1:
+                raise
+    return pooled_model, "the run's every calibration pooled (its own gave too few steps)"
 
 
 def pooled(calibrations: list[dict]) -> dict:
