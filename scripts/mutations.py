@@ -123,6 +123,22 @@ BREAKS = [
         "{fmt(ttft)} / {fmt(1e3 * tpot) if tpot is not None else '-'}, ",
         tests("tests/test_reproduce.py", "test_the_serving_cells_carry_their_units"),
     ),
+    Break(
+        "endpoint calibration: a burst told by its longest gap over a tenth of the span",
+        "benchbatch/core/endpoint_calibration.py",
+        "BURST_SHARE = 0.5  #",
+        "BURST_SHARE = 0.1  #",
+        tests("tests/test_endpoint_predict.py",
+              "test_a_request_streamed_in_bursts_is_told_from_steady_streaming"),
+    ),
+    Break(
+        "endpoint prediction: a point without enough calibration steps ends the run",
+        "benchbatch/experiments/serve/predict.py",
+        "            if pooled_model is None and len(parts) == 1:",
+        "            if len(parts) == 1:",
+        tests("tests/test_endpoint_predict.py",
+              "test_a_point_whose_calibrations_gave_too_few_steps_is_priced_by_the_pooled_fit"),
+    ),
     # --- issue 27: breaks that once survived the whole suite ----------------------------
     Break(
         "step-cost fit: the weights squared instead of their square roots",

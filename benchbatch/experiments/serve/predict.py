@@ -94,6 +94,7 @@ def calibrate(rec, opts, w, setup, target, info, index: int, client, pause: floa
     seed = rec.meta["options"]["seed"] + 7919 * (1 + index * len(episodes))
 
     timings: dict = {}  # (concurrency, prompt) -> a decode episode's timing, for mixed ones
+    streamed = [0, 0]  # the decode and mixed episodes' requests served, and those in bursts
 
     def requests():
         for i, e in enumerate(episodes):
@@ -106,6 +107,9 @@ def calibrate(rec, opts, w, setup, target, info, index: int, client, pause: floa
                 records = sorted(run, key=lambda s: s.request_id)
             if e.kind == "decode":
                 timings[(e.concurrency, e.prompt)] = ec.decode_timing(records)
+            if e.kind in ("decode", "mixed"):
+                streamed[0] += sum(r.ok for r in records)
+                streamed[1] += sum(ec.stalled(r) for r in records)
             got = [r | {"calibration": index} for r in ec.rows(e, records)]
             if not got:
                 failed.append(e)
@@ -119,6 +123,8 @@ def calibrate(rec, opts, w, setup, target, info, index: int, client, pause: floa
                stream=True)  # fmt: skip
     if failed:
         rec.warning(_failed_line(failed, len(episodes)))
+    if streamed[1] > BURSTS_WARN * max(1, streamed[0]):
+        rec.warning(_burst_line(*streamed))
     own = None
     try:
         own = cal.fit(steps, OPTION) if steps else None
@@ -131,7 +137,8 @@ def calibrate(rec, opts, w, setup, target, info, index: int, client, pause: floa
             "failed or gave too few steps: endpoint_calibration.csv says which)",
         )
     return {"steps": steps, "conditions": seen, "seconds": time.perf_counter() - started,
-            "fit": own, "pause_s": pause}  # fmt: skip
+            "fit": own, "pause_s": pause, "streamed": streamed[0],
+            "bursts": streamed[1]}  # fmt: skip
 
 
 def bracket(calibrations: list[dict], k: int, pooled_model=None):
@@ -165,6 +172,9 @@ def pooled(calibrations: list[dict]) -> dict:
         "calibrations": len(calibrations),
         # The server idle before each episode, per calibration (ec.idle_pause).
         "pauses_s": [c.get("pause_s", 0.0) for c in calibrations],
+        # Decode and mixed requests streamed, and those in bursts (ec.stalled), per calibration.
+        "streamed_requests": [c.get("streamed", 0) for c in calibrations],
+        "burst_requests": [c.get("bursts", 0) for c in calibrations],
         "drift": cal.drift(parts, out["model"]),
     }
     return out | {"source": "endpoint calibration"}
@@ -233,6 +243,26 @@ def server_setup(rec, opts, info: dict, setup, requests):
     out = replace(setup, kv=kv, chunk=opts.chunk_size or setup.budget)
     SchedulerConfig(out.slots, **probe.settings(opts.server_scheduler, out)[1])
     return out
+
+
+# Over this share of a calibration's decode requests streamed in bursts: said, since the
+# steps read from their gaps are the server's streaming process's, not its engine's.
+BURSTS_WARN = 0.25
+
+
+def _burst_line(served: int, bursts: int) -> str:
+    import os
+
+    load = os.getloadavg()[0] if hasattr(os, "getloadavg") else float("nan")
+    return (
+        f"the server streamed {bursts} of {served} calibration requests in bursts (one "
+        "stall over half a request's decode, or every token at once): its process that "
+        "streams tokens waited for a core while its engine ran (load average "
+        f"{load:.1f} on {os.cpu_count()} cores), so the step costs read from their gaps, "
+        "and the prediction, are not the server's: give the server's front end a core of "
+        "its own (vLLM-CPU binds its engine to cores and leaves the rest to its API "
+        "server) or calibrate on a quieter machine"
+    )
 
 
 def _failed_line(failed: list, of: int) -> str:
