@@ -117,6 +117,16 @@ BREAKS = [
               "test_before_the_first_item_the_runs_estimate_counts_down"),
     ),
     Break(
+        "progress: a log line only when an item ends",
+        "benchbatch/output/progress.py",
+        "            with log.heartbeat():\n                yield log\n",
+        "            yield log\n",
+        tests("tests/test_progress.py",
+              "test_a_log_line_every_ten_seconds_whether_or_not_an_item_ended",
+              "test_the_heartbeat_thread_ticks_and_stops_with_its_task",
+              "test_a_task_logged_to_a_file_keeps_its_heartbeat_open_while_it_runs"),
+    ),
+    Break(
         "reproduce's serving cells without their units",
         "benchbatch/output/report/sections.py",
         "{fmt(ttft)} s / {fmt(1e3 * tpot) if tpot is not None else '-'} ms, ",

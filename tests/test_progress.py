@@ -129,3 +129,42 @@ def test_phases_hands_its_estimate_to_the_progress(monkeypatch, tmp_path):
     (phases,) = [s for s in seen if s[0] == "phases"]
     assert phases == ("phases", meta["estimate"]["steps"], meta["estimate"]["estimated_s"])
     assert phases[1] == len(pd.read_csv(out / "phases.csv"))
+
+
+def test_a_log_line_every_ten_seconds_whether_or_not_an_item_ended(capsys):
+    """In a log (no terminal) a step of minutes still shows its time going by: the thread's
+    wake prints a line once LOG_EVERY_S passed since the last, never sooner."""
+    log = pg._Log("phases", 5, expected_s=300.0)
+    log.start = log.last = 1000.0
+    assert not log.tick(1000.0 + pg.LOG_EVERY_S - 0.5)
+    assert log.tick(1000.0 + pg.LOG_EVERY_S)
+    assert not log.tick(1000.0 + pg.LOG_EVERY_S + 1)  # counted from that line
+    said = "phases: 0/5 done, 10 s, about 5 min left (estimated)"
+    assert capsys.readouterr().err.split() == said.split()
+
+
+def test_the_heartbeat_thread_ticks_and_stops_with_its_task(monkeypatch):
+    """The thread wakes and ticks while the task is open and is gone once it closes (a
+    short wake for the test; the wait below only guards against a hang)."""
+    import threading
+
+    ticked = threading.Event()
+    monkeypatch.setattr(pg, "LOG_EVERY_S", 0.01)
+    log = pg._Log("sweep", 3)
+    monkeypatch.setattr(log, "tick", lambda now: ticked.set() or False)
+    with log.heartbeat():
+        assert any(t.name == "progress-log" for t in threading.enumerate())
+        assert ticked.wait(timeout=900)
+    assert not any(t.name == "progress-log" for t in threading.enumerate())
+
+
+def test_a_task_logged_to_a_file_keeps_its_heartbeat_open_while_it_runs():
+    import threading
+
+    from benchbatch.output.render import err_console
+
+    assert not err_console.is_terminal  # pytest captures stderr: the log mode
+    with pg.Progress.task("phases", 3) as task:
+        assert any(t.name == "progress-log" for t in threading.enumerate())
+        task.advance()
+    assert not any(t.name == "progress-log" for t in threading.enumerate())

@@ -10,14 +10,15 @@ within its window: a run of a few long steps would show none until its second st
 Before the first item ends, a task opened with the run's estimated duration (phases and
 sweep price every planned step before they start) counts that down instead, marked "~", so
 a run of five minute-long steps does not sit at 0/5 with nothing to say.
-When stderr is not a terminal (a log file, CI, a pipe) a line is printed at most every
-LOG_EVERY_S seconds, with the same rate and time left, and one at the end of a task that
-took longer.
+When stderr is not a terminal (a log file, CI, a pipe) a line is printed every LOG_EVERY_S
+seconds while a task is open, whether or not an item finished (a thread wakes to print
+it), with the same rate and time left, and one at the end of a task that took longer.
 """
 
 from __future__ import annotations
 
 import contextlib
+import threading
 import time
 
 from rich import progress as rp
@@ -143,12 +144,36 @@ class _Log:
 
     def advance(self, n: int = 1) -> None:
         self.done += n
-        if time.monotonic() - self.last >= LOG_EVERY_S:
-            self.line()
+        self.tick(time.monotonic())
 
-    def line(self, end: bool = False) -> None:
-        self.last = time.monotonic()
+    def tick(self, now: float) -> bool:
+        """A line if LOG_EVERY_S passed since the last (at an item, or the thread's wake)."""
+        if now - self.last < LOG_EVERY_S:
+            return False
+        self.line(now=now)
+        return True
+
+    def line(self, end: bool = False, now: float | None = None) -> None:
+        self.last = time.monotonic() if now is None else now
         err_console.print(self.text(self.last - self.start, end), highlight=False, markup=False)
+
+    @contextlib.contextmanager
+    def heartbeat(self):
+        """While the block runs, a thread wakes every LOG_EVERY_S to print a line, so a step
+        that takes minutes still shows its time going by in a log."""
+        stop = threading.Event()
+
+        def beat():
+            while not stop.wait(LOG_EVERY_S):
+                self.tick(time.monotonic())
+
+        thread = threading.Thread(target=beat, name="progress-log", daemon=True)
+        thread.start()
+        try:
+            yield self
+        finally:
+            stop.set()
+            thread.join()
 
     def text(self, elapsed: float, end: bool = False) -> str:
         """'phases: 3/8 done, 41 s, 13.7 s/it, about 1 min left'."""
@@ -183,7 +208,8 @@ class Progress:
             yield _Null()
         elif not err_console.is_terminal:
             log = _Log(label, total, expected_s)
-            yield log
+            with log.heartbeat():
+                yield log
             if time.monotonic() - log.start >= LOG_EVERY_S:
                 log.line(end=True)
         else:
