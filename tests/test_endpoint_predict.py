@@ -190,6 +190,9 @@ class VirtualServer:
         self.kv: tuple[int, int] | None = None  # (blocks, block size): a pool per run
         self.preemptions = 0  # over every run, as vLLM's counter
         self.settle = 0.0  # serve_virtual's settle
+        # After this many measured points (runs of more requests than slots), each request's
+        # tokens held back and sent with its last; None: never.
+        self.burst: int | None = None
 
     def connect(self, opts):
         info = {"url": "http://virtual", "models": ["v"], "served_model": "v",
@@ -212,6 +215,10 @@ class VirtualServer:
         served = serve_virtual(prompts, arrivals, self.max_num_seqs, self.budget, self.chunked,
                                speed, pool, self.settle)  # fmt: skip
         self.preemptions += pool.preemptions if pool else 0
+        for s in served:
+            points = sum(len(e) > self.max_num_seqs for e in self.episodes[:-1])
+            if self.burst is not None and points >= self.burst:
+                s.times = [s.times[-1]] * len(s.times)
         yield Run(
             Streamed(s.rid, s.prompt, s.output, s.arrival, s.times, s.output, s.prompt)
             for s in sorted(served, key=lambda s: s.times[-1])
@@ -608,9 +615,71 @@ def test_a_point_whose_calibrations_gave_too_few_steps_is_priced_by_the_pooled_f
     assert source == "the calibrations around it"
     assert model.base_s == pytest.approx(cal.fit(good + few)["model"].base_s)
     model, source = predict.bracket(cals, 1, pooled)
-    assert model is pooled and source.startswith("the run's every calibration pooled")
+    assert model is pooled and source == predict.POOLED
     with pytest.raises(UserError):  # no pooled fit to fall back on: the fit's own error
         predict.bracket(cals, 1)
+
+
+def test_requests_streamed_in_bursts_are_counted_and_said(runner, tmp_path, virtual):
+    """A server that, after the first measured point, sends each request's tokens all at
+    once: step_cost.json counts, per calibration, the decode and mixed requests with tokens
+    enough to judge (a mixed episode's one-token newcomer is not) and those that came at
+    once, as the calibration's own rows show them; serve.csv and requests.csv count the
+    measured points' the same way; past a quarter the run says why, for each."""
+    virtual.burst = 1
+    result = run_predict(runner, tmp_path / "run", "--rates", "10,5")
+    said = " ".join(result.output.split())
+    fit = json.loads((tmp_path / "run" / "step_cost.json").read_text())
+    rows = pd.read_csv(tmp_path / "run" / "endpoint_calibration.csv")
+    rows = rows[rows["episode"].str.match("decode|mixed") & rows["error"].isna()]
+    judged = rows[rows["chunks"] >= 4]
+    assert len(judged) < len(rows)  # the mixed episodes' newcomers are left out
+    at_once = judged[judged["first_chunk_s"] == judged["last_chunk_s"]]
+    calibrations = sorted(set(rows["calibration"]))
+    assert len(calibrations) == 3  # before, between and after the two points
+
+    def per(df):
+        return [int((df["calibration"] == c).sum()) for c in calibrations]
+
+    assert fit["streamed_requests"] == per(judged) and min(per(judged)) > 0
+    assert fit["burst_requests"] == per(at_once) == [0, *per(judged)[1:]]
+    assert "calibration requests in bursts" in said
+    # The measured points: the first streamed steadily, the second all at once.
+    serve = pd.read_csv(tmp_path / "run" / "serve.csv", dtype={"rate": str})
+    serve = serve[serve["source"] == "endpoint"].set_index("rate")
+    reqs = pd.read_csv(tmp_path / "run" / "requests.csv", dtype={"rate": str})
+    reqs = reqs[reqs["source"] == "endpoint"]
+    first = reqs["rate"].iloc[0]  # the points run from the lowest rate up
+    assert sorted(set(reqs["rate"])) == ["10", "5"] and first == "5"
+    for rate in ("10", "5"):
+        bursty = rate != first
+        mine = reqs[reqs["rate"] == rate]
+        judged = mine[mine["chunks"] >= 4]
+        span = judged["e2e_s"] - judged["ttft_s"]  # first token to last
+        held = judged[(judged["itl_max_s"] > 0.5 * span) | (span <= 0)]
+        assert serve.loc[rate, "judged_requests"] == len(judged) > 0
+        assert serve.loc[rate, "burst_requests"] == len(held)
+        if bursty:
+            assert (judged["itl_max_s"] == 0).all()  # every token at once
+        assert len(held) == len(judged) if bursty else len(held) <= 0.25 * len(judged)
+        assert mine["in_burst"].tolist() == mine.index.isin(held.index).tolist()
+        assert (f"at {rate} req/s the server streamed" in said) == bursty
+
+
+def test_a_server_that_holds_every_token_back_is_one_line_before_any_point(
+    runner, tmp_path, virtual
+):
+    """No step can be read from a server that sends each request's tokens all at once: the
+    first calibration ends the run with one line naming --predict and saying why, before
+    any point is measured."""
+    virtual.burst = 0
+    args = ["serve-sweep", *ARGS, "--predict", "--rates", "10", "--out", str(tmp_path / "r")]
+    result = runner.invoke(app, args)
+    said = " ".join(result.output.split())
+    assert result.exit_code == 2 and "Traceback" not in result.output
+    assert "--predict" in said and "determine no step cost" in said
+    assert "of its requests came in bursts, the server holding their tokens back" in said
+    assert not any(len(e) > virtual.max_num_seqs for e in virtual.episodes)  # no point ran
 
 
 def _streamed(chunks: list[float]) -> Streamed:

