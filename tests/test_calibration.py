@@ -347,7 +347,17 @@ def test_the_engines_conditions_name_the_host_without_its_name(tiny_model):
 
 
 def test_the_load_class_follows_the_load_per_core():
-    assert [cal.load_class(x, 2) for x in (0.5, 1.5, 2.5)] == ["quiet", "shared", "busy"]
+    """One rule with the run's own load class (machine.load_class): quiet and busy agree at
+    every load; busy is split where no core is left free; no load average is unknown."""
+    from benchbatch.core import machine
+
+    assert [cal.load_class(x, 2) for x in (0.5, 1.5, 2.5)] == ["quiet", "busy", "saturated"]
+    assert cal.load_class(float("nan"), 2) == cal.load_class(None, 2) == "unknown"
+    for load in np.linspace(0.0, 6.0, 61):
+        for cores in (1, 2, 4):
+            mine, runs = cal.load_class(load, cores), machine.load_class(load, cores)
+            assert (mine == "quiet") == (runs == "quiet")
+            assert (mine == "saturated") == (load / cores >= 1.0)
 
 
 def test_a_saved_calibration_is_read_back_with_its_conditions(tmp_path):

@@ -75,9 +75,6 @@ FIT_RULE = (
     "least squares on relative error (weights 1/predicted^2, iterated), non-negative "
     "coefficients (Lawson-Hanson), standard errors from the residuals"
 )
-# Load average over cores: the class a calibration's machine was in (another class later
-# means other processes share the cores differently: the steps cost otherwise).
-LOAD_CLASSES = ((0.5, "quiet"), (1.0, "shared"), (math.inf, "busy"))
 
 
 def step_kind(row: dict) -> str:
@@ -465,9 +462,12 @@ def host_id(name: str) -> str:
     return hashlib.sha256(name.encode()).hexdigest()[:12]
 
 
-def load_class(load_1min: float, cores: int) -> str:
-    per_core = load_1min / max(1, cores)
-    return next(name for limit, name in LOAD_CLASSES if per_core < limit)
+def load_class(load_1min: float | None, cores: int) -> str:
+    """A calibration's load condition: machine.load_level (quiet, busy, saturated or
+    unknown), the same rule as the run's own load class, on the physical cores."""
+    from benchbatch.core.machine import load_level
+
+    return load_level(load_1min, max(1, cores))
 
 
 # What differs and how much it matters: another device refuses the calibration (its costs

@@ -104,6 +104,24 @@ def load_class(load: float | None, cores: int, own_threads: int = 0) -> str:
     return "busy" if max(0.0, load - own_threads) / cores > BUSY_LOAD_PER_CORE else "quiet"
 
 
+# Past this, per physical core, other processes hold every core: "saturated", the busy
+# class's upper part, which a calibration's conditions tell apart (a run with a core to
+# spare and one with none price their steps differently).
+SATURATED_LOAD_PER_CORE = 1.0
+
+
+def load_level(load: float | None, cores: int, own_threads: int = 0) -> str:
+    """load_class, with its "busy" split where other processes' load reaches a whole core
+    per core ("saturated"): the one rule, finer, that calibrations record. "unknown"
+    without a load average (None or not a number)."""
+    if load is None or not math.isfinite(load):
+        return "unknown"
+    klass = load_class(load, cores, own_threads)
+    if klass == "busy" and max(0.0, load - own_threads) / cores >= SATURATED_LOAD_PER_CORE:
+        return "saturated"
+    return klass
+
+
 def choose_threads(cores: int, load: float | None) -> tuple[int, str]:
     """The compute threads a CPU run uses by default, and why, in one line: one on a machine
     of at most two cores or whose load says the cores are busy (one pinned thread measures

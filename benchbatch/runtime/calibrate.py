@@ -20,6 +20,7 @@ from dataclasses import dataclass
 import torch
 
 from benchbatch.core.calibration import host_id, load_class
+from benchbatch.core.machine import core_count
 from benchbatch.core.plans import StepPlan
 from benchbatch.core.scheduler import make_scheduler
 from benchbatch.core.simulate import simulate
@@ -190,7 +191,7 @@ def conditions(model) -> dict:
         "pinned_cores": "all" if pinned is None or len(pinned) == cores else pinned,
         "cores": cores,
         "load_1min": load,
-        "load_class": load_class(load, cores),
+        "load_class": load_class(load, core_count()),  # on physical cores, as the run's
         "benchbatch": __version__,
         "host_id": host_id(platform.node()),
     }

@@ -37,7 +37,7 @@ FLAGGED = ("server", "server_version", "load_class", "cores")
 
 def conditions(info: dict) -> dict:
     """What an endpoint calibration was measured under."""
-    from benchbatch.core.machine import load_average
+    from benchbatch.core.machine import core_count, load_average
 
     cores = os.cpu_count() or 1
     load = (load_average() or [math.nan])[0]
@@ -47,7 +47,7 @@ def conditions(info: dict) -> dict:
         "server_version": info.get("version") or "unknown",
         "cores": cores,
         "load_1min": load,
-        "load_class": cal.load_class(load, cores),
+        "load_class": cal.load_class(load, core_count()),  # on physical cores, as the run's
     }
 
 
