@@ -92,6 +92,55 @@ BREAKS_ISSUE_27 = tests("tests/test_deliberate_breaks.py")
 
 BREAKS = [
     # --- the simulation's error as reproduce's claim P; calibration conditions; progress ---
+    # --- requests streamed in bursts; one load-class rule ---
+    Break(
+        "bursts: a measured point's requests counted whether or not they can be judged",
+        "benchbatch/experiments/serve/endpoint.py",
+        '    row["judged_requests"] = sum(ec.judged(r) for r in records)',
+        '    row["judged_requests"] = sum(r.ok for r in records)',
+        tests("tests/test_endpoint_predict.py",
+              "test_requests_streamed_in_bursts_are_counted_and_said"),
+    ),
+    Break(
+        "bursts: requests.csv never marks a request in a burst",
+        "benchbatch/experiments/serve/endpoint.py",
+        '        "in_burst": ec.stalled(s),',
+        '        "in_burst": False,',
+        tests("tests/test_endpoint_predict.py",
+              "test_requests_streamed_in_bursts_are_counted_and_said"),
+    ),
+    Break(
+        "bursts: a point whose requests came in bursts not said",
+        "benchbatch/experiments/serve/endpoint.py",
+        '    if row["burst_requests"] > ec.BURSTS_WARN * max(1, row["judged_requests"]):',
+        '    if row["burst_requests"] > max(1, row["judged_requests"]):',
+        tests("tests/test_endpoint_predict.py",
+              "test_requests_streamed_in_bursts_are_counted_and_said"),
+    ),
+    Break(
+        "bursts: a calibration counts its one-token newcomers among the judged",
+        "benchbatch/experiments/serve/predict.py",
+        "                streamed[0] += sum(ec.judged(r) for r in records)",
+        "                streamed[0] += sum(r.ok for r in records)",
+        tests("tests/test_endpoint_predict.py",
+              "test_requests_streamed_in_bursts_are_counted_and_said"),
+    ),
+    Break(
+        "bursts: a first calibration with nothing to read does not say it came in bursts",
+        "benchbatch/experiments/serve/predict.py",
+        "                if streamed[1] > ec.BURSTS_WARN * max(1, streamed[0]) else \"\")",
+        "                if False else \"\")",
+        tests("tests/test_endpoint_predict.py",
+              "test_a_server_that_holds_every_token_back_is_one_line_before_any_point"),
+    ),
+    Break(
+        "load class: a calibration's own threshold, not the run's",
+        "benchbatch/core/machine.py",
+        '    klass = load_class(load, cores, own_threads)\n    if klass == "busy"',
+        '    klass = "busy" if max(0.0, load - own_threads) / cores > 0.6 else "quiet"\n'
+        '    if klass == "busy"',
+        tests("tests/test_calibration.py", "test_the_load_class_follows_the_load_per_core"),
+    ),
     Break(
         "claim P: partly however few pairs are within",
         "benchbatch/output/report/claims.py",
