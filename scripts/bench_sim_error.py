@@ -34,10 +34,11 @@ from benchbatch.core.prediction import METRICS, NAMES, TARGETS
 CONDITIONS = ("as is", "one core busy")
 
 
-def busy_loop(core: int | None = None) -> subprocess.Popen:
+def busy_loop(core: int | None = None, nice: int = 0) -> subprocess.Popen:
     """Another process holding a core: a Python busy loop (stopped by its pid), where the
-    operating system puts it, or pinned to one core."""
+    operating system puts it, or pinned to one core; at a lower priority with nice > 0."""
     pin = f"import os\nos.sched_setaffinity(0, {{{core}}})\n" if core is not None else ""
+    pin += f"import os\nos.nice({nice})\n" if nice else ""
     loop = subprocess.Popen([sys.executable, "-c", pin + "while True: pass"])
     time.sleep(0.5)
     if loop.poll() is not None:  # never measure "busy" beside a loop that did not start

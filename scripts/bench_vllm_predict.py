@@ -57,6 +57,9 @@ def parse() -> argparse.Namespace:
     p.add_argument("--busy-core", default="any",
                    help="where the busy loop runs: any (where the operating system puts it), "
                    "a core's number (pinned), or several, comma-separated (default any)")
+    p.add_argument("--busy-nice", type=int, default=0,
+                   help="the busy loop's niceness, 0-19 (default 0: the same priority as the "
+                   "server)")
     p.add_argument("--out", type=Path, default=None,
                    help="folder for the rows (default: a cache folder, replaced)")
     args = p.parse_args()
@@ -71,6 +74,11 @@ def parse() -> argparse.Namespace:
                 f" comma-separated, each once; got {args.busy_core!r}")  # fmt: skip
     args.conditions = ("as is", *(busy_name(c) for c in cores))
     args.cores = {busy_name(c): (None if c == "any" else int(c)) for c in cores}
+    if not 0 <= args.busy_nice <= 19:
+        p.error(f"--busy-nice: 0 to 19, got {args.busy_nice}")
+    if args.busy_nice:
+        args.conditions = ("as is", *(f"{c}, nice {args.busy_nice}" for c in args.conditions[1:]))
+        args.cores = {f"{k}, nice {args.busy_nice}": v for k, v in args.cores.items()}
     if args.rounds < 1 or args.requests < 1 or not all(r > 0 for r in args.rates):
         p.error("--rounds, --requests and every rate must be positive")
     return args
@@ -85,12 +93,13 @@ def measure(args, python: Path, checkpoint: Path, work: Path, failures: list[dic
         vp.warm_up(s["url"])
         for i in range(args.rounds):
             for condition in args.conditions if i % 2 == 0 else args.conditions[::-1]:
-                loop = busy_loop(args.cores[condition]) if condition in args.cores else None
+                loop = (busy_loop(args.cores[condition], args.busy_nice)
+                        if condition in args.cores else None)  # fmt: skip
                 try:
                     load = os.getloadavg()[0]
                     vp.say(f"round {i}, {condition}: predicted, then measured, at "
                            f"{args.rates} req/s (load {load:.1f})")  # fmt: skip
-                    folder = work / f"round{i}-{condition.replace(' ', '-')}"
+                    folder = work / f"round{i}-{condition.replace(' ', '-').replace(',', '')}"
                     got = vp.predicted(s["url"], checkpoint, args.rates, args.requests, folder, i)
                 except vp.Failed as e:  # kept, and the other runs go on
                     why = str(e).strip().splitlines()[-1][:300]
