@@ -8,9 +8,12 @@ scripts/vllm_peer.py makes them) on 127.0.0.1, stopped by its process group; the
 stopped by its pid. Per condition: --requests requests of 128 prompt words and 16 tokens,
 --gap seconds apart, each by its own curl; the table counts the requests whose tokens all
 came at once (first token to last under 5 ms: held back and sent together), with the p50 of
-the time to the first token and to the last. One JSON line after it.
+the time to the first token and to the last, and where vLLM's three processes ran meanwhile
+(the API server, the EngineCore scheduler, the Worker that runs the model: each one's main
+thread sampled every 10 ms from /proc/PID/stat, the core it last ran on when running). One
+JSON line after it.
 
-    python scripts/vllm_curl_bursts.py [--requests 30] [--gap 0.3]
+    python scripts/vllm_curl_bursts.py [--requests 30] [--gap 0.3] [--busy-nice N]
 """
 
 from __future__ import annotations
@@ -24,7 +27,9 @@ import signal
 import statistics
 import subprocess
 import sys
+import threading
 import time
+from collections import Counter
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parent.parent
@@ -43,19 +48,70 @@ def parse() -> argparse.Namespace:
     p.add_argument("--requests", type=int, default=30, help="requests per condition (default 30)")
     p.add_argument("--gap", type=float, default=0.3,
                    help="seconds between two requests' sending (default 0.3)")  # fmt: skip
+    p.add_argument("--busy-nice", type=int, default=0,
+                   help="the busy loop's niceness, 0-19 (default 0)")
     p.add_argument("--start-timeout", type=float, default=300.0,
                    help="seconds the server may take to become healthy (default 300)")
     args = p.parse_args()
     if args.requests < 1 or not args.gap > 0:
         p.error("--requests and --gap must be positive")
+    if not 0 <= args.busy_nice <= 19:
+        p.error(f"--busy-nice: 0 to 19, got {args.busy_nice}")
     if not (shutil.which("curl") and shutil.which("perl")):
         p.error("needs curl and perl on the PATH")
     return args
 
 
-def conditions() -> list[tuple[str, int | None]]:
+def conditions(nice: int) -> list[tuple[str, int | None]]:
     cores = sorted(os.sched_getaffinity(0))
-    return [("as is", None), *((f"core {c} busy", c) for c in cores)]
+    tail = f", nice {nice}" if nice else ""
+    return [("as is", None), *((f"core {c} busy{tail}", c) for c in cores)]
+
+
+def vllm_processes(group: int) -> dict[str, int]:
+    """The server's processes by role: its API server (the group's leader), EngineCore and
+    Worker (vLLM names them so)."""
+    out = {"API server": group}
+    for pid in filter(str.isdigit, os.listdir("/proc")):
+        try:
+            comm = Path(f"/proc/{pid}/comm").read_text().strip()
+            if os.getpgid(int(pid)) != group:
+                continue
+        except (OSError, ProcessLookupError):
+            continue
+        for role, prefix in (("EngineCore", "VLLM::EngineCor"), ("Worker", "VLLM::Worker")):
+            if comm.startswith(prefix):
+                out[role] = int(pid)
+    return out
+
+
+class Where(threading.Thread):
+    """Samples, every 10 ms until stopped, the core each process's main thread is on while
+    it runs (/proc/PID/stat: state R, field 39)."""
+
+    def __init__(self, pids: dict[str, int]):
+        super().__init__(daemon=True)
+        self.pids, self.seen = pids, {role: Counter() for role in pids}
+        self.done = threading.Event()
+
+    def run(self) -> None:
+        while not self.done.wait(0.01):
+            for role, pid in self.pids.items():
+                try:
+                    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+                except OSError:
+                    continue
+                if fields[0] == "R":
+                    self.seen[role][int(fields[36])] += 1
+
+    def shares(self) -> dict[str, str]:
+        """Per process: the share of its running samples on each core."""
+        out = {}
+        for role, c in self.seen.items():
+            n = sum(c.values())
+            out[role] = ", ".join(f"{100 * k / n:.0f}% on {cpu}" for cpu, k in sorted(
+                c.items())) if n else "never seen running"  # fmt: skip
+        return out
 
 
 def send_all(url: str, n: int, gap: float, folder: Path) -> list[tuple[float, list[float]]]:
@@ -100,16 +156,22 @@ def main() -> int:
         checkpoint = vp.prepare_checkpoint(cache / "tiny-llama-h512-l4-v2048")
         with vp.vllm_server(python, checkpoint, work / "vllm-server.log", args.start_timeout) as s:
             vp.warm_up(s["url"])
-            for name, core in conditions():
-                folder = work / name.replace(" ", "-")
+            pids = vllm_processes(s["pgid"])
+            for name, core in conditions(args.busy_nice):
+                folder = work / name.replace(" ", "-").replace(",", "")
                 folder.mkdir()
-                loop = busy_loop(core) if core is not None else None
+                loop = busy_loop(core, args.busy_nice) if core is not None else None
+                where = Where(pids)
+                where.start()
                 try:
-                    rows.append(summary(name, send_all(s["url"], args.requests, args.gap, folder)))
+                    got = send_all(s["url"], args.requests, args.gap, folder)
                 finally:
+                    where.done.set()
+                    where.join()
                     if loop is not None:
                         os.kill(loop.pid, signal.SIGTERM)
                         loop.wait()
+                rows.append(summary(name, got) | {"where": where.shares()})
                 vp.say(f"{name}: {rows[-1]['at_once']} of {rows[-1]['streamed']} all at once")
     except vp.Skip as e:
         print(f"skipped: {e}", flush=True)
@@ -122,13 +184,16 @@ def main() -> int:
         return 130
     print(f"\nvLLM-CPU streamed to curl, {args.requests} requests {args.gap:g} s apart "
           f"({os.cpu_count()} logical CPUs)")  # fmt: skip
-    print("| condition | streamed | every token at once | TTFT p50 | last token p50 |")
-    print("|---|---|---|---|---|")
+    roles = list(dict.fromkeys(k for r in rows for k in r["where"]))
+    print("| condition | streamed | every token at once | TTFT p50 | last token p50 | "
+          + " | ".join(roles) + " |")  # fmt: skip
+    print("|---|---|---|---|---|" + "---|" * len(roles))
     for r in rows:
         ttft, last = r["ttft_p50_s"], r["last_p50_s"]
         print(f"| {r['condition']} | {r['streamed']} of {r['requests']} | {r['at_once']} | "
               f"{'-' if ttft is None else f'{ttft * 1e3:.0f} ms'} | "
-              f"{'-' if last is None else f'{last * 1e3:.0f} ms'} |")  # fmt: skip
+              f"{'-' if last is None else f'{last * 1e3:.0f} ms'} | "
+              + " | ".join(r["where"].get(k, "-") for k in roles) + " |")  # fmt: skip
     print(json.dumps({"bench": "vllm_curl_bursts", "rows": rows}))
     return 0
 
