@@ -128,7 +128,11 @@ def send_all(url: str, n: int, gap: float, folder: Path) -> list[tuple[float, li
         sent.append(time.time())
         procs.append((subprocess.Popen(["bash", "-c", curl], stdout=out), out))
     for proc, out in procs:
-        proc.wait(timeout=120)
+        try:
+            proc.wait(timeout=120)
+        except subprocess.TimeoutExpired:  # counted as not streamed, never waited on again
+            proc.kill()
+            proc.wait()
         out.close()
     return [(s, [float(x) for x in (folder / f"request-{i}.txt").read_text().split()])
             for i, s in enumerate(sent)]  # fmt: skip
