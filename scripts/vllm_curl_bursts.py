@@ -126,12 +126,13 @@ def send_all(url: str, n: int, gap: float, folder: Path) -> list[tuple[float, li
         time.sleep(max(0.0, start + i * gap - time.time()))
         out = open(folder / f"request-{i}.txt", "w")  # noqa: SIM115 (closed below)
         sent.append(time.time())
-        procs.append((subprocess.Popen(["bash", "-c", curl], stdout=out), out))
+        procs.append((subprocess.Popen(["bash", "-c", curl], stdout=out,
+                                       start_new_session=True), out))  # fmt: skip
     for proc, out in procs:
         try:
             proc.wait(timeout=120)
-        except subprocess.TimeoutExpired:  # counted as not streamed, never waited on again
-            proc.kill()
+        except subprocess.TimeoutExpired:  # counted as not streamed: its group stopped
+            os.killpg(proc.pid, signal.SIGKILL)
             proc.wait()
         out.close()
     return [(s, [float(x) for x in (folder / f"request-{i}.txt").read_text().split()])
