@@ -3,14 +3,17 @@
 Runs `benchbatch serve-sweep --preset cpu-small` with its defaults (as a user types it:
 the engine calibrated as it runs, then the rates that fit --real-time served on the model
 beside their simulation), alternating a run on the machine as it is with one where another
-process competes for a core (a busy loop this script starts, and stops by its pid), A B A B.
+process competes for a core (a busy loop this script starts, and stops by its pid), A B B A;
+--busy-core pins the loop (benchbatch's engine pins its one compute thread to the last
+core), and several (--busy-core any,0,1) alternate every condition in turn.
 Each run's prediction.csv holds measured over simulated for TTFT, TPOT and E2E p50/p99 at
 its real points; the table is, per condition and metric, the median over the runs and the
 points below saturation (prediction.csv's below_saturation: served at 90% of the offered
 rate or more, the drain counted as one median E2E), beside the
 target (0.9-1.1 for the p50s, 0.8-1.25 for the p99s), then one JSON line.
 
-    python scripts/bench_sim_error.py [--rounds 2] [--keep DIR] [-- extra serve-sweep args]
+    python scripts/bench_sim_error.py [--rounds 2] [--busy-core any|N[,...]] [--keep DIR]
+        [-- extra serve-sweep args]
 """
 
 from __future__ import annotations
@@ -31,7 +34,10 @@ import pandas as pd
 
 from benchbatch.core.prediction import METRICS, NAMES, TARGETS
 
-CONDITIONS = ("as is", "one core busy")
+
+def busy_name(core: str) -> str:
+    """A busy condition's name: unpinned, or pinned to a core."""
+    return "one core busy" if core == "any" else f"core {core} busy"
 
 
 def busy_loop(core: int | None = None, nice: int = 0) -> subprocess.Popen:
@@ -57,13 +63,17 @@ def run_once(folder: Path, extra: list[str]) -> pd.DataFrame:
     return pd.read_csv(folder / "prediction.csv", dtype={"rate": str})
 
 
-def measure(rounds: int, keep: Path, extra: list[str]) -> dict[str, list[pd.DataFrame]]:
-    out: dict[str, list[pd.DataFrame]] = {c: [] for c in CONDITIONS}
+def measure(
+    rounds: int, keep: Path, extra: list[str], cores: dict[str, int | None]
+) -> dict[str, list[pd.DataFrame]]:
+    """cores: each busy condition's core (None: unpinned)."""
+    conditions = ("as is", *cores)
+    out: dict[str, list[pd.DataFrame]] = {c: [] for c in conditions}
     for i in range(rounds):
-        order = CONDITIONS if i % 2 == 0 else CONDITIONS[::-1]
+        order = conditions if i % 2 == 0 else conditions[::-1]
         for condition in order:
             folder = keep / f"round{i}-{condition.replace(' ', '-')}"
-            loop = busy_loop() if condition == "one core busy" else None
+            loop = busy_loop(cores[condition]) if condition in cores else None
             try:
                 load = os.getloadavg()[0]
                 table = run_once(folder, extra)
@@ -95,13 +105,13 @@ def medians(runs: dict[str, list[pd.DataFrame]]) -> list[dict]:
     return rows
 
 
-def show(rows: list[dict]) -> None:
-    head = f"{'metric':<10}{'target':>11}" + "".join(f"{c:>16}{'in':>5}" for c in CONDITIONS)
+def show(rows: list[dict], conditions: tuple[str, ...]) -> None:
+    head = f"{'metric':<10}{'target':>11}" + "".join(f"{c:>16}{'in':>5}" for c in conditions)
     print(head)
     for r in rows:
         cells = "".join(
             f"{r[c]:>11.3f} ({r[f'{c} points']:>2}){'yes' if r[f'{c} within'] else 'no':>5}"
-            for c in CONDITIONS
+            for c in conditions
         )
         print(f"{r['metric']:<10}{r['target']:>11}{cells}")
 
@@ -111,17 +121,29 @@ def main() -> None:
     parser.add_argument("--rounds", type=int, default=2, help="A B rounds (default 2)")
     parser.add_argument("--keep", type=Path, default=None,
                         help="folder for the runs (default: a temporary one, removed)")  # fmt: skip
+    parser.add_argument("--busy-core", default="any",
+                        help="where the busy loop runs: any (where the operating system puts "
+                        "it), a core's number (pinned), or several, comma-separated (default "
+                        "any)")  # fmt: skip
     parser.add_argument("extra", nargs="*", help="more serve-sweep options, after --")
     args = parser.parse_args()
+    picked = [c.strip() for c in args.busy_core.split(",")]
+    known = {"any", *map(str, sorted(os.sched_getaffinity(0)))}
+    if any(c not in known for c in picked) or len(set(picked)) < len(picked):
+        parser.error(f"--busy-core: any or a core this process may use ({', '.join(sorted(known))}"
+                     f"), comma-separated, each once; got {args.busy_core!r}")  # fmt: skip
+    if args.rounds < 1:
+        parser.error("--rounds must be positive")
+    cores = {busy_name(c): (None if c == "any" else int(c)) for c in picked}
     with tempfile.TemporaryDirectory() as tmp:
         keep = args.keep or Path(tmp)
         keep.mkdir(parents=True, exist_ok=True)
-        runs = measure(args.rounds, keep, args.extra)
+        runs = measure(args.rounds, keep, args.extra, cores)
     rows = medians(runs)
     print(f"measured over simulated, median of {args.rounds} runs per condition and the "
           f"points below saturation (in parentheses); {platform.processor() or platform.machine()}"
           f", {os.cpu_count()} logical CPUs")  # fmt: skip
-    show(rows)
+    show(rows, ("as is", *cores))
     print(json.dumps({"bench": "sim_error", "rounds": args.rounds, "rows": rows}))
 
 
