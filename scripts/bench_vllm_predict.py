@@ -8,14 +8,16 @@ scripts/vllm_peer.py makes them) on 127.0.0.1, stopped by its process group. Aga
 `benchbatch serve-sweep --endpoint --predict` with vLLM's knobs (vllm_peer.predicted: the
 calibration before each point and after the last, each point predicted, then measured),
 alternating the machine as it is with a busy loop this script starts on the side (stopped by
-its pid), A B B A; --busy-core pins the loop to one core (vLLM-CPU binds its engine to core
-0 and leaves the rest to its API server), and several (--busy-core any,0,1) alternate every
-condition in turn. The table: per condition, rate and metric, the median over the rounds of
-measured over predicted, its range, and whether the median is within the target; then the
-calibrations' lengths and one JSON line. Rows go to --out (prediction.csv of every run).
+its pid), A B B A; --busy-core pins the loop to one core (vLLM-CPU binds its Worker, the
+model, to core 0 and leaves its EngineCore scheduler and API server to the rest), and
+several (--busy-core any,0,1) alternate every condition in turn (A B C D D C B A);
+--busy-nice lowers the loop's priority. The table: per condition, rate and metric, the
+median over the rounds of measured over predicted, its range, and whether the median is
+within the target; then the calibrations' lengths, the runs that failed and one JSON line.
+Rows go to --out (prediction.csv of every run).
 
     python scripts/bench_vllm_predict.py [--rounds 2] [--rates 2,4] [--requests 40]
-        [--busy-core any|0|1[,...]] [--out DIR]
+        [--busy-core any|N[,...]] [--busy-nice N] [--out DIR]
 """
 
 from __future__ import annotations
