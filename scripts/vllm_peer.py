@@ -940,6 +940,26 @@ def interrupted(signum, frame):
     raise KeyboardInterrupt
 
 
+def guarded(body, kept: str) -> tuple[int | None, object]:
+    """A benchmark script's run of a vLLM server: body() with the first SIGTERM or Ctrl-C
+    turned into KeyboardInterrupt (interrupted), so the server is still stopped. Returns
+    (None, what body returned), or where it ended early (the exit code, None), said in one
+    line: skipped 0, failed 1, interrupted 130 (kept: where what was measured lies)."""
+    signal.signal(signal.SIGTERM, interrupted)
+    signal.signal(signal.SIGINT, interrupted)
+    try:
+        return None, body()
+    except Skip as e:
+        print(f"skipped: {e}", flush=True)
+        return 0, None
+    except Failed as e:
+        say(f"FAILED: {e}")
+        return 1, None
+    except KeyboardInterrupt:
+        say(f"interrupted: the server stopped; {kept}")
+        return 130, None
+
+
 def main() -> int:
     args = parse()
     os.chdir(REPO)
