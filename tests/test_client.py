@@ -36,18 +36,9 @@ from benchbatch.core.streamed import (
     token_mismatches,
 )
 from benchbatch.errors import UserError
-from benchbatch.net.client import (
-    LENGTH_FIELDS,
-    Endpoint,
-    Prompt,
-    check_url,
-    current_request,
-    make_endpoint,
-    public_url,
-    server_info,
-    server_metrics,
-    stream_requests,
-)
+from benchbatch.net.client import Prompt, current_request, stream_requests
+from benchbatch.net.discovery import LENGTH_FIELDS, server_info, server_metrics
+from benchbatch.net.endpoint import Endpoint, check_url, make_endpoint, public_url
 from benchbatch.net.prompts import exact_prompts
 
 GUARD_S = 300.0  # hang guard for every wait on the other side

@@ -12,7 +12,9 @@ import re
 import pytest
 
 from benchbatch.core.streamed import failure_counts, run_metrics, token_mismatches
-from benchbatch.net.client import Prompt, make_endpoint, server_info, stream_requests
+from benchbatch.net.client import Prompt, stream_requests
+from benchbatch.net.discovery import server_info
+from benchbatch.net.endpoint import make_endpoint
 
 test_server = pytest.importorskip("test_server")  # its server fixture and helpers
 

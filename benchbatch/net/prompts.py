@@ -53,7 +53,7 @@ def exact_prompts(
 ) -> list[str | list[int]]:
     """One prompt per length: text of exactly that many tokens by the tokenizer.json (a file
     or a checkpoint folder holding one), else by the server's /tokenize (endpoint: a
-    net.client.Endpoint whose model is set: the one server_info chose), else random token
+    net.endpoint.Endpoint whose model is set: the one server_info chose), else random token
     ids below vocab."""
     lengths = [int(n) for n in lengths]
     assert all(n >= 1 for n in lengths), "a prompt has at least one token"
@@ -63,7 +63,7 @@ def exact_prompts(
             _drive(search(n, _rng(seed, i), pool), encode, decode) for i, n in enumerate(lengths)
         ]
     if endpoint is not None:
-        from benchbatch.net.client import run_in_thread
+        from benchbatch.net.endpoint import run_in_thread
 
         return run_in_thread(lambda: _server_prompts(lengths, seed, endpoint))
     if vocab is not None:
@@ -172,7 +172,7 @@ def _clean(piece: str) -> bool:
 async def _server_prompts(lengths: Sequence[int], seed: int, endpoint) -> list[str]:
     import aiohttp
 
-    from benchbatch.net.client import served_model, tokenize
+    from benchbatch.net.discovery import served_model, tokenize
 
     timeout = aiohttp.ClientTimeout(total=endpoint.timeout_s)
     async with aiohttp.ClientSession(timeout=timeout, headers=endpoint.headers()) as session:

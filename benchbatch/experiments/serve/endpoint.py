@@ -45,7 +45,8 @@ def connect(opts: ServeOptions):
     naming --endpoint or --served-model when it cannot be reached or does not serve it."""
     from dataclasses import replace
 
-    from benchbatch.net.client import make_endpoint, server_info
+    from benchbatch.net.discovery import server_info
+    from benchbatch.net.endpoint import make_endpoint
 
     endpoint = make_endpoint(opts.endpoint, opts.served_model, opts.request_timeout)
     info = server_info(endpoint)
@@ -54,7 +55,7 @@ def connect(opts: ServeOptions):
 
 def preemptions(endpoint) -> int | None:
     """The server's preemptions so far, by its /metrics (vLLM's counter); None if it has none."""
-    from benchbatch.net.client import server_metrics
+    from benchbatch.net.discovery import server_metrics
 
     return server_metrics(endpoint).get("preemptions")
 

@@ -324,7 +324,7 @@ class ServeOptions:
                 "give one of --predict (calibrate the server now) and --step-costs (reuse a "
                 "calibration)",
             )
-        from benchbatch.net.client import check_url
+        from benchbatch.net.endpoint import check_url
 
         check_url(self.endpoint, "endpoint")
         if self.max_concurrency is not None:
