@@ -123,25 +123,32 @@ def calibrate(rec, opts, w, setup, target, info, index: int, client, pause: floa
                stream=True)  # fmt: skip
     if failed:
         rec.warning(_failed_line(failed, len(episodes)))
-    if streamed[1] > ec.BURSTS_WARN * max(1, streamed[0]):
-        rec.warning(_burst_line(*streamed))
-    own = None
+    own = _own_fit(rec, steps, index, *streamed)
+    return {"steps": steps, "conditions": seen, "seconds": time.perf_counter() - started,
+            "fit": own, "pause_s": pause, "streamed": streamed[0],
+            "bursts": streamed[1]}  # fmt: skip
+
+
+def _own_fit(rec, steps: list[dict], index: int, judged: int, bursts: int):
+    """A calibration's own fit of its steps (None where they determine none), its bursts
+    said above a share of its judged requests (ec.BURSTS_WARN); the run's first
+    calibration with no fit ends the run in one line."""
+    held = bursts > ec.BURSTS_WARN * max(1, judged)
+    if held:
+        rec.warning(_burst_line(judged, bursts))
     try:
         own = cal.fit(steps, OPTION) if steps else None
     except UserError:
         own = None
     if index == 0 and own is None:
-        held = (f"; {streamed[1]} of {streamed[0]} of its requests came in bursts, their "
-                "tokens held back on the way (above)"
-                if streamed[1] > ec.BURSTS_WARN * max(1, streamed[0]) else "")  # fmt: skip
+        why = (f"; {bursts} of {judged} of its requests came in bursts, their tokens held "
+               "back on the way (above)" if held else "")  # fmt: skip
         raise UserError(
             OPTION,
             "the server's answers to the calibration determine no step cost (every episode "
-            f"failed or gave too few steps: endpoint_calibration.csv says which){held}",
+            f"failed or gave too few steps: endpoint_calibration.csv says which){why}",
         )
-    return {"steps": steps, "conditions": seen, "seconds": time.perf_counter() - started,
-            "fit": own, "pause_s": pause, "streamed": streamed[0],
-            "bursts": streamed[1]}  # fmt: skip
+    return own
 
 
 # Where a point's model came from when its own calibrations could not price it.
@@ -253,8 +260,6 @@ def server_setup(rec, opts, info: dict, setup, requests):
 
 
 def _burst_line(served: int, bursts: int) -> str:
-    import os
-
     load = os.getloadavg()[0] if hasattr(os, "getloadavg") else float("nan")
     return (
         f"the server streamed {bursts} of {served} calibration requests in bursts (one "
