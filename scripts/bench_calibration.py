@@ -44,7 +44,7 @@ def priced(summary: dict, reference: list[dict]) -> dict[str, float]:
     price of them."""
     from benchbatch.core import calibration as cal
 
-    model = cal._model([summary["coefficients_s"].get(t, 0.0) for t in cal.TERMS])
+    model = cal.model_of([summary["coefficients_s"].get(t, 0.0) for t in cal.TERMS])
     by: dict[str, list[float]] = {}
     for r in reference:
         kind = cal.step_kind(r)

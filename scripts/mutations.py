@@ -151,7 +151,7 @@ BREAKS = [
     ),
     Break(
         "calibration conditions: another host not flagged",
-        "benchbatch/core/calibration.py",
+        "benchbatch/core/saved_calibration.py",
         'FLAGGED = ("host_id", "benchbatch", ',
         'FLAGGED = ("benchbatch", ',
         tests("tests/test_calibration.py", "test_each_other_condition_is_flagged_by_name",

@@ -21,7 +21,7 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 
-from benchbatch.core import calibration as cal
+from benchbatch.core import saved_calibration as sc
 from benchbatch.core.serving import ServingSLO
 from benchbatch.core.workload import Request
 from benchbatch.experiments.serve import probe
@@ -33,7 +33,7 @@ METRICS = ("ttft_p50_s", "tpot_p50_s", "e2e_p50_s")
 def points(run: Path) -> list[dict]:
     m = json.loads((run / "metadata.json").read_text())
     o = m["options"]
-    fits = cal.read(run / "step_cost.json")
+    fits = sc.read(run / "step_cost.json")
     wall, cpu = fits["model"], fits.get("cpu_model")
     if cpu is None:
         return []

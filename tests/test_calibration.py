@@ -12,6 +12,7 @@ import numpy as np
 import pytest
 
 from benchbatch.core import calibration as cal
+from benchbatch.core import saved_calibration as sc
 from benchbatch.core.scheduler import make_scheduler
 from benchbatch.core.simulate import StepCostModel, simulate_timed
 from benchbatch.core.workload import Request
@@ -306,15 +307,15 @@ HERE = {"device": "AMD EPYC", "torch": "2.5.0", "dtype": "float32", "threads": 1
 
 def test_a_calibration_from_another_device_is_refused():
     with pytest.raises(UserError) as e:
-        cal.compare(HERE | {"device": "NVIDIA H100"}, HERE)
+        sc.compare(HERE | {"device": "NVIDIA H100"}, HERE)
     assert e.value.option == "--step-costs" and "NVIDIA H100" in e.value.message
 
 
 def test_another_thread_count_is_flagged_by_name():
-    lines = cal.compare(HERE | {"threads": 4}, HERE)
+    lines = sc.compare(HERE | {"threads": 4}, HERE)
     assert len(lines) == 1 and "threads 4 at calibration, 1 now" in lines[0]
-    assert cal.compare(HERE, HERE) == []
-    both = cal.compare(HERE | {"threads": 2, "load_class": "busy"}, HERE)[0]
+    assert sc.compare(HERE, HERE) == []
+    both = sc.compare(HERE | {"threads": 2, "load_class": "busy"}, HERE)[0]
     assert "threads 2" in both and "load_class busy" in both
 
 
@@ -328,7 +329,7 @@ def test_another_thread_count_is_flagged_by_name():
 def test_each_other_condition_is_flagged_by_name(key, then, now):
     """Another host of the same CPU model, another benchbatch, pinning, torch or dtype: a
     warning naming what moved (never a silent reuse), and no refusal."""
-    lines = cal.compare(HERE | {key: then}, HERE | {key: now})
+    lines = sc.compare(HERE | {key: then}, HERE | {key: now})
     assert len(lines) == 1 and f"{key} {then} at calibration, {now} now" in lines[0]
     assert "calibrate again" in lines[0]
 
@@ -339,11 +340,11 @@ def test_the_engines_conditions_name_the_host_without_its_name(tiny_model):
     from benchbatch.runtime import calibrate as cb
 
     seen = cb.conditions(tiny_model)
-    assert seen["host_id"] == cal.host_id(platform.node()) and len(seen["host_id"]) == 12
+    assert seen["host_id"] == sc.host_id(platform.node()) and len(seen["host_id"]) == 12
     assert len(platform.node()) < 3 or platform.node() not in json.dumps(seen)
-    assert cal.host_id("machine-a") != cal.host_id("machine-b")
-    other = seen | {"host_id": cal.host_id(platform.node() + "-other")}
-    assert "host_id" in cal.compare(other, seen)[0]
+    assert sc.host_id("machine-a") != sc.host_id("machine-b")
+    other = seen | {"host_id": sc.host_id(platform.node() + "-other")}
+    assert "host_id" in sc.compare(other, seen)[0]
 
 
 def test_the_load_class_follows_the_load_per_core():
@@ -351,11 +352,11 @@ def test_the_load_class_follows_the_load_per_core():
     every load; busy is split where no core is left free; no load average is unknown."""
     from benchbatch.core import machine
 
-    assert [cal.load_class(x, 2) for x in (0.5, 1.5, 2.5)] == ["quiet", "busy", "saturated"]
-    assert cal.load_class(float("nan"), 2) == cal.load_class(None, 2) == "unknown"
+    assert [sc.load_class(x, 2) for x in (0.5, 1.5, 2.5)] == ["quiet", "busy", "saturated"]
+    assert sc.load_class(float("nan"), 2) == sc.load_class(None, 2) == "unknown"
     for load in np.linspace(0.0, 6.0, 61):
         for cores in (1, 2, 4):
-            mine, runs = cal.load_class(load, cores), machine.load_class(load, cores)
+            mine, runs = sc.load_class(load, cores), machine.load_class(load, cores)
             assert (mine == "quiet") == (runs == "quiet")
             assert (mine == "saturated") == (load / cores >= 1.0)
 
@@ -365,7 +366,7 @@ def test_a_saved_calibration_is_read_back_with_its_conditions(tmp_path):
     doc = out["summary"] | {"conditions": HERE | {"threads": 8}}
     path = tmp_path / "step_cost.json"
     path.write_text(json.dumps(doc))
-    back = cal.given([path])
+    back = sc.given([path])
     assert back["source"] == "calibration" and back["conditions"]["threads"] == 8
     for term in cal.TERMS:
         assert getattr(back["model"], term) == pytest.approx(getattr(out["model"], term))
@@ -373,11 +374,11 @@ def test_a_saved_calibration_is_read_back_with_its_conditions(tmp_path):
     import pandas as pd
 
     pd.DataFrame(out["rows"]).to_csv(tmp_path / "step_cost.csv", index=False)
-    refit = cal.given([tmp_path / "step_cost.csv"])
+    refit = sc.given([tmp_path / "step_cost.csv"])
     assert refit["conditions"]["threads"] == 8
     assert refit["model"].per_sequence_s == pytest.approx(TRUE["per_sequence_s"], rel=1e-9)
     with pytest.raises(UserError):
-        cal.given([path, tmp_path / "step_cost.csv"])
+        sc.given([path, tmp_path / "step_cost.csv"])
 
 
 def test_an_older_step_cost_csv_still_reads_as_isolated_steps(tmp_path):
@@ -387,7 +388,7 @@ def test_an_older_step_cost_csv_still_reads_as_isolated_steps(tmp_path):
              "step_ms": 1.0 + 0.05 * d + 0.01 * p + 0.0005 * d * 100}
             for d, p in ((1, 0), (4, 0), (8, 0), (0, 64), (0, 128), (4, 64))]  # fmt: skip
     pd.DataFrame(rows).to_csv(tmp_path / "old.csv", index=False)
-    got = cal.given([tmp_path / "old.csv"])
+    got = sc.given([tmp_path / "old.csv"])
     assert got["source"] == "isolated steps" and got["conditions"] is None
     assert got["model"].base_s == pytest.approx(1e-3, rel=1e-6)
     assert got["model"].per_sequence_s == 0
@@ -397,7 +398,7 @@ def test_a_broken_calibration_json_names_the_option(tmp_path):
     path = tmp_path / "step_cost.json"
     path.write_text(json.dumps({"coefficients_s": {"base_s": -1}}))
     with pytest.raises(UserError) as e:
-        cal.given([path])
+        sc.given([path])
     assert e.value.option == "--step-costs"
 
 
@@ -611,16 +612,16 @@ def test_the_cpu_clock_fit_is_read_back_from_json_and_csv(tmp_path):
     out = cal.with_cpu_clock(cal.fit(rows), rows)
     path = tmp_path / "step_cost.json"
     path.write_text(json.dumps(out["summary"] | {"conditions": HERE}))
-    back = cal.given([path])
+    back = sc.given([path])
     for term in cal.TERMS:
         assert getattr(back["cpu_model"], term) == pytest.approx(getattr(out["cpu_model"], term))
     pd.DataFrame(out["rows"]).to_csv(tmp_path / "step_cost.csv", index=False)
-    refit = cal.given([tmp_path / "step_cost.csv"])
+    refit = sc.given([tmp_path / "step_cost.csv"])
     assert refit["cpu_model"].per_decode_token_s == pytest.approx(TRUE["per_decode_token_s"])
     broken = out["summary"] | {"cpu_clock": {"coefficients_s": {"base_s": -1.0}}}
     path.write_text(json.dumps(broken))
     with pytest.raises(UserError, match="cpu_clock"):
-        cal.given([path])
+        sc.given([path])
 
 
 def test_the_engine_records_each_steps_cpu_time_within_its_wall_time(tiny_model, one_thread):

@@ -31,6 +31,7 @@ import pytest
 from benchbatch.app.cli import app
 from benchbatch.core import calibration as cal
 from benchbatch.core import endpoint_calibration as ec
+from benchbatch.core import saved_calibration as sc
 from benchbatch.core.kvblocks import KVBudget
 from benchbatch.core.streamed import Streamed
 from benchbatch.experiments.serve import endpoint as ep
@@ -333,7 +334,7 @@ def test_a_server_whose_steps_settle_after_its_batch_changes_is_calibrated_and_p
     assert fit["coefficients_s"]["settle_s"] == pytest.approx(SETTLE, rel=0.15)
     assert fit["settle_decay"] == pytest.approx(SETTLE_DECAY, abs=0.06)  # the next on the grid
     # Read back (--step-costs): the JSON's model, and the CSV's rows refitted at its decay.
-    saved, refit = cal.read(out / "step_cost.json"), cal.read(out / "step_cost.csv")
+    saved, refit = sc.read(out / "step_cost.json"), sc.read(out / "step_cost.csv")
     assert saved["model"].settle_decay == refit["model"].settle_decay == fit["settle_decay"]
     for term in cal.TERMS:
         got, want = getattr(refit["model"], term), getattr(saved["model"], term)

@@ -19,9 +19,9 @@ from dataclasses import dataclass
 
 import torch
 
-from benchbatch.core.calibration import host_id, load_class
 from benchbatch.core.machine import core_count
 from benchbatch.core.plans import StepPlan
+from benchbatch.core.saved_calibration import host_id, load_class
 from benchbatch.core.scheduler import make_scheduler
 from benchbatch.core.simulate import simulate
 from benchbatch.core.workload import Request

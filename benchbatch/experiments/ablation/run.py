@@ -31,7 +31,7 @@ def open_run(
 ) -> Recorder:
     """Every input checked (the schemes' budgets, the work the simulation would take, the
     step costs, the model's context), then the run folder."""
-    from benchbatch.core import calibration
+    from benchbatch.core import saved_calibration
 
     opts.check(workload)
     budgets = probe.Budgets(workload.slots, opts.max_num_batched_tokens, opts.chunk)
@@ -40,7 +40,7 @@ def open_run(
     real = opts.engine == "real"
     what = "trace" if workload.trace is not None else "requests"
     work = _named(what, probe.check_work, requests, opts.schemes, budgets, opts.slo, real)
-    given = calibration.given(opts.step_costs) if opts.step_costs else None
+    given = saved_calibration.given(opts.step_costs) if opts.step_costs else None
     rec = _open(opts, workload, model, run, requests, real or given is None)
     rec.meta["work"] = work
     rec.inputs = Inputs(requests, budgets, given)
@@ -103,7 +103,7 @@ def cost_model(rec, net, budgets, requests, given, run: RunOptions, cpu_clock: b
     its conditions checked against this run's, or isolated steps' times): step_cost.csv,
     step_cost.json and the metadata (ablation, serve-sweep and occupancy). cpu_clock: also
     the calibration's fit on the CPU clock (None where it has none): (model, cpu model)."""
-    from benchbatch.core import calibration as cal
+    from benchbatch.core import saved_calibration
     from benchbatch.output import results
 
     if given is None:
@@ -112,7 +112,7 @@ def cost_model(rec, net, budgets, requests, given, run: RunOptions, cpu_clock: b
         if net is not None:
             from benchbatch.runtime.calibrate import conditions
 
-            for line in cal.compare(given["conditions"], conditions(net)):
+            for line in saved_calibration.compare(given["conditions"], conditions(net)):
                 rec.warning(line)
         else:
             was = given["conditions"]

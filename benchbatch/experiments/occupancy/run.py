@@ -30,7 +30,7 @@ class Inputs:
     cost: object = None
     memory: object = None
     stop: frozenset = frozenset()  # --stop-at-eos: the checkpoint's end-of-sequence ids
-    given: dict | None = None  # --step-costs read (core/calibration.given)
+    given: dict | None = None  # --step-costs read (core/saved_calibration.given)
 
 
 # The simulation needs no torch: what runs the model (common, the session) is imported where
@@ -94,9 +94,9 @@ def _step_cost(opts: OccupancyOptions):
     """The step-cost model fitted to --step-costs (checked before any folder is made)."""
     if not opts.step_costs:
         return None
-    from benchbatch.core import calibration
+    from benchbatch.core import saved_calibration
 
-    return calibration.given(opts.step_costs)
+    return saved_calibration.given(opts.step_costs)
 
 
 def _memory_setup(opts, workload: WorkloadOptions, requests, cfg, target, free: bool = False):

@@ -29,7 +29,7 @@ OPTION = "predict"
 # that is never handed out; vllm/v1/core/block_pool.py): the scheduler has one block less.
 NULL_BLOCKS = 1
 # What the server is, in a calibration's conditions: "device" is this word, so an engine
-# run refuses an endpoint's calibration (core/calibration.compare), and these are flagged
+# run refuses an endpoint's calibration (core/saved_calibration.compare), and these are flagged
 # when an endpoint run reuses one made against another server, version or load.
 DEVICE = "endpoint"
 FLAGGED = ("server", "server_version", "load_class", "cores")
@@ -38,6 +38,7 @@ FLAGGED = ("server", "server_version", "load_class", "cores")
 def conditions(info: dict) -> dict:
     """What an endpoint calibration was measured under."""
     from benchbatch.core.machine import core_count, load_average
+    from benchbatch.core.saved_calibration import load_class
 
     cores = os.cpu_count() or 1
     load = (load_average() or [math.nan])[0]
@@ -47,7 +48,7 @@ def conditions(info: dict) -> dict:
         "server_version": info.get("version") or "unknown",
         "cores": cores,
         "load_1min": load,
-        "load_class": cal.load_class(load, core_count()),  # on physical cores, as the run's
+        "load_class": load_class(load, core_count()),  # on physical cores, as the run's
     }
 
 

@@ -160,9 +160,9 @@ def _check_real_rates(opts: ServeOptions, w) -> None:
 def _given_costs(opts: ServeOptions):
     if not opts.step_costs:
         return None
-    from benchbatch.core import calibration
+    from benchbatch.core import saved_calibration
 
-    return calibration.given(opts.step_costs)
+    return saved_calibration.given(opts.step_costs)
 
 
 def _open(opts, workload, model, run, w, need_model: bool) -> Recorder:
