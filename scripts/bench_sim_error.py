@@ -9,8 +9,9 @@ core), and several (--busy-core any,0,1) alternate every condition in turn.
 Each run's prediction.csv holds measured over simulated for TTFT, TPOT and E2E p50/p99 at
 its real points; the table is, per condition and metric, the median over the runs and the
 points below saturation (prediction.csv's below_saturation: served at 90% of the offered
-rate or more, the drain counted as one median E2E), beside the
-target (0.9-1.1 for the p50s, 0.8-1.25 for the p99s), then one JSON line.
+rate or more, the drain counted as one median E2E), beside the target (0.9-1.1 for the
+p50s, 0.8-1.25 for the p99s); then the same for each policy's points alone, and one JSON
+line.
 
     python scripts/bench_sim_error.py [--rounds 2] [--busy-core any|N[,...]] [--keep DIR]
         [-- extra serve-sweep args]
@@ -87,15 +88,20 @@ def measure(
     return out
 
 
-def medians(runs: dict[str, list[pd.DataFrame]]) -> list[dict]:
-    """Per metric and condition: the median ratio over the runs' points below saturation."""
+def medians(runs: dict[str, list[pd.DataFrame]], policy: str | None = None) -> list[dict]:
+    """Per metric and condition: the median ratio over the runs' points below saturation
+    (of one policy's points where policy is given)."""
     rows = []
     for metric in METRICS:
         lo, hi = TARGETS[metric]
         row = {"metric": NAMES[metric], "target": f"{lo:g}-{hi:g}"}
+        if policy is not None:
+            row["policy"] = policy
         for condition, tables in runs.items():
             df = pd.concat(tables)
             df = df[(df["metric"] == metric) & df["below_saturation"].astype(bool)]
+            if policy is not None:
+                df = df[df["policy"] == policy]
             ratios = [r for r in df["ratio"] if math.isfinite(r)]
             med = statistics.median(ratios) if ratios else math.nan
             row[condition] = med
@@ -144,7 +150,14 @@ def main() -> None:
           f"points below saturation (in parentheses); {platform.processor() or platform.machine()}"
           f", {os.cpu_count()} logical CPUs")  # fmt: skip
     show(rows, ("as is", *cores))
-    print(json.dumps({"bench": "sim_error", "rounds": args.rounds, "rows": rows}))
+    # The goal holds for every policy: each one's points alone, the same way.
+    policies = list(dict.fromkeys(p for t in runs["as is"] for p in t["policy"]))
+    by_policy = {p: medians(runs, p) for p in policies}
+    for p, prow in by_policy.items():
+        print(f"\n{p} alone:")
+        show(prow, ("as is", *cores))
+    print(json.dumps({"bench": "sim_error", "rounds": args.rounds, "rows": rows,
+                      "by_policy": by_policy}))  # fmt: skip
 
 
 if __name__ == "__main__":
