@@ -408,6 +408,8 @@ def core_role(core: int | None, layout: dict[str, list[int]]) -> str:
     """What a busy loop on `core` shares the core with, in vLLM-CPU's layout."""
     if core is None:
         return "unpinned: where the operating system puts it"
+    if not layout.get("model"):
+        return "vLLM's layout not read (no Worker found in /proc)"
     if core in layout.get("model", []):
         return "vLLM's model core (its Worker)"
     if core in layout.get("reserved", []):
