@@ -1,15 +1,13 @@
-"""Paired check: serve-sweep runs' real points simulated two or three ways, on the same requests.
+"""Paired check: serve-sweep runs' real points simulated two ways, on the same requests.
 
 For every real point of the runs under a folder (bench_sim_error.py --keep DIR), its requests
 at their arrival times (the run's requests.csv, sim-matched rows) are simulated on the run's
 own calibration twice: on the wall-clock fit (the calibration's load, as serve-sweep priced
 real points before 2026-12-04) and on the CPU-clock fit over the share of the core the engine
-held while it served the point (as serve-sweep priced them from 2026-12-04); and, where the
-run timed speed checks (serve.csv's device_speed, from 2026-12-05), on that fit times the
-device's speed around the point over the share (as serve-sweep prices them now). Prints
-measured over simulated per point and, for TTFT/TPOT/E2E p50 over the points below
-saturation, the median ratio and the median |log ratio| of each way. The last way
-reproduces the runs' own prediction.csv.
+held while it served the point (as serve-sweep prices them now). Prints measured over
+simulated per point and, for TTFT/TPOT/E2E p50 over the points below saturation, the median
+ratio and the median |log ratio| of each way. Run on folders made after the change, the
+"share" column reproduces the runs' own prediction.csv.
 
     python scripts/paired_share.py DIR [DIR ...]
 """
@@ -56,11 +54,7 @@ def points(run: Path) -> list[dict]:
         w = probe.ServeWorkload(reqs, mine["arrival_s"].to_numpy() * rate, "requests.csv", "")
         label = f"{r['policy']} @ {probe.rate_label(rate)} req/s"
         below = bool(pred[pred["point"] == label]["below_saturation"].astype(bool).any())
-        ways = [("wall", wall), ("share", cpu.scaled(1.0 / r["core_share"]))]
-        speed = r.get("device_speed", float("nan"))
-        if speed == speed:  # timed speed checks around the point
-            ways.append(("speed", cpu.scaled(speed / r["core_share"])))
-        for how, cost in ways:
+        for how, cost in (("wall", wall), ("share", cpu.scaled(1.0 / r["core_share"]))):
             point = probe.simulate_point(w, r["policy"], rate, setup, cost, len(reqs),
                                          probe.MATCHED)  # fmt: skip
             row = probe.point_row(point, setup)

@@ -334,36 +334,6 @@ def drift(parts: Sequence[tuple[Sequence[dict], StepCostModel | None]], pooled) 
     }
 
 
-SPEED_RULE = (
-    "a speed check's steps' CPU time (wall time without one) over the same steps' in the "
-    "check after the calibration, step by step: the median"
-)
-
-
-def speed_ratio(rows: Sequence[dict], reference: Sequence[dict]) -> float:
-    """How much slower (above 1) or faster the device ran a speed check
-    (runtime/calibrate.check_run) than the reference run of the same check: the median over
-    its steps of each step's time over the same step's in the reference (cpu_ms where both
-    have it, else step_ms). NaN where the two did not take the same steps (another plan)
-    or a step has no time."""
-    if not rows or len(rows) != len(reference):
-        return math.nan
-    ratios = []
-    for a, b in zip(rows, reference, strict=True):
-        if (a["decode_tokens"], a["prefill_tokens"]) != (b["decode_tokens"], b["prefill_tokens"]):
-            return math.nan
-        key = "cpu_ms" if _timed(a, "cpu_ms") and _timed(b, "cpu_ms") else "step_ms"
-        if not (_timed(a, key) and _timed(b, key)):
-            return math.nan
-        ratios.append(a[key] / b[key])
-    return float(np.median(ratios))
-
-
-def _timed(row: dict, key: str) -> bool:
-    value = row.get(key, math.nan)
-    return isinstance(value, (int, float)) and value == value and value > 0
-
-
 def relative_scale(pred: np.ndarray) -> np.ndarray:
     """Each step's row scale in the weighted fit: the square root of its weight 1/pred^2,
     so the fit minimizes the sum of squared relative errors."""

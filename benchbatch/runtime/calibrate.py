@@ -117,26 +117,6 @@ def runs(p: Plan) -> list[CalibrationRun]:
     ]
 
 
-# Decode steps per batch size in a speed check (check_run).
-CHECK_STEPS = 3
-
-
-def check_run(p: Plan) -> CalibrationRun:
-    """A speed check: a short run of the engine whose steps are the same each time it runs
-    (the scheduler's plans are deterministic), so the same check timed after the calibration
-    and again later says how much faster or slower the device runs now, step by step:
-    `slots` short prompts prefilled at once, their decodes stepping down from slots to one
-    every CHECK_STEPS steps, then one short prompt alone (a lone prefill, as a quiet
-    server's). About 3 x slots + 2 steps."""
-    s = p.slots
-    room = p.max_context - 1
-    short = max(1, min(p.prompt, room - s * CHECK_STEPS))
-    requests = [Request(i, short, CHECK_STEPS * (i + 1)) for i in range(s)]
-    done = len(plans(EngineRun("check", s, key="check"), requests))
-    requests.append(Request(s, short, 1, arrival_step=done))
-    return CalibrationRun(EngineRun("check", s, key="check"), requests)
-
-
 def plans(run: EngineRun, requests: Sequence[Request]) -> list[StepPlan]:
     """The steps the engine takes for these requests: the scheduler replayed (the engine
     runs exactly its plans): the calibration's step count before it runs, and each

@@ -97,22 +97,17 @@ def _named(option: str, check, *args):
 # --- the step-cost model ------------------------------------------------------------------------
 
 
-def cost_model(rec, net, budgets, requests, given, run: RunOptions, cpu_clock: bool = False,
-               speed_check: bool = False):  # fmt: skip
+def cost_model(rec, net, budgets, requests, given, run: RunOptions, cpu_clock: bool = False):
     """The step-cost model: with a model, the engine calibrated as it runs (the real engine's
     own steps, engine_calibration); or the one read from --step-costs (given: a calibration,
     its conditions checked against this run's, or isolated steps' times): step_cost.csv,
     step_cost.json and the metadata (ablation, serve-sweep and occupancy). cpu_clock: also
-    the calibration's fit on the CPU clock (None where it has none): (model, cpu model).
-    speed_check: a calibration made now is followed by its speed check's reference run
-    (speed_checks.csv's check 0: serve-sweep times the same check around each real point)."""
+    the calibration's fit on the CPU clock (None where it has none): (model, cpu model)."""
     from benchbatch.core import saved_calibration
     from benchbatch.output import results
 
     if given is None:
         given = engine_calibration(rec, net, budgets, requests, run.seed)
-        if speed_check:
-            speed_checks(rec, net, calibration_check(net, budgets, requests), 0, run.seed)
     elif given.get("conditions"):
         if net is not None:
             from benchbatch.runtime.calibrate import conditions
@@ -144,31 +139,6 @@ def calibration_runs(net, budgets, requests) -> list:
     plan = cb.plan_for(budgets.max_num_seqs, prompts, budgets.chunk_size,
                        budgets.max_num_batched_tokens, net.cfg.max_context)  # fmt: skip
     return cb.runs(plan)
-
-
-def calibration_check(net, budgets, requests):
-    """runtime/calibrate.py's speed check at these budgets and the requests' prompt lengths."""
-    from benchbatch.runtime import calibrate as cb
-
-    prompts = [r.prompt_tokens for r in requests]
-    plan = cb.plan_for(budgets.max_num_seqs, prompts, budgets.chunk_size,
-                       budgets.max_num_batched_tokens, net.cfg.max_context)  # fmt: skip
-    return cb.check_run(plan)
-
-
-def speed_checks(rec, net, check, index: int, seed: int, before: str = "") -> list[dict]:
-    """The speed check run once on the engine (number `index`: 0 right after the
-    calibration, the reference): its steps into speed_checks.csv (check, the point it comes
-    before), returned."""
-    from benchbatch.runtime.runs import engine_events
-
-    rows = []
-    for event in engine_events(net, check.requests, [check.run], seed):
-        if isinstance(event, dict):
-            row = event | {"check": index, "before": before}
-            rec.add("speed_checks", row, stream=True)
-            rows.append(row)
-    return rows
 
 
 def engine_calibration(rec, net, budgets, requests, seed: int) -> dict:

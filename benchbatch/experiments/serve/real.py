@@ -7,7 +7,6 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass, field
 
-from benchbatch.core import calibration as cal
 from benchbatch.core import energy
 from benchbatch.errors import UserError
 from benchbatch.experiments import common as c
@@ -28,120 +27,41 @@ class Served:
 def serve(rec, net, opts: ServeOptions, w, setup, cost, rates, seed: int, cpu_cost=None):
     """The chosen rates on the model: real_steps.csv as steps end (the engine's events,
     through the run); per point its serve.csv row beside the simulation of the same
-    requests (sim-matched: priced at the point's own core share and at the device's speed
-    around it, `beside`) and sim_vs_real.csv. Returns the points (Served; None where no rate
-    fits --real-time)."""
-    from benchbatch.experiments.ablation.probe import Budgets
-    from benchbatch.experiments.ablation.run import calibration_check
+    requests (sim-matched: priced at the point's own core share, `beside`) and
+    sim_vs_real.csv. Returns the points (Served; None where no rate fits --real-time)."""
+    from benchbatch.core.calibration import core_share
     from benchbatch.experiments.serve import probe
     from benchbatch.runtime import telemetry
+    from benchbatch.runtime.runs import engine_events
 
     n = min(opts.real_requests, len(w.requests))
     matched, chosen, n = _matched(rec, opts, w, setup, cost, rates, n)
     if not chosen:
         return None
     served = Served({}, n)
+    by_label = {probe.rate_label(r): r for r in chosen}
     requests, _ = w.at(math.inf, n)
     runs = probe.engine_runs(w, chosen, opts.policies, setup, n, matched)
-    reference = [r for r in rec.rows("speed_checks") if r["check"] == 0]
-    check = None
-    if cpu_cost is not None and reference:  # a calibration made now, on the CPU clock
-        check = calibration_check(net, Budgets(setup.slots, setup.budget, setup.chunk),
-                                  w.requests)  # fmt: skip
-    events = _priced(_with_checks(rec, net, requests, runs, seed, check), cost, cpu_cost)
+    events = _priced(engine_events(net, requests, runs, seed), cost, cpu_cost)
     total = sum(run.sim_steps for run in runs)
     meter = telemetry.EnergyMeter(net.embed.weight.device)
     meter.start()
-    point = Point(rec, w, setup, cpu_cost, matched, served, opts, chosen)
-    speeds = []
-    try:
-        for event in rec.engine_rows("real_steps", events, total=total, label="real engine"):
-            if isinstance(event, Checked):
-                speeds.append(cal.speed_ratio(event.rows, reference))
-                point.after(speeds[-1])  # the point before it, simulated at its speed
-                meter.lap()  # a point's energy is its own, the checks' left out
-            else:
-                point.served(event, meter.lap(), speeds[-1] if speeds else math.nan)
-                if check is None:
-                    point.after(math.nan)
-    finally:
-        point.after(math.nan)  # interrupted before its check after: the one before it
-        meter.close()
-    if speeds:
-        say_speeds(rec, speeds, served)
-    return served
-
-
-@dataclass(frozen=True)
-class Checked:
-    """A speed check has run (its steps, in speed_checks.csv)."""
-
-    index: int
-    rows: list
-
-
-def _with_checks(rec, net, requests, runs, seed: int, check):
-    """Every point's run with the speed check before it and one after the last (none where
-    check is None): the engine's events, a Checked after each check."""
-    from benchbatch.experiments.ablation.run import speed_checks
-    from benchbatch.runtime.runs import engine_events
-
-    def timed(index: int, before: str) -> Checked:
-        return Checked(index, speed_checks(rec, net, check, index, seed, before))
-
-    for k, run in enumerate(runs, 1):
-        if check is not None:
-            yield timed(k, f"{run.name} {run.columns['rate']}")
-        yield from engine_events(net, requests, [run], seed)
-    if check is not None:
-        yield timed(len(runs) + 1, "")
-
-
-class Point:
-    """A real point's rows, set once the speed check after it has run: the device's speed
-    over the point is the geometric mean of the checks before and after it (the one there
-    is where the run stopped between them; 1 without checks)."""
-
-    def __init__(self, rec, w, setup, cpu_cost, matched, served, opts, chosen):
-        from benchbatch.experiments.serve import probe
-
-        self.rec, self.w, self.setup, self.cpu_cost = rec, w, setup, cpu_cost
-        self.matched, self.out, self.opts = matched, served, opts
-        self.by_label = {probe.rate_label(r): r for r in chosen}
-        self.pending = None
-
-    def served(self, done, reading, before: float) -> None:
-        self.pending = (done, reading, before)
-
-    def after(self, speed: float) -> None:
-        if self.pending is None:
-            return
-        done, reading, before = self.pending
-        self.pending = None
-        known = [v for v in (before, speed) if v == v and v > 0]
-        self._rows(done, reading, math.prod(known) ** (1 / len(known)) if known else 1.0)
-
-    def _rows(self, done, reading, speed: float) -> None:
-        from benchbatch.experiments.serve import probe
-
-        rec, w, setup, n = self.rec, self.w, self.setup, self.out.n
-        rate = self.by_label[done.run.columns["rate"]]
-        point = probe.real_point(done.result, done.run.name, rate, w.at(math.inf, n)[0],
-                                 w.at(rate, n)[1])  # fmt: skip
+    for done in rec.engine_rows("real_steps", events, total=total, label="real engine"):
+        reading = meter.lap()
+        rate = by_label[done.run.columns["rate"]]
+        point = probe.real_point(done.result, done.run.name, rate, requests, w.at(rate, n)[1])
         row = probe.point_row(point, setup)
-        row |= energy.serve_columns(row, reading, self.opts.price_per_hour)
-        row["core_share"] = cal.core_share([s.row() for s in done.result.steps])
-        row["device_speed"] = speed
-        twin = self.matched[(done.run.name, rate)]
-        sim = beside(twin, w, setup, self.cpu_cost, row["core_share"], n, speed)
-        row |= whole_core(twin, w, setup, self.cpu_cost, n, speed)
+        row |= energy.serve_columns(row, reading, opts.price_per_hour)
+        row["core_share"] = core_share([s.row() for s in done.result.steps])
+        sim = beside(matched[(done.run.name, rate)], w, setup, cpu_cost, row["core_share"], n)
+        row |= whole_core(matched[(done.run.name, rate)], w, setup, cpu_cost, n)
         sim_row = probe.point_row(sim, setup) | {
-            "step_costs": "wall clock" if sim is twin else "cpu clock / core share",
-            "core_share": row["core_share"], "device_speed": speed}  # fmt: skip
-        rec.add("serve", sim_row | energy.serve_columns(sim_row, None, self.opts.price_per_hour))
+            "step_costs": "wall clock" if sim is matched[(done.run.name, rate)] else
+            "cpu clock / core share", "core_share": row["core_share"]}  # fmt: skip
+        rec.add("serve", sim_row | energy.serve_columns(sim_row, None, opts.price_per_hour))
         for r in probe.request_rows(sim, setup.slo):
             rec.add("requests", r, stream=True)
-        self.out.matched[(done.run.name, rate)] = sim_row
+        served.matched[(done.run.name, rate)] = sim_row
         rec.add("serve", row)
         for versus in probe.sim_vs_real(row, sim_row):
             rec.add("sim_vs_real", versus)
@@ -149,49 +69,27 @@ class Point:
             rec.add("requests", r, stream=True)
         arrivals = w.at(rate, n)[1]
         span = float(arrivals.max() - arrivals.min()) if len(arrivals) else 0.0
-        self.out.points.append((row, span))
+        served.points.append((row, span))
+    meter.close()
+    return served
 
 
-# Speed checks this far apart (highest over lowest) are said as a note.
-SPEED_MOVED = 1.05
-
-
-def say_speeds(rec, speeds: list[float], served: Served) -> None:
-    """The speed checks in the metadata (real.speed_checks: each check's speed, each point's)
-    and, where they moved more than SPEED_MOVED, a note."""
-    known = [v for v in speeds if v == v]
-    rec.meta.setdefault("real", {})["speed_checks"] = {
-        "rule": cal.SPEED_RULE,
-        "checks": speeds,
-        "points": {f"{r['policy']} {r['rate']}": r["device_speed"] for r, _ in served.points},
-    }
-    if known and max(known) / min(known) > SPEED_MOVED:
-        rec.note(
-            f"the device's speed moved while it served: the speed checks around the points "
-            f"ran x{min(known):.2f}-{max(known):.2f} of the same steps' time right after the "
-            "calibration (speed_checks.csv); each point is simulated at the speed measured "
-            "before and after it"
-        )
-
-
-def beside(point, w, setup, cpu_cost, share: float, n: int, speed: float = 1.0):
+def beside(point, w, setup, cpu_cost, share: float, n: int):
     """The simulation set beside a real point: its requests at their arrival times on the
-    calibration's CPU-clock step costs times the device's speed around the point (its speed
-    checks' steps' CPU time over the same steps' right after the calibration) over the share
-    of the core the engine held while it served the point (its steps' CPU time over their
-    wall time): the device's work at the load the point ran under, which another process's
-    turns on the core change from point to point. `point` (the wall-clock fit's simulation,
-    the calibration's load) where the calibration has no CPU clock or the point no core
-    share (a GPU, several threads)."""
+    calibration's CPU-clock step costs over the share of the core the engine held while it
+    served the point (its steps' CPU time over their wall time): the device's work at the
+    load the point ran under, which another process's turns on the core change from point
+    to point. `point` (the wall-clock fit's simulation, the calibration's load) where the
+    calibration has no CPU clock or the point no core share (a GPU, several threads)."""
     from benchbatch.experiments.serve import probe
 
     if cpu_cost is None or not (share == share and share > 0):
         return point
-    scaled = cpu_cost.scaled(speed / share)
+    scaled = cpu_cost.scaled(1.0 / share)
     return probe.simulate_point(w, point.policy, point.rate, setup, scaled, n, probe.MATCHED)
 
 
-def whole_core(point, w, setup, cpu_cost, n: int, speed: float = 1.0) -> dict:
+def whole_core(point, w, setup, cpu_cost, n: int) -> dict:
     """A real point's requests simulated on the calibration's CPU-clock step costs as they
     are (a core of its own): whether they stay within the SLO there, and their E2E p50.
     What a quiet machine would serve, where other processes took the engine's core (the
@@ -200,7 +98,7 @@ def whole_core(point, w, setup, cpu_cost, n: int, speed: float = 1.0) -> dict:
 
     if cpu_cost is None:
         return {}
-    row = probe.point_row(beside(point, w, setup, cpu_cost, 1.0, n, speed), setup)
+    row = probe.point_row(beside(point, w, setup, cpu_cost, 1.0, n), setup)
     return {"whole_core_within_slo": row["within_slo"], "whole_core_e2e_p50_s": row["e2e_p50_s"]}
 
 
@@ -250,11 +148,6 @@ def say_prices(rec) -> None:
 
     steps = rec.rows("real_steps")
     clock = "cpu" if any(r.get("priced_cpu_ms") for r in steps) else "wall"
-    speeds = ((rec.meta.get("real") or {}).get("speed_checks") or {}).get("points") or {}
-    if clock == "cpu" and speeds:  # each point's steps at the speed checked around it
-        steps = [r | {"priced_cpu_ms": r["priced_cpu_ms"] * speeds[f"{r['policy']} {r['rate']}"]}
-                 if r.get("priced_cpu_ms") and f"{r['policy']} {r['rate']}" in speeds else r
-                 for r in steps]  # fmt: skip
     errors = price_errors(steps, clock=clock)
     if not errors:
         return
@@ -266,9 +159,8 @@ def say_prices(rec) -> None:
             f"{e['kind']} x{e['ratio_p50']:.2f} ({e['steps']:,})"
         )
     what = "CPU time" if clock == "cpu" else "time"
-    at = " at the device's speed checked around each point" if clock == "cpu" and speeds else ""
     rec.note(
-        f"the real engine's steps' {what} over the calibration's price of them{at} (median, "
+        f"the real engine's steps' {what} over the calibration's price of them (median, "
         "steps): " + "; ".join(f"{p} {', '.join(v)}" for p, v in by_policy.items())
     )
     off = [e for e in errors if e["steps"] >= PRICED_STEPS and not

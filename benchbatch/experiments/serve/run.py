@@ -213,11 +213,7 @@ def _cost_model(rec, net, setup, w, given, run):
     from benchbatch.experiments.ablation.run import cost_model
 
     budgets = Budgets(setup.slots, setup.budget, setup.chunk)
-    # A CPU's speed checks around the real points need their reference right after the
-    # calibration (real.serve times the same check again before and after each point).
-    check = (rec.meta.get("threads") or {}).get("clock") == "cpu"
-    return cost_model(rec, net, budgets, w.requests, given, run, cpu_clock=True,
-                      speed_check=check)  # fmt: skip
+    return cost_model(rec, net, budgets, w.requests, given, run, cpu_clock=True)
 
 
 def _sweep_cost(rec, cost, cpu_cost):
