@@ -256,21 +256,8 @@ def serve(rec, opts: ServeOptions, w, setup: probe.Setup, cost, predicted: bool)
     sent, how = prompts_at(0)
     rec.meta["endpoint"]["prompts"] = how + "; each point's drawn afresh (seeded)"
     rec.meta["endpoint"]["warmup"] = warm_up(target, sent[0], opts)
-    calibrations = []
-    counted = "preemptions" in (info.get("metrics") or {})
-    preempted = [0]  # by the server during the calibrations
-
-    def calibrate(rate: float | None) -> None:  # one more, the server's preemptions watched
-        before = preemptions(target) if counted else None
-        index, pause = len(calibrations), ec.idle_pause(rate)  # idle as the point's arrivals
-        calibrations.append(
-            predict.calibrate(rec, opts, w, setup, target, info, index, (prompts, stream),
-                              pause)  # fmt: skip
-        )
-        after = preemptions(target) if before is not None else None
-        if after is not None:
-            preempted[0] += max(0, after - before)
-
+    calibrations = _Calibrations(rec, opts, w, setup, target, info)
+    calibrate = calibrations.take
     label = f"{info.get('served_model', 'server')} at {info.get('url', opts.endpoint)}"
     rates = list(opts.rate_values or (math.inf,))
     if opts.predict:
@@ -289,11 +276,36 @@ def serve(rec, opts: ServeOptions, w, setup: probe.Setup, cost, predicted: bool)
         if opts.predict:  # before the next point (idle as its arrivals), or after the last
             calibrate(rates[0] if rates else rate)
     if opts.predict:
-        if preempted[0]:
-            rec.warning(predict.preempted_line(preempted[0], len(calibrations), setup.kv))
-        cost = predict.save(rec, calibrations)
+        if calibrations.preempted:
+            rec.warning(predict.preempted_line(calibrations.preempted, len(calibrations.done),
+                                               setup.kv))  # fmt: skip
+        cost = predict.save(rec, calibrations.done)
     if cost is not None:
-        _beside(rec, opts, w, setup, measured, n, label, cost, predicted, calibrations)
+        _beside(rec, opts, w, setup, measured, n, label, cost, predicted, calibrations.done)
+
+
+class _Calibrations:
+    """The run's calibrations of the server (serve/predict.py), in order, and the requests
+    the server preempted during them (by its /metrics counter, where it has one)."""
+
+    def __init__(self, rec, opts: ServeOptions, w, setup: probe.Setup, target, info: dict):
+        self.run = (rec, opts, w, setup, target, info)
+        self.done: list[dict] = []
+        self.counted = "preemptions" in (info.get("metrics") or {})
+        self.preempted = 0
+
+    def take(self, rate: float | None) -> None:
+        """One more, idle before each episode as the coming point's arrivals would be."""
+        from benchbatch.experiments.serve import predict
+
+        rec, opts, w, setup, target, info = self.run
+        before = preemptions(target) if self.counted else None
+        index, pause = len(self.done), ec.idle_pause(rate)
+        self.done.append(predict.calibrate(rec, opts, w, setup, target, info, index,
+                                           (prompts, stream), pause))  # fmt: skip
+        after = preemptions(target) if before is not None else None
+        if after is not None:
+            self.preempted += max(0, after - before)
 
 
 def _after_max(rec, opts: ServeOptions, row: dict, n: int) -> list[float]:

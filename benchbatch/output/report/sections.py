@@ -444,24 +444,11 @@ def build(
                                       image("serve.png")))  # fmt: skip
     if ceilings:
         sections.append(section_roofline(ceilings, image("roofline.png"), ceilings_raised))
-    return Report(
-        title,
-        list(notices),
-        list(facts),
-        claims(
-            phases_summary,
-            sweep_claim,
-            occupancy_rows,
-            real_rows,
-            memory_ceiling,
-            phases_rows,
-            sweep_rows,
-        )  # fmt: skip
-        + ([serve_claim(serve_slo)] if serve_slo else [])
-        + ([prediction_claim(prediction_rows)] if prediction_rows else []),
-        sections,
-        list(files),
-    )
+    found = claims(phases_summary, sweep_claim, occupancy_rows, real_rows, memory_ceiling,
+                   phases_rows, sweep_rows)  # fmt: skip
+    found += [serve_claim(serve_slo)] if serve_slo else []
+    found += [prediction_claim(prediction_rows)] if prediction_rows else []
+    return Report(title, list(notices), list(facts), found, sections, list(files))
 
 
 def section_roofline(s: dict, image: str | None, raised: list[dict] | None = None) -> Section:
