@@ -150,6 +150,79 @@ def test_serve_sweep_writes_prediction_from_the_sim_vs_real_pairs(runner, tmp_pa
                                                                       "mixed"}  # fmt: skip
     assert cost["conditions"]["device_type"] == "cpu" and "threads" in cost["conditions"]
     assert "engine calibration (" in result.stdout
+    # Each ratio's interval, recomputed from requests.csv (the point's own requests, paired
+    # by id, the real rows against their sim-matched twins), is prediction.csv's.
+    reqs = pd.read_csv(out / "requests.csv", dtype={"rate": str})
+    for _, row in table.iterrows():
+        column, q = pr.PER_REQUEST[row["metric"]]
+        mine = reqs[(reqs["policy"] == row["policy"]) & (reqs["rate"] == row["rate"])]
+        real = mine[mine["source"] == "real"].set_index("request_id")[column]
+        sim = mine[mine["source"] == "sim-matched"].set_index("request_id")[column]
+        ids = sorted(set(real.index) & set(sim.index))
+        assert len(ids) == 8
+        lo, hi = pr.ratio_interval(real[ids].to_numpy(), sim[ids].to_numpy(), q)
+        assert (row["ratio_low"], row["ratio_high"]) == pytest.approx((lo, hi), nan_ok=True)
+    p50 = table[table["metric"].str.endswith("p50_s")]
+    assert (p50["ratio_low"] <= p50["ratio_high"]).all()
+    said = " ".join(result.output.split())
+    assert "how sure each point's ratio is, given its requests" in said
+    assert meta["prediction"]["how_sure"] in said
+
+
+def test_a_ratio_interval_resamples_requests_in_pairs():
+    """Each request's measured and simulated values are drawn together: measured 1.1 x
+    simulated for every request, however spread the requests, gives every draw 1.1 (drawn
+    apart, the spread alone would widen it); requests without both values are left out."""
+    sim = [0.01 * k**2 for k in range(1, 41)]
+    assert pr.ratio_interval([1.1 * v for v in sim], sim, 50) == pytest.approx((1.1, 1.1))
+    lo, hi = pr.ratio_interval([1.1 * v for v in sim] + [math.nan], sim + [5.0], 99)
+    assert (lo, hi) == pytest.approx((1.1, 1.1))
+    assert all(math.isnan(v) for v in pr.ratio_interval([1.0], [1.0], 50))
+
+
+def test_a_ratio_interval_matches_every_resample_enumerated():
+    """Against the exact bootstrap distribution (every one of the 4^4 equally likely draws of
+    four requests enumerated): at most 5% (plus the sampling's slack) of it lies below the
+    interval and above it."""
+    import itertools
+
+    import numpy as np
+
+    measured, simulated = [1.0, 2.5, 3.0, 7.0], [1.2, 2.0, 3.5, 5.0]
+    exact = []
+    for draw in itertools.product(range(4), repeat=4):
+        m = np.percentile([measured[i] for i in draw], 50)
+        exact.append(m / np.percentile([simulated[i] for i in draw], 50))
+    exact = np.array(exact)
+    lo, hi = pr.ratio_interval(measured, simulated, 50, draws=20_000)
+    assert (exact < lo - 1e-12).mean() <= 0.05 + 0.01
+    assert (exact > hi + 1e-12).mean() <= 0.05 + 0.01
+    assert lo < np.median(exact) < hi
+
+
+def test_how_sure_names_each_metrics_median_interval_and_how_many_reach_the_band():
+    rows = pr.prediction_rows([
+        {"point": "a", "metric": "ttft_p50_s", "simulated": 1.0, "measured": 1.2,
+         "ratio_low": 1.05, "ratio_high": 1.4},  # reaches 0.9-1.1
+        {"point": "b", "metric": "ttft_p50_s", "simulated": 1.0, "measured": 1.3,
+         "ratio_low": 1.2, "ratio_high": 1.44},  # does not
+        {"point": "c", "metric": "ttft_p50_s", "simulated": 1.0, "measured": 1.0,
+         "ratio_low": 0.95, "ratio_high": 1.045},
+        {"point": "a", "metric": "tpot_p50_s", "simulated": 1.0, "measured": 1.0,
+         "ratio_low": math.nan, "ratio_high": math.nan},  # no interval: not named
+    ])  # fmt: skip
+    line = pr.how_sure(rows)
+    assert "TTFT p50 x1.20 wide, reaching its band at 2 of 3" in line  # 1.1, 1.2, 1.33
+    assert "TPOT" not in line
+    assert pr.how_sure(pr.prediction_rows(PAIRS)) is None
+    grouped = pr.with_intervals(
+        [{"point": "p", "metric": "e2e_p50_s"}, {"point": "p", "metric": "itl_p99_s"},
+         {"point": "q", "metric": "e2e_p50_s"}],
+        {("p", "measured"): {1: {"e2e_s": 2.0}, 2: {"e2e_s": 4.0}, 3: {"e2e_s": 9.0}},
+         ("p", "simulated"): {1: {"e2e_s": 1.0}, 2: {"e2e_s": 2.0}}},
+    )  # fmt: skip
+    assert (grouped[0]["ratio_low"], grouped[0]["ratio_high"]) == pytest.approx((2.0, 2.0))
+    assert all(math.isnan(g["ratio_low"]) for g in grouped[1:])  # no percentile; no requests
 
 
 def test_a_point_is_below_saturation_when_it_keeps_up_with_its_arrivals():

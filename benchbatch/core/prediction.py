@@ -5,13 +5,15 @@ occupancy with --engine real, reproduce), and its verdict in one line.
 A pair is one metric of one point (a policy at a rate, a scheme, ...): simulated and
 measured. The ratio is measured over simulated; the target is the band it must fall in
 (issue 27's goal: 0.9-1.1 for the p50s of TTFT, TPOT and E2E, 0.8-1.25 for their p99s).
-Pure Python: no torch, no pandas.
+Pure Python and numpy: no torch, no pandas.
 """
 
 from __future__ import annotations
 
 import math
 from collections.abc import Iterable, Mapping, Sequence
+
+import numpy as np
 
 P50_TARGET = (0.9, 1.1)
 P99_TARGET = (0.8, 1.25)
@@ -40,6 +42,12 @@ NAMES = {
     "total_s": "total time",
     "wall_s": "wall time",
 }
+# Each serving metric as a percentile of one per-request value (requests.csv's columns).
+PER_REQUEST = {"ttft_p50_s": ("ttft_s", 50), "ttft_p99_s": ("ttft_s", 99),
+               "tpot_p50_s": ("tpot_s", 50), "tpot_p99_s": ("tpot_s", 99),
+               "e2e_p50_s": ("e2e_s", 50), "e2e_p99_s": ("e2e_s", 99)}  # fmt: skip
+INTERVAL_LEVEL = 0.9  # the central share of the resampled ratios an interval holds
+DRAWS = 1000
 COLUMNS = ("point", "metric", "simulated", "measured", "ratio", "target_low", "target_high",
            "within")  # fmt: skip
 
@@ -73,6 +81,67 @@ def pairs_of(point: str, simulated: Mapping, measured: Mapping,
         for m in metrics
         if m in simulated and m in measured
     ]
+
+
+def ratio_interval(measured: Sequence[float], simulated: Sequence[float], q: float,
+                   draws: int = DRAWS, level: float = INTERVAL_LEVEL,
+                   seed: int = 0) -> tuple[float, float]:  # fmt: skip
+    """How sure one point's ratio is, given which requests it had: the paired bootstrap
+    (measured[i] and simulated[i] are request i's, drawn together with replacement), each
+    draw's q-th percentile measured over simulated, and the central `level` of those
+    ratios. (NaN, NaN) with fewer than two requests having both values."""
+    m, s = np.asarray(measured, float), np.asarray(simulated, float)
+    keep = np.isfinite(m) & np.isfinite(s)
+    m, s = m[keep], s[keep]
+    if m.size < 2:
+        return math.nan, math.nan
+    draw = np.random.default_rng(seed).integers(0, m.size, size=(draws, m.size))
+    top, bottom = np.percentile(m[draw], q, axis=1), np.percentile(s[draw], q, axis=1)
+    ratios = top[bottom > 0] / bottom[bottom > 0]
+    if not ratios.size:
+        return math.nan, math.nan
+    lo, hi = np.quantile(ratios, [(1 - level) / 2, (1 + level) / 2])
+    return float(lo), float(hi)
+
+
+def with_intervals(pairs: Iterable[Mapping], requests: Mapping) -> list[dict]:
+    """Each pair with ratio_low and ratio_high (ratio_interval over the point's requests,
+    requests[(point, source)]: {request id: requests.csv row}, source "measured" or
+    "simulated"); NaN where a metric is no per-request percentile or the point's requests
+    are not there."""
+    out = []
+    for pair in pairs:
+        column, q = PER_REQUEST.get(pair["metric"], (None, None))
+        real = requests.get((pair["point"], "measured"), {})
+        sim = requests.get((pair["point"], "simulated"), {})
+        ids = sorted(set(real) & set(sim))
+        lo = hi = math.nan
+        if column is not None and ids:
+            lo, hi = ratio_interval([real[i][column] for i in ids],
+                                    [sim[i][column] for i in ids], q)  # fmt: skip
+        out.append({**pair, "ratio_low": lo, "ratio_high": hi})
+    return out
+
+
+def how_sure(rows: Sequence[dict]) -> str | None:
+    """One line on the rows' intervals: per metric, the median point's interval and at how
+    many points the interval reaches the target band. None without intervals."""
+    parts = []
+    for metric in dict.fromkeys(r["metric"] for r in rows):
+        judged = [r for r in rows if r["metric"] == metric and r["within"] is not None
+                  and r.get("ratio_low", math.nan) == r.get("ratio_low", math.nan)]  # fmt: skip
+        if not judged:
+            continue
+        widths = sorted(r["ratio_high"] / r["ratio_low"] for r in judged)
+        reach = sum(r["ratio_low"] <= r["target_high"] and r["ratio_high"] >= r["target_low"]
+                    for r in judged)  # fmt: skip
+        parts.append(f"{NAMES.get(metric, metric)} x{widths[len(widths) // 2]:.2f} wide, "
+                     f"reaching its band at {reach} of {len(judged)}")  # fmt: skip
+    if not parts:
+        return None
+    return (f"how sure each point's ratio is, given its requests ({INTERVAL_LEVEL:.0%} "
+            "interval of a paired bootstrap, prediction.csv's ratio_low and ratio_high; the "
+            "median point's): " + "; ".join(parts))
 
 
 def verdict(rows: Sequence[dict]) -> str | None:

@@ -545,6 +545,19 @@ def prediction_pairs(real: dict, matched: dict, span_s: float) -> list[dict]:
                     below_saturation=below_saturation(real, span_s))  # fmt: skip
 
 
+def point_requests(rows: Sequence[dict]) -> dict:
+    """requests.csv's rows of the real points and their twins by point (prediction.csv's
+    label) and side: {(point, "measured" or "simulated"): {request id: row}}, what
+    core/prediction.with_intervals resamples."""
+    side = {REAL: "measured", MATCHED: "simulated"}
+    out: dict = {}
+    for r in rows:
+        if r["source"] in side:
+            point = f"{r['policy']} @ {r['rate']} req/s"
+            out.setdefault((point, side[r["source"]]), {})[r["request_id"]] = r
+    return out
+
+
 def below_saturation(real: dict, span_s: float) -> bool:
     """The point kept up with its arrivals: its requests served over their arrivals' span
     (span_s) plus one median request's E2E at 90% of the offered rate (requests over

@@ -8,6 +8,7 @@ import math
 from dataclasses import dataclass, field
 
 from benchbatch.core import energy
+from benchbatch.core.prediction import with_intervals
 from benchbatch.errors import UserError
 from benchbatch.experiments import common as c
 from benchbatch.experiments.serve.options import ServeOptions
@@ -112,6 +113,7 @@ def compare(rec, served: Served) -> None:
     for row, span in served.points:
         pairs += probe.prediction_pairs(row, served.matched[(row["policy"], row["rate_rps"])],
                                         span)  # fmt: skip
+    pairs = with_intervals(pairs, probe.point_requests(rec.rows("requests")))
     say_prices(rec)
     say_core_shares(rec)
     record(rec, pairs, f"serve-sweep: the real engine beside its simulation; {c.title(rec)}")

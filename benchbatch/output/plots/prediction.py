@@ -98,6 +98,10 @@ def record(rec, pairs: list[dict], title: str) -> dict:
         points = {r["point"] for r in rows}
         kept = {r["point"] for r in below}
         out["verdict"] = f"{out['verdict']}; below saturation: {len(kept)} of {len(points)} points"
+    sure = prediction.how_sure(below or rows)
+    if sure:
+        out["how_sure"] = sure
+        rec.note(sure)
     rec.meta["prediction"] = out
     if any(_ok(r) for r in rows):
         prediction_figure(rows, rec.folder / "prediction.png", title)
