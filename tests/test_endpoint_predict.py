@@ -293,6 +293,14 @@ def test_the_predicted_curve_matches_the_measured_one(runner, tmp_path, virtual)
     assert set(serve.loc[serve["source"] == "sim-matched", "policy"]) == {"chunked"}
     doc = json.loads((out / "result.json").read_text())
     assert doc["metrics"]["prediction"]["verdict"]
+    # How sure each ratio is, from the point's own requests: the server's (requests.csv)
+    # paired by id with the simulation's; every p50's interval is there and holds a ratio
+    # within 5% here.
+    p50 = pred[pred["metric"].str.endswith("p50_s")]
+    assert p50[["ratio_low", "ratio_high"]].notna().all().all()
+    assert (p50["ratio_low"] <= p50["ratio_high"]).all()
+    assert ((p50["ratio_low"] < 1.05) & (p50["ratio_high"] > 0.95)).all()
+    assert "how sure each point's ratio is" in doc["metrics"]["prediction"]["how_sure"]
 
 
 def test_a_server_that_slows_down_is_predicted_from_the_calibrations_around_each_point(

@@ -210,6 +210,8 @@ def test_how_sure_names_each_metrics_median_interval_and_how_many_reach_the_band
          "ratio_low": 0.95, "ratio_high": 1.045},
         {"point": "a", "metric": "tpot_p50_s", "simulated": 1.0, "measured": 1.0,
          "ratio_low": math.nan, "ratio_high": math.nan},  # no interval: not named
+        {"point": "b", "metric": "tpot_p50_s", "simulated": 1.0, "measured": 0.0,
+         "ratio_low": 0.0, "ratio_high": 0.0},  # every token at once: no width either
     ])  # fmt: skip
     line = pr.how_sure(rows)
     assert "TTFT p50 x1.20 wide, reaching its band at 2 of 3" in line  # 1.1, 1.2, 1.33

@@ -125,11 +125,13 @@ def with_intervals(pairs: Iterable[Mapping], requests: Mapping) -> list[dict]:
 
 def how_sure(rows: Sequence[dict]) -> str | None:
     """One line on the rows' intervals: per metric, the median point's interval and at how
-    many points the interval reaches the target band. None without intervals."""
+    many points the interval reaches the target band. None without intervals. An interval
+    from 0 (a server that sent a request's tokens at once: its TPOT 0) has no width: left
+    out."""
     parts = []
     for metric in dict.fromkeys(r["metric"] for r in rows):
         judged = [r for r in rows if r["metric"] == metric and r["within"] is not None
-                  and r.get("ratio_low", math.nan) == r.get("ratio_low", math.nan)]  # fmt: skip
+                  and r.get("ratio_low", math.nan) > 0]  # fmt: skip (NaN: none; 0: no width)
         if not judged:
             continue
         widths = sorted(r["ratio_high"] / r["ratio_low"] for r in judged)

@@ -23,6 +23,7 @@ import numpy as np
 
 from benchbatch.core import endpoint_calibration as ec
 from benchbatch.core import energy
+from benchbatch.core.prediction import with_intervals
 from benchbatch.core.serving import ServingSLO, tpot
 from benchbatch.errors import UserError
 from benchbatch.experiments.serve import probe
@@ -353,11 +354,25 @@ def _beside(rec, opts, w, setup, measured, n, label, cost, predicted, calibratio
             if predicted:
                 arrivals = w.at(rate, n)[1]
                 span = float(arrivals.max() - arrivals.min()) if len(arrivals) else 0.0
-                pairs += probe.prediction_pairs(row | {"policy": policy}, twin_row, span)
+                mine = probe.prediction_pairs(row | {"policy": policy}, twin_row, span)
+                pairs += with_intervals(mine, _requests(rec, mine, rate, twin, setup))
     if predicted:
         record(rec, pairs, f"serve-sweep --endpoint: {label} beside its prediction "
                            f"({opts.server_scheduler}, {setup.slots} sequences, "
                            f"{setup.budget} tokens a step)")  # fmt: skip
+
+
+def _requests(rec, pairs: list[dict], rate: float, twin, setup: probe.Setup) -> dict:
+    """A point's requests for its pairs' intervals (core/prediction.with_intervals): the
+    server's, as requests.csv has them, beside its twin's simulated ones."""
+    if not pairs:
+        return {}
+    label = probe.rate_label(rate)
+    served = {r["request_id"]: r for r in rec.rows("requests")
+              if r["source"] == ENDPOINT and r["rate"] == label}  # fmt: skip
+    simulated = {r["request_id"]: r for r in probe.request_rows(twin, setup.slo)}
+    point = pairs[0]["point"]
+    return {(point, "measured"): served, (point, "simulated"): simulated}
 
 
 def _point(rec, opts, w, setup, sent, rate: float, n: int, label: str) -> dict:
