@@ -14,10 +14,13 @@ several (--busy-core any,0,1) alternate every condition in turn (A B C D D C B A
 --busy-nice lowers the loop's priority. The table: per condition, rate and metric, the
 median over the rounds of measured over predicted, its range, and whether the median is
 within the target; then the calibrations' lengths, the runs that failed and one JSON line.
-Rows go to --out (prediction.csv of every run).
+Rows go to --out (prediction.csv of every run). --server-times also traces the API server's
+writes with perf (scripts/vllm_server_times.py: root, or leave to trace) and adds a second
+table: the p50s taken at the server, when each token left it, over predicted, and how late
+benchbatch's client read the last tokens.
 
     python scripts/bench_vllm_predict.py [--rounds 2] [--rates 2,4] [--requests 40]
-        [--busy-core any|N[,...]] [--busy-nice N] [--out DIR]
+        [--busy-core any|N[,...]] [--busy-nice N] [--server-times] [--out DIR]
 """
 
 from __future__ import annotations
@@ -38,6 +41,7 @@ REPO = Path(__file__).resolve().parent.parent
 sys.path[:0] = [str(REPO), str(REPO / "scripts")]
 
 import vllm_peer as vp  # noqa: E402
+import vllm_server_times as st  # noqa: E402
 from bench_sim_error import busy_loop  # noqa: E402
 
 
@@ -62,6 +66,8 @@ def parse() -> argparse.Namespace:
     p.add_argument("--busy-nice", type=int, default=0,
                    help="the busy loop's niceness, 0-19 (default 0: the same priority as the "
                    "server)")
+    p.add_argument("--server-times", action="store_true",
+                   help="trace the API server's writes with perf: the p50s at the server too")
     p.add_argument("--out", type=Path, default=None,
                    help="folder for the rows (default: a cache folder, replaced)")
     args = p.parse_args()
@@ -83,6 +89,8 @@ def parse() -> argparse.Namespace:
         args.cores = {f"{k}, nice {args.busy_nice}": v for k, v in args.cores.items()}
     if args.rounds < 1 or args.requests < 1 or not all(r > 0 for r in args.rates):
         p.error("--rounds, --requests and every rate must be positive")
+    if args.server_times and (why := st.available()):
+        p.error(f"--server-times: {why}")
     return args
 
 
@@ -106,7 +114,7 @@ def measure(args, python: Path, checkpoint: Path, work: Path, failures: list[dic
                     vp.say(f"round {i}, {condition}: predicted, then measured, at "
                            f"{args.rates} req/s (load {load:.1f})")  # fmt: skip
                     folder = work / f"round{i}-{condition.replace(' ', '-').replace(',', '')}"
-                    got = vp.predicted(s["url"], checkpoint, args.rates, args.requests, folder, i)
+                    got = predicted(args, s, checkpoint, folder, i)
                 except vp.Failed as e:  # kept, and the other runs go on
                     why = str(e).strip().splitlines()[-1][:300]
                     vp.say(f"round {i}, {condition}: failed: {why}")
@@ -120,13 +128,39 @@ def measure(args, python: Path, checkpoint: Path, work: Path, failures: list[dic
     return rows
 
 
-def medians(rows: list[dict], conditions: tuple[str, ...]) -> list[dict]:
+def predicted(args, server: dict, checkpoint: Path, folder: Path, index: int) -> list[dict]:
+    """One run's prediction.csv rows (vllm_peer.predicted); with --server-times, each p50's
+    also beside the same p50 taken at the server (server_measured, server_ratio) and how
+    late the client read the point's last tokens (client_late_p50_s, client_late_max_s)."""
+    if not args.server_times:
+        return vp.predicted(server["url"], checkpoint, args.rates, args.requests, folder, index)
+    folder.mkdir(parents=True, exist_ok=True)
+    trace = folder / "api-server-writes.perf"
+    with st.traced(server["pgid"], trace):  # the API server leads vLLM's process group
+        rows = vp.predicted(server["url"], checkpoint, args.rates, args.requests, folder, index)
+    found = st.responses(trace)
+    trace.unlink()  # tens of MB; what it said is in the rows
+    points = {r["rate"]: st.point_summary(st.server_requests(folder / "requests.csv",
+                                                             r["rate"], found), args.requests)
+              for r in rows}  # fmt: skip
+    for r in rows:
+        at = points[r["rate"]]
+        server = at.get(f"server_{r['metric']}", math.nan)
+        r |= {"server_measured": server, "server_ratio": server / float(r["simulated"]),
+              "matched": at["matched"], "client_late_p50_s": at["client_late_p50_s"],
+              "client_late_max_s": at["client_late_max_s"]}  # fmt: skip
+    return rows
+
+
+def medians(rows: list[dict], conditions: tuple[str, ...], key: str = "ratio") -> list[dict]:
+    """Per condition, rate and metric, the median over the runs of `key` (ratio: measured by
+    the client over predicted; server_ratio: taken at the server over predicted)."""
     out = []
     lo, hi = vp.PREDICT_TARGET
     for condition in conditions:
         for rate in dict.fromkeys(r["rate"] for r in rows):
             for metric in METRICS:
-                got = [float(r["ratio"]) for r in rows if r["condition"] == condition
+                got = [float(r.get(key, math.nan)) for r in rows if r["condition"] == condition
                        and r["rate"] == rate and r["metric"] == metric]  # fmt: skip
                 got = [g for g in got if math.isfinite(g)]
                 if not got:
@@ -170,6 +204,34 @@ def show(meds: list[dict], rows: list[dict], conditions: tuple[str, ...], failed
                       "where": where or {}}))  # fmt: skip
 
 
+def show_server(meds: list[dict], rows: list[dict], conditions: tuple[str, ...]) -> None:
+    """--server-times' table: the p50s taken at the server over predicted (medians of the
+    rounds, range), and how late the client read the points' last tokens."""
+    print("\nThe same p50s taken at the server (when each token left vLLM's API server, its "
+          "write(2) traced by perf) over predicted; the client's lateness: its E2E less the "
+          "server's, per request (median of the runs' p50s, the largest)")  # fmt: skip
+    print("| condition | rate | " + " | ".join(m.removesuffix("_s").replace("_", " ").upper()
+                                               for m in JUDGED)
+          + " | client late p50 | client late max | matched |")  # fmt: skip
+    print("|---|---|" + "---|" * (len(JUDGED) + 3))
+    for condition in conditions:
+        for rate in dict.fromkeys(m["rate"] for m in meds):
+            cells = []
+            for metric in JUDGED:
+                m = next((x for x in meds if x["condition"] == condition and x["rate"] == rate
+                          and x["metric"] == metric), None)  # fmt: skip
+                cells.append("-" if m is None else f"{m['median']:.2f} ({m['low']:.2f}-"
+                             f"{m['high']:.2f}){' ok' if m['within'] else ' OUT'}")  # fmt: skip
+            mine = [r for r in rows if r["condition"] == condition and r["rate"] == rate
+                    and r["metric"] == JUDGED[0] and "client_late_p50_s" in r]  # fmt: skip
+            late = [float(r["client_late_p50_s"]) for r in mine]
+            most = max((float(r["client_late_max_s"]) for r in mine), default=math.nan)
+            cells += [f"{1e3 * statistics.median(late):.0f} ms" if late else "-",
+                      f"{1e3 * most:.0f} ms", ", ".join(r["matched"] for r in mine)]
+            print(f"| {condition} | {rate} req/s | " + " | ".join(cells) + " |")
+    print(json.dumps({"server_medians": meds}))
+
+
 def main() -> int:
     args = parse()
     cache = vp.cache_dir()
@@ -195,6 +257,8 @@ def main() -> int:
         w.writerows(rows)
     where = {c: vp.core_role(core, layout) for c, core in args.cores.items()}
     show(medians(rows, args.conditions), rows, args.conditions, failures, where)
+    if args.server_times:
+        show_server(medians(rows, args.conditions, "server_ratio"), rows, args.conditions)
     for f in failures:
         print(f"failed: round {f['run']}, {f['condition']}: {f['failed']}")
     return 0
