@@ -128,8 +128,8 @@ BREAKS = [
     Break(
         "bursts: a first calibration with nothing to read does not say it came in bursts",
         "benchbatch/experiments/serve/predict.py",
-        "                if streamed[1] > ec.BURSTS_WARN * max(1, streamed[0]) else \"\")",
-        "                if False else \"\")",
+        '               "back on the way (above)" if held else "")  # fmt: skip',
+        '               "back on the way (above)" if False else "")  # fmt: skip',
         tests("tests/test_endpoint_predict.py",
               "test_a_server_that_holds_every_token_back_is_one_line_before_any_point"),
     ),
@@ -189,6 +189,27 @@ BREAKS = [
         "BURST_SHARE = 0.1  #",
         tests("tests/test_endpoint_predict.py",
               "test_a_request_streamed_in_bursts_is_told_from_steady_streaming"),
+    ),
+    Break(
+        "client waits: the time on a CPU read as the wait for one",
+        "benchbatch/net/client.py",
+        "return int(os.pread(self.fd, 128, 0).split()[1]) / 1e9",
+        "return int(os.pread(self.fd, 128, 0).split()[0]) / 1e9",
+        tests("tests/test_client_waits.py"),
+    ),
+    Break(
+        "client waits: a burst put on the client whatever it waited",
+        "benchbatch/core/endpoint_calibration.py",
+        "    return record.client_wait_s >= 0.5 * stall",
+        "    return record.client_wait_s >= 0",
+        tests("tests/test_client_waits.py"),
+    ),
+    Break(
+        "client waits: a request's wait taken over the whole run",
+        "benchbatch/net/client.py",
+        "        rec.client_wait_s = self._waits.now() - waited",
+        "        rec.client_wait_s = self._waits.now()",
+        tests("tests/test_client_waits.py"),
     ),
     Break(
         "endpoint prediction: a point without enough calibration steps ends the run",

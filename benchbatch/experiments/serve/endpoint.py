@@ -151,8 +151,9 @@ def point_row(records: Sequence, p: probe.Point, setup: probe.Setup, label: str)
     """serve.csv's row of an endpoint point: the serving metrics of the requests it served,
     its failures counted apart (failed: refused, HTTP errors, broken streams; timed_out),
     the requests whose usage count disagreed with their stream or their max_tokens, and
-    those streamed in bursts (ec.stalled) of those with tokens enough to tell (ec.judged). A
-    point with a failed request is not within the SLO (that request missed it)."""
+    those streamed in bursts (ec.stalled) of those with tokens enough to tell (ec.judged),
+    and of those the ones the client read late (ec.read_late). A point with a failed request
+    is not within the SLO (that request missed it)."""
     from benchbatch.core.streamed import failure_counts, token_mismatches
 
     row = probe.point_row(p, setup)
@@ -169,6 +170,7 @@ def point_row(records: Sequence, p: probe.Point, setup: probe.Setup, label: str)
     row["token_mismatch"] = len(token_mismatches(records))
     row["judged_requests"] = sum(ec.judged(r) for r in records)
     row["burst_requests"] = sum(ec.stalled(r) for r in records)
+    row["client_burst_requests"] = sum(ec.read_late(r) for r in records)
     if sent:
         row["slo_met_fraction"] = row.get("slo_met", 0) / sent
     row["within_slo"] = bool(row["within_slo"]) and failed + timed_out == 0 and row["requests"] > 0
@@ -189,12 +191,13 @@ def request_row(s, rate: float, slo: ServingSLO) -> dict:
         "arrival_s": s.arrival_s,
         "queued_s": s.queued_s,
         "sent_s": s.sent_s,
+        "client_wait_s": s.client_wait_s,
     }
     if not s.ok:
         nan = math.nan
         row |= {"ttft_s": nan, "tpot_s": nan, "itl_max_s": nan, "e2e_s": nan}
         return row | {"slo_met": False, "chunks": len(s.chunk_s), "in_burst": False,
-                      "error": s.error}  # fmt: skip
+                      "read_late": False, "error": s.error}  # fmt: skip
     m = request_metrics(s)
     per = tpot(m)
     return row | {
@@ -206,6 +209,7 @@ def request_row(s, rate: float, slo: ServingSLO) -> dict:
         "slo_met": slo.met(m),
         "chunks": len(s.chunk_s),
         "in_burst": ec.stalled(s),
+        "read_late": ec.read_late(s),
         "error": "",
     }
 
@@ -379,6 +383,7 @@ def _point(rec, opts, w, setup, sent, rate: float, n: int, label: str) -> dict:
     """One rate's requests streamed (requests.csv as each ends); its serve.csv row."""
     requests, arrivals = w.at(rate, n)
     records: list = []
+    waited = {"share": math.nan}
 
     def rows():
         with stream(rec.inputs[0], sent, arrivals, opts) as run:
@@ -387,6 +392,9 @@ def _point(rec, opts, w, setup, sent, rate: float, n: int, label: str) -> dict:
                 yield request_row(s, rate, setup.slo)
             rec.meta["endpoint"]["length_fields"] = list(run.length_fields or ())
             rec.meta["endpoint"]["dropped_fields"] = list(run.dropped_fields or ())
+            span = getattr(run, "client_span_s", math.nan)  # a client that measures it
+            if span > 0:
+                waited["share"] = run.client_wait_s / span
 
     what = f"endpoint at {probe.rate_label(rate)} req/s"
     counted = "preemptions" in (rec.inputs[1].get("metrics") or {})
@@ -397,6 +405,8 @@ def _point(rec, opts, w, setup, sent, rate: float, n: int, label: str) -> dict:
     if before is not None and after is not None:
         p.preemptions = after - before  # the server's counter over the point
     row = point_row(records, p, setup, label)
+    # the share of the point the client's thread waited for a core (NaN: the OS does not say)
+    row["client_wait_share"] = waited["share"]
     row |= energy.serve_columns(row, None, opts.price_per_hour, why=f"served by {label}")
     if row["burst_requests"] > ec.BURSTS_WARN * max(1, row["judged_requests"]):
         rec.warning(_burst_line(row, rate))
@@ -405,16 +415,30 @@ def _point(rec, opts, w, setup, sent, rate: float, n: int, label: str) -> dict:
 
 
 def _burst_line(row: dict, rate: float) -> str:
+    """Why a point's requests came in bursts, as far as the client can tell: those it read
+    late (ec.read_late, by its own thread's wait for a core), and the rest."""
     import os
 
     load = os.getloadavg()[0] if hasattr(os, "getloadavg") else math.nan
-    return (
-        f"at {probe.rate_label(rate)} req/s the server streamed {row['burst_requests']} of "
-        f"{row['judged_requests']} requests in bursts (one stall over half a request's "
-        "decode, or every token at once; requests.csv's in_burst): their tokens were held "
-        "back on the way, by the server or by this client waiting for a core (load average "
-        f"{load:.1f} on {os.cpu_count()} cores), so their TPOT and ITL are the delivery, "
-        "not the server's steps, and no step model predicts them (vLLM-CPU holds them back "
-        "when its scheduler and API server share a core with another process: "
-        "docs/simulation.md)"
+    bursts, late = row["burst_requests"], row.get("client_burst_requests", 0)
+    share = row.get("client_wait_share", math.nan)
+    waited = f"{share:.0%} of the point" if share >= 0 else "for a time the OS does not say"
+    line = (
+        f"at {probe.rate_label(rate)} req/s {bursts} of {row['judged_requests']} requests "
+        "came in bursts (one stall over half a request's decode, or every token at once; "
+        f"requests.csv's in_burst); this client's thread waited for a core {waited} (load "
+        f"average {load:.1f} on {os.cpu_count()} cores)"
     )
+    if late:
+        line += (
+            f"; {late} of them while it waited at least half their stall (read_late): the "
+            "client read their tokens late, so their TTFT, TPOT and ITL carry its lateness, "
+            "not the server's (vLLM-CPU sends each token on time there: docs/simulation.md); "
+            "measure from another machine, or leave the client a core"
+        )
+    if bursts > late:
+        line += (
+            f"; {bursts - late} held back on the way, not by a late client: their TPOT and "
+            "ITL are the delivery, not the server's steps, and no step model predicts them"
+        )
+    return line

