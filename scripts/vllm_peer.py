@@ -1073,8 +1073,9 @@ def report(args, out: Path, result: dict) -> int:
                  if r["judged_requests"] != "" else ""), flush=True)  # fmt: skip
         if not 1 / PREDICT_WITHIN <= r["ratio_median"] <= PREDICT_WITHIN:
             held = (f" ({r['burst_requests']} of {r['judged_requests']} of its requests came "
-                    "in bursts: vLLM held their tokens back, as it does when another process "
-                    "shares the core of its scheduler and API server; docs/simulation.md)"
+                    "in bursts: read late by a client waiting for a core, or held back by "
+                    "the server; serve.csv's client_burst_requests says which; "
+                    "docs/simulation.md)"
                     if r["burst_requests"] else "")  # fmt: skip
             problems.append(f"vLLM's {r['metric']} at {r['rate']}/s is {r['ratio_median']:.2f}x "
                             f"its prediction, not within {PREDICT_WITHIN}x{held}")  # fmt: skip

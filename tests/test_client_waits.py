@@ -10,9 +10,10 @@ from __future__ import annotations
 
 import math
 import os
+import time
 
 import pytest
-from test_client import Scripted
+from test_client import ScriptClock, Scripted, chunk, sse, usage
 
 from benchbatch.core import endpoint_calibration as ec
 from benchbatch.core.streamed import Streamed
@@ -40,20 +41,65 @@ def test_the_wait_is_the_second_field_of_schedstat_in_seconds(tmp_path):
 
 @pytest.mark.skipif(not LINUX_SCHEDSTAT, reason="no /proc/thread-self/schedstat here")
 def test_each_requests_wait_lies_within_the_runs_and_the_runs_within_its_span():
-    """The kernel's count against the run's clock: a request's wait (sending to its last
-    chunk) is part of the run's (first request due to the last one's end), which is at most
-    the run's span; none is negative."""
-    server = Scripted()
+    """The kernel's count against the run's clock: one request at a time (their spans do
+    not overlap), so their waits add up to at most the run's (first request due to the last
+    one's end), which is at most the wall time around it; none is negative."""
+    clock = ScriptClock()
+    server = Scripted(clock)
     try:
-        server.expected = 6
-        prompts = [Prompt(i, [1, 2, 3], 3, 2) for i in range(6)]
+        n = 4
+        server.scripts = {f"r{i}": ("stream", i, [(1.0 + i, sse(chunk("a"))),
+                                                   (1.5 + i, sse(chunk("b", "length"))),
+                                                   (1.5 + i, sse(usage(2)))])
+                          for i in range(n)}  # fmt: skip
+        prompts = [Prompt(i, f"r{i}", 3, 2) for i in range(n)]
         endpoint = make_endpoint(server.url, model="tiny", timeout_s=300.0)
-        with stream_requests(endpoint, prompts, [0.0] * 6, length_fields=()) as run:
+        began = time.perf_counter()
+        with stream_requests(endpoint, prompts, [0.0] * n, max_concurrency=1,
+                             length_fields=(), clock=clock) as run:  # fmt: skip
             records = list(run)
-        assert len(records) == 6 and all(r.ok for r in records)
+        took = time.perf_counter() - began
+        assert len(records) == n and all(r.ok for r in records)
         waits = [r.client_wait_s for r in records]
         assert all(w >= 0 for w in waits)
-        assert max(waits) <= run.client_wait_s <= run.client_span_s
+        assert sum(waits) <= run.client_wait_s <= took
+    finally:
+        server.close()
+
+
+class Counting:
+    """A wait that grows by one second at each reading: what each request and the run get
+    is then exact (two readings a request, one at each end of the run)."""
+
+    def __init__(self):
+        self.readings = 0
+
+    def now(self) -> float:
+        self.readings += 1
+        return float(self.readings)
+
+    def close(self) -> None:
+        pass
+
+
+def test_a_request_gets_the_wait_between_its_sending_and_its_end_and_the_run_its_own():
+    """One request at a time: the run reads the wait as it starts (1), each request at its
+    sending and after its last chunk (2 and 3, 4 and 5, ...), the run once more at its end:
+    every request waited 1 s, the run 2n + 1 - 1."""
+    clock = ScriptClock()
+    server = Scripted(clock)
+    try:
+        n = 3
+        server.scripts = {f"r{i}": ("stream", i, [(1.0 + i, sse(chunk("a", "length"))),
+                                                   (1.0 + i, sse(usage(1)))])
+                          for i in range(n)}  # fmt: skip
+        prompts = [Prompt(i, f"r{i}", 3, 1) for i in range(n)]
+        endpoint = make_endpoint(server.url, model="tiny", timeout_s=300.0)
+        with stream_requests(endpoint, prompts, [0.0] * n, max_concurrency=1, length_fields=(),
+                             clock=clock, core_waits=Counting) as run:  # fmt: skip
+            records = list(run)
+        assert [r.client_wait_s for r in records] == [1.0] * n
+        assert run.client_wait_s == 2 * n + 2 - 1
     finally:
         server.close()
 

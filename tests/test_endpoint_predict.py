@@ -194,6 +194,8 @@ class VirtualServer:
         # After this many measured points (runs of more requests than slots), each request's
         # tokens held back and sent with its last; None: never.
         self.burst: int | None = None
+        # What the client's thread waited for a core per request (NaN: not measured).
+        self.client_wait = math.nan
 
     def connect(self, opts):
         info = {"url": "http://virtual", "models": ["v"], "served_model": "v",
@@ -221,7 +223,8 @@ class VirtualServer:
             for s in served:
                 s.times = [s.times[-1]] * len(s.times)
         yield Run(
-            Streamed(s.rid, s.prompt, s.output, s.arrival, s.times, s.output, s.prompt)
+            Streamed(s.rid, s.prompt, s.output, s.arrival, s.times, s.output, s.prompt,
+                     client_wait_s=self.client_wait)  # fmt: skip
             for s in sorted(served, key=lambda s: s.times[-1])
         )
 
@@ -694,6 +697,32 @@ def test_a_server_that_holds_every_token_back_is_one_line_before_any_point(
     assert "--predict" in said and "determine no step cost" in said
     assert "of its requests came in bursts, their tokens held back on the way" in said
     assert not any(len(e) > virtual.max_num_seqs for e in virtual.episodes)  # no point ran
+
+
+def test_bursts_read_late_by_a_waiting_client_are_put_on_the_client(runner, tmp_path, virtual):
+    """The same bursts, the client's thread having waited for a core longer than any
+    request took: each burst is the client's (serve.csv client_burst_requests, requests.csv
+    read_late, step_cost.json per calibration), and the lines say so, not that the server
+    held them back; a first calibration left with no step says it in its one line."""
+    virtual.burst, virtual.client_wait = 1, 60.0
+    result = run_predict(runner, tmp_path / "run", "--rates", "10,5")
+    said = " ".join(result.output.split())
+    fit = json.loads((tmp_path / "run" / "step_cost.json").read_text())
+    assert fit["client_burst_requests"] == fit["burst_requests"] and sum(fit["burst_requests"])
+    serve = pd.read_csv(tmp_path / "run" / "serve.csv", dtype={"rate": str})
+    bursty = serve[(serve["source"] == "endpoint") & (serve["rate"] == "10")].iloc[0]
+    assert bursty["client_burst_requests"] == bursty["burst_requests"] > 0
+    reqs = pd.read_csv(tmp_path / "run" / "requests.csv", dtype={"rate": str})
+    reqs = reqs[reqs["source"] == "endpoint"]
+    assert (reqs["read_late"] == reqs["in_burst"]).all() and (reqs["client_wait_s"] == 60).all()
+    late = int(bursty["burst_requests"])
+    assert f"{late} of them while it waited at least half their stall (read_late)" in said
+    assert "read late by the client" in said and "not by a late client" not in said
+    virtual.burst, virtual.episodes = 0, []
+    args = ["serve-sweep", *ARGS, "--predict", "--rates", "10", "--out", str(tmp_path / "r")]
+    result = runner.invoke(app, args)
+    said = " ".join(result.output.split())
+    assert result.exit_code == 2 and "read late by this client waiting for a core" in said
 
 
 def _streamed(chunks: list[float]) -> Streamed:

@@ -110,6 +110,7 @@ def stream_requests(
     *,
     length_fields: Sequence[str] | None = None,
     clock: Callable[[], float] = time.perf_counter,
+    core_waits: Callable[[], CoreWaits] = CoreWaits,
 ) -> StreamRun:
     """Send each prompt at its arrival (seconds on the run's clock) and yield each request's
     Streamed as it finishes (in finishing order). max_concurrency: at most that many in
@@ -118,8 +119,11 @@ def stream_requests(
     model, or, where none was conclusive, a probe with the first prompt before the clock
     starts (the outcome is the run's length_fields, dropped_fields, dropped_because and
     length_probe once it has started). extra: fields merged into every request body.
-    clock: the stamps' clock (tests inject one)."""
-    return StreamRun(endpoint, prompts, arrivals_s, max_concurrency, extra, length_fields, clock)
+    clock: the stamps' clock; core_waits: what reads the client thread's wait for a core,
+    made on that thread (tests inject both)."""
+    run = StreamRun(endpoint, prompts, arrivals_s, max_concurrency, extra, length_fields, clock)
+    run.core_waits = core_waits
+    return run
 
 
 class StreamRun(Iterator[Streamed]):
@@ -147,6 +151,7 @@ class StreamRun(Iterator[Streamed]):
         self._handed: set[int] = set()
         self._finished = False
         self._waits: CoreWaits | None = None
+        self.core_waits: Callable[[], CoreWaits] = CoreWaits
         # The client thread's wait for a core over the run (from the first request's due
         # time to the last one's end), and that span's length; NaN until the run ends
         self.client_wait_s = self.client_span_s = math.nan
@@ -227,7 +232,7 @@ class StreamRun(Iterator[Streamed]):
 
     def _serve(self) -> None:
         loop = self._loop
-        self._waits = CoreWaits()
+        self._waits = self.core_waits()
         try:
             loop.run_until_complete(self._main)
         except asyncio.CancelledError:

@@ -95,7 +95,9 @@ def calibrate(rec, opts, w, setup, target, info, index: int, client, pause: floa
     seed = rec.meta["options"]["seed"] + 7919 * (1 + index * len(episodes))
 
     timings: dict = {}  # (concurrency, prompt) -> a decode episode's timing, for mixed ones
-    streamed = [0, 0]  # decode and mixed requests with chunks to judge (ec.judged), and bursts
+    # decode and mixed requests with chunks to judge (ec.judged), those in bursts
+    # (ec.stalled), and of those the ones this client read late (ec.read_late)
+    streamed = [0, 0, 0]
 
     def requests():
         for i, e in enumerate(episodes):
@@ -111,6 +113,7 @@ def calibrate(rec, opts, w, setup, target, info, index: int, client, pause: floa
             if e.kind in ("decode", "mixed"):
                 streamed[0] += sum(ec.judged(r) for r in records)
                 streamed[1] += sum(ec.stalled(r) for r in records)
+                streamed[2] += sum(ec.read_late(r) for r in records)
             got = [r | {"calibration": index} for r in ec.rows(e, records)]
             if not got:
                 failed.append(e)
@@ -127,23 +130,24 @@ def calibrate(rec, opts, w, setup, target, info, index: int, client, pause: floa
     own = _own_fit(rec, steps, index, *streamed)
     return {"steps": steps, "conditions": seen, "seconds": time.perf_counter() - started,
             "fit": own, "pause_s": pause, "streamed": streamed[0],
-            "bursts": streamed[1]}  # fmt: skip
+            "bursts": streamed[1], "read_late": streamed[2]}  # fmt: skip
 
 
-def _own_fit(rec, steps: list[dict], index: int, judged: int, bursts: int):
+def _own_fit(rec, steps: list[dict], index: int, judged: int, bursts: int, late: int):
     """A calibration's own fit of its steps (None where they determine none), its bursts
-    said above a share of its judged requests (ec.BURSTS_WARN); the run's first
-    calibration with no fit ends the run in one line."""
+    (late: those this client read late) said above a share of its judged requests
+    (ec.BURSTS_WARN); the run's first calibration with no fit ends the run in one line."""
     held = bursts > ec.BURSTS_WARN * max(1, judged)
     if held:
-        rec.warning(_burst_line(judged, bursts))
+        rec.warning(_burst_line(judged, bursts, late))
     try:
         own = cal.fit(steps, OPTION) if steps else None
     except UserError:
         own = None
     if index == 0 and own is None:
-        why = (f"; {bursts} of {judged} of its requests came in bursts, their tokens held "
-               "back on the way (above)" if held else "")  # fmt: skip
+        whose = (f"{late} of them read late by this client waiting for a core (above)" if late
+                 else "their tokens held back on the way (above)")  # fmt: skip
+        why = f"; {bursts} of {judged} of its requests came in bursts, {whose}" if held else ""
         raise UserError(
             OPTION,
             "the server's answers to the calibration determine no step cost (every episode "
@@ -190,6 +194,8 @@ def pooled(calibrations: list[dict]) -> dict:
         # Decode and mixed requests judged (ec.judged), and those in bursts (ec.stalled), per one.
         "streamed_requests": [c.get("streamed", 0) for c in calibrations],
         "burst_requests": [c.get("bursts", 0) for c in calibrations],
+        # of those, the ones this client read late, its thread waiting for a core (ec.read_late)
+        "client_burst_requests": [c.get("read_late", 0) for c in calibrations],
         "drift": cal.drift(parts, out["model"]),
     }
     return out | {"source": "endpoint calibration"}
@@ -260,18 +266,32 @@ def server_setup(rec, opts, info: dict, setup, requests):
     return out
 
 
-def _burst_line(served: int, bursts: int) -> str:
+def _burst_line(served: int, bursts: int, late: int) -> str:
+    """Why a calibration's requests came in bursts: those this client read late (its thread
+    waiting for a core, ec.read_late), and the rest."""
     load = os.getloadavg()[0] if hasattr(os, "getloadavg") else float("nan")
-    return (
-        f"the server streamed {bursts} of {served} calibration requests in bursts (one "
-        "stall over half a request's decode, or every token at once): their tokens were "
-        "held back on the way, by the server's scheduler or front end waiting for a core "
-        f"while its model ran, or by this client (load average {load:.1f} on "
+    line = (
+        f"{bursts} of {served} calibration requests in bursts (one stall over half a "
+        f"request's decode, or every token at once; load average {load:.1f} on "
         f"{os.cpu_count()} cores), so the step costs read from their gaps, and the "
-        "prediction, are not the server's: give the server's front end a core of its own "
-        "(vLLM-CPU binds its Worker to cores and leaves its scheduler and API server to "
-        "the rest) or calibrate on a quieter machine"
+        "prediction, are not the server's"
     )
+    if late:
+        line += (
+            f": {late} of them while this client's thread waited for a core at least half "
+            "their stall, read late by the client (vLLM-CPU beside another process on two "
+            "cores sends each token on time: docs/simulation.md); calibrate from another "
+            "machine, or leave the client a core"
+        )
+    if bursts > late:
+        line += (
+            f"{';' if late else ':'} {bursts - late} held back on the way, by the server's "
+            "scheduler or front end waiting for a core while its model ran: give the "
+            "server's front end a core of its own (vLLM-CPU binds its Worker to cores and "
+            "leaves its scheduler and API server to the rest) or calibrate on a quieter "
+            "machine"
+        )
+    return line
 
 
 def _failed_line(failed: list, of: int) -> str:
