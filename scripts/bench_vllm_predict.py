@@ -131,7 +131,8 @@ def measure(args, python: Path, checkpoint: Path, work: Path, failures: list[dic
 def predicted(args, server: dict, checkpoint: Path, folder: Path, index: int) -> list[dict]:
     """One run's prediction.csv rows (vllm_peer.predicted); with --server-times, each p50's
     also beside the same p50 taken at the server (server_measured, server_ratio) and how
-    late the client read the point's last tokens (client_late_p50_s, client_late_max_s)."""
+    late the client read the point's last tokens (client_late_p50_s, client_late_max_s);
+    each request's times at the server in the run's server_requests.csv."""
     if not args.server_times:
         return vp.predicted(server["url"], checkpoint, args.rates, args.requests, folder, index)
     folder.mkdir(parents=True, exist_ok=True)
@@ -139,10 +140,15 @@ def predicted(args, server: dict, checkpoint: Path, folder: Path, index: int) ->
     with st.traced(server["pgid"], trace):  # the API server leads vLLM's process group
         rows = vp.predicted(server["url"], checkpoint, args.rates, args.requests, folder, index)
     found = st.responses(trace)
-    trace.unlink()  # tens of MB; what it said is in the rows
-    points = {r["rate"]: st.point_summary(st.server_requests(folder / "requests.csv",
-                                                             r["rate"], found), args.requests)
-              for r in rows}  # fmt: skip
+    trace.unlink()  # tens of MB; what it said is in the rows and server_requests.csv
+    served = {rate: st.server_requests(folder / "requests.csv", rate, found)
+              for rate in dict.fromkeys(r["rate"] for r in rows)}  # fmt: skip
+    with open(folder / "server_requests.csv", "w", newline="") as f:
+        out = [q for got in served.values() for q in got]
+        w = csv.DictWriter(f, fieldnames=list(dict.fromkeys(k for q in out for k in q)))
+        w.writeheader()
+        w.writerows(out)
+    points = {rate: st.point_summary(got, args.requests) for rate, got in served.items()}
     for r in rows:
         at = points[r["rate"]]
         server = at.get(f"server_{r['metric']}", math.nan)

@@ -72,6 +72,11 @@ def responses(path: Path) -> list[dict]:
     chunk included), end_s; seconds on CLOCK_MONOTONIC."""
     text = subprocess.run(["perf", "script", "-i", str(path), "-F", "tid,time,event,trace"],
                           capture_output=True, text=True, check=True).stdout  # fmt: skip
+    return parse(text)
+
+
+def parse(text: str) -> list[dict]:
+    """responses() from `perf script -F tid,time,event,trace`'s text."""
     last_read: dict[int, float] = {}
     open_: dict[int, dict] = {}
     done: list[dict] = []
@@ -132,8 +137,8 @@ def match(sent: list[float], found: list[dict]) -> tuple[float, list[dict | None
 def server_requests(requests_csv: Path, rate: str, found: list[dict]) -> list[dict]:
     """One point's served requests (requests.csv rows at `rate`), each with its times at
     the server (server_ttft_s, server_tpot_s, server_e2e_s: its token chunks' writes, from
-    its sending put on the server's clock) and how late the client read its last token
-    (client_late_s)."""
+    its sending put on the server's clock; server_itl_max_s, its longest gap between two)
+    and how late the client read its last token (client_late_s)."""
     with open(requests_csv, newline="") as f:
         rows = [r for r in csv.DictReader(f) if r["rate"] == rate and not r["error"]]
     rows.sort(key=lambda r: float(r["sent_s"]))
@@ -146,7 +151,9 @@ def server_requests(requests_csv: Path, rate: str, found: list[dict]) -> list[di
         t0 = float(r["sent_s"]) + offset
         first, last = resp["chunk_s"][0] - t0, resp["chunk_s"][n - 1] - t0
         tokens = int(float(r["output_tokens"]))
-        out.append(r | {"server_ttft_s": first, "server_e2e_s": last,
+        chunks = resp["chunk_s"][:n]
+        gap = max((b - a for a, b in zip(chunks, chunks[1:], strict=False)), default=0.0)
+        out.append(r | {"server_ttft_s": first, "server_e2e_s": last, "server_itl_max_s": gap,
                         "server_tpot_s": (last - first) / (tokens - 1) if tokens > 1 else math.nan,
                         "client_late_s": float(r["e2e_s"]) - last})  # fmt: skip
     return out

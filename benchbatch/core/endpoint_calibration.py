@@ -195,7 +195,8 @@ def decode_timing(records: Sequence) -> tuple[float, float] | None:
 
 BURST_SHARE = 0.5  # a request whose longest token gap holds over this share of its decode
 # Over this share of the judged requests (of a calibration, or of a measured point) streamed
-# in bursts: said, since their token gaps are the server's delivery, not its engine's steps.
+# in bursts: said, since their token gaps are the delivery (the server's, or the client's
+# reading), not the engine's steps.
 BURSTS_WARN = 0.25
 
 
