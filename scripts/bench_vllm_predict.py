@@ -17,10 +17,13 @@ within the target; then the calibrations' lengths, the runs that failed and one 
 Rows go to --out (prediction.csv of every run). --server-times also traces the API server's
 writes with perf (scripts/vllm_server_times.py: root, or leave to trace) and adds a second
 table: the p50s taken at the server, when each token left it, over predicted, and how late
-benchbatch's client read the last tokens.
+benchbatch's client read the last tokens. --client-fifo runs benchbatch's client (its
+calibration and its points) at real-time priority (`chrt -f 10`; root): a client that does
+not wait for a core behind vLLM's processes and the busy loop.
 
     python scripts/bench_vllm_predict.py [--rounds 2] [--rates 2,4] [--requests 40]
-        [--busy-core any|N[,...]] [--busy-nice N] [--server-times] [--out DIR]
+        [--busy-core any|N[,...]] [--busy-nice N] [--server-times] [--client-fifo]
+        [--out DIR]
 """
 
 from __future__ import annotations
@@ -34,6 +37,7 @@ import platform
 import shutil
 import signal
 import statistics
+import subprocess
 import sys
 from pathlib import Path
 
@@ -49,6 +53,7 @@ def busy_name(core: str) -> str:
     """A busy condition's name: unpinned, or pinned to a core."""
     return "one core busy" if core == "any" else f"core {core} busy"
 
+CLIENT_FIFO = ("chrt", "-f", "10")  # --client-fifo: the client's command under SCHED_FIFO 10
 METRICS = ("ttft_p50_s", "tpot_p50_s", "e2e_p50_s", "ttft_p99_s", "tpot_p99_s", "e2e_p99_s")
 JUDGED = ("ttft_p50_s", "tpot_p50_s", "e2e_p50_s")  # the p99s of 40 requests: shown only
 
@@ -68,6 +73,8 @@ def parse() -> argparse.Namespace:
                    "server)")
     p.add_argument("--server-times", action="store_true",
                    help="trace the API server's writes with perf: the p50s at the server too")
+    p.add_argument("--client-fifo", action="store_true",
+                   help="benchbatch's client at real-time priority (chrt -f 10; root)")
     p.add_argument("--out", type=Path, default=None,
                    help="folder for the rows (default: a cache folder, replaced)")
     args = p.parse_args()
@@ -91,6 +98,10 @@ def parse() -> argparse.Namespace:
         p.error("--rounds, --requests and every rate must be positive")
     if args.server_times and (why := st.available()):
         p.error(f"--server-times: {why}")
+    args.prefix = CLIENT_FIFO if args.client_fifo else ()
+    if args.client_fifo and subprocess.run([*CLIENT_FIFO, "true"],
+                                           capture_output=True).returncode != 0:  # fmt: skip
+        p.error("--client-fifo: chrt -f needs chrt and leave to set real-time priority (root)")
     return args
 
 
@@ -133,12 +144,13 @@ def predicted(args, server: dict, checkpoint: Path, folder: Path, index: int) ->
     also beside the same p50 taken at the server (server_measured, server_ratio) and how
     late the client read the point's last tokens (client_late_p50_s, client_late_max_s);
     each request's times at the server in the run's server_requests.csv."""
+    run = (server["url"], checkpoint, args.rates, args.requests, folder, index, args.prefix)
     if not args.server_times:
-        return vp.predicted(server["url"], checkpoint, args.rates, args.requests, folder, index)
+        return vp.predicted(*run)
     folder.mkdir(parents=True, exist_ok=True)
     trace = folder / "api-server-writes.perf"
     with st.traced(server["pgid"], trace):  # the API server leads vLLM's process group
-        rows = vp.predicted(server["url"], checkpoint, args.rates, args.requests, folder, index)
+        rows = vp.predicted(*run)
     found = st.responses(trace)
     trace.unlink()  # tens of MB; what it said is in the rows and server_requests.csv
     served = {rate: st.server_requests(folder / "requests.csv", rate, found)
@@ -262,6 +274,8 @@ def main() -> int:
         w.writeheader()
         w.writerows(rows)
     where = {c: vp.core_role(core, layout) for c, core in args.cores.items()}
+    if args.client_fifo:
+        print("\nbenchbatch's client (calibration and points) at real-time priority, chrt -f 10")
     show(medians(rows, args.conditions), rows, args.conditions, failures, where)
     if args.server_times:
         show_server(medians(rows, args.conditions, "server_ratio"), rows, args.conditions)
