@@ -192,7 +192,7 @@ BREAKS = [
     ),
     Break(
         "client waits: the time on a CPU read as the wait for one",
-        "benchbatch/net/client.py",
+        "benchbatch/net/waits.py",
         "return int(os.pread(self.fd, 128, 0).split()[1]) / 1e9",
         "return int(os.pread(self.fd, 128, 0).split()[0]) / 1e9",
         tests("tests/test_client_waits.py"),

@@ -17,8 +17,9 @@ from test_client import ScriptClock, Scripted, chunk, sse, usage
 
 from benchbatch.core import endpoint_calibration as ec
 from benchbatch.core.streamed import Streamed
-from benchbatch.net.client import SCHEDSTAT, CoreWaits, Prompt, stream_requests
+from benchbatch.net.client import Prompt, stream_requests
 from benchbatch.net.endpoint import make_endpoint
+from benchbatch.net.waits import SCHEDSTAT, CoreWaits
 
 LINUX_SCHEDSTAT = os.path.exists(SCHEDSTAT)
 

@@ -8,11 +8,8 @@ the server-sent events off the response, line by line, and stamps every line wit
 the moment it is read (vLLM's bench serve does the same with time.perf_counter), so a chunk's
 time is when the client had it. core/streamed.py turns the stamps into the metrics.
 
-A stamp is only as early as the client's thread is: on a machine whose cores the server and
-other processes keep busy, the thread may wait for a core while chunks sit in its socket,
-then read them together. So the client also keeps its thread's own wait for a core (Linux's
-schedstat: runnable but not running), per request from its sending to its last chunk, and
-over the run: the lateness the stamps may carry, measured by the kernel.
+A stamp is only as early as the client's thread: it also keeps that thread's own wait for a
+core (net/waits.py), per request from its sending to its last chunk and over the run.
 
 The asyncio loop runs in a thread of its own and hands each finished request over through a
 queue: the caller's thread stays free to be interrupted, and closing the iterator (or Ctrl-C
@@ -27,7 +24,6 @@ import asyncio
 import contextvars
 import json
 import math
-import os
 import queue
 import threading
 import time
@@ -46,11 +42,10 @@ from benchbatch.net.endpoint import (
     error_message,
     failure_reason,
 )
+from benchbatch.net.waits import CoreWaits
 
 CLOSE_TIMEOUT_S = 30.0  # a hang guard: cancelling the requests takes milliseconds
 READ_BUFFER_BYTES = 2**20  # the longest SSE line aiohttp reads whole (a chunk's JSON)
-# This thread's nanoseconds on a CPU, waiting runnable for one, and timeslices (Linux).
-SCHEDSTAT = "/proc/thread-self/schedstat"
 # The request whose task is running (None outside one): a clock or a log can tell whose
 # stamp it gives (the tests' scripted clock does).
 current_request: contextvars.ContextVar[int | None] = contextvars.ContextVar(
@@ -67,31 +62,6 @@ class Prompt:
     prompt: str | list[int]
     prompt_tokens: int
     max_tokens: int
-
-
-class CoreWaits:
-    """The calling thread's time waiting for a core so far (seconds, runnable but not
-    running: the second field of its SCHEDSTAT), read without a syscall's worth of parsing
-    per request; NaN where the OS does not say. Opened on the thread it measures."""
-
-    def __init__(self, path: str = SCHEDSTAT):
-        try:
-            self.fd: int | None = os.open(path, os.O_RDONLY)
-        except OSError:
-            self.fd = None
-
-    def now(self) -> float:
-        if self.fd is None:
-            return math.nan
-        try:
-            return int(os.pread(self.fd, 128, 0).split()[1]) / 1e9
-        except (OSError, ValueError, IndexError):
-            return math.nan
-
-    def close(self) -> None:
-        if self.fd is not None:
-            os.close(self.fd)
-            self.fd = None
 
 
 class _Broke(Exception):
