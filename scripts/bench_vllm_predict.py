@@ -19,11 +19,12 @@ writes with perf (scripts/vllm_server_times.py: root, or leave to trace) and add
 table: the p50s taken at the server, when each token left it, over predicted, and how late
 benchbatch's client read the last tokens. --client-fifo runs benchbatch's client (its
 calibration and its points) at real-time priority (`chrt -f 10`; root): a client that does
-not wait for a core behind vLLM's processes and the busy loop.
+not wait for a core behind vLLM's processes and the busy loop; --client-realtime passes
+serve-sweep's own --client-realtime (only its client thread under SCHED_FIFO).
 
     python scripts/bench_vllm_predict.py [--rounds 2] [--rates 2,4] [--requests 40]
         [--busy-core any|N[,...]] [--busy-nice N] [--server-times] [--client-fifo]
-        [--out DIR]
+        [--client-realtime] [--out DIR]
 """
 
 from __future__ import annotations
@@ -75,6 +76,9 @@ def parse() -> argparse.Namespace:
                    help="trace the API server's writes with perf: the p50s at the server too")
     p.add_argument("--client-fifo", action="store_true",
                    help="benchbatch's client at real-time priority (chrt -f 10; root)")
+    p.add_argument("--client-realtime", action="store_true",
+                   help="serve-sweep's --client-realtime (its client thread at real-time "
+                   "priority; root)")
     p.add_argument("--out", type=Path, default=None,
                    help="folder for the rows (default: a cache folder, replaced)")
     args = p.parse_args()
@@ -99,6 +103,7 @@ def parse() -> argparse.Namespace:
     if args.server_times and (why := st.available()):
         p.error(f"--server-times: {why}")
     args.prefix = CLIENT_FIFO if args.client_fifo else ()
+    args.extra = ("--client-realtime",) if args.client_realtime else ()
     if args.client_fifo and subprocess.run([*CLIENT_FIFO, "true"],
                                            capture_output=True).returncode != 0:  # fmt: skip
         p.error("--client-fifo: chrt -f needs chrt and leave to set real-time priority (root)")
@@ -144,7 +149,8 @@ def predicted(args, server: dict, checkpoint: Path, folder: Path, index: int) ->
     also beside the same p50 taken at the server (server_measured, server_ratio) and how
     late the client read the point's last tokens (client_late_p50_s, client_late_max_s);
     each request's times at the server in the run's server_requests.csv."""
-    run = (server["url"], checkpoint, args.rates, args.requests, folder, index, args.prefix)
+    run = (server["url"], checkpoint, args.rates, args.requests, folder, index, args.prefix,
+           args.extra)
     if not args.server_times:
         return vp.predicted(*run)
     folder.mkdir(parents=True, exist_ok=True)
@@ -274,8 +280,9 @@ def main() -> int:
         w.writeheader()
         w.writerows(rows)
     where = {c: vp.core_role(core, layout) for c, core in args.cores.items()}
-    if args.client_fifo:
-        print("\nbenchbatch's client (calibration and points) at real-time priority, chrt -f 10")
+    if args.client_fifo or args.client_realtime:
+        how = "chrt -f 10" if args.client_fifo else "serve-sweep --client-realtime"
+        print(f"\nbenchbatch's client (calibration and points) at real-time priority, {how}")
     show(medians(rows, args.conditions), rows, args.conditions, failures, where)
     if args.server_times:
         show_server(medians(rows, args.conditions, "server_ratio"), rows, args.conditions)

@@ -220,6 +220,13 @@ BREAKS = [
               "test_bursts_read_late_by_a_waiting_client_are_put_on_the_client"),
     ),
     Break(
+        "client realtime: the client's thread left at its priority",
+        "benchbatch/net/client.py",
+        "        if self.realtime:  # this thread: the loop's",
+        "        if False:  # this thread: the loop's",
+        tests("tests/test_client_waits.py"),
+    ),
+    Break(
         "endpoint prediction: a point without enough calibration steps ends the run",
         "benchbatch/experiments/serve/predict.py",
         "            if pooled_model is None and len(parts) == 1:",

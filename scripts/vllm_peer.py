@@ -570,18 +570,19 @@ def benchbatch_client(url: str, checkpoint: Path, rate: float, n: int, out: Path
 
 def predicted(
     url: str, checkpoint: Path, rates: list[float], n: int, out: Path, index: int,
-    prefix: Sequence[str] = (),
+    prefix: Sequence[str] = (), extra: Sequence[str] = (),
 ) -> list[dict]:  # fmt: skip
     """serve-sweep --endpoint --predict against vLLM at the rates (its knobs given as vLLM
     runs: SLOTS sequences, its CPU default of 2,048 tokens a step, chunked prefill): the
     calibrations around each point and prediction.csv's rows, tagged with the run. prefix:
-    what the client's command runs under (bench_vllm_predict's `chrt -f 10`)."""
+    what the client's command runs under (bench_vllm_predict's `chrt -f 10`); extra: more
+    of serve-sweep's options (its --client-realtime)."""
     listed = ",".join(f"{r:g}" for r in rates)
     cmd = [*prefix, sys.executable, "-m", "benchbatch", "serve-sweep", "--endpoint", url,
            "--served-model", MODEL, "--tokenizer", str(checkpoint), "--rates", listed,
            "--predict", "--slots", str(SLOTS), "--max-num-batched-tokens",
            str(VLLM_BATCHED_TOKENS), "--server-scheduler", "chunked", *workload(n),
-           "--out", str(out), "--force"]  # fmt: skip
+           *extra, "--out", str(out), "--force"]  # fmt: skip
     run(cmd, timeout=900, cwd=REPO)
     with open(out / "prediction.csv", newline="") as f:
         rows = list(csv.DictReader(f))

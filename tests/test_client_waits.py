@@ -15,6 +15,7 @@ import time
 import pytest
 from test_client import ScriptClock, Scripted, chunk, sse, usage
 
+from benchbatch.app.cli import app
 from benchbatch.core import endpoint_calibration as ec
 from benchbatch.core.streamed import Streamed
 from benchbatch.net.client import Prompt, stream_requests
@@ -125,3 +126,47 @@ def test_a_burst_is_the_clients_when_it_waited_half_the_stall():
     at_once = [0.3] * 6  # sent at 0.1: late by 0.2 s since
     assert ec.read_late(_streamed(at_once, 0.1, sent=0.1))
     assert not ec.read_late(_streamed(at_once, 0.09, sent=0.1))
+
+
+def test_client_realtime_without_endpoint_or_leave_is_one_line(runner, monkeypatch):
+    """--client-realtime needs --endpoint, and leave to set real-time priority: each refusal
+    one line naming the option, exit 2, before any request (the check runs on a thread of
+    its own, so the caller's priority is untouched)."""
+    result = runner.invoke(app, ["serve-sweep", "--client-realtime", "--rates", "1"])
+    assert result.exit_code == 2 and "--client-realtime" in result.output
+    assert "only applies with --endpoint" in " ".join(result.output.split())
+
+    def refused(*args):
+        raise PermissionError(1, "Operation not permitted")
+
+    monkeypatch.setattr(os, "sched_setscheduler", refused)
+    args = ["serve-sweep", "--endpoint", "http://127.0.0.1:9", "--client-realtime"]
+    result = runner.invoke(app, args)
+    said = " ".join(result.output.split())
+    assert result.exit_code == 2 and "Traceback" not in result.output
+    assert "--client-realtime" in said and "Operation not permitted" in said
+
+
+@pytest.mark.skipif(not hasattr(os, "SCHED_FIFO") or os.geteuid() != 0,
+                    reason="real-time priority needs Linux and root here")  # fmt: skip
+def test_client_realtime_puts_the_clients_thread_and_only_it_under_fifo():
+    """The client's clock is read on its thread as each line comes: that thread runs under
+    SCHED_FIFO; the caller's thread stays as it was."""
+    seen: set[int] = set()
+
+    def clock() -> float:
+        seen.add(os.sched_getscheduler(0))
+        return time.perf_counter()
+
+    server = Scripted()
+    try:
+        server.expected = 2
+        prompts = [Prompt(i, [1, 2, 3], 3, 2) for i in range(2)]
+        endpoint = make_endpoint(server.url, model="tiny", timeout_s=300.0)
+        with stream_requests(endpoint, prompts, [0.0, 0.0], length_fields=(), clock=clock,
+                             realtime=True) as run:  # fmt: skip
+            records = list(run)
+        assert all(r.ok for r in records) and seen == {os.SCHED_FIFO}
+        assert os.sched_getscheduler(0) == os.SCHED_OTHER
+    finally:
+        server.close()

