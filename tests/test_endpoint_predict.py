@@ -196,6 +196,7 @@ class VirtualServer:
         self.burst: int | None = None
         # What the client's thread waited for a core per request (NaN: not measured).
         self.client_wait = math.nan
+        self.run_wait = math.nan  # ... and over each run of 1 s (NaN: not measured)
 
     def connect(self, opts):
         info = {"url": "http://virtual", "models": ["v"], "served_model": "v",
@@ -222,11 +223,14 @@ class VirtualServer:
         if self.burst is not None and points >= self.burst:
             for s in served:
                 s.times = [s.times[-1]] * len(s.times)
-        yield Run(
+        run = Run(
             Streamed(s.rid, s.prompt, s.output, s.arrival, s.times, s.output, s.prompt,
                      client_wait_s=self.client_wait)  # fmt: skip
             for s in sorted(served, key=lambda s: s.times[-1])
         )
+        # the run's own wait over its span: a share of it (client_wait_share)
+        run.client_wait_s, run.client_span_s = self.run_wait, 1.0
+        yield run
 
 
 class Run(list):
@@ -723,6 +727,22 @@ def test_bursts_read_late_by_a_waiting_client_are_put_on_the_client(runner, tmp_
     result = runner.invoke(app, args)
     said = " ".join(result.output.split())
     assert result.exit_code == 2 and "read late by this client waiting for a core" in said
+
+
+def test_a_client_that_waited_for_a_core_is_said_even_without_bursts(runner, tmp_path, virtual):
+    """Steady streams, but the client's thread waited for a core 30% of each point: the
+    point's client_wait_share, and a line naming --client-realtime; at 3%, neither line."""
+    virtual.run_wait = 0.3
+    result = run_predict(runner, tmp_path / "run", "--rates", "10")
+    said = " ".join(result.output.split())
+    serve = pd.read_csv(tmp_path / "run" / "serve.csv", dtype={"rate": str})
+    point = serve[serve["source"] == "endpoint"].iloc[0]
+    assert point["client_wait_share"] == pytest.approx(0.3) and point["burst_requests"] == 0
+    assert "at 10 req/s this client's thread waited for a core 30% of the point" in said
+    assert "--client-realtime" in said
+    virtual.run_wait = 0.03
+    result = run_predict(runner, tmp_path / "quiet", "--rates", "10")
+    assert "waited for a core" not in " ".join(result.output.split())
 
 
 def _streamed(chunks: list[float]) -> Streamed:

@@ -415,8 +415,20 @@ def _point(rec, opts, w, setup, sent, rate: float, n: int, label: str) -> dict:
     row |= energy.serve_columns(row, None, opts.price_per_hour, why=f"served by {label}")
     if row["burst_requests"] > ec.BURSTS_WARN * max(1, row["judged_requests"]):
         rec.warning(_burst_line(row, rate))
+    elif row["client_wait_share"] > CLIENT_WAIT_WARN:
+        rec.warning(
+            f"at {probe.rate_label(rate)} req/s this client's thread waited for a core "
+            f"{row['client_wait_share']:.0%} of the point: its stamps may be late by as much "
+            "(requests.csv's client_wait_s, per request); run it with --client-realtime, "
+            "leave it a core, or measure from another machine"
+        )
     rec.add("serve", row)
     return row
+
+
+# Over this share of a point spent waiting for a core, the client's stamps are said to be
+# late (as is on two cores beside vLLM-CPU: 0.6-2.2%; another process busy: 13-58%).
+CLIENT_WAIT_WARN = 0.05
 
 
 def _burst_line(row: dict, rate: float) -> str:
