@@ -196,6 +196,16 @@ def medians(rows: list[dict], conditions: tuple[str, ...], key: str = "ratio") -
     return out
 
 
+def _cell(meds: list[dict], condition: str, rate: str, metric: str) -> str:
+    """One table cell: the median over the rounds, their range, and ok/OUT for a p50."""
+    m = next((x for x in meds if x["condition"] == condition and x["rate"] == rate
+              and x["metric"] == metric), None)  # fmt: skip
+    if m is None:
+        return "-"
+    mark = "" if m["within"] is None else (" ok" if m["within"] else " OUT")
+    return f"{m['median']:.2f} ({m['low']:.2f}-{m['high']:.2f}){mark}"
+
+
 def show(meds: list[dict], rows: list[dict], conditions: tuple[str, ...], failed=None,
          where: dict[str, str] | None = None) -> None:  # fmt: skip
     """The table; where: each busy condition's share of vLLM's layout (vllm_peer.core_role),
@@ -207,15 +217,7 @@ def show(meds: list[dict], rows: list[dict], conditions: tuple[str, ...], failed
     print("|---|---|" + "---|" * len(METRICS))
     for condition in conditions:
         for rate in dict.fromkeys(m["rate"] for m in meds):
-            cells = []
-            for metric in METRICS:
-                m = next((x for x in meds if x["condition"] == condition and x["rate"] == rate
-                          and x["metric"] == metric), None)  # fmt: skip
-                if m is None:
-                    cells.append("-")
-                    continue
-                mark = "" if m["within"] is None else (" ok" if m["within"] else " OUT")
-                cells.append(f"{m['median']:.2f} ({m['low']:.2f}-{m['high']:.2f}){mark}")
+            cells = [_cell(meds, condition, rate, metric) for metric in METRICS]
             print(f"| {condition} | {rate} req/s | " + " | ".join(cells) + " |")
     for condition, role in (where or {}).items():
         print(f"{condition}: {role}")
@@ -240,12 +242,7 @@ def show_server(meds: list[dict], rows: list[dict], conditions: tuple[str, ...])
     print("|---|---|" + "---|" * (len(JUDGED) + 3))
     for condition in conditions:
         for rate in dict.fromkeys(m["rate"] for m in meds):
-            cells = []
-            for metric in JUDGED:
-                m = next((x for x in meds if x["condition"] == condition and x["rate"] == rate
-                          and x["metric"] == metric), None)  # fmt: skip
-                cells.append("-" if m is None else f"{m['median']:.2f} ({m['low']:.2f}-"
-                             f"{m['high']:.2f}){' ok' if m['within'] else ' OUT'}")  # fmt: skip
+            cells = [_cell(meds, condition, rate, metric) for metric in JUDGED]
             mine = [r for r in rows if r["condition"] == condition and r["rate"] == rate
                     and r["metric"] == JUDGED[0] and "client_late_p50_s" in r]  # fmt: skip
             late = [float(r["client_late_p50_s"]) for r in mine]
