@@ -19,12 +19,13 @@ writes with perf (scripts/vllm_server_times.py: root, or leave to trace) and add
 table: the p50s taken at the server, when each token left it, over predicted, and how late
 benchbatch's client read the last tokens. --client-fifo runs benchbatch's client (its
 calibration and its points) at real-time priority (`chrt -f 10`; root): a client that does
-not wait for a core behind vLLM's processes and the busy loop; --client-realtime passes
-serve-sweep's own --client-realtime (only its client thread under SCHED_FIFO).
+not wait for a core behind vLLM's processes and the busy loop; --client-priority passes
+serve-sweep's own (default: serve-sweep's, auto: its client thread under SCHED_FIFO where
+allowed); the priority each run's client had is in its rows (client_priority).
 
     python scripts/bench_vllm_predict.py [--rounds 2] [--rates 2,4] [--requests 40]
         [--busy-core any|N[,...]] [--busy-nice N] [--server-times] [--client-fifo]
-        [--client-realtime] [--out DIR]
+        [--client-priority auto|realtime|normal] [--out DIR]
 """
 
 from __future__ import annotations
@@ -76,9 +77,9 @@ def parse() -> argparse.Namespace:
                    help="trace the API server's writes with perf: the p50s at the server too")
     p.add_argument("--client-fifo", action="store_true",
                    help="benchbatch's client at real-time priority (chrt -f 10; root)")
-    p.add_argument("--client-realtime", action="store_true",
-                   help="serve-sweep's --client-realtime (its client thread at real-time "
-                   "priority; root)")
+    p.add_argument("--client-priority", choices=("auto", "realtime", "normal"), default=None,
+                   help="serve-sweep's --client-priority (default: serve-sweep's own, auto: "
+                   "its client thread at real-time priority where allowed)")
     p.add_argument("--out", type=Path, default=None,
                    help="folder for the rows (default: a cache folder, replaced)")
     args = p.parse_args()
@@ -103,7 +104,7 @@ def parse() -> argparse.Namespace:
     if args.server_times and (why := st.available()):
         p.error(f"--server-times: {why}")
     args.prefix = CLIENT_FIFO if args.client_fifo else ()
-    args.extra = ("--client-realtime",) if args.client_realtime else ()
+    args.extra = ("--client-priority", args.client_priority) if args.client_priority else ()
     if args.client_fifo and subprocess.run([*CLIENT_FIFO, "true"],
                                            capture_output=True).returncode != 0:  # fmt: skip
         p.error("--client-fifo: chrt -f needs chrt and leave to set real-time priority (root)")
@@ -277,9 +278,11 @@ def main() -> int:
         w.writeheader()
         w.writerows(rows)
     where = {c: vp.core_role(core, layout) for c, core in args.cores.items()}
-    if args.client_fifo or args.client_realtime:
-        how = "chrt -f 10" if args.client_fifo else "serve-sweep --client-realtime"
-        print(f"\nbenchbatch's client (calibration and points) at real-time priority, {how}")
+    used = sorted({str(r.get("client_priority")) for r in rows})
+    how = "chrt -f 10, " if args.client_fifo else ""
+    print(f"\nbenchbatch's client (calibration and points): {how}serve-sweep's "
+          f"--client-priority {args.client_priority or 'as default (auto)'}, ran at "
+          f"{' and '.join(used)} priority")
     show(medians(rows, args.conditions), rows, args.conditions, failures, where)
     if args.server_times:
         show_server(medians(rows, args.conditions, "server_ratio"), rows, args.conditions)

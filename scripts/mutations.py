@@ -227,6 +227,20 @@ BREAKS = [
         tests("tests/test_client_waits.py"),
     ),
     Break(
+        "client priority: auto never asks for real-time",
+        "benchbatch/net/waits.py",
+        '    if asked == "normal":\n        return "normal", None',
+        '    if asked != "realtime":\n        return "normal", None',
+        tests("tests/test_client_waits.py"),
+    ),
+    Break(
+        "client priority: auto resolved but the streams left at normal",
+        "benchbatch/experiments/serve/endpoint.py",
+        "    opts = replace(opts, client_priority=info[\"client_priority\"])  # auto: as resolved",
+        "",
+        tests("tests/test_client_waits.py"),
+    ),
+    Break(
         "endpoint prediction: a point without enough calibration steps ends the run",
         "benchbatch/experiments/serve/predict.py",
         "            if pooled_model is None and len(parts) == 1:",

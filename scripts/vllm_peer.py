@@ -576,7 +576,8 @@ def predicted(
     runs: SLOTS sequences, its CPU default of 2,048 tokens a step, chunked prefill): the
     calibrations around each point and prediction.csv's rows, tagged with the run. prefix:
     what the client's command runs under (bench_vllm_predict's `chrt -f 10`); extra: more
-    of serve-sweep's options (its --client-realtime)."""
+    of serve-sweep's options (its --client-priority). Each row also names the priority the
+    client ran at (metadata.json's endpoint.client_priority)."""
     listed = ",".join(f"{r:g}" for r in rates)
     cmd = [*prefix, sys.executable, "-m", "benchbatch", "serve-sweep", "--endpoint", url,
            "--served-model", MODEL, "--tokenizer", str(checkpoint), "--rates", listed,
@@ -587,11 +588,13 @@ def predicted(
     with open(out / "prediction.csv", newline="") as f:
         rows = list(csv.DictReader(f))
     cost = json.loads((out / "step_cost.json").read_text())
+    client = json.loads((out / "metadata.json").read_text())["endpoint"].get("client_priority")
     held = {}  # rate -> the measured point's requests streamed in bursts, of those judged
     for rate in rates:
         point = _serve_rows(out / "serve.csv", rate).get("endpoint", {})
         held[rate] = (point.get("burst_requests", ""), point.get("judged_requests", ""))
     return [r | {"run": index, "calibration_s": round(cost.get("seconds", math.nan), 1),
+                 "client_priority": client,
                  "burst_requests": next((b for k, (b, _) in held.items()
                                          if _rate_matches(r.get("rate"), k)), ""),
                  "judged_requests": next((j for k, (_, j) in held.items()

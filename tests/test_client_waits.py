@@ -8,12 +8,16 @@ the client's when its thread waited for a core at least half as long as the stal
 
 from __future__ import annotations
 
+import json
 import math
 import os
+import threading
 import time
 
+import pandas as pd
 import pytest
 from test_client import ScriptClock, Scripted, chunk, sse, usage
+from test_serve_endpoint import scripted  # noqa: F401 (a fixture)
 
 from benchbatch.app.cli import app
 from benchbatch.core import endpoint_calibration as ec
@@ -128,23 +132,75 @@ def test_a_burst_is_the_clients_when_it_waited_half_the_stall():
     assert not ec.read_late(_streamed(at_once, 0.09, sent=0.1))
 
 
-def test_client_realtime_without_endpoint_or_leave_is_one_line(runner, monkeypatch):
-    """--client-realtime needs --endpoint, and leave to set real-time priority: each refusal
-    one line naming the option, exit 2, before any request (the check runs on a thread of
-    its own, so the caller's priority is untouched)."""
-    result = runner.invoke(app, ["serve-sweep", "--client-realtime", "--rates", "1"])
-    assert result.exit_code == 2 and "--client-realtime" in result.output
+def test_client_priority_without_endpoint_or_leave_is_one_line(runner, monkeypatch):
+    """--client-priority realtime needs --endpoint, and leave to set real-time priority:
+    each refusal one line naming the option, exit 2, before any request (the check runs on a
+    thread of its own, so the caller's priority is untouched)."""
+    result = runner.invoke(app, ["serve-sweep", "--client-priority", "realtime", "--rates", "1"])
+    assert result.exit_code == 2 and "--client-priority" in result.output
     assert "only applies with --endpoint" in " ".join(result.output.split())
+    result = runner.invoke(app, ["serve-sweep", "--client-priority", "high", "--rates", "1"])
+    assert result.exit_code == 2 and "--client-priority" in result.output
 
     def refused(*args):
         raise PermissionError(1, "Operation not permitted")
 
     monkeypatch.setattr(os, "sched_setscheduler", refused)
-    args = ["serve-sweep", "--endpoint", "http://127.0.0.1:9", "--client-realtime"]
+    args = ["serve-sweep", "--endpoint", "http://127.0.0.1:9", "--client-priority", "realtime"]
     result = runner.invoke(app, args)
     said = " ".join(result.output.split())
     assert result.exit_code == 2 and "Traceback" not in result.output
-    assert "--client-realtime" in said and "Operation not permitted" in said
+    assert "--client-priority" in said and "Operation not permitted" in said
+
+
+SERVED = ["--requests", "4", "--real-requests", "2", "--prompt-dist", "fixed", "--prompt-len",
+          "8", "--output-dist", "fixed", "--median", "3", "--max-output", "3",
+          "--rates", "50"]  # fmt: skip
+
+
+@pytest.mark.parametrize(
+    ("asked", "allowed", "used", "threads"),
+    [
+        ("auto", True, "realtime", {"benchbatch-realtime-check", "benchbatch-client"}),
+        ("auto", False, "normal", {"benchbatch-realtime-check"}),
+        ("normal", True, "normal", set()),
+        ("realtime", True, "realtime", {"benchbatch-realtime-check", "benchbatch-client"}),
+    ],
+)
+def test_client_priority_auto_is_realtime_where_allowed_and_says_where_not(
+    runner, tmp_path, monkeypatch, scripted, asked, allowed, used, threads  # noqa: F811
+):
+    """By default (auto) the client's streaming thread asks for SCHED_FIFO, checked first on
+    a thread of its own: where the OS allows it the client's thread runs under it (every
+    stream of the run: the warm-up and the point), where it refuses the run goes on at
+    normal priority and says so in a line and in metadata.json; normal never asks. The OS
+    call is recorded, not made, so this runs as any user."""
+    url, _ = scripted
+    asked_by: list[str] = []
+
+    def setscheduler(pid, policy, param):
+        asked_by.append(threading.current_thread().name)
+        assert pid == 0 and policy == os.SCHED_FIFO and param.sched_priority == 10
+        if not allowed:
+            raise PermissionError(1, "Operation not permitted")
+
+    monkeypatch.setattr(os, "sched_setscheduler", setscheduler)
+    monkeypatch.setattr(os, "SCHED_FIFO", getattr(os, "SCHED_FIFO", 1), raising=False)
+    out = tmp_path / "run"
+    args = ["serve-sweep", "--endpoint", url, *SERVED, "--out", str(out)]
+    result = runner.invoke(app, [*args, "--client-priority", asked])
+    assert result.exit_code == 0, result.output
+    said = " ".join(result.output.split())
+    meta = json.loads((out / "metadata.json").read_text())
+    assert meta["endpoint"]["client_priority"] == used
+    assert set(asked_by) == threads
+    assert asked_by.count("benchbatch-client") == (2 if used == "realtime" else 0)
+    refusal = "real-time was refused here (Operation not permitted)"
+    assert (refusal in said) == (not allowed)
+    assert meta["endpoint"].get("client_priority_refused") == (
+        None if allowed else "Operation not permitted"
+    )
+    assert pd.read_csv(out / "serve.csv")["sent"].tolist() == [2]
 
 
 @pytest.mark.skipif(not hasattr(os, "SCHED_FIFO") or os.geteuid() != 0,

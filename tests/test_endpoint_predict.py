@@ -201,7 +201,8 @@ class VirtualServer:
     def connect(self, opts):
         info = {"url": "http://virtual", "models": ["v"], "served_model": "v",
                 "max_model_len": 4096, "vocab": 256, "version": "1.0", "tokenize": False,
-                "headers": {}, "length_fields": ["ignore_eos"], "dropped_fields": []}  # fmt: skip
+                "headers": {}, "length_fields": ["ignore_eos"], "dropped_fields": [],
+                "client_priority": "normal"}  # fmt: skip
         if self.kv is not None:  # what vLLM's /metrics says (net/metrics.parse)
             info["metrics"] = {"kv_blocks": self.kv[0], "kv_block_size": self.kv[1],
                                "preemptions": self.preemptions}  # fmt: skip
@@ -731,7 +732,8 @@ def test_bursts_read_late_by_a_waiting_client_are_put_on_the_client(runner, tmp_
 
 def test_a_client_that_waited_for_a_core_is_said_even_without_bursts(runner, tmp_path, virtual):
     """Steady streams, but the client's thread waited for a core 30% of each point: the
-    point's client_wait_share, and a line naming --client-realtime; at 3%, neither line."""
+    point's client_wait_share, and a line naming --client-priority realtime; at 3%, neither
+    line."""
     virtual.run_wait = 0.3
     result = run_predict(runner, tmp_path / "run", "--rates", "10")
     said = " ".join(result.output.split())
@@ -739,7 +741,7 @@ def test_a_client_that_waited_for_a_core_is_said_even_without_bursts(runner, tmp
     point = serve[serve["source"] == "endpoint"].iloc[0]
     assert point["client_wait_share"] == pytest.approx(0.3) and point["burst_requests"] == 0
     assert "at 10 req/s this client's thread waited for a core 30% of the point" in said
-    assert "--client-realtime" in said
+    assert "--client-priority realtime" in said
     virtual.run_wait = 0.03
     result = run_predict(runner, tmp_path / "quiet", "--rates", "10")
     assert "waited for a core" not in " ".join(result.output.split())

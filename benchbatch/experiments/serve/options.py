@@ -28,6 +28,7 @@ from benchbatch.experiments.fields import (
     step_costs_field,
     token_budget_field,
 )
+from benchbatch.net.waits import PRIORITIES
 
 SERVE_PANEL = "Serving curve"
 ENDPOINT_PANEL = "A running server (--endpoint)"
@@ -143,13 +144,16 @@ class ServeOptions:
         "sent (the wait is requests.csv's queued_s). Default: no cap.",
         panel=ENDPOINT_PANEL,
     )
-    client_realtime: bool = opt(
-        False,
-        "With --endpoint: run the client's streaming thread at real-time priority (Linux "
-        "SCHED_FIFO; root or CAP_SYS_NICE), so it reads each chunk as it arrives even where "
-        "the server and other processes keep every core busy; without it such a client "
-        "waits for a core and stamps late (serve.csv's client_wait_share says how long).",
+    client_priority: str = opt(
+        "auto",
+        "With --endpoint: the client's streaming thread at real-time priority (Linux "
+        "SCHED_FIFO, root or CAP_SYS_NICE), so it reads each chunk as it arrives even where "
+        "the server and other processes keep every core busy (a client waiting for a core "
+        "stamps late: serve.csv's client_wait_share): realtime (refused in one line where "
+        "not allowed), normal, or auto (realtime where allowed, else normal, said).",
         panel=ENDPOINT_PANEL,
+        choices=PRIORITIES,
+        metavar="NAME",
     )
     request_timeout: float = opt(
         300.0,
@@ -323,8 +327,8 @@ class ServeOptions:
             for name in ("served_model", "max_concurrency", "tokenizer"):
                 if getattr(self, name) is not None:
                     raise UserError(name, "only applies with --endpoint")
-            if self.client_realtime:
-                raise UserError("client_realtime", "only applies with --endpoint")
+            if self.client_priority != "auto":
+                raise UserError("client_priority", "only applies with --endpoint")
             if self.predict:
                 raise UserError("predict", "only applies with --endpoint (a running server)")
             return

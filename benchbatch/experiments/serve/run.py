@@ -304,6 +304,7 @@ def _open_endpoint(opts: ServeOptions, workload, model, run) -> Recorder:
     """The server reached (/v1/models) and the requests checked against what it says, then
     the run's folder; no model is built here."""
     from benchbatch.experiments.serve import endpoint as ep
+    from benchbatch.experiments.serve import lateness
 
     w = _plan(opts, workload, run)[1]
     n = min(opts.real_requests, len(w.requests))
@@ -316,6 +317,8 @@ def _open_endpoint(opts: ServeOptions, workload, model, run) -> Recorder:
     rec.note(_ignored(model, run, "with --endpoint (the server's model is measured)"))
     rec.meta["workload"] = {"arrivals": w.arrivals, "lengths": w.lengths}
     rec.meta["endpoint"] = {k: v for k, v in info.items() if k != "vocab"}
+    if info.get("client_priority_refused"):
+        rec.note(lateness.refused_line(info["client_priority_refused"]))
     rec.inputs = (target, info)
     return rec
 
