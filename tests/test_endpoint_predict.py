@@ -197,12 +197,13 @@ class VirtualServer:
         # What the client's thread waited for a core per request (NaN: not measured).
         self.client_wait = math.nan
         self.run_wait = math.nan  # ... and over each run of 1 s (NaN: not measured)
+        self.priority = "normal"  # the client's, as connect resolves --client-priority
 
     def connect(self, opts):
         info = {"url": "http://virtual", "models": ["v"], "served_model": "v",
                 "max_model_len": 4096, "vocab": 256, "version": "1.0", "tokenize": False,
                 "headers": {}, "length_fields": ["ignore_eos"], "dropped_fields": [],
-                "client_priority": "normal"}  # fmt: skip
+                "client_priority": self.priority}  # fmt: skip
         if self.kv is not None:  # what vLLM's /metrics says (net/metrics.parse)
             info["metrics"] = {"kv_blocks": self.kv[0], "kv_block_size": self.kv[1],
                                "preemptions": self.preemptions}  # fmt: skip
@@ -417,6 +418,15 @@ def test_a_saved_endpoint_calibration_is_reused_and_checked(runner, tmp_path, vi
     # The first run's calibration, none again: the warm-up and the one point only.
     assert len(virtual.episodes) == calibrated + 2
     assert "endpoint calibration" in result.output
+    assert "client_priority" not in result.output  # the same client as at calibration
+    # A calibration read by a client at another priority is flagged (a late reader prices
+    # the server's steps slow), and still used.
+    virtual.priority = "realtime"
+    args[-1] = str(tmp_path / "faster")
+    result = runner.invoke(app, args)
+    said = " ".join(result.output.split())
+    assert result.exit_code == 0 and (tmp_path / "faster" / "prediction.csv").exists()
+    assert "client_priority normal at calibration, realtime now" in said
     # An engine run refuses a server's calibration: its steps hold HTTP, not the engine's.
     args = [
         "serve-sweep",

@@ -17,7 +17,7 @@ Everything here returns rows or plain results; nothing prints.
 from __future__ import annotations
 
 import math
-from collections.abc import Iterator, Sequence
+from collections.abc import Iterator
 from dataclasses import replace
 
 import numpy as np
@@ -25,21 +25,18 @@ import numpy as np
 from benchbatch.core import endpoint_calibration as ec
 from benchbatch.core import energy
 from benchbatch.core.prediction import with_intervals
-from benchbatch.core.serving import ServingSLO, tpot
 from benchbatch.errors import UserError
 from benchbatch.experiments.serve import lateness, probe
-from benchbatch.experiments.serve.options import ServeOptions, rate_label
+from benchbatch.experiments.serve.endpoint_rows import ENDPOINT, point, point_row, request_row
+from benchbatch.experiments.serve.options import ServeOptions
 from benchbatch.output import render
 
-ENDPOINT = probe.ENDPOINT  # the source, and the policy, of a measured server's points
 # Default rates after the max point: these fractions of its request throughput, cheapest
 # (highest) first, while they fit --real-time.
 FRACTIONS = (0.9, 0.7, 0.5, 0.3)
 # Token-id prompts when neither a tokenizer nor the server says more: ids below 256, which
 # every tokenizer has (a byte-level BPE's first 256 are the bytes).
 ID_VOCAB = 256
-# Not a metric of a server measured from outside: what its slots did.
-UNSEEN = ("steps", "mean_batch", "busy_fraction", "slot_occupancy", "slots")
 
 
 def connect(opts: ServeOptions):
@@ -132,93 +129,6 @@ def warm_up(endpoint, first, opts: ServeOptions) -> dict:
     if s is None or not s.ok:
         return {"requests": 1, "ok": False, "error": None if s is None else s.error}
     return {"requests": 1, "ok": True, "e2e_s": s.chunk_s[-1] - s.sent_s if s.chunk_s else None}
-
-
-# --- rows -----------------------------------------------------------------------------------
-
-
-def point(records: Sequence, rate: float, requests, arrivals) -> probe.Point:
-    """A measured server's point: the served requests' metrics; no steps seen."""
-    from benchbatch.core.streamed import run_metrics
-
-    return probe.Point(
-        ENDPOINT,
-        rate,
-        ENDPOINT,
-        list(requests),
-        np.asarray(arrivals),
-        run_metrics(records),
-        [],
-        [],
-        [],
-    )
-
-
-def point_row(records: Sequence, p: probe.Point, setup: probe.Setup, label: str) -> dict:
-    """serve.csv's row of an endpoint point: the serving metrics of the requests it served,
-    its failures counted apart (failed: refused, HTTP errors, broken streams; timed_out),
-    the requests whose usage count disagreed with their stream or their max_tokens, and
-    those streamed in bursts (ec.stalled) of those with tokens enough to tell (ec.judged),
-    and of those the ones the client read late (ec.read_late). A point with a failed request
-    is not within the SLO (that request missed it)."""
-    from benchbatch.core.streamed import failure_counts, token_mismatches
-
-    row = probe.point_row(p, setup)
-    row["label"] = label
-    for key in UNSEEN:
-        row[key] = math.nan
-    failures = failure_counts(records)
-    timed_out = failures.get("timeout", 0)
-    failed = sum(failures.values()) - timed_out
-    sent = len(records)
-    row["sent"] = sent
-    row["failed"] = failed
-    row["timed_out"] = timed_out
-    row["token_mismatch"] = len(token_mismatches(records))
-    row["judged_requests"] = sum(ec.judged(r) for r in records)
-    row["burst_requests"] = sum(ec.stalled(r) for r in records)
-    row["client_burst_requests"] = sum(ec.read_late(r) for r in records)
-    if sent:
-        row["slo_met_fraction"] = row.get("slo_met", 0) / sent
-    row["within_slo"] = bool(row["within_slo"]) and failed + timed_out == 0 and row["requests"] > 0
-    return row
-
-
-def request_row(s, rate: float, slo: ServingSLO) -> dict:
-    """requests.csv's row of one streamed request (failed ones too, with their reason)."""
-    from benchbatch.core.streamed import request_metrics
-
-    row = {
-        "policy": ENDPOINT,
-        "source": ENDPOINT,
-        "rate": rate_label(rate),
-        "request_id": s.request_id,
-        "prompt_tokens": s.prompt_tokens,
-        "output_tokens": s.output_tokens,
-        "arrival_s": s.arrival_s,
-        "queued_s": s.queued_s,
-        "sent_s": s.sent_s,
-        "client_wait_s": s.client_wait_s,
-    }
-    if not s.ok:
-        nan = math.nan
-        row |= {"ttft_s": nan, "tpot_s": nan, "itl_max_s": nan, "e2e_s": nan}
-        return row | {"slo_met": False, "chunks": len(s.chunk_s), "in_burst": False,
-                      "read_late": False, "error": s.error}  # fmt: skip
-    m = request_metrics(s)
-    per = tpot(m)
-    return row | {
-        "output_tokens": m.num_tokens,
-        "ttft_s": m.ttft,
-        "tpot_s": math.nan if per is None else per,
-        "itl_max_s": m.tbt_max,
-        "e2e_s": m.e2e,
-        "slo_met": slo.met(m),
-        "chunks": len(s.chunk_s),
-        "in_burst": ec.stalled(s),
-        "read_late": ec.read_late(s),
-        "error": "",
-    }
 
 
 # --- the rates ------------------------------------------------------------------------------

@@ -31,9 +31,10 @@ OPTION = "predict"
 NULL_BLOCKS = 1
 # What the server is, in a calibration's conditions: "device" is this word, so an engine
 # run refuses an endpoint's calibration (core/saved_calibration.compare), and these are flagged
-# when an endpoint run reuses one made against another server, version or load.
+# when an endpoint run reuses one made against another server, version or load, or read by a
+# client at another priority (--client-priority: a late client prices the steps slow).
 DEVICE = "endpoint"
-FLAGGED = ("server", "server_version", "load_class", "cores")
+FLAGGED = ("server", "server_version", "load_class", "cores", "client_priority")
 
 
 def conditions(info: dict) -> dict:
@@ -50,11 +51,13 @@ def conditions(info: dict) -> dict:
         "cores": cores,
         "load_1min": load,
         "load_class": load_class(load, core_count()),  # on physical cores, as the run's
+        "client_priority": info.get("client_priority") or "normal",
     }
 
 
 def compare(saved: dict, info: dict) -> list[str]:
-    """Warnings for a reused calibration: another server, version, load or machine size; a
+    """Warnings for a reused calibration: another server, version, load, machine size or
+    client priority; a
     UserError for an engine's calibration (its steps hold no HTTP, no server)."""
     if saved.get("device") != DEVICE:
         raise UserError(
