@@ -22,7 +22,6 @@ from __future__ import annotations
 
 import asyncio
 import contextvars
-import json
 import math
 import queue
 import threading
@@ -37,11 +36,11 @@ from benchbatch.errors import UserError
 from benchbatch.net import discovery, waits
 from benchbatch.net.endpoint import (
     Endpoint,
-    body_message,
     completion_payload,
     error_message,
     failure_reason,
 )
+from benchbatch.net.events import Broke, apply_event
 from benchbatch.net.waits import CoreWaits
 
 CLOSE_TIMEOUT_S = 30.0  # a hang guard: cancelling the requests takes milliseconds
@@ -62,10 +61,6 @@ class Prompt:
     prompt: str | list[int]
     prompt_tokens: int
     max_tokens: int
-
-
-class _Broke(Exception):
-    """A stream that broke: stopped early, a malformed or error chunk."""
 
 
 _DONE = object()
@@ -321,7 +316,7 @@ class StreamRun(Iterator[Streamed]):
             _fail(rec, "timeout", f"not done within {timeout_s:g} s ({len(rec.chunk_s)} chunks)")
         except aiohttp.ClientConnectorError as e:
             _fail(rec, "refused", f"cannot connect to {self.endpoint.public}: {failure_reason(e)}")
-        except _Broke as e:
+        except Broke as e:
             _fail(rec, "stream", str(e))
         except (aiohttp.ClientError, ValueError) as e:  # payload errors, disconnects, bad bytes
             why = failure_reason(e)
@@ -346,7 +341,7 @@ class StreamRun(Iterator[Streamed]):
                 now = clock() - start  # the moment the line is read
             line = raw.decode("utf-8").rstrip("\r\n")
             if not line:
-                if data and _event(rec, "\n".join(data), stamp):
+                if data and apply_event(rec, "\n".join(data), stamp):
                     return
                 data = []
                 continue
@@ -356,41 +351,9 @@ class StreamRun(Iterator[Streamed]):
             if not data:
                 stamp = now
             data.append(value[1:] if value.startswith(" ") else value)
-        if data and _event(rec, "\n".join(data), stamp):
+        if data and apply_event(rec, "\n".join(data), stamp):
             return
-        raise _Broke(f"the stream ended before [DONE] after {len(rec.chunk_s)} chunks")
-
-
-def _event(rec: Streamed, data: str, stamp: float) -> bool:
-    """Apply one event to the record; True at [DONE]."""
-    if data.strip() == "[DONE]":
-        if not rec.chunk_s:
-            raise _Broke("[DONE] before any chunk with choices")
-        return True
-    try:
-        chunk = json.loads(data)
-    except ValueError:
-        raise _Broke(
-            f"a malformed chunk after {len(rec.chunk_s)}: {error_line(data, 80)!r}"
-        ) from None
-    if not isinstance(chunk, dict):
-        raise _Broke(f"a chunk that is no JSON object: {error_line(data, 80)!r}")
-    if chunk.get("error") or chunk.get("object") == "error":
-        raise _Broke(f"the server sent an error mid-stream: {body_message(data)}")
-    choices = chunk.get("choices")
-    if choices:
-        rec.chunk_s.append(stamp)
-        first = choices[0] if isinstance(choices[0], dict) else {}
-        text = first.get("text")
-        rec.text += text if isinstance(text, str) else ""
-        rec.finish_reason = first.get("finish_reason") or rec.finish_reason
-    usage = chunk.get("usage")
-    if isinstance(usage, dict):
-        if isinstance(usage.get("completion_tokens"), int):
-            rec.output_tokens = usage["completion_tokens"]
-        if isinstance(usage.get("prompt_tokens"), int):
-            rec.server_prompt_tokens = usage["prompt_tokens"]
-    return False
+        raise Broke(f"the stream ended before [DONE] after {len(rec.chunk_s)} chunks")
 
 
 async def _within(seconds: float, work: Coroutine) -> None:
