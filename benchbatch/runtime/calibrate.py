@@ -30,8 +30,6 @@ from benchbatch.runtime.runs import EngineRun, Finished, engine_events
 # Steps of the first run taken once, unrecorded, before the calibration records: its
 # prefill of every slot and decodes at the largest batch.
 WARM_UP_STEPS = 8
-# Each lone run's requests (one after another, each alone) and the tokens each generates.
-LONE_REQUESTS, LONE_OUTPUT = 3, 16
 
 
 @dataclass(frozen=True)
@@ -67,7 +65,7 @@ def plan_for(slots: int, prompts: Sequence[int], chunk: int, budget: int, max_co
 
 
 def runs(p: Plan) -> list[CalibrationRun]:
-    """Six engine runs, each on the continuous scheduler:
+    """Four engine runs, each on the continuous scheduler:
 
     decode: `slots` requests admitted at once (one prefill of `slots` prompts), their
       outputs staggered so the decode batch steps down slots, slots - 1, ..., 1, every
@@ -75,13 +73,6 @@ def runs(p: Plan) -> list[CalibrationRun]:
       admitted as the first finish (unchunked prompts beside decodes); then, once all are
       done, `slots` short prompts again, stepping down every half `decode_steps` (small
       batches at short contexts, as a serving run's are);
-    lone (second, and again last): LONE_REQUESTS requests of about the workload's prompt
-      length (half, one and one and a half times it), one after another, each prefilled
-      alone and then decoding alone for LONE_OUTPUT - 1 steps: the steps a serving run takes
-      most at low rates (a static group of one, a continuous batch of one). Without them a
-      calibration priced those from 4-5 lone decodes of about 50 ms, which ran 10.2-11.2
-      ms from one calibration to the next while the served ones ran 10.8-11.1 ms over
-      thousands (cpu-small, 2-core Intel VM); the two runs, apart, span the calibration;
     scattered: `slots` long prompts, every other one finishing after `decode_steps`: the
       rest decode over scattered slots (the engine gathers their KV, a view no longer);
     prefill: prompts of a few lengths (a quarter, half, one and two prompts, the long one)
@@ -116,27 +107,14 @@ def runs(p: Plan) -> list[CalibrationRun]:
                 for i in range(2)]  # fmt: skip
     chunk_settings = {"chunked_prefill": True, "chunk_size": p.chunk, "mixed": True,
                       "max_num_batched_tokens": max(p.budget, p.chunk + decodes)}  # fmt: skip
-    lone = lone_requests(short, room)
     return [
         CalibrationRun(EngineRun("decode", s, key="calibration"), decode),
-        CalibrationRun(EngineRun("lone", s, key="calibration"), lone),
         CalibrationRun(EngineRun("scattered", max(3, s), key="calibration"), scattered),
         CalibrationRun(EngineRun("prefill", max(4, s), key="calibration"), prefill),
         CalibrationRun(
             EngineRun("chunked", s, settings=chunk_settings, key="calibration"), chunked
         ),  # fmt: skip
-        CalibrationRun(EngineRun("lone", s, key="calibration"), lone),
     ]
-
-
-def lone_requests(prompt: int, room: int) -> list[Request]:
-    """LONE_REQUESTS requests of half, one and one and a half times `prompt` tokens (within
-    `room` with their output), each arriving as the one before finishes: every step holds
-    one sequence."""
-    output = min(LONE_OUTPUT, max(1, room // 2))
-    lengths = [max(1, prompt // 2), prompt, max(1, prompt * 3 // 2)][:LONE_REQUESTS]
-    return [Request(i, max(1, min(n, room - output)), output, arrival_step=i * output)
-            for i, n in enumerate(lengths)]  # fmt: skip
 
 
 def plans(run: EngineRun, requests: Sequence[Request]) -> list[StepPlan]:
