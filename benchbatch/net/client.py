@@ -87,7 +87,7 @@ def stream_requests(
     length_probe once it has started). extra: fields merged into every request body.
     clock: the stamps' clock; core_waits: what reads the client thread's wait for a core,
     made on that thread (tests inject both). realtime: the client's thread under SCHED_FIFO
-    (net/waits.realtime; check_realtime first: a refusal is the run's exception)."""
+    (net/waits.realtime; net/waits.priority first: a refusal there, not mid-run)."""
     run = StreamRun(endpoint, prompts, arrivals_s, max_concurrency, extra, length_fields, clock)
     run.core_waits, run.realtime = core_waits, realtime
     return run

@@ -147,10 +147,10 @@ class ServeOptions:
     client_priority: str = opt(
         "auto",
         "With --endpoint: the client's streaming thread at real-time priority (Linux "
-        "SCHED_FIFO, root or CAP_SYS_NICE), so it reads each chunk as it arrives even where "
-        "the server and other processes keep every core busy (a client waiting for a core "
-        "stamps late: serve.csv's client_wait_share): realtime (refused in one line where "
-        "not allowed), normal, or auto (realtime where allowed, else normal, said).",
+        "SCHED_FIFO; root or CAP_SYS_NICE) reads each chunk as it arrives even where other "
+        "processes keep every core busy (else it may stamp late: serve.csv's "
+        "client_wait_share): realtime (refused in one line where not allowed), normal, or "
+        "auto (realtime where allowed, else normal, said).",
         panel=ENDPOINT_PANEL,
         choices=PRIORITIES,
         metavar="NAME",
