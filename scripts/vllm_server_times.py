@@ -12,6 +12,9 @@ kernel.perf_event_paranoid -1 with tracefs readable); available() says why not.
 A response on one connection (fd) is its write after the connection idled (the status line
 and headers), its chunk writes, the `data: [DONE]` write and the chunked encoding's end
 (`0\\r\\n\\r\\n`, 5 bytes); its request is the last read on that fd before its first write.
+A response without that end (not streamed: /metrics, /v1/models) is over at the next read
+on its fd: before it, the first request of each point was lost, its writes counted as the
+/metrics response's that the client had read just before on a connection whose fd it reused.
 """
 
 from __future__ import annotations
@@ -86,8 +89,11 @@ def parse(text: str) -> list[dict]:
             continue
         t, kind, fd, count = float(m[2]), m[3], int(m[4], 16), int(m[5], 16)
         if kind == "read":
-            if fd not in open_:
-                last_read[fd] = t
+            # A read on a connection whose response never sent the chunked end: that response
+            # was no stream (/metrics, /v1/models: a length, not chunks) and is over; the
+            # client spoke again, or closed it and the kernel gave its fd to a new one.
+            open_.pop(fd, None)
+            last_read[fd] = t
             continue
         r = open_.get(fd)
         if r is None:

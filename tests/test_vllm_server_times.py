@@ -40,6 +40,20 @@ def test_responses_are_rebuilt_per_connection_and_other_writes_are_ignored():
     assert got[2]["end_s"] == pytest.approx(100.52)
 
 
+def test_a_response_without_the_chunked_end_is_over_at_the_next_read_on_its_fd():
+    """A /metrics GET answered with a length (three writes, no chunked end), its connection
+    closed (a read of its end) and its fd given to the next request's connection: that
+    request is read at its own time, with its own chunks only (before: lost, its writes
+    counted as the /metrics response's)."""
+    lines = [perf_line(200.0, "read", 30, 256000), perf_line(200.001, "write", 30, 150),
+             perf_line(200.002, "write", 30, 4096), perf_line(200.003, "write", 30, 900),
+             perf_line(200.01, "read", 30, 256000)]  # fmt: skip
+    lines += response(200.05, 30, [0.04, 0.05])
+    got = st.parse("\n".join(lines))
+    assert [r["read_s"] for r in got] == [200.05]
+    assert got[0]["chunk_s"] == pytest.approx([200.09, 200.10])
+
+
 def test_requests_are_matched_through_the_clock_offset_a_lost_one_and_a_late_read():
     """The server's clock is the client's plus 5000 s; each read 0.3 ms after sending but
     one, read 20 ms late (the server busy), and one whose response never finished."""
