@@ -309,7 +309,7 @@ def test_memory_up_to_the_bound_still_runs(runner, tmp_path):
 @example(rate="1e-320")
 @example(rate="5e-324")
 def test_a_rate_below_the_least_is_refused(rate):
-    from benchbatch.experiments.serve.options import parse_rates
+    from benchbatch.experiments.serve.rates import parse_rates
 
     with pytest.raises(UserError) as e:
         parse_rates((rate,), "rates")
@@ -326,7 +326,8 @@ def test_a_subnormal_rate_is_refused_before_the_folder(runner, tmp_path, flag):
 
 
 def test_the_least_rate_itself_is_taken():
-    from benchbatch.experiments.serve.options import ServeOptions, parse_rates
+    from benchbatch.experiments.serve.options import ServeOptions
+    from benchbatch.experiments.serve.rates import parse_rates
 
     assert parse_rates((repr(ServeOptions.MIN_RATE_RPS),), "rates") == (1e-6,)
 

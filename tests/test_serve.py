@@ -23,9 +23,8 @@ from benchbatch.experiments.serve.options import (
     SERVE_SLO,
     SERVE_WORKLOAD,
     ServeOptions,
-    parse_rates,
-    rate_label,
 )
+from benchbatch.experiments.serve.rates import parse_rates, rate_label
 from benchbatch.runtime.engine import Engine, run_alone
 
 pytestmark = pytest.mark.usefixtures("one_thread")

@@ -286,7 +286,7 @@ def real_part(rec, s: Shared) -> None:
 
 def serve_part(rec, s: Shared) -> None:
     """The serving curve at three rates, priced by the steps phases and sweep measured."""
-    from benchbatch.experiments.serve.run import reproduce_curve
+    from benchbatch.experiments.serve.reproduce_curve import reproduce_curve
 
     rec.meta["serve"] = reproduce_curve(rec, s.run.seed)
 

@@ -12,7 +12,7 @@ import numpy as np
 from benchbatch.core import endpoint_calibration as ec
 from benchbatch.core.serving import ServingSLO, tpot
 from benchbatch.experiments.serve import probe
-from benchbatch.experiments.serve.options import rate_label
+from benchbatch.experiments.serve.rates import rate_label
 
 ENDPOINT = probe.ENDPOINT  # the source, and the policy, of a measured server's points
 # Not a metric of a server measured from outside: what its slots did.

