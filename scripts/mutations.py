@@ -95,7 +95,7 @@ BREAKS = [
     # --- requests streamed in bursts; one load-class rule ---
     Break(
         "bursts: a measured point's requests counted whether or not they can be judged",
-        "benchbatch/experiments/serve/endpoint.py",
+        "benchbatch/experiments/serve/endpoint_rows.py",
         '    row["judged_requests"] = sum(ec.judged(r) for r in records)',
         '    row["judged_requests"] = sum(r.ok for r in records)',
         tests("tests/test_endpoint_predict.py",
@@ -103,7 +103,7 @@ BREAKS = [
     ),
     Break(
         "bursts: requests.csv never marks a request in a burst",
-        "benchbatch/experiments/serve/endpoint.py",
+        "benchbatch/experiments/serve/endpoint_rows.py",
         '        "in_burst": ec.stalled(s),',
         '        "in_burst": False,',
         tests("tests/test_endpoint_predict.py",
