@@ -27,10 +27,14 @@ ENGINE_COLUMNS = {
     "wall_s": "wall s",
     "tokens_per_s": "tok/s",
     "occupancy_pct": "occupancy %",
-    "sim_s": "sim s",
-    "measured_over_sim": "meas/sim",
+    "sim_s": "steps x med s",
+    "measured_over_sim": "wall/that",
     "overhead_pct": "overhead %",
 }
+ENGINE_TITLE = (
+    "real engine (steps x med s: the simulated steps at this run's median step; the "
+    "calibrated prediction is below)"
+)
 MEMORY_COLUMNS = {  # running sequences, slot occupancy, mean KV memory, preemptions, steps
     "policy": "policy",
     "peak_running": "peak",
@@ -87,7 +91,7 @@ def show(rec) -> None:
         _memory_report(rec.rows("memory_engine"), None, "real engine, paged cache of the budget")
     if engine:
         shown = [_engine_display(r) for r in engine]
-        render.table(shown, ENGINE_COLUMNS, "real engine (sim s: simulated steps x median step)")
+        render.table(shown, ENGINE_COLUMNS, ENGINE_TITLE)
         render.table(shown, LATENCY_COLUMNS,
                      "real engine: request latency and time to first token (s)")  # fmt: skip
         line = _engine_line(rec.meta.get("engine_summary", {}))
@@ -192,7 +196,8 @@ def _engine_line(s: dict) -> str | None:
         return None
     return (
         f"real engine: continuous batching {s['wall_speedup']:.2f}x faster in wall time "
-        f"(simulated: {s['sim_speedup']:.2f}x fewer steps); measured/simulated time "
+        f"(simulated: {s['sim_speedup']:.2f}x fewer steps); wall time over the "
+        f"simulated steps at this run's median step (not the calibrated prediction below): "
         f"static {s['static_measured_over_sim']:.2f}, continuous "
         f"{s['continuous_measured_over_sim']:.2f}; scheduling overhead "
         f"{s['continuous_overhead']:.1%} of a continuous step"
