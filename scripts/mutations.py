@@ -668,6 +668,14 @@ BREAKS = [
         "axis=1)",
         tests("tests/test_prediction.py", "test_a_ratio_interval_resamples_requests_in_pairs"),
     ),
+    Break(
+        "calibration: a masked key priced apart from a read one",
+        "benchbatch/core/calibration.py",
+        '    tied = any(r.get("masked_tokens") for r in rows)',
+        '    tied = False',
+        tests("tests/test_calibration.py",
+              "test_a_static_groups_mostly_masked_step_is_priced_from_few_masked_keys"),
+    ),
 ]
 
 
