@@ -187,7 +187,7 @@ def tie_keys(x: np.ndarray) -> np.ndarray:
     calibration whose continuous batches mask few keys: on reproduce --real's 32 slots a
     fit priced a masked key 0.22 us against 2.28 for a read one, and the static group's
     late steps (mostly padded rows, mostly masked keys) took x1.14 of their price; tied,
-    x0.97 (docs/simulation.md)."""
+    x0.93-0.97 (a refit of that run, and a new run; docs/simulation.md)."""
     x = x.copy()
     x[:, CONTEXT] += x[:, MASKED]
     x[:, MASKED] = 0.0
