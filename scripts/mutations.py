@@ -527,14 +527,14 @@ BREAKS = [
     ),
     Break(
         "knee: the bisection reports the rate above the knee",
-        "benchbatch/experiments/serve/probe.py",
+        "benchbatch/experiments/serve/knees.py",
         "        lo, hi = (mid, hi) if ok else (lo, mid)\n    return lo\n",
         "        lo, hi = (mid, hi) if ok else (lo, mid)\n    return hi\n",
         tests("tests/test_knee.py"),
     ),
     Break(
         "knee: the slower and faster steps swapped",
-        "benchbatch/experiments/serve/probe.py",
+        "benchbatch/experiments/serve/knees.py",
         '(("slow", 1 + STEP_COST_SPREAD), ("fast", 1 - STEP_COST_SPREAD))',
         '(("slow", 1 - STEP_COST_SPREAD), ("fast", 1 + STEP_COST_SPREAD))',
         tests("tests/test_knee.py"),
@@ -555,14 +555,14 @@ BREAKS = [
     ),
     Break(
         "knee: the slower steps' capacity taken as the faster's",
-        "benchbatch/experiments/serve/probe.py",
+        "benchbatch/experiments/serve/knees.py",
         "            if rate > cap / factor:",
         "            if rate > cap * factor:",
         tests("tests/test_knee.py"),
     ),
     Break(
         "knee: a policy within the SLO past its capacity given its sustained rate",
-        "benchbatch/experiments/serve/probe.py",
+        "benchbatch/experiments/serve/knees.py",
         "            out.append((row[\"policy\"], cap, cap, cap))",
         "            out.append((row[\"policy\"], lo, lo, cap))",
         tests("tests/test_knee.py"),
@@ -583,7 +583,7 @@ BREAKS = [
     ),
     Break(
         "knee: bisected to ten times its width",
-        "benchbatch/experiments/serve/probe.py",
+        "benchbatch/experiments/serve/knees.py",
         "    while hi / lo - 1 > width:\n",
         "    while hi / lo - 1 > 10 * width:\n",
         tests("tests/test_knee.py"),

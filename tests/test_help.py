@@ -7,7 +7,8 @@ import dataclasses
 import pytest
 
 from benchbatch.app.cli import app
-from benchbatch.core.options import RunOptions, flag_of
+from benchbatch.core.options import RunOptions
+from benchbatch.core.optkit import flag_of
 from benchbatch.experiments.occupancy.options import OccupancyOptions
 from benchbatch.experiments.sweep.options import SweepOptions
 

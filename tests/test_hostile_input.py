@@ -16,7 +16,7 @@ from hypothesis import strategies as st
 
 from benchbatch.app.cli import app
 from benchbatch.app.params import LIST_MAX, parse_int_list
-from benchbatch.core.options import INT_MAX, check_numbers
+from benchbatch.core.optkit import INT_MAX, check_numbers
 from benchbatch.core.workload import Request, read_trace
 from benchbatch.errors import UserError
 

@@ -15,7 +15,7 @@ from benchbatch.app.cli import app
 from benchbatch.core.options import WorkloadOptions
 from benchbatch.core.serving import ServingSLO
 from benchbatch.core.simulate import StepCostModel
-from benchbatch.experiments.serve import probe
+from benchbatch.experiments.serve import knees, probe
 from benchbatch.experiments.serve.options import ServeOptions
 
 # A small engine: 4 ms a step, 1 ms a decode token, 20 us a prefill token, 1 us a KV entry.
@@ -45,8 +45,8 @@ def test_knee_brackets_a_threshold_from_any_guess_then_bisects_it(lo, hi):
         calls.append(rate)
         return rate <= math.pi
 
-    got = probe.knee(under_pi, lo, hi, steps=30)
-    assert got <= math.pi < got * (1 + probe.KNEE_WIDTH)
+    got = knees.knee(under_pi, lo, hi, steps=30)
+    assert got <= math.pi < got * (1 + knees.KNEE_WIDTH)
     assert len(calls) <= 30
 
 
@@ -61,16 +61,16 @@ def test_knee_calls_count_the_simulations_a_bracket_takes(lo, hi):
             calls.append(rate)
             return rate <= math.pi
 
-        probe.knee(under_pi, lo, hi, known=known)
-        assert len(calls) == probe.knee_calls(hi / lo, known=known), (lo, hi, known)
+        knees.knee(under_pi, lo, hi, known=known)
+        assert len(calls) == knees.knee_calls(hi / lo, known=known), (lo, hi, known)
 
 
 def test_knee_gives_up_within_its_steps():
     """Too few simulations to bracket the knee: NaN, never a guess; too few to finish the
     bisection: the last rate seen within (a lower bound)."""
-    assert math.isnan(probe.knee(lambda r: r <= 1.0, 100.0, 101.0, steps=3))
-    got = probe.knee(lambda r: r <= math.pi, 1.0, 10.0, known=True, steps=2)
-    assert got <= math.pi and got * (1 + probe.KNEE_WIDTH) < math.pi
+    assert math.isnan(knees.knee(lambda r: r <= 1.0, 100.0, 101.0, steps=3))
+    got = knees.knee(lambda r: r <= math.pi, 1.0, 10.0, known=True, steps=2)
+    assert got <= math.pi and got * (1 + knees.KNEE_WIDTH) < math.pi
 
 
 def test_a_scaled_step_cost_is_the_same_run_in_scaled_time():
@@ -100,7 +100,7 @@ def test_each_knee_is_where_a_brute_force_scan_leaves_the_slo():
     grid = [1.0, 2.0, 4.0, 8.0, 16.0, 32.0, 64.0]
     rows = [probe.point_row(probe.simulate_point(w, p, r, setup, COST), setup)
             for p in probe.POLICIES for r in grid]  # fmt: skip
-    found = probe.knees(w, rows, setup, COST)
+    found = knees.knees(w, rows, setup, COST)
     assert {k["policy"] for k in found} == set(probe.POLICIES)  # each leaves within the grid
     for k in found:
         # The scan spans the coarse grid's own bracket (its last rate within, its first
@@ -118,7 +118,7 @@ def test_each_knee_is_where_a_brute_force_scan_leaves_the_slo():
             i_in = max(i for i, x in enumerate(ok) if x)
             assert scan[i_in] / scan[i_out] <= 1.08, "a flicker wider than this test allows for"
             # A flicker narrower than the scan's step can lie between two of its rates.
-            low = scan[max(0, i_out - 2)] / (1 + probe.KNEE_WIDTH)
+            low = scan[max(0, i_out - 2)] / (1 + knees.KNEE_WIDTH)
             assert low <= k[name] <= scan[i_in + 1], (k, name)
             assert within(w, setup, k["policy"], k[name], cost)
         assert k["knee_rps_slow"] < k["knee_rps"] < k["knee_rps_fast"]
@@ -154,7 +154,7 @@ def test_serve_sweep_reports_each_knee_with_its_range(runner, tmp_path):
         assert r["sustained_rps"] <= r["knee_rps"] <= r["leaves_slo_rps"], policy
         assert r["knee_rps_slow"] < r["knee_rps"] < r["knee_rps_fast"], policy
     meta = json.loads((out / "metadata.json").read_text())
-    assert meta["knees"]["width"] == probe.KNEE_WIDTH and len(meta["knees"]["policies"]) == 3
+    assert meta["knees"]["width"] == knees.KNEE_WIDTH and len(meta["knees"]["policies"]) == 3
     assert "the knees, bisected to 2%" in " ".join(result.output.split())
     knee = slo.loc["continuous", "knee_rps"]
     again = tmp_path / "again"
@@ -185,19 +185,19 @@ def test_a_knee_is_sought_below_the_policys_capacity_only():
         "continuous": [(1, True, 1), (2, True, 2), (4, True, 4), (inf, False, 5.0)],
         "chunked": [(1, True, 1), (2, False, 2), (4, False, 2), (inf, False, 1.5)],
     })  # fmt: skip
-    got = {b[0]: b[1:] for b in probe.knee_brackets(rows)}
+    got = {b[0]: b[1:] for b in knees.knee_brackets(rows)}
     assert got == {"static": (2, 4, 10.0), "continuous": (4, 5.0 * 1.02, 5.0),
                    "chunked": (1, 1.5 * 1.02, 1.5)}  # fmt: skip
     rows = sweep_rows({
         "continuous": [(1, True, 1), (2, True, 2), (inf, True, 5.0)],  # within at max
         "chunked": [(1, False, 1), (2, False, 2), (inf, False, 5.0)],  # never within
     })  # fmt: skip
-    assert probe.knee_brackets(rows) == []
+    assert knees.knee_brackets(rows) == []
     # Within the SLO at a swept rate past its capacity (a finite run ends before its queue
     # grows): the knee is the capacity (the quiet newcomer run's continuous, which had none
     # and so nothing to compare with the loaded run's).
     past = sweep_rows({"static": [(1, True, 1), (2, True, 2), (4, True, 3), (inf, False, 3.0)]})
-    assert probe.knee_brackets(past) == [("static", 3.0, 3.0, 3.0)]
+    assert knees.knee_brackets(past) == [("static", 3.0, 3.0, 3.0)]
 
 
 def test_no_knee_lies_past_the_capacity():
@@ -211,13 +211,13 @@ def test_no_knee_lies_past_the_capacity():
     top = {r["policy"]: r["request_throughput_rps"] for r in rows if math.isinf(r["rate_rps"])}
     for r in rows:  # the max point made outside, as a tight SLO would make it
         r["within_slo"] = math.isfinite(r["rate_rps"])
-    found = probe.knees(w, rows, loose, COST)
+    found = knees.knees(w, rows, loose, COST)
     assert {k["policy"] for k in found} == set(probe.POLICIES)
     for k in found:
         cap = top[k["policy"]]
-        assert cap / (1 + probe.KNEE_WIDTH) <= k["knee_rps"] <= cap
+        assert cap / (1 + knees.KNEE_WIDTH) <= k["knee_rps"] <= cap
         assert k["knee_rps_slow"] <= cap / 1.1 and k["knee_rps_fast"] <= cap / 0.9
-        assert k["knee_rps_slow"] >= cap / 1.1 / (1 + probe.KNEE_WIDTH)
+        assert k["knee_rps_slow"] >= cap / 1.1 / (1 + knees.KNEE_WIDTH)
 
 
 def test_a_policy_within_the_slo_past_its_capacity_has_its_knee_there():
@@ -234,9 +234,9 @@ def test_a_policy_within_the_slo_past_its_capacity_has_its_knee_there():
     for r in rows:  # within at both swept rates, not at max (as a tight TTFT limit makes it)
         r["within_slo"] = math.isfinite(r["rate_rps"])
     calls = []
-    found = probe.knees(w, rows, loose, COST, advance=lambda: calls.append(1))
+    found = knees.knees(w, rows, loose, COST, advance=lambda: calls.append(1))
     (k,) = found
     assert k["knee_rps"] == cap
-    assert cap / 1.1 / (1 + probe.KNEE_WIDTH) <= k["knee_rps_slow"] <= cap / 1.1
-    assert cap / 0.9 / (1 + probe.KNEE_WIDTH) <= k["knee_rps_fast"] <= cap / 0.9
-    assert len(calls) <= probe.expected_knee_calls(probe.knee_brackets(rows))
+    assert cap / 1.1 / (1 + knees.KNEE_WIDTH) <= k["knee_rps_slow"] <= cap / 1.1
+    assert cap / 0.9 / (1 + knees.KNEE_WIDTH) <= k["knee_rps_fast"] <= cap / 0.9
+    assert len(calls) <= knees.expected_knee_calls(knees.knee_brackets(rows))

@@ -1,6 +1,6 @@
 """What `benchbatch serve` adds under the HTTP: Scheduler.cancel (a request dropped between
 steps, waiting or running, its slot and blocks freed as a finished one's) and the split of
-the cores between the model thread and the HTTP loop (runtime/live.py's plan_cores)."""
+the cores between the model thread and the HTTP loop (runtime/cores.py's plan_cores)."""
 
 from __future__ import annotations
 
@@ -11,7 +11,7 @@ import pytest
 from benchbatch.core.kvblocks import KVBudget
 from benchbatch.core.scheduler import make_scheduler
 from benchbatch.core.workload import Request
-from benchbatch.runtime import live
+from benchbatch.runtime import cores
 
 
 def step(sched):
@@ -79,31 +79,31 @@ def four_cores(monkeypatch):
 
 
 def test_the_model_thread_gets_its_threads_cores_and_the_http_loop_the_rest(four_cores):
-    plan = live.plan_cores(None)
+    plan = cores.plan_cores(None)
     assert (plan.threads, plan.model_cores, plan.http_cores) == (3, (1, 2, 3), (0,))
-    plan = live.plan_cores(1)
+    plan = cores.plan_cores(1)
     assert (plan.threads, plan.model_cores, plan.http_cores) == (1, (3,), (0, 1, 2))
-    plan = live.plan_cores(8)  # more threads than cores: the HTTP loop still keeps one
+    plan = cores.plan_cores(8)  # more threads than cores: the HTTP loop still keeps one
     assert (plan.model_cores, plan.http_cores) == ((1, 2, 3), (0,)) and "share" in plan.why
-    plan = live.plan_cores(2, pin=False)
+    plan = cores.plan_cores(2, pin=False)
     assert (plan.threads, plan.model_cores, plan.http_cores) == (2, None, None)
-    plan = live.plan_cores(1, cpus=[4, 6])  # the process's CPUs before a run pinned its thread
+    plan = cores.plan_cores(1, cpus=[4, 6])  # the process's CPUs before a run pinned its thread
     assert (plan.model_cores, plan.http_cores) == ((6,), (4,))
 
 
 def test_the_model_thread_takes_the_least_busy_cores(four_cores):
     busy = {0: 0.25, 1: 0.9, 2: 0.02, 3: 0.97}  # another process pinned to CPUs 1 and 3
-    plan = live.plan_cores(1, busy=busy)
+    plan = cores.plan_cores(1, busy=busy)
     assert (plan.model_cores, plan.http_cores) == ((2,), (0, 1, 3)) and "least busy" in plan.why
-    plan = live.plan_cores(2, busy=busy)
+    plan = cores.plan_cores(2, busy=busy)
     assert (plan.model_cores, plan.http_cores) == ((0, 2), (1, 3))
     even = {0: 0.31, 1: 0.28, 2: 0.33, 3: 0.3}  # equal to a tenth: the first ones, away
-    plan = live.plan_cores(1, busy=even)  # from the last, where benchbatch's runs pin theirs
+    plan = cores.plan_cores(1, busy=even)  # from the last, where benchbatch's runs pin theirs
     assert (plan.model_cores, plan.http_cores) == ((0,), (1, 2, 3))
-    assert live.plan_cores(1, busy={0: 0.0}).model_cores == (3,)  # CPUs it cannot say: as is
+    assert cores.plan_cores(1, busy={0: 0.0}).model_cores == (3,)  # CPUs it cannot say: as is
 
 
 def test_one_core_is_not_pinned(monkeypatch):
     monkeypatch.setattr(os, "sched_getaffinity", lambda pid: {5}, raising=False)
-    plan = live.plan_cores(None)
+    plan = cores.plan_cores(None)
     assert (plan.threads, plan.model_cores) == (1, None) and "one CPU" in plan.why

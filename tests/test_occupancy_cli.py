@@ -179,7 +179,7 @@ def test_real_engine_measures_both_policies(runner, tmp_path):
 
 def test_interrupted_real_run_keeps_its_measured_rows(runner, tmp_path, monkeypatch):
     """Ctrl-C as the 11th continuous step ends: 10 continuous steps were measured."""
-    from benchbatch.runtime.engine import StepRecord
+    from benchbatch.runtime.records import StepRecord
 
     seen, row = [], StepRecord.row
 

@@ -14,7 +14,8 @@ from typer.testing import CliRunner
 
 from benchbatch import experiments
 from benchbatch.app import registry, views
-from benchbatch.core.options import ModelOptions, RunOptions, Use, WorkloadOptions, use
+from benchbatch.core.options import ModelOptions, RunOptions, WorkloadOptions
+from benchbatch.core.optkit import Use, use
 
 COMMANDS = ("phases", "sweep", "occupancy", "reproduce", "probe", "ablation", "piggyback",
             "serve-sweep", "serve", "compare", "project")  # fmt: skip
@@ -52,7 +53,8 @@ def test_options_are_data_building_lives_in_the_runtime():
 
 
 EXPERIMENT = '''
-from benchbatch.core.options import RunOptions, use
+from benchbatch.core.options import RunOptions
+from benchbatch.core.optkit import use
 from benchbatch.experiments.base import Experiment
 from {pkg}.options import HelloOptions
 
@@ -65,7 +67,7 @@ EXPERIMENT = Experiment(
 '''
 OPTIONS = '''
 from dataclasses import dataclass
-from benchbatch.core.options import check_count, opt
+from benchbatch.core.optkit import check_count, opt
 
 @dataclass(frozen=True)
 class HelloOptions:

@@ -11,11 +11,11 @@ from hypothesis import strategies as st
 from benchbatch.core.scheduler import (
     ContinuousScheduler,
     PrefillChunk,
-    SchedulerConfig,
     StaticScheduler,
     StepPlan,
     make_scheduler,
 )
+from benchbatch.core.scheduler_config import SchedulerConfig
 from benchbatch.core.workload import Request
 from benchbatch.errors import UserError
 

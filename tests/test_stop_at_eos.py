@@ -25,8 +25,9 @@ from benchbatch.core.workload import (
 )
 from benchbatch.errors import UserError
 from benchbatch.output.results import write_trace
-from benchbatch.runtime.engine import Engine, observed_requests, run_alone
+from benchbatch.runtime.engine import Engine, run_alone
 from benchbatch.runtime.model import Transformer
+from benchbatch.runtime.records import observed_requests
 
 SETTINGS = [
     {},

@@ -68,7 +68,7 @@ from benchbatch.app import help as help_view  # noqa: E402
 from benchbatch.app import registry  # noqa: E402
 from benchbatch.core import ranks  # noqa: E402
 from benchbatch.core.inputs import check_paths  # noqa: E402
-from benchbatch.core.options import check_numbers  # noqa: E402
+from benchbatch.core.optkit import check_numbers  # noqa: E402
 from benchbatch.errors import (  # noqa: E402
     Interrupted,
     OutputFailed,

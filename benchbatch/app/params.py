@@ -22,7 +22,7 @@ from typing import Annotated, Any, Literal
 
 import typer
 
-from benchbatch.core.options import Use, strict_float
+from benchbatch.core.optkit import Use, strict_float
 from benchbatch.core.units import duration_text, parse_duration
 from benchbatch.errors import UserError
 

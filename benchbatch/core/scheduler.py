@@ -47,103 +47,17 @@ included (it starts again from its first token).
 from __future__ import annotations
 
 import heapq
-import sys
 from collections import deque
 from collections.abc import Collection, Iterable
 from dataclasses import dataclass, field
 from itertools import pairwise
 
-from benchbatch.core.kvblocks import PAGED, BlockManager, KVBudget, blocks_for
+from benchbatch.core.kvblocks import PAGED, BlockManager, blocks_for
 from benchbatch.core.metrics import TokenRecorder
 from benchbatch.core.plans import DecodeEntry, PrefillChunk, StepPlan
+from benchbatch.core.scheduler_config import UNLIMITED, SchedulerConfig
 from benchbatch.core.workload import Request
 from benchbatch.errors import UserError
-
-UNLIMITED = sys.maxsize
-
-
-@dataclass(frozen=True)
-class SchedulerConfig:
-    """Settings of a scheduler; defaults reproduce the article's simulation rule."""
-
-    slots: int
-    max_num_seqs: int | None = None  # None: as many as slots
-    max_num_batched_tokens: int | None = None  # None: unlimited
-    chunked_prefill: bool = False
-    chunk_size: int | None = None  # with chunked_prefill; None: only the budget limits a chunk
-    mixed: bool = True
-    kv: KVBudget | None = None  # None: slots only (a slot is a full-length KV row)
-
-    def __post_init__(self) -> None:
-        _require(self.slots >= 1, "slots", f"must be at least 1, got {self.slots}")
-        seqs = self.max_num_seqs
-        if seqs is not None:
-            _require(seqs >= 1, "max_num_seqs", f"must be at least 1, got {seqs}")
-            _require(
-                seqs <= self.slots, "max_num_seqs", f"{seqs} is more than the {self.slots} slots"
-            )
-        self._check_budget()
-        self._check_chunk()
-        self._check_kv()
-
-    def _check_budget(self) -> None:
-        budget = self.max_num_batched_tokens
-        if budget is None:
-            return
-        _require(budget >= 1, "max_num_batched_tokens", f"must be at least 1, got {budget}")
-        # Every running sequence must be able to decode each step (vLLM asks the same).
-        _require(
-            budget >= self.seqs,
-            "max_num_batched_tokens",
-            f"{budget} is less than --max-num-seqs {self.seqs}: running decodes would starve",
-        )
-
-    def _check_chunk(self) -> None:
-        chunk, budget = self.chunk_size, self.max_num_batched_tokens
-        if chunk is None:
-            return
-        _require(self.chunked_prefill, "chunk_size", "only applies with chunked prefill")
-        _require(chunk >= 1, "chunk_size", f"must be at least 1, got {chunk}")
-        if budget is not None:
-            _require(chunk <= budget, "chunk_size", f"{chunk} is more than the token budget")
-
-    def _check_kv(self) -> None:
-        if self.kv is None:
-            return
-        _require(self.mixed, "kv_memory", "KV blocks are modelled with mixed steps only")
-        # Chunks limited by the budget alone (vLLM's default) leave at most one prompt part
-        # prefilled, the newest running request's, so the newest is never a decode already
-        # planned when a chunk preempts; smaller chunks would need vLLM's running order.
-        chunk, budget = self.chunk_size, self.max_num_batched_tokens
-        _require(
-            chunk is None or budget is None or chunk >= budget,
-            "chunk_size",
-            "with KV blocks, chunks are limited by the token budget only (vLLM's default)",
-        )
-
-    @property
-    def seqs(self) -> int:
-        return self.slots if self.max_num_seqs is None else self.max_num_seqs
-
-    @property
-    def budget(self) -> int:
-        return UNLIMITED if self.max_num_batched_tokens is None else self.max_num_batched_tokens
-
-    @property
-    def article_rule(self) -> bool:
-        """True when the plain rule holds (n tokens hold a slot n steps): fast paths apply."""
-        return (
-            self.max_num_batched_tokens is None
-            and self.seqs == self.slots
-            and not self.chunked_prefill
-            and self.mixed
-            and self.kv is None
-        )
-
-
-def _require(ok: bool, option: str, message: str) -> None:
-    if not ok:
-        raise UserError(option, message)
 
 
 @dataclass

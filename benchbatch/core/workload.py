@@ -14,6 +14,7 @@ from pathlib import Path
 
 import numpy as np
 
+from benchbatch.core.optkit import require
 from benchbatch.errors import UserError
 
 
@@ -246,23 +247,18 @@ def _check_workload_options(
     long_fraction: float,
     long_len: int,
 ) -> None:
-    _require(requests >= 1, "requests", f"must be at least 1, got {requests}")
-    _require(median > 0, "median", f"must be positive, got {median}")
-    _require(sigma >= 0, "sigma", f"must not be negative, got {sigma}")
-    _require(max_output >= 1, "max_output", f"must be at least 1, got {max_output}")
-    _require(prompt_len >= 1, "prompt_len", f"must be at least 1, got {prompt_len}")
+    require(requests >= 1, "requests", f"must be at least 1, got {requests}")
+    require(median > 0, "median", f"must be positive, got {median}")
+    require(sigma >= 0, "sigma", f"must not be negative, got {sigma}")
+    require(max_output >= 1, "max_output", f"must be at least 1, got {max_output}")
+    require(prompt_len >= 1, "prompt_len", f"must be at least 1, got {prompt_len}")
     if arrival_rate is not None:
-        _require(arrival_rate > 0, "arrival_rate", f"must be positive, got {arrival_rate}")
-    _require(
+        require(arrival_rate > 0, "arrival_rate", f"must be positive, got {arrival_rate}")
+    require(
         0 <= long_fraction <= 1, "long_prompt_fraction", f"must be in [0, 1], got {long_fraction}"
     )
     if long_fraction > 0:
-        _require(long_len >= 1, "long_prompt_len", f"must be at least 1, got {long_len}")
-
-
-def _require(ok: bool, option: str, message: str) -> None:
-    if not ok:
-        raise UserError(option, message)
+        require(long_len >= 1, "long_prompt_len", f"must be at least 1, got {long_len}")
 
 
 # --- traces -------------------------------------------------------------------------------
@@ -284,7 +280,7 @@ def read_trace_columns(path: str | Path, prompt_tokens: int = 64) -> Workload:
     """read_trace() as columns. A plain trace (digits, commas and newlines after the header,
     every value valid) is parsed by pandas at once; anything else, or any doubt, goes to the
     row-by-row reader, which accepts the same files and names the line of a bad value."""
-    _require(prompt_tokens >= 1, "prompt_len", f"must be at least 1, got {prompt_tokens}")
+    require(prompt_tokens >= 1, "prompt_len", f"must be at least 1, got {prompt_tokens}")
     data = _trace_bytes(Path(path))
     fast = plain_trace(Path(path), prompt_tokens, data)
     return fast if fast is not None else Workload.of(_read_trace_rows(path, prompt_tokens, data))
@@ -328,7 +324,7 @@ def _read_rows(path: Path, data: bytes) -> tuple[list[dict[str, str]], list[int]
                 lines.append(reader.line_num)
     except (OSError, UnicodeDecodeError, csv.Error) as e:
         raise UserError(TRACE_OPTION, f"cannot read {path}: {_reason(e)}") from e
-    _require(bool(rows), TRACE_OPTION, f"{path} has a header but no requests")
+    require(bool(rows), TRACE_OPTION, f"{path} has a header but no requests")
     return rows, lines
 
 
@@ -369,9 +365,9 @@ def _int_field(
         shown = text[:40]
         raise UserError(TRACE_OPTION, f"{where}: {column} {shown!r} is not an integer") from None
     kind = "positive" if minimum == 1 else "zero or more"
-    _require(value >= minimum, TRACE_OPTION, f"{where}: {column} must be {kind}, got {value}")
+    require(value >= minimum, TRACE_OPTION, f"{where}: {column} must be {kind}, got {value}")
     # Requests are held as int64 columns; no run could get anywhere near this anyway.
-    _require(value <= INT64_MAX, TRACE_OPTION, f"{where}: {column} is more than {INT64_MAX:,}")
+    require(value <= INT64_MAX, TRACE_OPTION, f"{where}: {column} is more than {INT64_MAX:,}")
     return value
 
 

@@ -12,11 +12,9 @@ from __future__ import annotations
 import dataclasses
 from collections.abc import Callable
 
-from benchbatch.core.options import (
-    ModelOptions,
-    RunOptions,
-    record,
-)
+from benchbatch.core.fits import cache_len
+from benchbatch.core.options import ModelOptions, RunOptions
+from benchbatch.core.optkit import record
 from benchbatch.core.units import duration
 from benchbatch.errors import UserError
 from benchbatch.output.recorder import Recorder
@@ -159,7 +157,6 @@ def join(rec: Recorder) -> None:
 def engine_cache(slots: int, requests) -> tuple[int, int, str]:
     """The real engine's KV cache, for open_model_run's cache: every slot holds the longest
     prompt plus the longest output."""
-    from benchbatch.runtime.engine import cache_len
 
     return slots, cache_len(requests), "slots"
 

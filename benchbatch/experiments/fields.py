@@ -5,13 +5,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from benchbatch.core.options import (
-    BATCHING,
-    WorkloadOptions,
-    check_number,
-    opt,
-    require,
-)
+from benchbatch.core.options import WorkloadOptions
+from benchbatch.core.optkit import BATCHING, check_number, opt, require
 
 LENGTH_KINDS = ("fixed", "uniform", "lognormal")  # core/lengths.py's KINDS (no numpy here)
 

@@ -31,7 +31,8 @@ from dataclasses import dataclass
 
 from aiohttp import web
 
-from benchbatch.runtime.live import ABORT, LiveEngine, Refused, pin_this_thread
+from benchbatch.runtime.cores import pin_this_thread
+from benchbatch.runtime.live import ABORT, LiveEngine, Refused
 
 PLACEHOLDER = "<{}>"  # a token's text without a tokenizer: its id, stable and parseable
 MAX_BODY_BYTES = 64 * 2**20

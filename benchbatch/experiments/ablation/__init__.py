@@ -2,7 +2,8 @@
 workload, simulated with a step-cost model fitted here and run on the model (options,
 probe, run)."""
 
-from benchbatch.core.options import ModelOptions, RunOptions, WorkloadOptions, use
+from benchbatch.core.options import ModelOptions, RunOptions, WorkloadOptions
+from benchbatch.core.optkit import use
 from benchbatch.experiments.ablation.options import ABLATION_WORKLOAD, AblationOptions
 from benchbatch.experiments.base import Experiment
 

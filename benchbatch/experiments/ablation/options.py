@@ -5,13 +5,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 from pathlib import Path
 
-from benchbatch.core.options import (
-    BATCHING,
-    check_count,
-    engine_field,
-    opt,
-    require,
-)
+from benchbatch.core.options import engine_field
+from benchbatch.core.optkit import BATCHING, check_count, opt, require
 from benchbatch.errors import UserError
 from benchbatch.experiments.fields import (
     SLO,

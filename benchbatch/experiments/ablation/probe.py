@@ -22,7 +22,8 @@ from typing import TYPE_CHECKING
 
 from benchbatch.core.metrics import RunMetrics, StepClock, percentile
 from benchbatch.core.noise import NOISY_P90_OVER_MEDIAN
-from benchbatch.core.scheduler import Scheduler, SchedulerConfig, make_scheduler
+from benchbatch.core.scheduler import Scheduler, make_scheduler
+from benchbatch.core.scheduler_config import SchedulerConfig
 from benchbatch.core.simulate import SimResult, StepCostModel, simulate
 from benchbatch.core.workload import Request
 from benchbatch.errors import UserError
@@ -31,7 +32,7 @@ from benchbatch.experiments.ablation.options import AblationOptions as Options
 from benchbatch.experiments.fields import SLO
 
 if TYPE_CHECKING:
-    from benchbatch.runtime.engine import EngineResult
+    from benchbatch.runtime.records import EngineResult
 
 __all__ = ["Options", "SCHEMES", "SLO", "Budgets", "simulate_all", "summary_row", "cost_line"]
 LABELS = {

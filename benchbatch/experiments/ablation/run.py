@@ -5,7 +5,9 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from benchbatch.core.options import ModelOptions, RunOptions, WorkloadOptions, record
+from benchbatch.core.fits import check_fits
+from benchbatch.core.options import ModelOptions, RunOptions, WorkloadOptions
+from benchbatch.core.optkit import record
 from benchbatch.core.prediction import pairs_of
 from benchbatch.experiments.ablation import probe
 from benchbatch.experiments.ablation.options import AblationOptions
@@ -74,7 +76,6 @@ def _open(opts, workload, model, run, requests, need_model: bool) -> Recorder:
     if not need_model:
         return Recorder.open("ablation", run, None, None, record(opts, workload, run))
     from benchbatch.experiments import common as c
-    from benchbatch.runtime.engine import check_fits
 
     real = opts.engine == "real"
     what = "trace" if workload.trace is not None else "max_output"

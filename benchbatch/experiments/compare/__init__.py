@@ -1,6 +1,7 @@
 """compare: several result folders of one command, overlaid and merged."""
 
-from benchbatch.core.options import RunOptions, use
+from benchbatch.core.options import RunOptions
+from benchbatch.core.optkit import use
 from benchbatch.experiments.base import Experiment
 from benchbatch.experiments.compare.options import CompareOptions
 

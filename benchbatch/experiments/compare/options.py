@@ -5,9 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from pathlib import Path
 
-from benchbatch.core.options import (
-    opt,
-)
+from benchbatch.core.optkit import opt
 
 
 @dataclass(frozen=True)

@@ -1,7 +1,8 @@
 """occupancy: static against continuous batching, and the memory policies on one KV budget,
 simulated and on the model (options, probe, memory, run)."""
 
-from benchbatch.core.options import ModelOptions, RunOptions, WorkloadOptions, use
+from benchbatch.core.options import ModelOptions, RunOptions, WorkloadOptions
+from benchbatch.core.optkit import use
 from benchbatch.experiments.base import Experiment
 from benchbatch.experiments.occupancy.options import OccupancyOptions
 

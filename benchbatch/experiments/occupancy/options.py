@@ -7,16 +7,18 @@ from pathlib import Path
 
 from benchbatch.core.kvblocks import blocks_for
 from benchbatch.core.options import (
+    block_size_field,
+    check_block_size,
+    engine_field,
+    kv_layout_field,
+)
+from benchbatch.core.optkit import (
     BATCHING,
     KV,
     MOST_GIB,
     WORKLOAD,
-    block_size_field,
-    check_block_size,
     check_count,
     check_number,
-    engine_field,
-    kv_layout_field,
     opt,
     require,
 )

@@ -19,6 +19,7 @@ from typing import TYPE_CHECKING
 
 import numpy as np
 
+from benchbatch.core.fits import cache_len
 from benchbatch.core.metrics import percentile, summarize
 from benchbatch.core.noise import NOISY_P90_OVER_MEDIAN
 from benchbatch.core.simulate import SimResult, occupancy_rows, run_policies
@@ -116,7 +117,6 @@ def estimate(
     `slots` sequences at a typical context, plus one prefill per request and policy. Timing
     these two steps (through the shared harness) also warms the model up."""
     from benchbatch.core import accounting
-    from benchbatch.runtime.engine import cache_len
 
     prompt = max(1, round(statistics.median(r.prompt_tokens for r in requests)))
     context = prompt + round(statistics.median(r.output_tokens for r in requests))

@@ -6,7 +6,9 @@ from __future__ import annotations
 import dataclasses
 from dataclasses import dataclass
 
-from benchbatch.core.options import ModelOptions, RunOptions, WorkloadOptions, record
+from benchbatch.core.fits import check_fits, check_prompt_ids
+from benchbatch.core.options import ModelOptions, RunOptions, WorkloadOptions
+from benchbatch.core.optkit import record
 from benchbatch.core.units import duration
 from benchbatch.experiments.occupancy.options import OccupancyOptions
 from benchbatch.output.recorder import Recorder
@@ -147,7 +149,6 @@ def _check_real(cfg, requests, workload: WorkloadOptions) -> None:
     it (--prompts, --trace, --long-prompt-len, --prompt-len), a prompt plus its output the
     output's."""
     from benchbatch.core.workload import Workload
-    from benchbatch.runtime.engine import check_fits, check_prompt_ids
 
     check_prompt_ids(cfg.vocab, requests)
     longest = int(Workload.of(requests).prompt_tokens.max())
@@ -380,7 +381,7 @@ def _observed_sim(rec, requests, result, policy: str):
     simulation of exactly those requests (the one the run is compared with)."""
     from benchbatch.experiments.occupancy import probe
     from benchbatch.output.results import write_trace
-    from benchbatch.runtime.engine import observed_requests
+    from benchbatch.runtime.records import observed_requests
 
     observed = observed_requests(requests, result)
     write_trace(rec.folder / f"trace_{policy}.csv", observed)

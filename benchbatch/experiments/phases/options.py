@@ -4,12 +4,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from benchbatch.core.options import (
-    block_size_field,
-    check_block_size,
-    kv_layout_field,
-    opt,
-)
+from benchbatch.core.options import block_size_field, check_block_size, kv_layout_field
+from benchbatch.core.optkit import opt
 from benchbatch.experiments.fields import (
     check_context,
     check_lengths,

@@ -1,6 +1,7 @@
 """piggyback: prefill tokens riding on a decode step, and what chunking costs."""
 
-from benchbatch.core.options import ModelOptions, RunOptions, use
+from benchbatch.core.options import ModelOptions, RunOptions
+from benchbatch.core.optkit import use
 from benchbatch.experiments.base import Experiment
 from benchbatch.experiments.piggyback.options import PiggybackOptions
 

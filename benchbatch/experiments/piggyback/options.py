@@ -4,11 +4,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from benchbatch.core.options import (
-    check_count,
-    check_number,
-    opt,
-)
+from benchbatch.core.optkit import check_count, check_number, opt
 from benchbatch.experiments.fields import (
     check_context,
     check_lengths,

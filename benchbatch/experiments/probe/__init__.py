@@ -1,6 +1,7 @@
 """probe: the device's measured ceilings (matmul, memory, all-reduce) beside its datasheet."""
 
-from benchbatch.core.options import ProbeOptions, RunOptions, use
+from benchbatch.core.options import ProbeOptions, RunOptions
+from benchbatch.core.optkit import use
 from benchbatch.experiments.base import Experiment
 
 HELP = """The device's ceilings, measured: matmul TFLOP/s and memory GB/s (copy and read).

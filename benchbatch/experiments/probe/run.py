@@ -2,7 +2,8 @@
 
 from __future__ import annotations
 
-from benchbatch.core.options import ProbeOptions, RunOptions, record
+from benchbatch.core.options import ProbeOptions, RunOptions
+from benchbatch.core.optkit import record
 from benchbatch.output.recorder import Recorder
 
 

@@ -1,6 +1,7 @@
 """project: a decode step on several GPUs projected from the accounting (nothing measured)."""
 
-from benchbatch.core.options import ModelOptions, RunOptions, use
+from benchbatch.core.options import ModelOptions, RunOptions
+from benchbatch.core.optkit import use
 from benchbatch.experiments.base import Experiment
 from benchbatch.experiments.project.options import ProjectOptions
 

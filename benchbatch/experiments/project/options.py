@@ -5,12 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from pathlib import Path
 
-from benchbatch.core.options import (
-    MOST_GIB,
-    check_number,
-    opt,
-    require,
-)
+from benchbatch.core.optkit import MOST_GIB, check_number, opt, require
 from benchbatch.errors import UserError
 from benchbatch.experiments.fields import (
     context_field,

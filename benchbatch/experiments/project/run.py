@@ -3,7 +3,8 @@ you do not have (no torch, nothing measured)."""
 
 from __future__ import annotations
 
-from benchbatch.core.options import ModelOptions, RunOptions, record
+from benchbatch.core.options import ModelOptions, RunOptions
+from benchbatch.core.optkit import record
 from benchbatch.experiments.project.options import ProjectOptions
 from benchbatch.output.recorder import Recorder
 

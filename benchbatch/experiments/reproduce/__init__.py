@@ -2,7 +2,8 @@
 parts (probe, phases, sweep, occupancy, memory, the real engine, the serving curve) run on
 one model and one set of ceilings (options, run)."""
 
-from benchbatch.core.options import ModelOptions, ProbeOptions, RunOptions, WorkloadOptions, use
+from benchbatch.core.options import ModelOptions, ProbeOptions, RunOptions, WorkloadOptions
+from benchbatch.core.optkit import use
 from benchbatch.experiments.base import Experiment
 from benchbatch.experiments.phases.options import PhasesOptions
 from benchbatch.experiments.reproduce.options import ReproduceOptions

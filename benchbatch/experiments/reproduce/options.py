@@ -4,10 +4,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from benchbatch.core.options import (
-    engine_field,
-    opt,
-)
+from benchbatch.core.options import engine_field
+from benchbatch.core.optkit import opt
 
 
 @dataclass(frozen=True)

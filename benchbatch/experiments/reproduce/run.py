@@ -17,6 +17,7 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass
 
+from benchbatch.core.fits import check_fits
 from benchbatch.core.options import ModelOptions, ProbeOptions, RunOptions, WorkloadOptions
 from benchbatch.experiments import common as c
 from benchbatch.experiments.phases.options import PhasesOptions
@@ -113,7 +114,6 @@ def real_sizes(options: dict, cuda: bool) -> dict | None:
 
 def _check(job: Job, cfg, target) -> None:
     from benchbatch.runtime import ceilings as probes
-    from benchbatch.runtime.engine import check_fits
 
     probes.plan_for(target, job.probe)  # its sizes and buffers must fit, as in `probe`
     job.phases.check(cfg)

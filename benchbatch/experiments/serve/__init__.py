@@ -1,7 +1,8 @@
 """serve-sweep: request rate against latency and throughput, simulated and served on the
 model (options, probe, run)."""
 
-from benchbatch.core.options import ModelOptions, RunOptions, WorkloadOptions, use
+from benchbatch.core.options import ModelOptions, RunOptions, WorkloadOptions
+from benchbatch.core.optkit import use
 from benchbatch.experiments.base import Experiment
 from benchbatch.experiments.serve.options import SERVE_WORKLOAD, ServeOptions
 

@@ -5,15 +5,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 from pathlib import Path
 
-from benchbatch.core.options import (
-    BATCHING,
-    WORKLOAD,
-    check_count,
-    check_number,
-    engine_field,
-    opt,
-    require,
-)
+from benchbatch.core.options import engine_field
+from benchbatch.core.optkit import BATCHING, WORKLOAD, check_count, check_number, opt, require
 from benchbatch.errors import UserError
 from benchbatch.experiments.fields import (
     INT_MAX_TOKENS,

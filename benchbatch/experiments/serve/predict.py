@@ -258,7 +258,7 @@ def server_setup(rec, opts, info: dict, setup, requests):
     a UserError naming the option the scheduler refuses."""
     from dataclasses import replace
 
-    from benchbatch.core.scheduler import SchedulerConfig
+    from benchbatch.core.scheduler_config import SchedulerConfig
     from benchbatch.experiments.serve import probe
 
     kv, where = server_kv(opts, info, requests)

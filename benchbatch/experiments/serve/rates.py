@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import math
 
-from benchbatch.core.options import require, strict_float
+from benchbatch.core.optkit import require, strict_float
 from benchbatch.errors import UserError
 
 MAX_RATE = "max"  # every request queued at once

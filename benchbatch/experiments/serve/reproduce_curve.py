@@ -19,7 +19,7 @@ def reproduce_curve(rec, seed: int) -> dict:
     its range), serve.png. Returns its summary."""
     from benchbatch.core import stepcost
     from benchbatch.core.serving import ServingSLO
-    from benchbatch.experiments.serve import probe
+    from benchbatch.experiments.serve import knees, probe
     from benchbatch.output.plots.serve import serve_figure
 
     opts, workload = ServeOptions(), WorkloadOptions(**SERVE_WORKLOAD)
@@ -43,8 +43,8 @@ def reproduce_curve(rec, seed: int) -> dict:
     ]
     rec.put("serve", rows)
     # The S claim's rates with their noise; the max point says where the knee is above them.
-    found = probe.knees(w, rows + top, setup, cost)
-    rec.put("slo", probe.with_knees(probe.sustained(rows), found))
+    found = knees.knees(w, rows + top, setup, cost)
+    rec.put("slo", knees.with_knees(probe.sustained(rows), found))
     title = f"{c.title(rec)}; serve-sweep's workload, {workload.slots} slots"
     serve_figure(rows, rec.folder / "serve.png", title, opts.slo_ttft, opts.slo_tpot)
     return {
@@ -54,8 +54,8 @@ def reproduce_curve(rec, seed: int) -> dict:
         "rates_rps": rates,
         "step_cost": stepcost.cost_summary(cost, fitted),
         "knees": {
-            "width": probe.KNEE_WIDTH,
-            "step_cost_spread": probe.STEP_COST_SPREAD,
+            "width": knees.KNEE_WIDTH,
+            "step_cost_spread": knees.STEP_COST_SPREAD,
             "policies": found,
         },
     }

@@ -6,7 +6,9 @@ from __future__ import annotations
 import math
 
 from benchbatch.core import energy
-from benchbatch.core.options import ModelOptions, RunOptions, WorkloadOptions, record
+from benchbatch.core.fits import check_fits
+from benchbatch.core.options import ModelOptions, RunOptions, WorkloadOptions
+from benchbatch.core.optkit import record
 from benchbatch.errors import UserError
 from benchbatch.experiments import common as c
 from benchbatch.experiments.serve import real
@@ -36,7 +38,7 @@ def open_run(
 def measure_run(
     rec, opts: ServeOptions, workload: WorkloadOptions, model: ModelOptions, run: RunOptions
 ) -> None:
-    from benchbatch.experiments.serve import probe
+    from benchbatch.experiments.serve import knees, probe
 
     setup, w, given = _plan(opts, workload, run)
     if opts.endpoint is not None:
@@ -57,7 +59,7 @@ def measure_run(
         if served is not None:
             real.compare(rec, served)
     found = (rec.meta.get("knees") or {}).get("policies", [])
-    rec.put("slo", probe.with_knees(probe.sustained(rec.rows("serve")), found))
+    rec.put("slo", knees.with_knees(probe.sustained(rec.rows("serve")), found))
     rec.meta["energy"] = energy.summary(rec.rows("serve"), "joules_per_output_token")
     _figures(rec)
 
@@ -188,7 +190,6 @@ def _length_options(opts: ServeOptions, workload) -> tuple[str, str]:
 
 
 def _check_real(cfg, requests, prompt: str = "max_prompt", output: str = "max_output") -> None:
-    from benchbatch.runtime.engine import check_fits
 
     check_fits(cfg.max_context, requests, prompt=prompt, output=output)
 
@@ -272,17 +273,17 @@ def _simulate(rec, opts: ServeOptions, w, setup, cost) -> tuple[float, ...]:
 def _knees(rec, opts: ServeOptions, w, setup, cost) -> None:
     """Each policy's knee in the sweep bisected between its last rate within the SLO and its
     first outside, or searched above the sweep where every finite rate was within
-    (probe.knees: to KNEE_WIDTH, and again with every step STEP_COST_SPREAD slower and
+    (knees.knees: to KNEE_WIDTH, and again with every step STEP_COST_SPREAD slower and
     faster), into metadata's knees; left out, with a note, where those simulations would
     pass the run's simulation budget beside the sweep's."""
-    from benchbatch.experiments.serve import probe
+    from benchbatch.experiments.serve import knees, probe
 
     rows = [r for r in rec.rows("serve") if r["source"] == probe.SIM]
-    brackets = probe.knee_brackets(rows)
+    brackets = knees.knee_brackets(rows)
     if not brackets:
         return
     point = _steps_bound(opts, w.requests) + ServeOptions.REQUEST_WORK * len(w.requests)
-    total = len(brackets) * 3 * probe.KNEE_STEPS
+    total = len(brackets) * 3 * knees.KNEE_STEPS
     if (len(rows) + total) * point > ServeOptions.MAX_SIM_WORK:
         rec.note(
             f"the SLO knees are not bisected: {total} more simulations of {len(w.requests):,} "
@@ -290,10 +291,10 @@ def _knees(rec, opts: ServeOptions, w, setup, cost) -> None:
             "policy's knee lies between its last rate within the SLO and its first outside"
         )
         return
-    expected = probe.expected_knee_calls(brackets)
+    expected = knees.expected_knee_calls(brackets)
     with rec.progress("bisecting the SLO knees", expected) as task:
-        found = probe.knees(w, rows, setup, cost, task.advance)
-    rec.meta["knees"] = {"width": probe.KNEE_WIDTH, "step_cost_spread": probe.STEP_COST_SPREAD,
+        found = knees.knees(w, rows, setup, cost, task.advance)
+    rec.meta["knees"] = {"width": knees.KNEE_WIDTH, "step_cost_spread": knees.STEP_COST_SPREAD,
                          "policies": found}  # fmt: skip
 
 

@@ -1,7 +1,8 @@
 """serve: benchbatch's own engine behind an OpenAI-compatible streaming API on 127.0.0.1
 (options, run; the engine fed online is runtime/live.py, the HTTP app net/server.py)."""
 
-from benchbatch.core.options import ModelOptions, RunOptions, WorkloadOptions, use
+from benchbatch.core.options import ModelOptions, RunOptions, WorkloadOptions
+from benchbatch.core.optkit import use
 from benchbatch.experiments.base import Experiment
 from benchbatch.experiments.server.options import ServerOptions
 

@@ -7,7 +7,7 @@ import math
 from dataclasses import dataclass
 from pathlib import Path
 
-from benchbatch.core.options import BATCHING, check_count, check_number, opt, require
+from benchbatch.core.optkit import BATCHING, check_count, check_number, opt, require
 from benchbatch.experiments.fields import chunk_of, chunk_size_field, token_budget_field
 
 SERVER = "Server"

@@ -17,7 +17,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from benchbatch.core.options import ModelOptions, RunOptions, WorkloadOptions
-from benchbatch.core.scheduler import SchedulerConfig
+from benchbatch.core.scheduler_config import SchedulerConfig
 from benchbatch.errors import UserError
 from benchbatch.experiments import common as c
 from benchbatch.experiments.server.options import ServerOptions
@@ -131,7 +131,8 @@ def measure_run(
     """Build the model, start its thread and the HTTP server, say the URL, serve until a
     signal or --duration, then stop both and write what was measured."""
     from benchbatch.net.server import Served, ServerThread, make_app
-    from benchbatch.runtime.live import LiveEngine, cpu_busy, plan_cores
+    from benchbatch.runtime.cores import cpu_busy, plan_cores
+    from benchbatch.runtime.live import LiveEngine
 
     net, cfg = c.build_model(rec, model, run)
     inputs = rec.inputs

@@ -1,6 +1,7 @@
 """sweep: batch size against decode throughput and step latency (options, probe, run)."""
 
-from benchbatch.core.options import ModelOptions, RunOptions, WorkloadOptions, use
+from benchbatch.core.options import ModelOptions, RunOptions, WorkloadOptions
+from benchbatch.core.optkit import use
 from benchbatch.experiments.base import Experiment
 from benchbatch.experiments.sweep.options import SweepOptions
 

@@ -4,15 +4,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from benchbatch.core.options import (
-    KV,
-    block_size_field,
-    check_block_size,
-    check_number,
-    kv_layout_field,
-    opt,
-    require,
-)
+from benchbatch.core.options import block_size_field, check_block_size, kv_layout_field
+from benchbatch.core.optkit import KV, check_number, opt, require
 from benchbatch.experiments.fields import (
     check_context,
     check_price_per_hour,
