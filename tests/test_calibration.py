@@ -826,3 +826,28 @@ def test_the_drift_is_each_calibrations_own_price_over_the_pooled_fits():
     assert (d["decode_step_low"], d["decode_step_high"]) == (min(d["each"]), max(d["each"]))
     # A calibration that determined no fit of its own is left out, not guessed.
     assert cal.drift([(first, own[0]), (second, None)], pooled)["each"] == d["each"][:1]
+
+
+def test_serve_sweep_json_holds_the_calibration_fit_s_numbers_as_json_numbers(runner, tmp_path):
+    """A sweep priced by a fit of engine steps (numpy floats) prints --json: its goodput
+    counts were numpy integers (an SLO check on numpy times), which json could not write."""
+    import pandas as pd
+
+    from benchbatch.app.cli import app
+    from benchbatch.core.metrics import RequestMetrics
+    from benchbatch.core.serving import ServingSLO, goodput_count
+
+    slo = ServingSLO(0.5, 0.05)
+    m = RequestMetrics(0, *np.array([0.0, 0.1, 0.4]), 4, *np.array([0.1, 0.1, 0.1]))
+    assert type(slo.met(m)) is bool and type(goodput_count([m, m], slo)) is int
+    steps = tmp_path / "calibration_steps.csv"
+    pd.DataFrame(synthetic_steps(90, noise=0.02)).to_csv(steps, index=False)
+    out = tmp_path / "run"
+    args = ["serve-sweep", "--engine", "sim", "--step-costs", str(steps), "--requests", "40",
+            "--rates", "2,max", "--out", str(out), "--json"]  # fmt: skip
+    result = runner.invoke(app, args)
+    assert result.exit_code == 0, result.output
+    doc = json.loads(result.stdout)
+    serve = pd.read_csv(out / "serve.csv", dtype={"rate": str})
+    assert [r["slo_met"] for r in doc["rows"]] == serve["slo_met"].tolist()
+    assert all(type(r["slo_met"]) is int for r in doc["rows"])

@@ -118,3 +118,15 @@ def test_csv_times_keep_full_precision(tmp_path):
     assert [float(c[2]) for c in cells] == (arrivals * 1e-3).tolist()
     assert back["request_id"].tolist() == list(range(1200))  # counts stay integers
     assert not math.isnan(back["arrival_s"].iloc[-1])
+
+
+def test_json_prints_numpy_numbers_as_result_json_writes_them(tmp_path, capsys):
+    """--json and result.json write one JSON: a number numpy made as Python's, NaN null."""
+    from benchbatch.output import render
+
+    doc = {"n": np.int64(3), "ok": np.bool_(True), "x": np.float64("nan"), "y": [np.float32(0.5)]}
+    render.print_json(doc)
+    printed = json.loads(capsys.readouterr().out)
+    results.write_json(tmp_path / "r.json", doc)
+    assert printed == json.loads((tmp_path / "r.json").read_text())
+    assert printed == {"n": 3, "ok": True, "x": None, "y": [0.5]}

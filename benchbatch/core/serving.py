@@ -49,7 +49,7 @@ class ServingSLO:
 
     def met(self, m: RequestMetrics) -> bool:
         """Both limits held (inclusive); a single-token request has TPOT 0 (vLLM's rule)."""
-        return m.ttft <= self.ttft_s and (tpot(m) or 0.0) <= self.tpot_s
+        return bool(m.ttft <= self.ttft_s and (tpot(m) or 0.0) <= self.tpot_s)  # numpy times too
 
     def within(self, row: Mapping) -> bool:
         """A point meets the SLO: p99 TTFT and p99 TPOT within the limits (MLPerf's server
@@ -131,7 +131,7 @@ def duration_s(ms: Sequence[RequestMetrics]) -> float:
 
 
 def goodput_count(ms: Iterable[RequestMetrics], slo: ServingSLO) -> int:
-    return sum(slo.met(m) for m in ms)
+    return int(sum(slo.met(m) for m in ms))
 
 
 # --- building the metrics of a run whose arrivals are in seconds ------------------------------

@@ -11,7 +11,6 @@ whole on one line in a pipe or a narrow terminal, for scripts to read.
 
 from __future__ import annotations
 
-import json
 import math
 
 from rich import box
@@ -158,9 +157,9 @@ def results_line(folder) -> None:
 
 
 def print_json(document: dict) -> None:
-    from benchbatch.output.results import json_safe
+    from benchbatch.output.results import json_text
 
-    out_console.out(json.dumps(json_safe(document), indent=2), highlight=False)
+    out_console.out(json_text(document), highlight=False)
 
 
 def noisy_hint(threads: int | None = None) -> str:

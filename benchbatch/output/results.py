@@ -287,9 +287,14 @@ def _whole_numbers(column) -> bool:
 
 
 def write_json(path: Path, obj) -> None:
-    """obj as JSON, written whole; a number numpy made (an int64, a bool_) as Python's."""
-    text = json.dumps(json_safe(obj), indent=2, sort_keys=False, default=_plain_json)
-    atomic_write_text(path, text + "\n")
+    """obj as JSON (json_text), written whole."""
+    atomic_write_text(path, json_text(obj) + "\n")
+
+
+def json_text(obj) -> str:
+    """obj as JSON, as result.json and --json both write it: NaN and infinity as null, a
+    number numpy made (an int64, a bool_) as Python's."""
+    return json.dumps(json_safe(obj), indent=2, sort_keys=False, default=_plain_json)
 
 
 def json_safe(obj):
