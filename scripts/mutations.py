@@ -542,8 +542,8 @@ BREAKS = [
     Break(
         "real points simulated at the core share's inverse",
         "benchbatch/experiments/serve/real.py",
-        "scaled = cpu_cost.scaled(1.0 / share)",
-        "scaled = cpu_cost.scaled(share)",
+        "    return cpu_cost.scaled(1.0 / share)",
+        "    return cpu_cost.scaled(share)",
         tests("tests/test_calibration.py"),
     ),
     Break(
@@ -570,8 +570,8 @@ BREAKS = [
     Break(
         "a shared core's whole-core simulation at the point's own share",
         "benchbatch/experiments/serve/real.py",
-        "row = probe.point_row(beside(point, w, setup, cpu_cost, 1.0, n), setup)",
-        "row = probe.point_row(beside(point, w, setup, cpu_cost, 0.5, n), setup)",
+        "row = probe.point_row(beside(point, w, setup, cost, cpu_cost, 1.0, n), setup)",
+        "row = probe.point_row(beside(point, w, setup, cost, cpu_cost, 0.5, n), setup)",
         tests("tests/test_calibration.py"),
     ),
     Break(
@@ -667,6 +667,24 @@ BREAKS = [
         "    top, bottom = np.percentile(m[draw], q, axis=1), np.percentile(s[draw[::-1]], q, "
         "axis=1)",
         tests("tests/test_prediction.py", "test_a_ratio_interval_resamples_requests_in_pairs"),
+    ),
+    Break(
+        "prediction: the step-cost band only half as far on the slow side",
+        "benchbatch/core/prediction.py",
+        "    return tuple(float(f) for f in np.linspace(1 - spread, 1 + spread, n))",
+        "    return tuple(float(f) for f in np.linspace(1 - spread, 1 + spread / 2, n))",
+        tests("tests/test_prediction.py",
+              "test_a_queue_amplifies_a_step_cost_error_as_worked_by_hand"),
+    ),
+    Break(
+        "prediction: misses judged inside the band by the prediction, not the measurement",
+        "benchbatch/core/prediction.py",
+        '        inside = sum(r["simulated_low"] <= r["measured"] <= r["simulated_high"] '
+        "for r in missed)",
+        '        inside = sum(r["simulated_low"] <= r["simulated"] <= r["simulated_high"] '
+        "for r in missed)",
+        tests("tests/test_prediction.py",
+              "test_the_step_cost_band_line_names_amplified_points_and_misses_it_accounts_for"),
     ),
     Break(
         "calibration: a masked key priced apart from a read one",

@@ -167,6 +167,13 @@ def test_serve_sweep_writes_prediction_from_the_sim_vs_real_pairs(runner, tmp_pa
     said = " ".join(result.output.split())
     assert "how sure each point's ratio is, given its requests" in said
     assert meta["prediction"]["how_sure"] in said
+    # Every request queued at once: each time is the steps' own, so with every step up to
+    # 10% slower or faster each metric moves by exactly as much.
+    at_max = table[table["rate"] == "max"]
+    for bound, factor in (("simulated_low", 0.9), ("simulated_high", 1.1)):
+        assert (at_max[bound] / at_max["simulated"]).to_numpy() == pytest.approx(factor,
+                                                                                 rel=1e-9)
+    assert "with every step up to 10% slower or faster" in said
 
 
 def test_a_ratio_interval_resamples_requests_in_pairs():
@@ -298,3 +305,56 @@ def test_steps_priced_off_by_the_calibration_are_a_warning_with_the_advice():
     fine = _PricesRec(_steps("continuous", 40, 9.8, 10.0) + _steps("chunked", 5, 5.0, 10.0))
     real.say_prices(fine)
     assert fine.warnings == [] and len(fine.notes) == 1
+
+
+def test_the_step_cost_band_line_names_amplified_points_and_misses_it_accounts_for():
+    assert pr.spread_factors() == pytest.approx(
+        (0.9, 0.925, 0.95, 0.975, 1.0, 1.025, 1.05, 1.075, 1.1), rel=1e-12)
+    assert pr.step_cost_band([2.0, math.nan, 1.5, 3.0]) == (1.5, 3.0)
+    assert all(math.isnan(v) for v in pr.step_cost_band([math.nan]))
+    row = lambda point, metric, lo, hi, measured, within: {  # noqa: E731
+        "point": point, "metric": metric, "simulated": 1.0, "simulated_low": lo,
+        "simulated_high": hi, "measured": measured, "within": within}
+    rows = [row("s @ 4 req/s", "ttft_p50_s", 0.6, 1.5, 0.7, False),  # x2.5 wide: amplified
+            row("s @ 4 req/s", "e2e_p50_s", 0.8, 1.25, 0.85, False),  # x1.56: twice the steps'
+            row("c @ 4 req/s", "ttft_p50_s", 0.9, 1.1, 0.8, False),  # outside its band
+            row("c @ 4 req/s", "tpot_p50_s", 0.9, 1.1, 1.0, True),
+            {"point": "x", "metric": "ttft_p50_s", "within": True}]  # fmt: skip
+    line = pr.amplified(rows)
+    assert line.startswith("with every step up to 10% slower or faster")
+    # (1.25 / 0.8) is 2.22 times the log width of (1.1 / 0.9); (1.1 / 0.9) 1 time.
+    assert ("at 1 point it moves by more than 2 times as much (TTFT p50 at s @ 4 req/s "
+            "x0.60-x1.50, E2E p50 at s @ 4 req/s x0.80-x1.25)") in line
+    assert "2 of the 3 values outside their target lie within it" in line
+    assert "no point moves" in pr.amplified(rows[3:4]) and pr.amplified(rows[4:]) is None
+
+
+def test_a_queue_amplifies_a_step_cost_error_as_worked_by_hand():
+    """Static, one slot, every step c: request 0 (10 tokens) holds the slot for steps 0-9;
+    request 1, arriving at a inside them, gets its first token at the end of step 10, so
+    TTFT = (c, 11c - a) and its p50 (12c - a) / 2: with every step scaled by f it is
+    (12fc - a) / 2, lowest at f = 0.9 and highest at 1.1, a band x0.70-x1.30 here for
+    steps x0.9-1.1; E2E p50 ((21fc - a) / 2) likewise; TPOT (request 0's c) moves as f."""
+    import numpy as np
+
+    from benchbatch.core.serving import ServingSLO
+    from benchbatch.core.simulate import StepCostModel
+    from benchbatch.core.workload import Request
+    from benchbatch.experiments.serve import probe
+
+    c, a = 0.01, 0.08
+    w = probe.ServeWorkload([Request(0, 4, 10), Request(1, 4, 1)], np.array([0.0, a]), "", "")
+    setup = probe.Setup(1, 64, 64, ServingSLO(1.0, 1.0))
+    cost = StepCostModel(base_s=c, per_decode_token_s=0.0, per_prefill_token_s=0.0)
+    sim = probe.point_row(probe.simulate_point(w, "static", 1.0, setup, cost), setup)
+    assert sim["ttft_p50_s"] == pytest.approx((12 * c - a) / 2, rel=1e-9)
+    spread = probe.spread_rows(w, "static", 1.0, setup, cost)
+    assert len(spread) == 8  # the nine factors but 1
+    band = {p["metric"]: (p["simulated_low"], p["simulated_high"])
+            for p in probe.prediction_pairs(sim, sim, 1.0, spread)}  # fmt: skip
+    for metric, steps in (("ttft_p50_s", 12), ("e2e_p50_s", 21)):
+        assert band[metric] == pytest.approx(((steps * 0.9 * c - a) / 2,
+                                              (steps * 1.1 * c - a) / 2), rel=1e-9)
+    assert band["tpot_p50_s"] == pytest.approx((0.9 * c, 1.1 * c), rel=1e-9)
+    assert math.log(band["ttft_p50_s"][1] / band["ttft_p50_s"][0]) > pr.AMPLIFIED * math.log(
+        1.1 / 0.9)

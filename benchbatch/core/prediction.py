@@ -46,6 +46,16 @@ NAMES = {
 PER_REQUEST = {"ttft_p50_s": ("ttft_s", 50), "ttft_p99_s": ("ttft_s", 99),
                "tpot_p50_s": ("tpot_s", 50), "tpot_p99_s": ("tpot_s", 99),
                "e2e_p50_s": ("e2e_s", 50), "e2e_p99_s": ("e2e_s", 99)}  # fmt: skip
+# How far a prediction moves when every step costs more or less than the model says, by
+# as much as the p50 band allows: each point simulated again with every step scaled by
+# SPREAD_POINTS factors from 1 - STEP_COST_SPREAD to 1 + STEP_COST_SPREAD (serve-sweep's
+# points; its SLO knees take the two ends).
+STEP_COST_SPREAD = 0.1
+SPREAD_POINTS = 9
+# A point whose predictions over those factors span more than AMPLIFIED times the factors'
+# own width (in log terms) is near a capacity or a group's edge: a step-cost error of a few
+# percent there reads as a latency error several times larger.
+AMPLIFIED = 2.0
 INTERVAL_LEVEL = 0.9  # the central share of the resampled ratios an interval holds
 DRAWS = 1000
 COLUMNS = ("point", "metric", "simulated", "measured", "ratio", "target_low", "target_high",
@@ -81,6 +91,54 @@ def pairs_of(point: str, simulated: Mapping, measured: Mapping,
         for m in metrics
         if m in simulated and m in measured
     ]
+
+
+def spread_factors(spread: float = STEP_COST_SPREAD, n: int = SPREAD_POINTS) -> tuple:
+    """The step-cost factors a point is simulated again at, 1 - spread to 1 + spread."""
+    return tuple(float(f) for f in np.linspace(1 - spread, 1 + spread, n))
+
+
+def step_cost_band(values: Iterable[float]) -> tuple[float, float]:
+    """The lowest and highest of a metric over a point's simulations at spread_factors()
+    (NaN, NaN where none is known)."""
+    known = [v for v in values if isinstance(v, (int, float)) and math.isfinite(v)]
+    return (min(known), max(known)) if known else (math.nan, math.nan)
+
+
+def amplified(rows: Sequence[dict], spread: float = STEP_COST_SPREAD) -> str | None:
+    """One line on the rows' step-cost bands (simulated_low and simulated_high: the
+    prediction with every step up to `spread` faster or slower): the points where the band
+    spans more than AMPLIFIED times the steps' own change, the widest first, and how many
+    of the values outside their target lie inside their band (a step-cost error of at
+    most `spread` accounts for them). None without bands."""
+    banded = [r for r in rows if r.get("simulated_low", 0) > 0 and r.get("simulated_high")
+              == r.get("simulated_high")]  # fmt: skip (NaN: no band)
+    if not banded:
+        return None
+    steps = math.log((1 + spread) / (1 - spread))
+    width = lambda r: math.log(r["simulated_high"] / r["simulated_low"]) / steps  # noqa: E731
+    wide = sorted((r for r in banded if width(r) > AMPLIFIED), key=lambda r: -width(r))
+    parts = []
+    if wide:
+        points = list(dict.fromkeys(r["point"] for r in wide))
+        shown = ", ".join(f"{NAMES.get(r['metric'], r['metric'])} at {r['point']} "
+                          f"x{r['simulated_low'] / r['simulated']:.2f}-"
+                          f"x{r['simulated_high'] / r['simulated']:.2f}"
+                          for r in wide[:3])  # fmt: skip
+        more = f" and {len(wide) - 3} more" if len(wide) > 3 else ""
+        parts.append(f"at {len(points)} point{'s' if len(points) > 1 else ''} it moves by more "
+                     f"than {AMPLIFIED:g} times as much ({shown}{more}): near a capacity or a "
+                     "static group's edge, where a small step-cost error is a large latency "
+                     "error")  # fmt: skip
+    missed = [r for r in banded if r.get("within") is False]
+    if missed:
+        inside = sum(r["simulated_low"] <= r["measured"] <= r["simulated_high"] for r in missed)
+        parts.append(f"{inside} of the {len(missed)} values outside their target lie within "
+                     "it (a step-cost error of at most that much accounts for them)")
+    if not parts:
+        parts.append(f"no point moves by more than {AMPLIFIED:g} times as much")
+    return (f"with every step up to {spread:.0%} slower or faster (prediction.csv's "
+            "simulated_low and simulated_high), " + "; ".join(parts))
 
 
 def ratio_interval(measured: Sequence[float], simulated: Sequence[float], q: float,

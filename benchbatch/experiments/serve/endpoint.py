@@ -276,7 +276,8 @@ def _beside(rec, opts, w, setup, measured, n, label, cost, predicted, calibratio
             if predicted:
                 arrivals = w.at(rate, n)[1]
                 span = float(arrivals.max() - arrivals.min()) if len(arrivals) else 0.0
-                mine = probe.prediction_pairs(row | {"policy": policy}, twin_row, span)
+                spread = probe.spread_rows(w, policy, rate, setup, model, n)
+                mine = probe.prediction_pairs(row | {"policy": policy}, twin_row, span, spread)
                 pairs += with_intervals(mine, _requests(rec, mine, rate, twin, setup))
     if predicted:
         record(rec, pairs, f"serve-sweep --endpoint: {label} beside its prediction "

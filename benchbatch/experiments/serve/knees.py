@@ -7,6 +7,7 @@ from __future__ import annotations
 import math
 from collections.abc import Sequence
 
+from benchbatch.core.prediction import STEP_COST_SPREAD
 from benchbatch.core.simulate import StepCostModel
 from benchbatch.experiments.serve.probe import (
     SIM,
@@ -22,7 +23,6 @@ from benchbatch.experiments.serve.probe import (
 # conclusion moves when the step costs are off by as much as the simulator's target allows
 # (the prediction's p50 band, 0.9-1.1). KNEE_STEPS: the simulations one knee may take.
 KNEE_WIDTH = 0.02
-STEP_COST_SPREAD = 0.1
 KNEE_STEPS = 10
 
 

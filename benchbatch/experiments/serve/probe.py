@@ -413,14 +413,35 @@ def engine_runs(
     return runs
 
 
-def prediction_pairs(real: dict, matched: dict, span_s: float) -> list[dict]:
+def spread_rows(w: ServeWorkload, policy: str, rate: float, setup: Setup, cost: StepCostModel,
+                n: int | None = None) -> list[dict]:  # fmt: skip
+    """A point's requests simulated again with every step scaled by each of
+    core/prediction.spread_factors() (up to STEP_COST_SPREAD slower and faster than
+    `cost`), their serve.csv rows: how far its prediction moves when the step costs are off
+    by as much as the p50 band allows."""
+    from benchbatch.core.prediction import spread_factors
+
+    return [point_row(simulate_point(w, policy, rate, setup, cost.scaled(f), n, MATCHED), setup)
+            for f in spread_factors() if f != 1.0]  # fmt: skip
+
+
+def prediction_pairs(real: dict, matched: dict, span_s: float,
+                     spread: Sequence[dict] = ()) -> list[dict]:  # fmt: skip
     """prediction.csv's pairs of one real point and its simulation (sim_vs_real's pair),
-    each marked below saturation or not (below_saturation)."""
-    from benchbatch.core.prediction import pairs_of
+    each marked below saturation or not (below_saturation), and with spread_rows' rows
+    each metric's lowest and highest prediction (simulated_low, simulated_high: the
+    matched simulation's own value among them)."""
+    from benchbatch.core.prediction import pairs_of, step_cost_band
 
     label = f"{real['policy']} @ {rate_label(real['rate_rps'])} req/s"
-    return pairs_of(label, matched, real, policy=real["policy"], rate=real["rate"],
-                    below_saturation=below_saturation(real, span_s))  # fmt: skip
+    pairs = pairs_of(label, matched, real, policy=real["policy"], rate=real["rate"],
+                     below_saturation=below_saturation(real, span_s))  # fmt: skip
+    if spread:
+        for pair in pairs:
+            low, high = step_cost_band([matched[pair["metric"]], *(r[pair["metric"]]
+                                                                   for r in spread)])
+            pair |= {"simulated_low": low, "simulated_high": high}
+    return pairs
 
 
 def point_requests(rows: Sequence[dict]) -> dict:

@@ -23,6 +23,7 @@ class Served:
     matched: dict
     n: int
     points: list = field(default_factory=list)
+    spread: dict = field(default_factory=dict)  # by policy and rate: probe.spread_rows'
 
 
 def serve(rec, net, opts: ServeOptions, w, setup, cost, rates, seed: int, cpu_cost=None):
@@ -54,11 +55,15 @@ def serve(rec, net, opts: ServeOptions, w, setup, cost, rates, seed: int, cpu_co
         row = probe.point_row(point, setup)
         row |= energy.serve_columns(row, reading, opts.price_per_hour)
         row["core_share"] = core_share([s.row() for s in done.result.steps])
-        sim = beside(matched[(done.run.name, rate)], w, setup, cpu_cost, row["core_share"], n)
-        row |= whole_core(matched[(done.run.name, rate)], w, setup, cpu_cost, n)
+        model = beside_cost(cost, cpu_cost, row["core_share"])
+        sim = beside(matched[(done.run.name, rate)], w, setup, cost, cpu_cost, row["core_share"],
+                     n)  # fmt: skip
+        served.spread[(done.run.name, rate)] = probe.spread_rows(w, done.run.name, rate, setup,
+                                                                 model, n)  # fmt: skip
+        row |= whole_core(matched[(done.run.name, rate)], w, setup, cost, cpu_cost, n)
         sim_row = probe.point_row(sim, setup) | {
-            "step_costs": "wall clock" if sim is matched[(done.run.name, rate)] else
-            "cpu clock / core share", "core_share": row["core_share"]}  # fmt: skip
+            "step_costs": "wall clock" if model is cost else "cpu clock / core share",
+            "core_share": row["core_share"]}  # fmt: skip
         rec.add("serve", sim_row | energy.serve_columns(sim_row, None, opts.price_per_hour))
         for r in probe.request_rows(sim, setup.slo):
             rec.add("requests", r, stream=True)
@@ -75,22 +80,31 @@ def serve(rec, net, opts: ServeOptions, w, setup, cost, rates, seed: int, cpu_co
     return served
 
 
-def beside(point, w, setup, cpu_cost, share: float, n: int):
-    """The simulation set beside a real point: its requests at their arrival times on the
-    calibration's CPU-clock step costs over the share of the core the engine held while it
-    served the point (its steps' CPU time over their wall time): the device's work at the
-    load the point ran under, which another process's turns on the core change from point
-    to point. `point` (the wall-clock fit's simulation, the calibration's load) where the
-    calibration has no CPU clock or the point no core share (a GPU, several threads)."""
+def beside_cost(cost, cpu_cost, share: float):
+    """The step costs of the simulation beside a real point: the calibration's CPU-clock
+    step costs over the share of the core the engine held while it served the point (its
+    steps' CPU time over their wall time): the device's work at the load the point ran
+    under, which another process's turns on the core change from point to point. `cost`
+    (the wall-clock fit, the calibration's load) where the calibration has no CPU clock or
+    the point no core share (a GPU, several threads)."""
+    if cpu_cost is None or not (share == share and share > 0):
+        return cost
+    return cpu_cost.scaled(1.0 / share)
+
+
+def beside(point, w, setup, cost, cpu_cost, share: float, n: int):
+    """The simulation set beside a real point: its requests at their arrival times on
+    beside_cost's step costs; `point` itself (already simulated on the wall-clock fit)
+    where those are the wall-clock fit's."""
     from benchbatch.experiments.serve import probe
 
-    if cpu_cost is None or not (share == share and share > 0):
+    model = beside_cost(cost, cpu_cost, share)
+    if model is cost:
         return point
-    scaled = cpu_cost.scaled(1.0 / share)
-    return probe.simulate_point(w, point.policy, point.rate, setup, scaled, n, probe.MATCHED)
+    return probe.simulate_point(w, point.policy, point.rate, setup, model, n, probe.MATCHED)
 
 
-def whole_core(point, w, setup, cpu_cost, n: int) -> dict:
+def whole_core(point, w, setup, cost, cpu_cost, n: int) -> dict:
     """A real point's requests simulated on the calibration's CPU-clock step costs as they
     are (a core of its own): whether they stay within the SLO there, and their E2E p50.
     What a quiet machine would serve, where other processes took the engine's core (the
@@ -99,7 +113,7 @@ def whole_core(point, w, setup, cpu_cost, n: int) -> dict:
 
     if cpu_cost is None:
         return {}
-    row = probe.point_row(beside(point, w, setup, cpu_cost, 1.0, n), setup)
+    row = probe.point_row(beside(point, w, setup, cost, cpu_cost, 1.0, n), setup)
     return {"whole_core_within_slo": row["within_slo"], "whole_core_e2e_p50_s": row["e2e_p50_s"]}
 
 
@@ -111,8 +125,8 @@ def compare(rec, served: Served) -> None:
 
     pairs = []
     for row, span in served.points:
-        pairs += probe.prediction_pairs(row, served.matched[(row["policy"], row["rate_rps"])],
-                                        span)  # fmt: skip
+        key = (row["policy"], row["rate_rps"])
+        pairs += probe.prediction_pairs(row, served.matched[key], span, served.spread.get(key, ()))
     pairs = with_intervals(pairs, probe.point_requests(rec.rows("requests")))
     say_prices(rec)
     say_core_shares(rec)

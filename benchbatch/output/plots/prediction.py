@@ -102,6 +102,10 @@ def record(rec, pairs: list[dict], title: str) -> dict:
     if sure:
         out["how_sure"] = sure
         rec.note(sure)
+    near = prediction.amplified(below or rows)
+    if near:
+        out["amplified"] = near
+        rec.note(near)
     rec.meta["prediction"] = out
     if any(_ok(r) for r in rows):
         prediction_figure(rows, rec.folder / "prediction.png", title)
