@@ -325,7 +325,7 @@ def test_the_step_cost_band_line_names_amplified_points_and_misses_it_accounts_f
     # (1.25 / 0.8) is 2.22 times the log width of (1.1 / 0.9); (1.1 / 0.9) 1 time.
     assert ("at 1 point it moves by more than 2 times as much (TTFT p50 at s @ 4 req/s "
             "x0.60-x1.50, E2E p50 at s @ 4 req/s x0.80-x1.25)") in line
-    assert "2 of the 3 values outside their target lie within it" in line
+    assert "of the values outside their target, 2 of 3 lie within their band" in line
     assert "no point moves" in pr.amplified(rows[3:4]) and pr.amplified(rows[4:]) is None
 
 

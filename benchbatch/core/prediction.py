@@ -133,8 +133,9 @@ def amplified(rows: Sequence[dict], spread: float = STEP_COST_SPREAD) -> str | N
     missed = [r for r in banded if r.get("within") is False]
     if missed:
         inside = sum(r["simulated_low"] <= r["measured"] <= r["simulated_high"] for r in missed)
-        parts.append(f"{inside} of the {len(missed)} values outside their target lie within "
-                     "it (a step-cost error of at most that much accounts for them)")
+        parts.append(f"of the values outside their target, {inside} of {len(missed)} lie "
+                     "within their band (a step-cost error of at most that much accounts for "
+                     "them)")
     if not parts:
         parts.append(f"no point moves by more than {AMPLIFIED:g} times as much")
     return (f"with every step up to {spread:.0%} slower or faster (prediction.csv's "
