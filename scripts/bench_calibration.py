@@ -43,13 +43,14 @@ def priced(summary: dict, reference: list[dict]) -> dict[str, float]:
     """Per step kind, the median of the reference steps' loop time over this calibration's
     price of them."""
     from benchbatch.core import calibration as cal
+    from benchbatch.core import pricing
 
     model = cal.model_of([summary["coefficients_s"].get(t, 0.0) for t in cal.TERMS])
     by: dict[str, list[float]] = {}
     for r in reference:
         kind = cal.step_kind(r)
         if kind != "idle" and r["step_ms"] > 0:
-            by.setdefault(kind, []).append(cal.loop_ms(r) / cal.price_ms(model, r))
+            by.setdefault(kind, []).append(pricing.loop_ms(r) / pricing.price_ms(model, r))
     return {k: statistics.median(v) for k, v in sorted(by.items())}
 
 

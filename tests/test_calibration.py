@@ -12,6 +12,7 @@ import numpy as np
 import pytest
 
 from benchbatch.core import calibration as cal
+from benchbatch.core import pricing
 from benchbatch.core import saved_calibration as sc
 from benchbatch.core.scheduler import make_scheduler
 from benchbatch.core.simulate import StepCostModel, simulate_timed
@@ -218,7 +219,7 @@ def test_a_static_groups_mostly_masked_step_is_priced_from_few_masked_keys(seed)
     late = {"active": 4, "padded": 28, "decode_tokens": 4, "prefill_tokens": 0,
             "context_tokens": 4 * 300, "masked_tokens": 28 * 301 + 4}  # fmt: skip
     truth = true_cost(32, 32, 0, 4 * 300) + c * late["masked_tokens"]
-    assert cal.price_ms(model, late) == pytest.approx(1e3 * truth, rel=0.02)
+    assert pricing.price_ms(model, late) == pytest.approx(1e3 * truth, rel=0.02)
 
 
 def test_an_endpoints_steps_without_masked_keys_leave_the_masked_price_zero():
@@ -548,7 +549,7 @@ def test_an_executed_steps_price_is_what_the_simulation_charges_its_plan(
     else:
         assert sum(r["gathered_tokens"] for r in rows) > 0
     for row, plan in zip(rows, plans, strict=True):
-        assert cal.price_ms(model, row) == pytest.approx(1e3 * model(plan), rel=1e-12)
+        assert pricing.price_ms(model, row) == pytest.approx(1e3 * model(plan), rel=1e-12)
 
 
 def test_price_errors_are_measured_over_priced_per_run_and_kind():
@@ -560,7 +561,7 @@ def test_price_errors_are_measured_over_priced_per_run_and_kind():
         {"policy": "a", "active": 1, "decode_tokens": 0, "prefill_tokens": 9, "step_ms": 3.0,
          "priced_ms": 4.0},
     ]  # fmt: skip
-    out = {(e["policy"], e["kind"]): e for e in cal.price_errors(rows)}
+    out = {(e["policy"], e["kind"]): e for e in pricing.price_errors(rows)}
     assert out[("a", "decode")]["ratio_p50"] == pytest.approx(3.0)
     assert out[("a", "decode")]["steps"] == 2
     assert out[("a", "prefill")]["ratio_p50"] == pytest.approx(0.75)
@@ -784,9 +785,9 @@ def test_the_cpu_price_errors_are_cpu_time_over_the_cpu_price():
         {"policy": "a", "active": 1, "decode_tokens": 1, "prefill_tokens": 0, "step_ms": 9.0,
          "cpu_ms": 4.0, "priced_ms": 5.0},
     ]  # fmt: skip
-    (cpu,) = cal.price_errors(rows, clock="cpu")
+    (cpu,) = pricing.price_errors(rows, clock="cpu")
     assert cpu["steps"] == 1 and cpu["ratio_p50"] == pytest.approx(4.5 / 3.0)
-    (wall,) = cal.price_errors(rows)
+    (wall,) = pricing.price_errors(rows)
     assert wall["steps"] == 2 and wall["ratio_p50"] == pytest.approx(1.9)  # 10/5 and 9/5
 
 
@@ -818,14 +819,14 @@ def test_the_drift_is_each_calibrations_own_price_over_the_pooled_fits():
     second.insert(0, lone | {"step_ms": 1.1e3 * true_cost(1, 1, 0, 100)})
     own = [cal.fit(part)["model"] for part in (first, second)]
     pooled = cal.fit(first + second)["model"]
-    d = cal.drift([(first, own[0]), (second, own[1])], pooled)
+    d = pricing.drift([(first, own[0]), (second, own[1])], pooled)
     price = float(cal.design([first[0]])[0] @ np.array(cal.coefficients(pooled)))
     assert d["each"] == pytest.approx([first[0]["step_ms"] / 1e3 / price,
                                        second[0]["step_ms"] / 1e3 / price], rel=1e-9)  # fmt: skip
     assert d["each"][1] / d["each"][0] == pytest.approx(1.1, rel=1e-9)
     assert (d["decode_step_low"], d["decode_step_high"]) == (min(d["each"]), max(d["each"]))
     # A calibration that determined no fit of its own is left out, not guessed.
-    assert cal.drift([(first, own[0]), (second, None)], pooled)["each"] == d["each"][:1]
+    assert pricing.drift([(first, own[0]), (second, None)], pooled)["each"] == d["each"][:1]
 
 
 def test_serve_sweep_json_holds_the_calibration_fit_s_numbers_as_json_numbers(runner, tmp_path):

@@ -17,7 +17,8 @@ from hypothesis import strategies as st
 from benchbatch.app.cli import app
 from benchbatch.app.params import LIST_MAX, parse_int_list
 from benchbatch.core.optkit import INT_MAX, check_numbers
-from benchbatch.core.workload import Request, read_trace
+from benchbatch.core.trace import read_trace
+from benchbatch.core.workload import Request
 from benchbatch.errors import UserError
 
 TINY = ["--preset", "tiny", "--device", "cpu", "--repeats", "1", "--min-time", "0"]

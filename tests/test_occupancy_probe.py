@@ -7,7 +7,8 @@ import pandas as pd
 
 from benchbatch.core.options import WorkloadOptions
 from benchbatch.core.simulate import expand_timeline, timeline_rows, timeline_table
-from benchbatch.core.workload import Workload, lognormal_workload, read_trace
+from benchbatch.core.trace import read_trace
+from benchbatch.core.workload import Workload, lognormal_workload
 from benchbatch.experiments.occupancy import probe
 
 

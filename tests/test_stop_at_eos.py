@@ -16,13 +16,8 @@ from hypothesis import strategies as st
 from benchbatch.core.config import preset
 from benchbatch.core.scheduler import make_scheduler
 from benchbatch.core.simulate import simulate
-from benchbatch.core.workload import (
-    Request,
-    lognormal_workload,
-    read_trace,
-    trace_rows,
-    with_prompts,
-)
+from benchbatch.core.trace import read_trace, trace_rows
+from benchbatch.core.workload import Request, lognormal_workload, with_prompts
 from benchbatch.errors import UserError
 from benchbatch.output.results import write_trace
 from benchbatch.runtime.engine import Engine, run_alone

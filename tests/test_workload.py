@@ -10,16 +10,8 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from benchbatch.core.workload import (
-    Request,
-    Workload,
-    _read_trace_rows,
-    lognormal_columns,
-    lognormal_workload,
-    plain_trace,
-    read_trace,
-    read_trace_columns,
-)
+from benchbatch.core.trace import _read_trace_rows, plain_trace, read_trace, read_trace_columns
+from benchbatch.core.workload import Request, Workload, lognormal_columns, lognormal_workload
 from benchbatch.errors import UserError
 
 

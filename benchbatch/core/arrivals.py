@@ -109,7 +109,7 @@ def read_arrivals(path: str | Path) -> np.ndarray | None:
     """The arrival_s column of a trace (seconds, in row order), or None when it has none.
 
     Every value must be a finite number of seconds, zero or more; the first problem is a
-    UserError naming the file and line. Lengths are read by workload.read_trace_columns.
+    UserError naming the file and line. Lengths are read by trace.read_trace_columns.
     """
     path = Path(path)
     try:

@@ -2,7 +2,7 @@
 
 The serving benchmarks draw synthetic lengths the same three ways (vLLM's random dataset is
 uniform around a length, GuideLLM's synthetic data takes a spread and bounds); a trace
-replaces them with a user's own traffic (workload.read_trace_columns).
+replaces them with a user's own traffic (trace.read_trace_columns).
 """
 
 from __future__ import annotations

@@ -354,7 +354,8 @@ class WorkloadOptions:
     def draw(self, seed: int = 0):
         """The requests of one run (a Workload: columns that read as a list of Requests):
         the trace when given, else the seeded generator."""
-        from benchbatch.core.workload import lognormal_columns, read_trace_columns
+        from benchbatch.core.trace import read_trace_columns
+        from benchbatch.core.workload import lognormal_columns
 
         if self.trace is not None:
             return self._checked_trace(read_trace_columns(self.trace, self.prompt_len))

@@ -389,6 +389,6 @@ def command_line() -> str:
 def write_trace(path: str | Path, requests) -> None:
     """The requests as a CSV trace (core/workload.py's trace_text), written whole or not at
     all, for `occupancy --trace` to replay."""
-    from benchbatch.core.workload import trace_text
+    from benchbatch.core.trace import trace_text
 
     atomic_write_text(Path(path), trace_text(requests))

@@ -22,6 +22,7 @@ import numpy as np
 
 from benchbatch.core import calibration as cal
 from benchbatch.core import endpoint_calibration as ec
+from benchbatch.core import pricing
 from benchbatch.errors import UserError
 from benchbatch.experiments.serve import lateness
 
@@ -200,7 +201,7 @@ def pooled(calibrations: list[dict]) -> dict:
         "burst_requests": [c.get("bursts", 0) for c in calibrations],
         # of those, the ones this client read late, its thread waiting for a core (ec.read_late)
         "client_burst_requests": [c.get("read_late", 0) for c in calibrations],
-        "drift": cal.drift(parts, out["model"]),
+        "drift": pricing.drift(parts, out["model"]),
     }
     return out | {"source": "endpoint calibration"}
 

@@ -137,7 +137,7 @@ def _priced(events, cost, cpu_cost=None):
     """The engine's step rows, each with the cost model's price of the step it took
     (priced_ms: what the wall-clock fit charges that plan; priced_cpu_ms: the CPU clock's,
     where the calibration has one), the rest passed through."""
-    from benchbatch.core.calibration import price_ms
+    from benchbatch.core.pricing import price_ms
 
     for event in events:
         if isinstance(event, dict):
@@ -160,7 +160,7 @@ def say_prices(rec) -> None:
     beside the points assume; the core share is theirs), else on the wall clock. A ratio
     far from 1 is the step-cost model's error (the device changed since the calibration),
     one near 1 beside a latency far off is the scheduling's or the queue's."""
-    from benchbatch.core.calibration import price_errors
+    from benchbatch.core.pricing import price_errors
 
     steps = rec.rows("real_steps")
     clock = "cpu" if any(r.get("priced_cpu_ms") for r in steps) else "wall"
