@@ -231,6 +231,52 @@ def test_real_rates_take_each_policys_last_point_below_saturation_after_the_slo_
     assert chosen == [2.0, 4.0, 8.0]  # the knees still first: 1 req/s does not fit beside
 
 
+def test_real_rates_take_the_last_point_below_saturation_with_dearer_steps():
+    """Static keeps up at 2 req/s as priced but not with every step 10% dearer (E2E p50 2 s
+    against a 20-s span: at 90%; dearer 3 s), where only 1 req/s keeps up: its point in the
+    verdict is 1 req/s, off the edge where a few percent of step cost decide. Continuous
+    keeps up at no rate when dearer: its last rate as priced (4) stands."""
+    e2e = {"static": {1.0: 1.0, 2.0: 2.0, 4.0: 9.0}, "continuous": {1.0: 9.0, 2.0: 9.0, 4.0: 0.6}}
+    slower = {"static": {1.0: 2.0, 2.0: 3.0, 4.0: 12.0},
+              "continuous": {1.0: 50.0, 2.0: 50.0, 4.0: 50.0}}  # fmt: skip
+
+    def table(latency):
+        out = rows("static", probe.MATCHED, {1.0: True, 2.0: True, 4.0: True}) + rows(
+            "continuous", probe.MATCHED, {1.0: True, 2.0: True, 4.0: True}
+        )
+        for r in out:
+            r |= {"requests": 40, "e2e_p50_s": latency[r["policy"]][r["rate_rps"]]}
+        return out
+
+    priced, dear = table(e2e), table(slower)
+    assert probe.saturation_by_policy(priced, probe.MATCHED) == {"static": 2.0, "continuous": 4.0}
+    assert probe.saturation_by_policy(dear, probe.MATCHED) == {"static": 1.0}
+    cost = {1.0: 100.0, 2.0: 50.0, 4.0: 25.0}
+    assert probe.choose_real_rates(priced, cost, budget_s=125.0) == ([2.0, 4.0], 75.0)
+    chosen, spent = probe.choose_real_rates(priced, cost, budget_s=125.0, dear=dear)
+    assert chosen == [1.0, 4.0] and spent == 125.0  # 1 (static, dearer) and 4 (continuous)
+
+
+def test_the_dearer_simulation_prices_every_step_ten_percent_higher():
+    """real._dearer: every request queued at once, each time is the steps' own, so every
+    metric of every policy is exactly 1.1 times its simulation as priced (a cheaper, or
+    unscaled, simulation would choose rates nearer the edge)."""
+    from benchbatch.experiments.serve import real
+
+    opts, work = serve_workload(requests=40, policies=("static", "continuous"))
+    setup = probe.Setup(work.slots, 256, 128, ServingSLO(opts.slo_ttft, opts.slo_tpot))
+    w = probe.draw(opts, work, seed=0)
+    dear = real._dearer(opts, w, setup, CPU_LIKE, [math.inf], 20)
+    assert [r["policy"] for r in dear] == ["static", "continuous"]
+    for r in dear:
+        priced = probe.point_row(
+            probe.simulate_point(w, r["policy"], math.inf, setup, CPU_LIKE, 20, probe.MATCHED),
+            setup,
+        )
+        for metric in ("ttft_p50_s", "tpot_p50_s", "e2e_p50_s", "duration_s"):
+            assert r[metric] == pytest.approx(1.1 * priced[metric], rel=1e-9), metric
+
+
 def test_continuous_sustains_a_higher_rate_than_static_with_the_cpu_defaults():
     """The default workload and SLO with CPU-like step costs: static batching leaves the SLO
     at a lower rate than continuous batching (what the command's defaults are chosen for)."""

@@ -147,7 +147,10 @@ class ServeOptions:
         None,
         "Rates to serve on the real engine. Default: chosen to fit --real-time: first, per "
         "policy, the last rate the simulation keeps within the SLO and the first it does not "
-        "(where the real engine must confirm the knee), then the cheapest others.",
+        "(where the real engine must confirm the knee), then the highest rate it keeps up "
+        "with even with every step 10% dearer (a point below saturation for the "
+        "prediction's verdict, off the edge where a few percent of step cost decide), then "
+        "the cheapest others.",
         panel=SERVE_PANEL,
         parse="words",
     )

@@ -312,15 +312,21 @@ def knee_rates(rows: Sequence[dict], source: str = SIM) -> list[float]:
     return list(dict.fromkeys(out))
 
 
-def choose_real_rates(rows: Sequence[dict], cost_s: dict[float, float], budget_s: float):
+def choose_real_rates(rows: Sequence[dict], cost_s: dict[float, float], budget_s: float,
+                      dear: Sequence[dict] | None = None):  # fmt: skip
     """The rates the real engine serves within budget_s seconds. rows: the simulations of
     the real engine's own requests at every rate (MATCHED; fewer requests than the sweep
     build shorter queues, so their knees lie further right); cost_s: each rate's simulated
-    duration, all policies. The knees first (where each policy leaves the SLO, then the
-    highest rate each keeps up with: its last point below saturation, so every policy has
-    one in the prediction's verdict), then the cheapest others."""
+    duration, all policies; dear: the same simulations with every step STEP_COST_SPREAD
+    dearer (rows where not given). The knees first (where each policy leaves the SLO, then
+    the highest rate each keeps up with even with its steps that much dearer: its last point
+    below saturation, so every policy has one in the prediction's verdict, and not one on
+    the edge where a few percent of step cost decide whether it keeps up), then the cheapest
+    others."""
     knees = [r for r in knee_rates(rows, MATCHED) if r in cost_s]
-    knees += [r for r in saturation_rates(rows, MATCHED) if r in cost_s and r not in knees]
+    # A policy none of whose rates keeps up when dearer: its last one as priced.
+    kept = saturation_by_policy(rows, MATCHED) | saturation_by_policy(dear or (), MATCHED)
+    knees += [r for r in dict.fromkeys(kept.values()) if r in cost_s and r not in knees]
     rest = sorted((r for r in cost_s if r not in knees), key=lambda r: cost_s[r])
     chosen, spent = [], 0.0
     for rate in [*knees, *rest]:
@@ -333,14 +339,20 @@ def choose_real_rates(rows: Sequence[dict], cost_s: dict[float, float], budget_s
 def saturation_rates(rows: Sequence[dict], source: str = SIM) -> list[float]:
     """Per policy, the highest finite rate whose point is below saturation (below_saturation,
     its arrivals' span taken as its requests over the rate), if any."""
-    out = []
+    return list(dict.fromkeys(saturation_by_policy(rows, source).values()))
+
+
+def saturation_by_policy(rows: Sequence[dict], source: str = SIM) -> dict[str, float]:
+    """saturation_rates by policy: {policy: its highest rate below saturation}, policies
+    with none left out."""
+    out = {}
     for policy in dict.fromkeys(r["policy"] for r in rows):
         kept = [r["rate_rps"] for r in rows if r["policy"] == policy and r["source"] == source
                 and math.isfinite(r["rate_rps"]) and "e2e_p50_s" in r
                 and below_saturation(r, r["requests"] / r["rate_rps"])]  # fmt: skip
         if kept:
-            out.append(max(kept))
-    return list(dict.fromkeys(out))
+            out[policy] = max(kept)
+    return out
 
 
 # --- within the SLO ----------------------------------------------------------------------------

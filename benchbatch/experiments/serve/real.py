@@ -222,6 +222,18 @@ def say_core_shares(rec) -> None:
         )
 
 
+def _dearer(opts: ServeOptions, w, setup, cost, rates, n: int) -> list[dict]:
+    """The real engine's n requests simulated at every rate with every step STEP_COST_SPREAD
+    dearer (the p50 band's width): where each policy still keeps up though the device runs
+    that much slower while serving than while it calibrated."""
+    from benchbatch.core.prediction import STEP_COST_SPREAD
+    from benchbatch.experiments.serve import probe
+
+    dear = cost.scaled(1 + STEP_COST_SPREAD)
+    return [probe.point_row(probe.simulate_point(w, p, r, setup, dear, n, probe.MATCHED), setup)
+            for r in rates for p in opts.policies]  # fmt: skip
+
+
 def _matched(rec, opts: ServeOptions, w, setup, cost, rates, n: int):
     """The simulation of the real engine's n requests at every candidate rate, and the rates
     to serve: --real-rates, or those that fit --real-time by these simulations' durations."""
@@ -236,7 +248,8 @@ def _matched(rec, opts: ServeOptions, w, setup, cost, rates, n: int):
     cost_s = {r: sum(matched[(p, r)].step_ends[-1] for p in opts.policies) for r in candidates}
     if opts.real_rates is None:
         rows = [probe.point_row(v, setup) for v in matched.values()]
-        chosen, spent = probe.choose_real_rates(rows, cost_s, opts.real_time)
+        dear = _dearer(opts, w, setup, cost, candidates, n)
+        chosen, spent = probe.choose_real_rates(rows, cost_s, opts.real_time, dear)
         fewer = n // 2
         if len(chosen) < min(2, len(candidates)) and fewer >= MIN_REAL_REQUESTS:
             # A slow or loaded device: fewer requests a point rather than no answer.
