@@ -10,11 +10,11 @@ Two choices that change no value of the model, only how fast a step reads its we
   products over row slices of the one weight (views: checkpoints and shards are unchanged);
   at 32 rows some CPU kernels did better on the narrower products.
 
-`choose(model)` times the model's own projections in every layout, alternating, at one and
-at 32 rows, once per process for each device, dtype and shape, and returns the layout with
-the smallest summed time relative to the best at each row count (ties keep ROWS, the
-layout nn.Linear gives). Every rank of a tensor-parallel group adds up all ranks' scores,
-so the ranks agree.
+`choose(model)` times the model's own projections in every layout, alternating (ROUNDS
+times each), at one and at 32 rows, once per process for each device, dtype and shape, and
+returns the layout with the smallest summed time relative to the best at each row count
+(ties keep ROWS, the layout nn.Linear gives). Every rank of a tensor-parallel group adds up
+all ranks' scores, so the ranks agree.
 """
 
 from __future__ import annotations
@@ -40,6 +40,12 @@ class WeightLayout:
 ROWS = WeightLayout()
 LAYOUTS = tuple(WeightLayout(c, s) for c in (False, True) for s in (False, True))
 PROBE_BYTES = 256 * 2**20  # at most this much of the model's layers is copied to time
+# Timings of each layout at each row count (the median taken). Three were too few: on the
+# 2-core Intel VM (cpu-small, one pinned thread) layouts 5-8% apart, columns-fused and
+# rows-split, came out 7 to 5 in twelve choices at three rounds, 8 to 0 at nine, and a
+# serving run's step costs by batch size follow the layout (a decode step of 2 rows cost
+# 12.6 ms in one, 16.4 in the other), so two runs of one command differed by the draw.
+ROUNDS = 9
 _chosen: dict[tuple, WeightLayout] = {}
 
 
@@ -48,7 +54,7 @@ def is_columns(w: torch.Tensor) -> bool:
     return w.dim() == 2 and w.shape[0] > 1 and w.stride(0) == 1 and w.stride(1) == w.shape[0]
 
 
-def choose(model, rows: tuple[int, ...] = (1, 32), rounds: int = 3) -> WeightLayout:
+def choose(model, rows: tuple[int, ...] = (1, 32), rounds: int = ROUNDS) -> WeightLayout:
     """The measured fastest layout for this model's projections on its device (cached)."""
     from benchbatch.runtime import distributed
 
