@@ -1,5 +1,8 @@
 """Paired check: serve-sweep runs' real points priced by their own calibration fitted with
-and without the prompt-pair term (per_prompt_pair_s), on the same measured points.
+and without a term, on the same measured points: the prompt-pair term (per_prompt_pair_s,
+the default) or, with --term row-blocks, the row-block and prefill-step terms
+(per_row_block_s, prefill_step_s: their columns decode_only_rows and prefill_step, taken
+from each step's counts for calibrations recorded before the engine kept them).
 
 For each run folder (serve-sweep with --engine real, e.g. bench_sim_error.py --keep DIR's
 round folders), the calibration's steps (calibration_steps.csv; runs made before the term
@@ -11,7 +14,7 @@ median and mean |log(measured over simulated)| and how many are within 10%; then
 and metric the median ratio. Run on folders made with the term, the "with" column
 reproduces the runs' own prediction.csv. Nothing here is a test: a measurement to quote.
 
-    python scripts/paired_prompt_pairs.py RUN [RUN ...]
+    python scripts/paired_prompt_pairs.py [--term prompt-pairs|row-blocks] RUN [RUN ...]
 """
 
 from __future__ import annotations
@@ -54,7 +57,19 @@ def _pairs_by_replay(rows: list[dict], setup, w, max_context: int) -> None:
         r["prompt_pairs"] = pairs[(r["calibration"], r["step"])]
 
 
-def run_folder(folder: Path) -> dict[str, list[tuple[str, str, float]]]:
+TERMS = {"prompt-pairs": ("prompt_pairs",), "row-blocks": ("decode_only_rows", "prefill_step")}
+
+
+def _row_columns(rows: list[dict]) -> None:
+    """decode_only_rows and prefill_step from a step's counts (the engine's own rule,
+    core/simulate.py), for a calibration recorded before the engine kept them."""
+    for r in rows:
+        lone = r["decode_tokens"] + (r.get("padded") or 0)
+        r.setdefault("decode_only_rows", 0 if r["prefill_tokens"] else lone)
+        r.setdefault("prefill_step", int(r["prefill_tokens"] > 0))
+
+
+def run_folder(folder: Path, term: str = "prompt-pairs") -> dict[str, list[tuple[str, str, float]]]:
     """Per way: (policy, metric, measured over simulated) of every point below saturation."""
     meta = json.loads((folder / "metadata.json").read_text())
     saved = meta["options"]
@@ -65,7 +80,9 @@ def run_folder(folder: Path) -> dict[str, list[tuple[str, str, float]]]:
     rows = cb.fit_rows(steps.to_dict("records"))
     if "prompt_pairs" not in steps:
         _pairs_by_replay(rows, setup, w, (meta.get("model") or {}).get("max_context") or 4096)
-    blind = [{k: v for k, v in r.items() if k != "prompt_pairs"} for r in rows]
+    if term == "row-blocks":
+        _row_columns(rows)
+    blind = [{k: v for k, v in r.items() if k not in TERMS[term]} for r in rows]
     models = {way: cal.with_cpu_clock(cal.fit(r, "calibration"), r, "calibration")["cpu_model"]
               for way, r in zip(WAYS, (rows, blind), strict=True)}  # fmt: skip
     prediction = pd.read_csv(folder / "prediction.csv", dtype={"rate": str})
@@ -95,10 +112,12 @@ def _line(ratios: list[float]) -> str:
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("runs", nargs="+", type=Path, help="serve-sweep run folders (--engine real)")
+    p.add_argument("--term", choices=sorted(TERMS), default="prompt-pairs",
+                   help="the term fitted with and without (default: prompt-pairs)")
     args = p.parse_args()
     total: dict[str, list] = {way: [] for way in WAYS}
     for folder in args.runs:
-        got = run_folder(folder)
+        got = run_folder(folder, args.term)
         print(
             f"{folder.name}: "
             + "; ".join(f"{way}: {_line([r for *_, r in got[way]])}" for way in WAYS if got[way])

@@ -276,6 +276,80 @@ def test_a_prompt_pair_term_is_recovered_beside_the_others():
     assert blind["summary"]["kinds"]["prefill"]["median_abs_error"] > 0.01
 
 
+def staircase(rows: list[dict], block: int, per_block: float, prefill: float,
+              per_row: float = 9e-4) -> list[dict]:  # fmt: skip
+    """TRUE's steps on a BLAS with two regimes: a decode-only step of r rows costs the base,
+    its KV reads, per_row a row and per_block for each `block` rows begun (its kernel for
+    few rows streams the weights again for each block); a step with prefill tokens TRUE's
+    cost and `prefill` more. Each row with the columns the engine records."""
+    out = []
+    for r in rows:
+        lone = r["decode_tokens"] if not r["prefill_tokens"] else 0
+        if lone:
+            t = (TRUE["base_s"] + TRUE["per_context_token_s"] * r["context_tokens"]
+                 + per_row * lone + per_block * -(-lone // block))  # fmt: skip
+        else:
+            t = r["step_ms"] / 1e3 + prefill
+        out.append(r | {"decode_only_rows": lone, "prefill_step": int(bool(r["prefill_tokens"])),
+                        "step_ms": 1e3 * t})  # fmt: skip
+    return out
+
+
+def test_row_blocks_and_a_prefill_steps_cost_are_recovered_beside_the_others():
+    """Decode-only steps of 1-16 rows costing 0.9 ms a row and 7 ms for each block of three
+    rows begun, steps with prefill tokens TRUE's cost and 9 ms: the fit finds the block of
+    three among ROW_BLOCKS and recovers every term exactly; the model it returns prices
+    them, and a fit without the columns misses the stairs."""
+    rows = staircase(synthetic_steps(150, 0.0), 3, 7e-3, 9e-3)
+    out = cal.fit(rows)
+    got, model = out["summary"]["coefficients_s"], out["model"]
+    assert model.row_block == 3 and out["summary"]["row_block"] == 3
+    assert got["per_row_block_s"] == pytest.approx(7e-3, rel=1e-9)
+    assert got["per_decode_only_row_s"] == pytest.approx(9e-4, rel=1e-9)
+    assert got["prefill_step_s"] == pytest.approx(9e-3, rel=1e-9)
+    for term, value in TRUE.items():
+        assert got[term] == pytest.approx(value, rel=1e-9), term
+    assert max(abs(r["error"]) for r in out["rows"]) < 1e-9
+    assert "ms/block of 3 decode rows" in cal.line(out["summary"])
+    blind = cal.fit([{k: v for k, v in r.items() if k not in ("decode_only_rows",
+                                                              "prefill_step")} for r in rows])
+    assert blind["model"].row_block == 0
+    assert blind["summary"]["kinds"]["decode"]["median_abs_error"] > 0.05
+
+
+@pytest.mark.parametrize("seed", range(4))
+def test_a_calibration_without_stairs_keeps_no_row_blocks(seed):
+    """Steps that rise evenly with their rows (TRUE's, 3% noise), recorded with the
+    engine's columns: three terms and a block size chosen among nine fit a little of the
+    noise (up to 6% less summed squared error in 40 such draws), less than BLOCK_PENALTY,
+    so the model keeps one regime (and prices as before)."""
+    rows = [r | {"decode_only_rows": 0 if r["prefill_tokens"] else r["decode_tokens"],
+                 "prefill_step": int(bool(r["prefill_tokens"]))}
+            for r in synthetic_steps(200, 0.03, seed)]  # fmt: skip
+    model = cal.fit(rows)["model"]
+    assert model.row_block == 0 and model.per_row_block_s == 0 and model.prefill_step_s == 0
+
+
+def test_the_simulator_prices_row_blocks_and_prefill_steps():
+    """One request alone (prompt 4, 3 tokens) and then five decoding together: a step with
+    prefill tokens pays prefill_step_s beside its sequences' and tokens' prices, a
+    decode-only step of r rows per_decode_only_row_s a row and per_row_block_s for each
+    block of two rows begun (3 blocks at 5 rows), not the sequence and decode token prices;
+    scaled() keeps the block size."""
+    b, d, p, s, r = 1e-3, 3e-4, 5e-5, 2e-4, 7e-4
+    model = StepCostModel(b, d, p, per_sequence_s=s, per_row_block_s=4e-3, row_block=2,
+                          per_decode_only_row_s=r, prefill_step_s=6e-3)  # fmt: skip
+    one = simulate_timed([Request(0, 4, 3)], [0.0], make_scheduler("continuous", 1), model)
+    hand = (b + s + 4 * p + 6e-3) + 2 * (b + r + 4e-3)  # one prefill, two decodes of one row
+    assert one.total_time == pytest.approx(hand, rel=1e-12)
+    five = [Request(i, 1, 2) for i in range(5)]
+    run = simulate_timed(five, [0.0] * 5, make_scheduler("continuous", 5), model)
+    assert run.total_time == pytest.approx((b + 5 * s + 5 * p + 6e-3) + (b + 5 * r + 3 * 4e-3),
+                                           rel=1e-12)  # fmt: skip
+    assert model.scaled(2.0).row_block == 2
+    assert model.scaled(2.0).per_row_block_s == pytest.approx(8e-3)
+
+
 def test_prompt_pairs_are_the_pairs_the_engines_causal_kernel_attends(
     tiny_model, one_thread, monkeypatch
 ):
@@ -399,7 +473,8 @@ def test_the_load_class_follows_the_load_per_core():
 
 
 def test_a_saved_calibration_is_read_back_with_its_conditions(tmp_path):
-    out = cal.fit(synthetic_steps(60, 0.0))
+    out = cal.fit(staircase(synthetic_steps(60, 0.0), 4, 5e-3, 2e-3))
+    assert out["model"].row_block == 4
     doc = out["summary"] | {"conditions": HERE | {"threads": 8}}
     path = tmp_path / "step_cost.json"
     path.write_text(json.dumps(doc))
@@ -407,6 +482,7 @@ def test_a_saved_calibration_is_read_back_with_its_conditions(tmp_path):
     assert back["source"] == "calibration" and back["conditions"]["threads"] == 8
     for term in cal.TERMS:
         assert getattr(back["model"], term) == pytest.approx(getattr(out["model"], term))
+    assert back["model"].row_block == 4
     # The step_cost.csv beside it is refitted to the same model, the conditions read beside.
     import pandas as pd
 
@@ -414,6 +490,8 @@ def test_a_saved_calibration_is_read_back_with_its_conditions(tmp_path):
     refit = sc.given([tmp_path / "step_cost.csv"])
     assert refit["conditions"]["threads"] == 8
     assert refit["model"].per_sequence_s == pytest.approx(TRUE["per_sequence_s"], rel=1e-9)
+    assert refit["model"].row_block == 4
+    assert refit["model"].per_row_block_s == pytest.approx(5e-3, rel=1e-9)
     with pytest.raises(UserError):
         sc.given([path, tmp_path / "step_cost.csv"])
 
@@ -538,7 +616,8 @@ def test_an_executed_steps_price_is_what_the_simulation_charges_its_plan(
     from benchbatch.runtime.runs import EngineRun, Finished, engine_events
 
     model = StepCostModel(2e-3, 3e-4, 5e-5, 7e-7, per_sequence_s=1.1e-3,
-                          per_gathered_token_s=1.3e-6)  # fmt: skip
+                          per_gathered_token_s=1.3e-6, per_row_block_s=4e-3, row_block=2,
+                          per_decode_only_row_s=8e-4, prefill_step_s=6e-3)  # fmt: skip
     requests = [Request(i, 6 + 3 * i, 2 + (5 * i) % 7) for i in range(7)]
     run = EngineRun(policy, 3, policy=policy)
     plans = cb.plans(run, requests)
@@ -658,6 +737,24 @@ def test_the_cpu_clock_fit_is_read_back_from_json_and_csv(tmp_path):
     broken = out["summary"] | {"cpu_clock": {"coefficients_s": {"base_s": -1.0}}}
     path.write_text(json.dumps(broken))
     with pytest.raises(UserError, match="cpu_clock"):
+        sc.given([path])
+
+
+def test_the_cpu_clocks_row_block_is_read_back_from_json(tmp_path):
+    """A CPU clock fit with row blocks (stairs of four rows in the steps' CPU time) keeps
+    its block size in step_cost.json's cpu_clock, and --step-costs reads it back."""
+    rows = [r | {"cpu_ms": r["step_ms"], "step_ms": 2 * r["step_ms"]}
+            for r in staircase(synthetic_steps(90, 0.0), 4, 6e-3, 3e-3)]  # fmt: skip
+    out = cal.with_cpu_clock(cal.fit(rows), rows)
+    assert out["cpu_model"].row_block == 4 and out["summary"]["cpu_clock"]["row_block"] == 4
+    path = tmp_path / "step_cost.json"
+    path.write_text(json.dumps(out["summary"] | {"conditions": HERE}))
+    back = sc.given([path])
+    assert back["cpu_model"].row_block == 4
+    assert back["cpu_model"].per_row_block_s == pytest.approx(6e-3, rel=1e-9)
+    broken = out["summary"] | {"cpu_clock": out["summary"]["cpu_clock"] | {"row_block": 2.5}}
+    path.write_text(json.dumps(broken))
+    with pytest.raises(UserError, match="row_block"):
         sc.given([path])
 
 

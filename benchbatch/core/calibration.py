@@ -30,6 +30,22 @@ The terms (every coefficient in seconds, none negative):
                        but a lone decode row): BLAS's matrix-matrix kernel against the
                        matrix-vector one (the residuals showed it: decode steps of one row
                        priced 0.87-0.92 of their time, of two rows 1.09-1.14)
+  per_row_block_s      per block of row_block rows in a decode-only step (feature
+                       row_blocks: decode_only_rows over row_block, rounded up; the block
+                       one of ROW_BLOCKS, or none, whichever fits best): a BLAS kernel for
+                       few rows that streams the weights again for each block of rows (the
+                       residuals showed it: with rows-major weights on the 2-core Intel VM
+                       a calibration's decode steps of 2 and 3 rows took x0.81-0.90 of
+                       their price, of 1 and 4 rows x1.04-1.10, costing 12.4, 13.0, 14.1
+                       ms at 1-3 rows and 21.3 at 4)
+  per_decode_only_row_s
+                       per row of a decode-only step, in the row-block regime: such a step
+                       is priced by its rows and their blocks (per_sequence_s and
+                       per_decode_token_s price the other regime's rows, whose matmuls take
+                       the kernel for many rows)
+  prefill_step_s       per step with prefill tokens, in the row-block regime (feature
+                       prefill_step): the kernel for many rows' set-up, which a decode-only
+                       step does not pay
   settle_s             a step whose requests are not the last step's (one joined or left),
                        d times as much at each step after it (feature settling: d to the
                        power of the steps since the change, averaged over what a row's
@@ -48,26 +64,38 @@ error, and each step kind (decode-only, prefill-only, mixed) with the median and
 
 from __future__ import annotations
 
+import itertools
 import math
 from collections.abc import Sequence
 
 import numpy as np
 
 from benchbatch.core.metrics import percentile
-from benchbatch.core.simulate import StepCostModel
+from benchbatch.core.simulate import StepCostModel, row_blocks
 from benchbatch.errors import UserError
 
 # The features of a step, in the order of the model's terms (the base's is 1).
 FEATURES = ("sequences", "decode_tokens", "prefill_tokens", "context_tokens", "gathered_tokens",
             "first_tokens", "admitted", "masked_tokens", "batched", "settling",
-            "prompt_pairs")  # fmt: skip
+            "prompt_pairs", "row_blocks", "decode_only_rows", "prefill_step")  # fmt: skip
 TERMS = ("base_s", "per_sequence_s", "per_decode_token_s", "per_prefill_token_s",
          "per_context_token_s", "per_gathered_token_s", "request_overhead_s",
          "per_admitted_s", "per_masked_token_s", "batched_step_s", "settle_s",
-         "per_prompt_pair_s")  # fmt: skip
+         "per_prompt_pair_s", "per_row_block_s", "per_decode_only_row_s",
+         "prefill_step_s")  # fmt: skip
 # The settle decays a fit tries (per step after a change); rows with settle_terms (an
 # endpoint's: core/endpoint_calibration.py) are fitted at each, the best kept.
 SETTLE_DECAYS = (0.5, 0.6, 0.7, 0.75, 0.8, 0.85, 0.9, 0.95)
+# The row blocks a fit tries (rows a matmul kernel for few rows takes at a time); rows with
+# decode_only_rows (the engine's steps) are fitted at each and without (one regime), the
+# best kept.
+ROW_BLOCKS = (2, 3, 4, 6, 8, 16, 32, 64, 128)
+# A fit with row blocks is kept only where it leaves this much less summed squared relative
+# error than the one without: three terms and a block size chosen of nine fit some noise
+# too (steps rising evenly with their rows, 3-8% noise: at most 6% less in 40 draws of 200
+# steps; a cpu-small calibration with columns-major weights 8% less, one with rows-major
+# weights, whose decode steps rise in blocks of three rows, 62% less).
+BLOCK_PENALTY = 0.1
 KINDS = ("decode", "prefill", "mixed")
 ITERATIONS = 6  # reweighting passes: converged to well under the noise after 3 or 4
 FIT_RULE = (
@@ -94,16 +122,31 @@ def settling(row: dict, decay: float) -> float:
     return float(sum(w * decay**k for w, k in terms)) if decay else 0.0
 
 
-def design(rows: Sequence[dict], decay: float = 0.0) -> np.ndarray:
+def design(rows: Sequence[dict], decay: float = 0.0, block: int = 0) -> np.ndarray:
     """The fit's matrix: a column of ones (the base) and one per feature (settling at
-    `decay`, the model's settle_decay)."""
+    `decay`, the model's settle_decay). With `block` rows a block (the model's row_block;
+    none at 0) a step is in one of two regimes, as StepCostModel prices it: a decode-only
+    step (decode_only_rows) by its rows and their blocks, its sequences and decode tokens
+    not counted; a step with prefill tokens by its prefill_step and the rest."""
     x = np.ones((len(rows), 1 + len(FEATURES)))
     for j, name in enumerate(FEATURES, 1):
         if name == "settling":
             x[:, j] = [settling(r, decay) for r in rows]
+        elif name == "row_blocks":
+            x[:, j] = [row_blocks(_lone_rows(r), block) for r in rows]
+        elif name in ("decode_only_rows", "prefill_step"):  # the regimes': with blocks only
+            x[:, j] = [float(r.get(name, 0) or 0) if block else 0.0 for r in rows]
         else:
             x[:, j] = [float(r.get(name, 0)) for r in rows]
+    if block:  # a decode-only step's rows are priced by the few-row kernel's terms alone
+        lone = np.array([_lone_rows(r) > 0 for r in rows])
+        for name in ("sequences", "decode_tokens"):
+            x[lone, 1 + FEATURES.index(name)] = 0.0
     return x
+
+
+def _lone_rows(row: dict) -> int:
+    return int(row.get("decode_only_rows", 0) or 0)
 
 
 def nnls(a: np.ndarray, b: np.ndarray, tol: float = 1e-12) -> np.ndarray:
@@ -143,28 +186,31 @@ def fit(rows: Sequence[dict], option: str = "--step-costs",
     y = np.array([(r["step_ms"] + gap) / 1e3 for r in rows])
     if decays is None:  # a saved fit's rows come with their decay (read())
         decays = SETTLE_DECAYS if any(r.get("settle_terms") for r in rows) else (0.0,)
+    blocks = (0, *ROW_BLOCKS) if any(r.get("decode_only_rows") for r in rows) else (0,)
     best = None
-    for decay in decays:  # the settle decay whose fit leaves the least relative error
-        x = tie_keys(design(rows, decay)) if tied else design(rows, decay)
+    for decay, block in itertools.product(decays, blocks):  # the least relative error
+        x = tie_keys(design(rows, decay, block)) if tied else design(rows, decay, block)
         present = np.abs(x).sum(axis=0) > 0
         if len(rows) < present.sum() + 2 or np.linalg.matrix_rank(x[:, present]) < present.sum():
             continue
         coef, pred = _weighted_fit(x, y)
         residual = float(np.sum(((y - pred) / pred) ** 2))
+        residual *= 1 + BLOCK_PENALTY if block else 1  # two more terms: they must earn them
         if best is None or residual < best[0]:
-            best = (residual, decay, x, coef, pred)
+            best = (residual, decay, block, x, coef, pred)
     if best is None:
         raise UserError(
             option,
             f"{len(rows)} steps do not determine the step-cost terms: a calibration needs "
             "steps of several batch sizes, contexts and prompt lengths",
         )
-    _, decay, x, coef, pred = best
+    _, decay, block, x, coef, pred = best
     errors = _std_errors(x, y, pred, coef)
     if tied:  # one price for a key, read or masked (design(rows) @ coef is then pred)
         coef, errors = coef.copy(), errors.copy()
         coef[MASKED], errors[MASKED] = coef[CONTEXT], errors[CONTEXT]
-    model = model_of(coef, decay if coef[TERMS.index("settle_s")] > 0 else 0.0)
+    model = model_of(coef, decay if coef[TERMS.index("settle_s")] > 0 else 0.0, block)
+    # (A block is kept though its own term came out 0: it says which regime prices a step.)
     fitted = []
     for r, xr, p in zip(rows, x, pred, strict=True):
         settle = {"settling": float(xr[1 + FEATURES.index("settling")])}
@@ -247,7 +293,7 @@ def with_cpu_clock(out: dict, rows: Sequence[dict], option: str = "--step-costs"
         return out
     cpu = fit(cpu_rows, option)
     keep = ("coefficients_s", "std_errors_s", "kinds", "host_gap_ms", "median_abs_error",
-            "p90_abs_error")  # fmt: skip
+            "p90_abs_error", "row_block")  # fmt: skip
     clock = {k: cpu["summary"][k] for k in keep} | {"core_share": core_share(steps)}
     return out | {"cpu_model": cpu["model"], "summary": out["summary"] | {"cpu_clock": clock}}
 
@@ -271,8 +317,10 @@ def host_gap_ms(rows: Sequence[dict]) -> float:
     return float(np.mean(kept))
 
 
-def model_of(coef: Sequence[float], settle_decay: float = 0.0) -> StepCostModel:
-    """The StepCostModel of coefficients in TERMS' order (and the settle term's decay)."""
+def model_of(coef: Sequence[float], settle_decay: float = 0.0, row_block: int = 0
+             ) -> StepCostModel:  # fmt: skip
+    """The StepCostModel of coefficients in TERMS' order (and the settle term's decay, the
+    row-block term's block)."""
     c = dict(zip(TERMS, coef, strict=True))
     return StepCostModel(c["base_s"], c["per_decode_token_s"], c["per_prefill_token_s"],
                          c["per_context_token_s"], per_sequence_s=c["per_sequence_s"],
@@ -282,7 +330,10 @@ def model_of(coef: Sequence[float], settle_decay: float = 0.0) -> StepCostModel:
                          per_masked_token_s=c["per_masked_token_s"],
                          batched_step_s=c["batched_step_s"], settle_s=c["settle_s"],
                          settle_decay=settle_decay,
-                         per_prompt_pair_s=c["per_prompt_pair_s"])  # fmt: skip
+                         per_prompt_pair_s=c["per_prompt_pair_s"],
+                         per_row_block_s=c["per_row_block_s"], row_block=int(row_block),
+                         per_decode_only_row_s=c["per_decode_only_row_s"],
+                         prefill_step_s=c["prefill_step_s"])  # fmt: skip
 
 
 def relative_scale(pred: np.ndarray) -> np.ndarray:
@@ -355,6 +406,10 @@ def summary(model: StepCostModel, std_errors: Sequence[float], fitted: Sequence[
         "settle_ms": model.settle_s * 1e3,
         "settle_decay": model.settle_decay,
         "per_prompt_pair_ns": model.per_prompt_pair_s * 1e9,
+        "per_row_block_ms": model.per_row_block_s * 1e3,
+        "row_block": model.row_block,
+        "per_decode_only_row_ms": model.per_decode_only_row_s * 1e3,
+        "prefill_step_ms": model.prefill_step_s * 1e3,
         "median_abs_error": percentile(errs, 50),
         "p90_abs_error": percentile(errs, 90),
         "max_abs_error": max(errs),
@@ -376,7 +431,10 @@ def line(s: dict) -> str:
              ("per_masked_token_s", 1e6, "us/masked tok"),
              ("batched_step_s", 1e3, "ms/batched step"),
              ("settle_s", 1e3, f"ms/change (x{decay:.2f} a step on)"),
-             ("per_prompt_pair_s", 1e9, "ns/prompt pair")]  # fmt: skip
+             ("per_prompt_pair_s", 1e9, "ns/prompt pair"),
+             ("per_row_block_s", 1e3, f"ms/block of {s.get('row_block') or 0} decode rows"),
+             ("per_decode_only_row_s", 1e3, "ms/decode-only row"),
+             ("prefill_step_s", 1e3, "ms/prefill step")]  # fmt: skip
     coef = s["coefficients_s"]
     # A term no step holds (zero, no error: an engine's request overhead, an endpoint's
     # per-sequence and gathered costs) is left out of the line.

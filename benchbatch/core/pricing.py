@@ -24,7 +24,8 @@ def price_ms(model: StepCostModel, row: dict) -> float:
     padded = row.get("padded", 0)
     features = {**row, "sequences": row["active"] + padded,
                 "decode_tokens": row["decode_tokens"] + padded}  # fmt: skip
-    return 1e3 * float(design([features], model.settle_decay)[0] @ np.array(coefficients(model)))
+    x = design([features], model.settle_decay, model.row_block)[0]
+    return 1e3 * float(x @ np.array(coefficients(model)))
 
 
 def loop_cpu_ms(row: dict) -> float:
@@ -78,8 +79,9 @@ def drift(parts: Sequence[tuple[Sequence[dict], StepCostModel | None]], pooled) 
         ref = next((r for r in steps if r["decode_tokens"] == 1 and not r["prefill_tokens"]),
                    None)  # fmt: skip
         if own is not None and ref is not None:
-            mine = design([ref], own.settle_decay)[0] @ coefficients(own)
-            each.append(float(mine) / float(design([ref], pooled.settle_decay)[0]
+            mine = design([ref], own.settle_decay, own.row_block)[0] @ coefficients(own)
+            each.append(float(mine) / float(design([ref], pooled.settle_decay,
+                                                   pooled.row_block)[0]
                                             @ coefficients(pooled)))  # fmt: skip
     return {
         "decode_step_low": min(each, default=math.nan),

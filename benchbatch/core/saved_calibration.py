@@ -83,14 +83,15 @@ def read(path: Path, option: str = "--step-costs") -> dict | None:
 
     df = _read_costs_csv(path)
     optional = ("gathered_tokens", "first_tokens", "admitted", "masked_tokens", "batched",
-                "settling", "prompt_pairs")  # fmt: skip
+                "settling", "prompt_pairs", "decode_only_rows", "prefill_step")  # fmt: skip
     for name in optional:  # older calibrations lack them
         if name not in df:
             df[name] = 0
-    _check_numbers(path, df, FEATURES)
+    columns = [f for f in FEATURES if f != "row_blocks"]  # row_blocks: computed
+    _check_numbers(path, df, columns)
     _check_numbers(path, df, ("step_ms",), (1e-4, 3.6e6))
     clocks = [c for c in ("gap_ms", "cpu_ms", "gap_cpu_ms") if c in df]
-    kept = (*FEATURES, "step_ms", *clocks)
+    kept = (*columns, "step_ms", *clocks)
     rows = pd.DataFrame({k: df[k] for k in kept}).to_dict("records")
     beside = path.with_suffix(".json")
     saved = _read_json(beside, option) if beside.exists() else {}
@@ -127,7 +128,10 @@ def _read_json(path: Path, option: str) -> dict:
     decay = doc.get("settle_decay") or 0.0
     if not (isinstance(decay, (int, float)) and 0 <= decay < 1):
         raise UserError(option, f"{path}: settle_decay {decay!r} is not a ratio from 0 to 1")
-    model = model_of(values, float(decay))
+    block = doc.get("row_block") or 0
+    if not (isinstance(block, int) and 0 <= block <= 4096):
+        raise UserError(option, f"{path}: row_block {block!r} is not a number of rows")
+    model = model_of(values, float(decay), block)
     out = {"model": model, "rows": [], "summary": doc, "conditions": doc.get("conditions")}
     clock = doc.get("cpu_clock")
     if isinstance(clock, dict) and isinstance(clock.get("coefficients_s"), dict):
@@ -137,7 +141,11 @@ def _read_json(path: Path, option: str) -> dict:
             raise UserError(option, f"{path}: its cpu_clock coefficients ({e})") from None
         if not all(math.isfinite(v) and v >= 0 for v in cpu):
             raise UserError(option, f"{path}: a cpu_clock coefficient is negative or not a number")
-        out["cpu_model"] = model_of(cpu, float(decay))
+        cpu_block = clock.get("row_block") or 0
+        if not (isinstance(cpu_block, int) and 0 <= cpu_block <= 4096):
+            raise UserError(option, f"{path}: cpu_clock row_block {cpu_block!r} is not a number "
+                            "of rows")  # fmt: skip
+        out["cpu_model"] = model_of(cpu, float(decay), cpu_block)
     return out
 
 

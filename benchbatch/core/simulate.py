@@ -332,6 +332,20 @@ class StepCostModel:
     # fitted by an endpoint calibration, else 0.
     settle_s: float = 0.0
     settle_decay: float = 0.0  # a ratio, not a time: scaled() keeps it
+    # Two regimes, where the engine's calibration finds them (row_block > 0): a BLAS whose
+    # kernel for few rows streams every weight again for each block of rows makes a
+    # decode-only step's cost rise in stairs (rows-major weights on the 2-core Intel VM:
+    # 12.4, 13.0, 14.1 ms at 1-3 rows, 21.3 at 4, 29.7 at 7; GPUs' tiles do the same at
+    # larger blocks). Such a step (decode_only_rows: its decode tokens and padded slots) is
+    # priced per block of row_block rows begun (per_row_block_s) and per row
+    # (per_decode_only_row_s) instead of per sequence and decode token; a step with prefill
+    # tokens, whose matmuls take the kernel for many rows, pays prefill_step_s more.
+    # row_block is rows, not a time: scaled() keeps it; 0 (one regime, as before) unless
+    # the calibration fitted them.
+    per_row_block_s: float = 0.0
+    row_block: int = 0
+    per_decode_only_row_s: float = 0.0
+    prefill_step_s: float = 0.0
 
     def scaled(self, factor: float) -> StepCostModel:
         """Every term times factor: the same steps on a device that much slower (above 1)
@@ -339,19 +353,25 @@ class StepCostModel:
         (a rate r on the scaled model is the rate factor x r on this one, its latencies times
         factor)."""
         return replace(self, **{f.name: factor * getattr(self, f.name) for f in fields(self)
-                                if f.name != "settle_decay"})  # fmt: skip
+                                if f.name not in ("settle_decay", "row_block")})  # fmt: skip
 
     def __call__(self, plan: StepPlan) -> float:
         padded = len(plan.padded_slots)
+        lone = decode_only_rows(plan) if self.row_block else 0
         cost = (
             self.base_s
-            + self.per_decode_token_s * (plan.num_decode_tokens + padded)
+            + self.per_decode_token_s * (0 if lone else plan.num_decode_tokens + padded)
             + self.per_prefill_token_s * plan.num_prefill_tokens
             + self.per_context_token_s * plan.num_context_tokens
         )
         # Only when fitted: a model without these terms prices a plan exactly as before.
-        if self.per_sequence_s:
+        if lone:  # the few-row regime: its rows and their blocks
+            cost += self.per_decode_only_row_s * lone
+            cost += self.per_row_block_s * row_blocks(lone, self.row_block)
+        elif self.per_sequence_s:
             cost += self.per_sequence_s * (plan.num_active + padded)
+        if self.prefill_step_s and plan.num_prefill_tokens:
+            cost += self.prefill_step_s
         if self.per_gathered_token_s:
             cost += self.per_gathered_token_s * gathered_tokens(plan)
         if self.per_admitted_s:
@@ -401,6 +421,24 @@ def prompt_pairs(plan: StepPlan) -> int:
     the real engine runs it through SDPA's causal kernel, runtime/model.py). A chunk after
     earlier ones reads them from the cache (its context_tokens) through another kernel."""
     return sum(c.num_tokens * (c.num_tokens + 1) // 2 for c in plan.prefills if c.start == 0)
+
+
+def decode_only_rows(plan: StepPlan) -> int:
+    """The rows of a step that only decodes (its decode tokens and padded slots), 0 for a
+    step with prefill tokens: the few-row regime of the matmuls, priced by row blocks."""
+    if plan.num_prefill_tokens:
+        return 0
+    return plan.num_decode_tokens + len(plan.padded_slots)
+
+
+def row_blocks(rows: int, block: int) -> int:
+    """Blocks of `block` rows that hold `rows` (rounded up; 0 without rows or a block)."""
+    return -(-rows // block) if rows > 0 and block > 0 else 0
+
+
+def prefill_step(plan: StepPlan) -> int:
+    """1 for a step with prefill tokens, else 0."""
+    return int(plan.num_prefill_tokens > 0)
 
 
 def batched(plan: StepPlan) -> int:

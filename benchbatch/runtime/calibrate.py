@@ -168,7 +168,7 @@ def fit_rows(rows: Sequence[dict]) -> list[dict]:
     """The fit's rows from the recorded step rows (step_ms: the whole step)."""
     keys = ("calibration", "step", "sequences", "decode_tokens", "prefill_tokens",
             "context_tokens", "gathered_tokens", "masked_tokens", "batched", "prompt_pairs",
-            "since_change",
+            "decode_only_rows", "prefill_step", "since_change",
             "step_ms", "gap_ms", "model_ms", "cpu_ms", "gap_cpu_ms")  # fmt: skip
     return [{k: r[k] for k in keys if k in r} for r in rows]
 

@@ -52,7 +52,14 @@ from benchbatch.core.kvblocks import PAGED
 from benchbatch.core.plans import PrefillChunk, StepPlan
 from benchbatch.core.scheduler import make_scheduler
 from benchbatch.core.serving import timed_run_metrics
-from benchbatch.core.simulate import batched, gathered_tokens, masked_tokens, prompt_pairs
+from benchbatch.core.simulate import (
+    batched,
+    decode_only_rows,
+    gathered_tokens,
+    masked_tokens,
+    prefill_step,
+    prompt_pairs,
+)
 from benchbatch.core.workload import Request
 from benchbatch.runtime.distributed import each
 from benchbatch.runtime.model import Transformer
@@ -378,6 +385,8 @@ def _record(
         masked_tokens=masked_tokens(plan),
         batched=batched(plan),
         prompt_pairs=prompt_pairs(plan),
+        decode_only_rows=decode_only_rows(plan),
+        prefill_step=prefill_step(plan),
         since_change=plan.since_change,
     )
 

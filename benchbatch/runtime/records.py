@@ -41,6 +41,8 @@ class StepRecord:
     masked_tokens: int = 0
     batched: int = 0
     prompt_pairs: int = 0
+    decode_only_rows: int = 0  # a decode-only step's rows (0 with prefill tokens)
+    prefill_step: int = 0  # 1 with prefill tokens
     since_change: int = 0  # steps since the step's requests changed (plan.since_change)
     # Host time from the previous step's end to this one's start (the loop handing the last
     # record on, releasing arrivals); None (an empty cell) for a run's first step and after
@@ -74,6 +76,8 @@ class StepRecord:
             "masked_tokens": self.masked_tokens,
             "batched": self.batched,
             "prompt_pairs": self.prompt_pairs,
+            "decode_only_rows": self.decode_only_rows,
+            "prefill_step": self.prefill_step,
             "since_change": self.since_change,
             "gap_ms": math.nan if self.gap_s is None else self.gap_s * 1e3,
             "cpu_ms": math.nan if self.cpu_s is None else self.cpu_s * 1e3,
