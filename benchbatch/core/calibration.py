@@ -36,7 +36,7 @@ The terms (every coefficient in seconds, none negative):
                        few rows that streams the weights again for each block of rows (the
                        residuals showed it: with rows-major weights on the 2-core Intel VM
                        a calibration's decode steps of 2 and 3 rows took x0.81-0.90 of
-                       their price, of 1 and 4 rows x1.04-1.10, costing 12.4, 13.0, 14.1
+                       their price, of 1 and 4 rows x1.04-1.13, costing 12.4, 13.0, 14.1
                        ms at 1-3 rows and 21.3 at 4)
   per_decode_only_row_s
                        per row of a decode-only step, in the row-block regime: such a step
