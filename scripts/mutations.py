@@ -251,7 +251,7 @@ BREAKS = [
     # --- issue 27: breaks that once survived the whole suite ----------------------------
     Break(
         "step-cost fit: the weights squared instead of their square roots",
-        "benchbatch/core/simulate.py",
+        "benchbatch/core/step_model.py",
         "else [w**0.5 for w in weights]",
         "else [w**2 for w in weights]",
         BREAKS_ISSUE_27,
@@ -569,7 +569,7 @@ BREAKS = [
     ),
     Break(
         "row blocks: a decode step's rows rounded down to whole blocks",
-        "benchbatch/core/simulate.py",
+        "benchbatch/core/step_model.py",
         "return -(-rows // block) if rows > 0 and block > 0 else 0",
         "return rows // block if rows > 0 and block > 0 else 0",
         tests("tests/test_calibration.py",
@@ -588,8 +588,8 @@ BREAKS = [
     Break(
         "row blocks: kept however little they fit",
         "benchbatch/core/calibration.py",
-        "BLOCK_PENALTY = 0.1",
-        "BLOCK_PENALTY = 0.0",
+        "BLOCK_GAIN = 0.35",
+        "BLOCK_GAIN = 0.0",
         tests("tests/test_calibration.py", "test_a_calibration_without_stairs_keeps_no_row_blocks"),
     ),
     Break(
@@ -646,38 +646,46 @@ BREAKS = [
     ),
     Break(
         "prompt pairs: a later chunk's pairs counted as if nothing were cached before it",
-        "benchbatch/core/simulate.py",
+        "benchbatch/core/step_model.py",
         "for c in plan.prefills if c.start == 0)",
         "for c in plan.prefills)",
         PAIRS,
     ),
     Break(
         "prompt pairs: n^2 / 2, the diagonal (each token seeing itself) left out",
-        "benchbatch/core/simulate.py",
+        "benchbatch/core/step_model.py",
         "c.num_tokens * (c.num_tokens + 1) // 2 for c",
         "c.num_tokens * c.num_tokens // 2 for c",
         PAIRS,
     ),
     Break(
         "prompt pairs: the fitted term never priced",
-        "benchbatch/core/simulate.py",
+        "benchbatch/core/step_model.py",
         "            cost += self.per_prompt_pair_s * prompt_pairs(plan)\n",
         "            cost += 0.0\n",
         PAIRS,
     ),
     Break(
         "settle: every step priced at the change's cost, the decay dropped",
-        "benchbatch/core/simulate.py",
+        "benchbatch/core/step_model.py",
         "cost += self.settle_s * self.settle_decay**plan.since_change",
         "cost += self.settle_s",
         SETTLE,
     ),
     Break(
         "settle: scaling a model scales its decay too",
-        "benchbatch/core/simulate.py",
-        """                                if f.name != "settle_decay"})  # fmt: skip""",
-        """                                })  # fmt: skip""",
+        "benchbatch/core/step_model.py",
+        """if f.name not in ("settle_decay", "row_block")})  # fmt: skip""",
+        """if f.name != "row_block"})  # fmt: skip""",
         SETTLE,
+    ),
+    Break(
+        "row blocks: scaling a model scales its block size too",
+        "benchbatch/core/step_model.py",
+        """if f.name not in ("settle_decay", "row_block")})  # fmt: skip""",
+        """if f.name != "settle_decay"})  # fmt: skip""",
+        tests("tests/test_calibration.py",
+              "test_the_simulator_prices_row_blocks_and_prefill_steps"),
     ),
     Break(
         "settle: the step after a mixed one (the newcomer gone) not counted as a change",

@@ -47,7 +47,7 @@ def _options(cls, saved: dict):
 
 def _pairs_by_replay(rows: list[dict], setup, w, max_context: int) -> None:
     """prompt_pairs for a calibration recorded before the engine kept it: its plans again."""
-    from benchbatch.core.simulate import prompt_pairs
+    from benchbatch.core.step_model import prompt_pairs
 
     prompts = [r.prompt_tokens for r in w.requests]
     plan = cb.plan_for(setup.slots, prompts, setup.chunk, setup.budget, max_context)

@@ -13,7 +13,7 @@ import pytest
 from benchbatch.app.cli import app
 from benchbatch.core import stepcost
 from benchbatch.core.options import WorkloadOptions
-from benchbatch.core.simulate import StepCostModel
+from benchbatch.core.step_model import StepCostModel
 from benchbatch.core.workload import Request
 from benchbatch.errors import UserError
 from benchbatch.experiments.ablation import probe

@@ -15,7 +15,8 @@ from benchbatch.core import calibration as cal
 from benchbatch.core import pricing
 from benchbatch.core import saved_calibration as sc
 from benchbatch.core.scheduler import make_scheduler
-from benchbatch.core.simulate import StepCostModel, simulate_timed
+from benchbatch.core.simulate import simulate_timed
+from benchbatch.core.step_model import StepCostModel
 from benchbatch.core.workload import Request
 from benchbatch.errors import UserError
 
@@ -321,7 +322,7 @@ def test_row_blocks_and_a_prefill_steps_cost_are_recovered_beside_the_others():
 def test_a_calibration_without_stairs_keeps_no_row_blocks(seed):
     """Steps that rise evenly with their rows (TRUE's, 3% noise), recorded with the
     engine's columns: three terms and a block size chosen among nine fit a little of the
-    noise (up to 6% less summed squared error in 40 such draws), less than BLOCK_PENALTY,
+    noise (up to 6% less summed squared error in 40 such draws), far less than BLOCK_GAIN,
     so the model keeps one regime (and prices as before)."""
     rows = [r | {"decode_only_rows": 0 if r["prefill_tokens"] else r["decode_tokens"],
                  "prefill_step": int(bool(r["prefill_tokens"]))}
@@ -358,7 +359,7 @@ def test_prompt_pairs_are_the_pairs_the_engines_causal_kernel_attends(
     SDPA's causal kernel, b x t(t + 1) / 2), for whole prompts and for a long prompt's
     chunks, whose later chunks read the earlier ones from the cache and count none; the
     step-cost model prices them at per_prompt_pair_s each."""
-    from benchbatch.core.simulate import prompt_pairs
+    from benchbatch.core.step_model import prompt_pairs
     from benchbatch.runtime.runs import EngineRun
 
     requests = [Request(i, 3 + 7 * i, 2 + (5 * i) % 9) for i in range(6)]
@@ -386,7 +387,7 @@ def test_the_masked_keys_are_what_the_engines_attention_reads_past_each_context(
     rows times the kv_len it passes the model) less the rows' own keys, for continuous
     batches of mixed contexts and static groups with padded slots; batched is 0 exactly
     for a lone decode row; since_change is the plan's."""
-    from benchbatch.core.simulate import batched, masked_tokens
+    from benchbatch.core.step_model import batched, masked_tokens
     from benchbatch.runtime.runs import EngineRun
 
     requests = [Request(i, 3 + 7 * i, 2 + (5 * i) % 9) for i in range(6)]

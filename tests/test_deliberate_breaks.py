@@ -21,7 +21,7 @@ import torch
 from benchbatch.core import accounting, stepcost
 from benchbatch.core.config import ModelConfig
 from benchbatch.core.kvblocks import PAGED, RESERVE, BlockManager, KVBudget, blocks_for
-from benchbatch.core.simulate import fit_step_cost
+from benchbatch.core.step_model import fit_step_cost
 from benchbatch.runtime import backend, interconnect, steps, timing
 from benchbatch.runtime.timing import Measurement, TimingOptions
 

@@ -14,7 +14,7 @@ import pytest
 from benchbatch.app.cli import app
 from benchbatch.core.options import WorkloadOptions
 from benchbatch.core.serving import ServingSLO
-from benchbatch.core.simulate import StepCostModel
+from benchbatch.core.step_model import StepCostModel
 from benchbatch.experiments.serve import knees, probe
 from benchbatch.experiments.serve.options import ServeOptions
 

@@ -149,3 +149,25 @@ def test_a_burst_in_four_of_a_layouts_timings_does_not_decide_the_choice(monkeyp
     assert layout.ROUNDS >= 9 and layout.choose(model) == fastest
     monkeypatch.setattr(layout, "_chosen", {})
     assert layout.choose(model, rounds=3) != fastest
+
+
+def test_with_layout_runs_a_command_in_the_layout_it_names(tmp_path):
+    """scripts/with_layout.py: the command's model in the forced layout (metadata.json's
+    weight_layout says so); an unknown layout is one usage line."""
+    import json
+    import os
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    root = Path(__file__).resolve().parents[1]
+    env = os.environ | {"PYTHONPATH": str(root)}  # this checkout's benchbatch
+    run = [sys.executable, str(root / "scripts" / "with_layout.py")]
+    out = tmp_path / "run"
+    done = subprocess.run([*run, "columns-split", "phases", "--preset", "tiny", "--repeats",
+                           "1", "--out", str(out)], capture_output=True, text=True,
+                          env=env)  # fmt: skip
+    assert done.returncode == 0, done.stderr
+    assert json.loads((out / "metadata.json").read_text())["weight_layout"] == "columns, split"
+    bad = subprocess.run([*run, "diagonal", "phases"], capture_output=True, text=True, env=env)
+    assert bad.returncode == 1 and bad.stderr.startswith("usage: with_layout.py")

@@ -244,7 +244,8 @@ def test_a_point_is_below_saturation_when_it_keeps_up_with_its_arrivals():
 
     from benchbatch.core.scheduler import make_scheduler
     from benchbatch.core.serving import latency_columns
-    from benchbatch.core.simulate import StepCostModel, simulate_timed
+    from benchbatch.core.simulate import simulate_timed
+    from benchbatch.core.step_model import StepCostModel
     from benchbatch.core.workload import Request
     from benchbatch.experiments.serve.probe import below_saturation
 
@@ -338,7 +339,7 @@ def test_a_queue_amplifies_a_step_cost_error_as_worked_by_hand():
     import numpy as np
 
     from benchbatch.core.serving import ServingSLO
-    from benchbatch.core.simulate import StepCostModel
+    from benchbatch.core.step_model import StepCostModel
     from benchbatch.core.workload import Request
     from benchbatch.experiments.serve import probe
 

@@ -15,7 +15,7 @@ import pytest
 from benchbatch.app.cli import app
 from benchbatch.core.options import WorkloadOptions
 from benchbatch.core.serving import ServingSLO
-from benchbatch.core.simulate import StepCostModel
+from benchbatch.core.step_model import StepCostModel
 from benchbatch.core.workload import Request, output_array
 from benchbatch.errors import UserError
 from benchbatch.experiments.serve import probe

@@ -25,7 +25,8 @@ from benchbatch.core.serving import (
     timed_run_metrics,
     tpot,
 )
-from benchbatch.core.simulate import StepCostModel, simulate, simulate_timed
+from benchbatch.core.simulate import simulate, simulate_timed
+from benchbatch.core.step_model import StepCostModel
 from benchbatch.core.workload import Request
 
 # --- the metric definitions, by hand -----------------------------------------------------------

@@ -19,14 +19,8 @@ from benchbatch.core.metrics import (
     summarize,
 )
 from benchbatch.core.scheduler import make_scheduler
-from benchbatch.core.simulate import (
-    StepCostModel,
-    fit_step_cost,
-    occupancy_table,
-    run_policies,
-    simulate,
-    timeline_rows,
-)
+from benchbatch.core.simulate import occupancy_table, run_policies, simulate, timeline_rows
+from benchbatch.core.step_model import StepCostModel, fit_step_cost
 from benchbatch.core.workload import Request, Workload, lognormal_columns, lognormal_workload
 
 # --- brute-force references, written independently of the scheduler -------------------------

@@ -13,7 +13,7 @@ import numpy as np
 
 from benchbatch.core.calibration import coefficients, design, step_kind
 from benchbatch.core.metrics import percentile
-from benchbatch.core.simulate import StepCostModel
+from benchbatch.core.step_model import StepCostModel
 
 
 def price_ms(model: StepCostModel, row: dict) -> float:

@@ -18,7 +18,7 @@ import pandas as pd
 
 from benchbatch.core.inputs import numeric
 from benchbatch.core.metrics import percentile
-from benchbatch.core.simulate import StepCostModel, fit_step_cost
+from benchbatch.core.step_model import StepCostModel, fit_step_cost
 from benchbatch.errors import UserError
 
 STEP_COSTS_OPTION = "--step-costs"

@@ -52,7 +52,7 @@ from benchbatch.core.kvblocks import PAGED
 from benchbatch.core.plans import PrefillChunk, StepPlan
 from benchbatch.core.scheduler import make_scheduler
 from benchbatch.core.serving import timed_run_metrics
-from benchbatch.core.simulate import (
+from benchbatch.core.step_model import (
     batched,
     decode_only_rows,
     gathered_tokens,

@@ -32,7 +32,7 @@ class StepRecord:
     preempted: int = 0  # requests preempted before it ran
     start_s: float | None = None  # with arrivals in seconds: on the run's clock (0: start)
     end_s: float | None = None
-    # What the step-cost model prices beside the counts (core/simulate.py): KV entries the
+    # What the step-cost model prices beside the counts (core/step_model.py): KV entries the
     # step's sequences read, those copied to gather a decode batch of scattered slots, the
     # keys its attention reads past a row's own context, whether its matmuls have 2+ rows,
     # and the query-key pairs of its prompts attended from scratch.

@@ -24,7 +24,8 @@ from benchbatch.core.metrics import RunMetrics, StepClock, percentile
 from benchbatch.core.noise import NOISY_P90_OVER_MEDIAN
 from benchbatch.core.scheduler import Scheduler, make_scheduler
 from benchbatch.core.scheduler_config import SchedulerConfig
-from benchbatch.core.simulate import SimResult, StepCostModel, simulate
+from benchbatch.core.simulate import SimResult, simulate
+from benchbatch.core.step_model import StepCostModel
 from benchbatch.core.workload import Request
 from benchbatch.errors import UserError
 from benchbatch.experiments.ablation.options import SCHEMES

@@ -8,7 +8,7 @@ import math
 from collections.abc import Sequence
 
 from benchbatch.core.prediction import STEP_COST_SPREAD
-from benchbatch.core.simulate import StepCostModel
+from benchbatch.core.step_model import StepCostModel
 from benchbatch.experiments.serve.probe import (
     SIM,
     ServeWorkload,

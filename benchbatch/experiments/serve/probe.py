@@ -33,7 +33,8 @@ from benchbatch.core.serving import (
     throughput_columns,
     tpot,
 )
-from benchbatch.core.simulate import StepCostModel, simulate_timed
+from benchbatch.core.simulate import simulate_timed
+from benchbatch.core.step_model import StepCostModel
 from benchbatch.core.workload import Request, Workload
 from benchbatch.errors import UserError
 from benchbatch.experiments.serve.options import SERVE_POLICIES as POLICIES

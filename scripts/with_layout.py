@@ -1,0 +1,34 @@
+"""Run a benchbatch command with the model's weight layout forced instead of measured.
+
+benchbatch chooses the layout of the projection weights per process by timing them
+(runtime/layout.py); a study of how the step costs follow the layout (docs/simulation.md,
+"Two regimes") needs runs in a given one. Nothing here is a test or a default: a tool for
+such measurements; metadata.json's weight_layout records what the run had.
+
+    python scripts/with_layout.py rows-split serve-sweep --preset cpu-small --out DIR
+    (layouts: rows-fused, rows-split, columns-fused, columns-split)
+"""
+
+from __future__ import annotations
+
+import sys
+
+from benchbatch.runtime import layout
+
+NAMES = {f"{'columns' if c.columns else 'rows'}-{'split' if c.split else 'fused'}": c
+         for c in layout.LAYOUTS}  # fmt: skip
+
+
+def main() -> None:
+    if len(sys.argv) < 3 or sys.argv[1] not in NAMES:
+        raise SystemExit(f"usage: with_layout.py {{{','.join(NAMES)}}} COMMAND [ARGS...]")
+    forced = NAMES[sys.argv[1]]
+    layout.choose = lambda *args, **kwargs: forced
+    from benchbatch.app.start import main as benchbatch
+
+    sys.argv = ["benchbatch", *sys.argv[2:]]
+    benchbatch()
+
+
+if __name__ == "__main__":
+    main()
