@@ -46,20 +46,13 @@ from dataclasses import dataclass, replace
 import numpy as np
 import torch
 
+from benchbatch.core import step_model
 from benchbatch.core.arrivals import ArrivalFeed
 from benchbatch.core.fits import cache_len, check_fits, check_prompt_ids
 from benchbatch.core.kvblocks import PAGED
 from benchbatch.core.plans import PrefillChunk, StepPlan
 from benchbatch.core.scheduler import make_scheduler
 from benchbatch.core.serving import timed_run_metrics
-from benchbatch.core.step_model import (
-    batched,
-    decode_only_rows,
-    gathered_tokens,
-    masked_tokens,
-    prefill_step,
-    prompt_pairs,
-)
 from benchbatch.core.workload import Request
 from benchbatch.runtime.distributed import each
 from benchbatch.runtime.model import Transformer
@@ -381,12 +374,12 @@ def _record(
         plan.kv_tokens if plan.kv_blocks else 0,
         len(plan.preempted),
         context_tokens=plan.num_context_tokens,
-        gathered_tokens=gathered_tokens(plan),
-        masked_tokens=masked_tokens(plan),
-        batched=batched(plan),
-        prompt_pairs=prompt_pairs(plan),
-        decode_only_rows=decode_only_rows(plan),
-        prefill_step=prefill_step(plan),
+        gathered_tokens=step_model.gathered_tokens(plan),
+        masked_tokens=step_model.masked_tokens(plan),
+        batched=step_model.batched(plan),
+        prompt_pairs=step_model.prompt_pairs(plan),
+        decode_only_rows=step_model.decode_only_rows(plan),
+        prefill_step=step_model.prefill_step(plan),
         since_change=plan.since_change,
     )
 
