@@ -32,7 +32,8 @@ The terms (every coefficient in seconds, none negative):
                        priced 0.87-0.92 of their time, of two rows 1.09-1.14)
   per_row_block_s      per block of row_block rows in a decode-only step (feature
                        row_blocks: decode_only_rows over row_block, rounded up; the block
-                       one of ROW_BLOCKS, or none, whichever fits best): a BLAS kernel for
+                       the one of ROW_BLOCKS that fits best, kept where it leaves BLOCK_GAIN
+                       less error than none): a BLAS kernel for
                        few rows that streams the weights again for each block of rows (the
                        residuals showed it: with rows-major weights on the 2-core Intel VM
                        a calibration's decode steps of 2 and 3 rows took x0.81-0.90 of
