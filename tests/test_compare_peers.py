@@ -1,6 +1,6 @@
 """compare reads a peer's saved result beside benchbatch's runs: vLLM bench serve's
 --save-result --save-detailed JSON and GuideLLM's JSON report (real files, tests/data/),
-every metric recomputed from their per-request times (core/peers.py), on one table and one
+every metric recomputed from their per-request times (core/peers/), on one table and one
 figure with a serve-sweep folder."""
 
 from __future__ import annotations

