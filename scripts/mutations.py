@@ -449,21 +449,21 @@ BREAKS = [
     ),
     Break(
         "scheduler: a request is admitted a step after it arrives",
-        "benchbatch/core/scheduler.py",
+        "benchbatch/core/scheduler_base.py",
         "if self.items and self.items[0].arrival_step <= step:",
         "if self.items and self.items[0].arrival_step < step:",
         SCHEDULER,
     ),
     Break(
         "scheduler: a prompt that exactly fits the budget waits",
-        "benchbatch/core/scheduler.py",
+        "benchbatch/core/scheduler_base.py",
         "return prompt_left if prompt_left <= budget_left else 0",
         "return prompt_left if prompt_left < budget_left else 0",
         SCHEDULER,
     ),
     Break(
         "scheduler: decode context one token too long",
-        "benchbatch/core/scheduler.py",
+        "benchbatch/core/scheduler_base.py",
         "DecodeEntry(slot, s.request.id, s.request.prompt_tokens + s.generated - 1)",
         "DecodeEntry(slot, s.request.id, s.request.prompt_tokens + s.generated)",
         SCHEDULER,
@@ -499,7 +499,7 @@ BREAKS = [
     # --- KV blocks under a token budget, and a server's pool ------------------------------------
     Break(
         "scheduler: a KV preemption takes the oldest running request",
-        "benchbatch/core/scheduler.py",
+        "benchbatch/core/scheduler_base.py",
         "victim = max(running, key=lambda s: s.admission)",
         "victim = min(running, key=lambda s: s.admission)",
         tests("tests/test_kvblocks.py"),
@@ -639,7 +639,7 @@ BREAKS = [
     ),
     Break(
         "since_change: never reset when a step's requests change",
-        "benchbatch/core/scheduler.py",
+        "benchbatch/core/scheduler_base.py",
         "self._since_change + 1 if members == self._members else 0",
         "self._since_change + 1",
         tests("tests/test_scheduler.py"),

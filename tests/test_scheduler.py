@@ -8,13 +8,8 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from benchbatch.core.scheduler import (
-    ContinuousScheduler,
-    PrefillChunk,
-    StaticScheduler,
-    StepPlan,
-    make_scheduler,
-)
+from benchbatch.core.plans import PrefillChunk, StepPlan
+from benchbatch.core.scheduler import ContinuousScheduler, StaticScheduler, make_scheduler
 from benchbatch.core.scheduler_config import SchedulerConfig
 from benchbatch.core.workload import Request
 from benchbatch.errors import UserError

@@ -8,8 +8,10 @@ from __future__ import annotations
 import sys
 from dataclasses import dataclass
 
-from benchbatch.core.kvblocks import KVBudget
+from benchbatch.core.kvblocks import KVBudget, blocks_for
 from benchbatch.core.optkit import require
+from benchbatch.core.workload import Request
+from benchbatch.errors import UserError
 
 UNLIMITED = sys.maxsize
 
@@ -91,3 +93,39 @@ class SchedulerConfig:
             and self.mixed
             and self.kv is None
         )
+
+    def check_request(self, r: Request) -> None:
+        """A request these settings could never run: a UserError naming the setting."""
+        self._check_prompt_fits(r)
+        self._check_kv_fits(r)
+
+    def _check_prompt_fits(self, r: Request) -> None:
+        """Unchunked, a prompt must fit the budget whole; with a KV budget, so must its
+        longest recompute (prompt and every output token but the last)."""
+        budget = self.max_num_batched_tokens
+        if budget is None or self.chunked_prefill:
+            return
+        longest = r.prompt_tokens + (r.output_tokens - 1 if self.kv else 0)
+        if longest > budget:
+            what = "prompt" if self.kv is None else "prompt and recompute"
+            raise UserError(
+                "max_num_batched_tokens",
+                f"request {r.id} has a {longest}-token {what}, more than the budget "
+                f"{budget}; raise the budget or use --chunked-prefill",
+            )
+
+    def _check_kv_fits(self, r: Request) -> None:
+        """A request that cannot fit the whole budget alone would never finish."""
+        kv = self.kv
+        if kv is None:
+            return
+        if kv.reserve_output is not None and r.output_tokens > kv.reserve_output:
+            raise ValueError(f"request {r.id} outgrows its reservation of {kv.reserve_output}")
+        need = blocks_for(kv.peak_tokens(r.prompt_tokens, r.output_tokens), kv.block_size)
+        if need > kv.blocks:
+            raise UserError(
+                "kv_memory",
+                f"request {r.id} ({r.prompt_tokens:,}-token prompt, {r.output_tokens:,} "
+                f"output tokens) needs {need:,} blocks of {kv.block_size} tokens under "
+                f"{kv.policy}, more than the budget's {kv.blocks:,}",
+            )

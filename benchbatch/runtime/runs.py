@@ -10,7 +10,7 @@ from __future__ import annotations
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
 
-from benchbatch.core.scheduler import Request
+from benchbatch.core.workload import Request
 
 
 @dataclass
