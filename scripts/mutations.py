@@ -610,7 +610,7 @@ BREAKS = [
     ),
     Break(
         "real rates: each policy's last point below saturation taken as priced, not dearer",
-        "benchbatch/experiments/serve/probe.py",
+        "benchbatch/experiments/serve/rate_choice.py",
         "| saturation_by_policy(dear or (), MATCHED)",
         "| saturation_by_policy((), MATCHED)",
         tests("tests/test_serve.py",

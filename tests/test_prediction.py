@@ -242,12 +242,12 @@ def test_a_point_is_below_saturation_when_it_keeps_up_with_its_arrivals():
     and it is not (0.60); a span of nothing (the max rate) is not."""
     import numpy as np
 
+    from benchbatch.core.prediction import below_saturation
     from benchbatch.core.scheduler import make_scheduler
     from benchbatch.core.serving import latency_columns
     from benchbatch.core.simulate import simulate_timed
     from benchbatch.core.step_model import StepCostModel
     from benchbatch.core.workload import Request
-    from benchbatch.experiments.serve.probe import below_saturation
 
     cost = StepCostModel(0.01, 0.0, 0.0)
     gaps = np.random.default_rng(3).exponential(1.0, 39)

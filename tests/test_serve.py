@@ -18,7 +18,7 @@ from benchbatch.core.serving import ServingSLO
 from benchbatch.core.step_model import StepCostModel
 from benchbatch.core.workload import Request, output_array
 from benchbatch.errors import UserError
-from benchbatch.experiments.serve import probe
+from benchbatch.experiments.serve import probe, rate_choice
 from benchbatch.experiments.serve.options import (
     SERVE_SLO,
     SERVE_WORKLOAD,
@@ -205,9 +205,9 @@ def test_real_rates_take_the_knees_first_then_the_cheapest():
         "continuous", probe.MATCHED, {1.0: True, 2.0: True, 4.0: True, 8.0: False}
     )
     cost = {1.0: 100.0, 2.0: 50.0, 4.0: 25.0, 8.0: 15.0}
-    chosen, spent = probe.choose_real_rates(matched, cost, budget_s=95.0)
+    chosen, spent = rate_choice.choose_real_rates(matched, cost, budget_s=95.0)
     assert chosen == [2.0, 4.0, 8.0] and spent == 90.0  # knees 2, 4 (static), 4, 8 (cont.)
-    chosen, spent = probe.choose_real_rates(matched, cost, budget_s=60.0)
+    chosen, spent = rate_choice.choose_real_rates(matched, cost, budget_s=60.0)
     assert chosen == [2.0] and spent == 50.0  # the first knee that fits; 4 would pass 60
 
 
@@ -223,11 +223,11 @@ def test_real_rates_take_each_policys_last_point_below_saturation_after_the_slo_
     )
     for r in matched:
         r |= {"requests": 40, "e2e_p50_s": e2e[r["policy"]][r["rate_rps"]]}
-    assert probe.saturation_rates(matched, probe.MATCHED) == [1.0, 4.0]
+    assert rate_choice.saturation_rates(matched, probe.MATCHED) == [1.0, 4.0]
     cost = {1.0: 100.0, 2.0: 50.0, 4.0: 25.0, 8.0: 15.0}
-    chosen, spent = probe.choose_real_rates(matched, cost, budget_s=200.0)
+    chosen, spent = rate_choice.choose_real_rates(matched, cost, budget_s=200.0)
     assert chosen == [1.0, 2.0, 4.0, 8.0] and spent == 190.0
-    chosen, spent = probe.choose_real_rates(matched, cost, budget_s=95.0)
+    chosen, spent = rate_choice.choose_real_rates(matched, cost, budget_s=95.0)
     assert chosen == [2.0, 4.0, 8.0]  # the knees still first: 1 req/s does not fit beside
 
 
@@ -249,11 +249,12 @@ def test_real_rates_take_the_last_point_below_saturation_with_dearer_steps():
         return out
 
     priced, dear = table(e2e), table(slower)
-    assert probe.saturation_by_policy(priced, probe.MATCHED) == {"static": 2.0, "continuous": 4.0}
-    assert probe.saturation_by_policy(dear, probe.MATCHED) == {"static": 1.0}
+    by_policy = rate_choice.saturation_by_policy(priced, probe.MATCHED)
+    assert by_policy == {"static": 2.0, "continuous": 4.0}
+    assert rate_choice.saturation_by_policy(dear, probe.MATCHED) == {"static": 1.0}
     cost = {1.0: 100.0, 2.0: 50.0, 4.0: 25.0}
-    assert probe.choose_real_rates(priced, cost, budget_s=125.0) == ([2.0, 4.0], 75.0)
-    chosen, spent = probe.choose_real_rates(priced, cost, budget_s=125.0, dear=dear)
+    assert rate_choice.choose_real_rates(priced, cost, budget_s=125.0) == ([2.0, 4.0], 75.0)
+    chosen, spent = rate_choice.choose_real_rates(priced, cost, budget_s=125.0, dear=dear)
     assert chosen == [1.0, 4.0] and spent == 125.0  # 1 (static, dearer) and 4 (continuous)
 
 
@@ -285,7 +286,7 @@ def test_continuous_sustains_a_higher_rate_than_static_with_the_cpu_defaults():
     w = probe.draw(opts, work, seed=0)
     top = [probe.point_row(probe.simulate_point(w, p, math.inf, setup, CPU_LIKE), setup)
            for p in ("static", "continuous")]  # fmt: skip
-    rates = probe.auto_rates(probe.capacity(top))
+    rates = rate_choice.auto_rates(rate_choice.capacity(top))
     table = [
         probe.point_row(probe.simulate_point(w, p, r, setup, CPU_LIKE), setup)
         for r in rates

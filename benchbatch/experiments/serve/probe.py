@@ -54,9 +54,6 @@ LABELS = {
 # twin), and a running server measured over HTTP (--endpoint).
 SIM, REAL, MATCHED, ENDPOINT = "sim", "real", "sim-matched", "endpoint"
 SOURCES = (SIM, REAL, MATCHED, ENDPOINT)
-# Default rates: these fractions of the simulated capacity (GuideLLM sweeps between its
-# synchronous and its maximum-throughput rates the same way).
-AUTO_FRACTIONS = tuple(round(0.1 * k, 1) for k in range(1, 12))
 # What the sim-vs-real table sets side by side.
 COMPARED = (
     "duration_s",
@@ -283,79 +280,6 @@ def sim_vs_real(real: dict, matched: dict) -> list[dict]:
     return out
 
 
-# --- the sweep's rates ---------------------------------------------------------------------------
-
-
-def capacity(rows: Sequence[dict]) -> float:
-    """Requests per second the best policy served with everything queued (the max point)."""
-    served = [r["request_throughput_rps"] for r in rows if math.isinf(r["rate_rps"])]
-    return max(served)
-
-
-def auto_rates(capacity_rps: float) -> tuple[float, ...]:
-    """The default sweep: AUTO_FRACTIONS of the capacity, to two significant digits, and max."""
-    rates = {float(f"{f * capacity_rps:.2g}") for f in AUTO_FRACTIONS}
-    return (*sorted(r for r in rates if r > 0), math.inf)
-
-
-def knee_rates(rows: Sequence[dict], source: str = SIM) -> list[float]:
-    """Per policy, the last rate within the SLO and the first one not (the lowest rate if even
-    it misses): where a policy leaves the SLO."""
-    out = []
-    for policy in dict.fromkeys(r["policy"] for r in rows):
-        mine = sorted(
-            (r for r in rows if r["policy"] == policy and r["source"] == source),
-            key=lambda r: r["rate_rps"],
-        )
-        miss = next((i for i, r in enumerate(mine) if not r["within_slo"]), None)
-        if miss is not None:
-            out += [mine[i]["rate_rps"] for i in (miss - 1, miss) if i >= 0]
-    return list(dict.fromkeys(out))
-
-
-def choose_real_rates(rows: Sequence[dict], cost_s: dict[float, float], budget_s: float,
-                      dear: Sequence[dict] | None = None):  # fmt: skip
-    """The rates the real engine serves within budget_s seconds. rows: the simulations of
-    the real engine's own requests at every rate (MATCHED; fewer requests than the sweep
-    build shorter queues, so their knees lie further right); cost_s: each rate's simulated
-    duration, all policies; dear: the same simulations with every step STEP_COST_SPREAD
-    dearer (rows where not given). The knees first (where each policy leaves the SLO, then
-    the highest rate each keeps up with even with its steps that much dearer: its last point
-    below saturation, so every policy has one in the prediction's verdict, and not one on
-    the edge where a few percent of step cost decide whether it keeps up), then the cheapest
-    others."""
-    knees = [r for r in knee_rates(rows, MATCHED) if r in cost_s]
-    # A policy none of whose rates keeps up when dearer: its last one as priced.
-    kept = saturation_by_policy(rows, MATCHED) | saturation_by_policy(dear or (), MATCHED)
-    knees += [r for r in dict.fromkeys(kept.values()) if r in cost_s and r not in knees]
-    rest = sorted((r for r in cost_s if r not in knees), key=lambda r: cost_s[r])
-    chosen, spent = [], 0.0
-    for rate in [*knees, *rest]:
-        if spent + cost_s[rate] <= budget_s:
-            chosen.append(rate)
-            spent += cost_s[rate]
-    return sorted(chosen), spent
-
-
-def saturation_rates(rows: Sequence[dict], source: str = SIM) -> list[float]:
-    """Per policy, the highest finite rate whose point is below saturation (below_saturation,
-    its arrivals' span taken as its requests over the rate), if any."""
-    return list(dict.fromkeys(saturation_by_policy(rows, source).values()))
-
-
-def saturation_by_policy(rows: Sequence[dict], source: str = SIM) -> dict[str, float]:
-    """saturation_rates by policy: {policy: its highest rate below saturation}, policies
-    with none left out."""
-    out = {}
-    for policy in dict.fromkeys(r["policy"] for r in rows):
-        kept = [r["rate_rps"] for r in rows if r["policy"] == policy and r["source"] == source
-                and math.isfinite(r["rate_rps"]) and "e2e_p50_s" in r
-                and below_saturation(r, r["requests"] / r["rate_rps"])]  # fmt: skip
-        if kept:
-            out[policy] = max(kept)
-    return out
-
-
 # --- within the SLO ----------------------------------------------------------------------------
 
 
@@ -444,7 +368,7 @@ def prediction_pairs(real: dict, matched: dict, span_s: float,
     each marked below saturation or not (below_saturation), and with spread_rows' rows
     each metric's lowest and highest prediction (simulated_low, simulated_high: the
     matched simulation's own value among them)."""
-    from benchbatch.core.prediction import pairs_of, step_cost_band
+    from benchbatch.core.prediction import below_saturation, pairs_of, step_cost_band
 
     label = f"{real['policy']} @ {rate_label(real['rate_rps'])} req/s"
     pairs = pairs_of(label, matched, real, policy=real["policy"], rate=real["rate"],
@@ -468,17 +392,3 @@ def point_requests(rows: Sequence[dict]) -> dict:
             point = f"{r['policy']} @ {r['rate']} req/s"
             out.setdefault((point, side[r["source"]]), {})[r["request_id"]] = r
     return out
-
-
-def below_saturation(real: dict, span_s: float) -> bool:
-    """The point kept up with its arrivals: its requests served over their arrivals' span
-    (span_s) plus one median request's E2E at 90% of the offered rate (requests over
-    span_s) or more, i.e. E2E p50 at most a ninth of the span. The drain after the last
-    arrival counts as a typical request's latency, not as the last request's own: with 40
-    requests a point, a last request of long output (0.76 s at 5.3 req/s, 2-core CPU) was
-    11% of a 6.8-s span where the second half's TTFT p50 stayed within 15% of the first
-    half's, and the last token's time made the point look saturated. A growing queue
-    raises the median E2E with the span, so a saturated point still fails."""
-    if not span_s > 0 or not math.isfinite(span_s):
-        return False
-    return span_s / (span_s + real["e2e_p50_s"]) >= 0.9

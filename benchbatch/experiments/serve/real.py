@@ -237,7 +237,7 @@ def _dearer(opts: ServeOptions, w, setup, cost, rates, n: int) -> list[dict]:
 def _matched(rec, opts: ServeOptions, w, setup, cost, rates, n: int):
     """The simulation of the real engine's n requests at every candidate rate, and the rates
     to serve: --real-rates, or those that fit --real-time by these simulations' durations."""
-    from benchbatch.experiments.serve import probe
+    from benchbatch.experiments.serve import probe, rate_choice
 
     candidates = opts.real_rate_values or rates
     matched = {
@@ -249,7 +249,7 @@ def _matched(rec, opts: ServeOptions, w, setup, cost, rates, n: int):
     if opts.real_rates is None:
         rows = [probe.point_row(v, setup) for v in matched.values()]
         dear = _dearer(opts, w, setup, cost, candidates, n)
-        chosen, spent = probe.choose_real_rates(rows, cost_s, opts.real_time, dear)
+        chosen, spent = rate_choice.choose_real_rates(rows, cost_s, opts.real_time, dear)
         fewer = n // 2
         if len(chosen) < min(2, len(candidates)) and fewer >= MIN_REAL_REQUESTS:
             # A slow or loaded device: fewer requests a point rather than no answer.

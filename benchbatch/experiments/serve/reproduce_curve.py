@@ -19,7 +19,7 @@ def reproduce_curve(rec, seed: int) -> dict:
     its range), serve.png. Returns its summary."""
     from benchbatch.core import stepcost
     from benchbatch.core.serving import ServingSLO
-    from benchbatch.experiments.serve import knees, probe
+    from benchbatch.experiments.serve import knees, probe, rate_choice
     from benchbatch.output.plots.serve import serve_figure
 
     opts, workload = ServeOptions(), WorkloadOptions(**SERVE_WORKLOAD)
@@ -34,7 +34,7 @@ def reproduce_curve(rec, seed: int) -> dict:
         probe.point_row(probe.simulate_point(w, p, math.inf, setup, cost), setup)
         for p in opts.policies
     ]
-    capacity = probe.capacity(top)
+    capacity = rate_choice.capacity(top)
     rates = sorted({float(f"{f * capacity:.2g}") for f in REPRODUCE_FRACTIONS})
     rows = [
         probe.point_row(probe.simulate_point(w, p, r, setup, cost), setup)

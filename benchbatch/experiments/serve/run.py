@@ -82,13 +82,13 @@ def _check_work(opts: ServeOptions, workload: WorkloadOptions, w=None) -> None:
     len(AUTO_FRACTIONS) + 1, and with --engine real the first --real-requests again at each
     candidate rate) times each point's steps (an upper bound: every output token, every
     prefill chunk) and requests. Without w (not drawn yet): each request one step."""
-    from benchbatch.experiments.serve import probe
+    from benchbatch.experiments.serve import rate_choice
 
     if w is None and workload.trace is not None:
         return  # its rows are counted once read
     given, real_given = opts.rate_values, opts.real_rate_values or ()
     if given is None:
-        rates = len(probe.AUTO_FRACTIONS) + 1 + len(real_given)
+        rates = len(rate_choice.AUTO_FRACTIONS) + 1 + len(real_given)
     else:
         rates = len(set(given) | set(real_given))
     points = rates * len(opts.policies)
@@ -243,7 +243,7 @@ def _sweep_cost(rec, cost, cpu_cost):
 def _simulate(rec, opts: ServeOptions, w, setup, cost) -> tuple[float, ...]:
     """serve.csv's simulated rows, one per (policy, rate), and requests.csv. The default
     rates come from the capacity the max point shows. Returns the rates."""
-    from benchbatch.experiments.serve import probe
+    from benchbatch.experiments.serve import probe, rate_choice
 
     done: dict = {}
     rates = opts.rate_values
@@ -251,7 +251,7 @@ def _simulate(rec, opts: ServeOptions, w, setup, cost) -> tuple[float, ...]:
         for p in opts.policies:
             done[(p, math.inf)] = probe.simulate_point(w, p, math.inf, setup, cost)
         rows = [probe.point_row(point, setup) for point in done.values()]
-        rates = probe.auto_rates(probe.capacity(rows))
+        rates = rate_choice.auto_rates(rate_choice.capacity(rows))
     rates = tuple(sorted(set(rates) | set(opts.real_rate_values or ())))
     rec.meta["rates_rps"] = [probe.rate_label(r) for r in rates]
     requests: list[dict] = []
