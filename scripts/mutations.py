@@ -177,7 +177,7 @@ BREAKS = [
     ),
     Break(
         "reproduce's serving cells without their units",
-        "benchbatch/output/report/sections.py",
+        "benchbatch/output/report/beyond.py",
         "{fmt(ttft)} s / {fmt(1e3 * tpot) if tpot is not None else '-'} ms, ",
         "{fmt(ttft)} / {fmt(1e3 * tpot) if tpot is not None else '-'}, ",
         tests("tests/test_reproduce.py", "test_the_serving_cells_carry_their_units"),

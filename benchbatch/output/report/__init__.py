@@ -4,7 +4,8 @@ each claim computed from the measured numbers against thresholds stated in the r
 Pure: rows and summaries (as the CSV files and metadata.json hold them) go in, a `Report`
 comes out (`sections.build`), and `to_markdown` / `to_html` render it. Nothing here
 measures, prints or writes. The parts: `article` (the article's numbers), `claims` (the
-verdicts and their rules), `sections` (each table beside this run's rows), `pages`
+verdicts and their rules), `sections` (each table beside this run's rows, and `build`),
+`beyond` (the sections beyond the article's tables), `shapes` (Report and Section), `pages`
 (Markdown and HTML), `cells` (one table cell from a CSV row).
 """
 
@@ -14,6 +15,14 @@ from benchbatch.output.report.article import (
     ARTICLE_C,
     ARTICLE_C_SPEEDUP,
     ArticleStep,
+)
+from benchbatch.output.report.beyond import (
+    MEMORY_TITLE,
+    PREDICTION_TITLE,
+    SERVE_TITLE,
+    section_prediction,
+    section_roofline,
+    section_serve,
 )
 from benchbatch.output.report.claims import (
     BATCHING_FRACTION,
@@ -43,22 +52,15 @@ from benchbatch.output.report.claims import (
 )
 from benchbatch.output.report.pages import VERDICT_CLASS, to_html, to_markdown
 from benchbatch.output.report.sections import (
-    MEMORY_TITLE,
-    PREDICTION_TITLE,
     REAL_TITLE,
-    SERVE_TITLE,
-    Report,
-    Section,
     build,
     pair_sizes,
-    section_prediction,
-    section_roofline,
-    section_serve,
     sweep_context,
     table_a,
     table_b,
     table_c,
 )
+from benchbatch.output.report.shapes import Report, Section
 
 __all__ = [
     "ARTICLE_A", "ARTICLE_B", "ARTICLE_C", "ARTICLE_C_SPEEDUP", "ArticleStep",

@@ -7,7 +7,7 @@ import base64
 import html
 
 from benchbatch.output.report.claims import FAILS, HOLDS, PARTLY, UNMEASURED, Claim
-from benchbatch.output.report.sections import Report
+from benchbatch.output.report.shapes import Report
 
 VERDICT_MARK = {HOLDS: "holds", PARTLY: "partly", FAILS: "does not hold", UNMEASURED: "-"}
 
