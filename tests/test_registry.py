@@ -77,7 +77,8 @@ class HelloOptions:
         check_count("times", self.times, 1, 10)
 '''
 RUN = '''
-from benchbatch.output.recorder import Recorder, create
+from benchbatch.output.recorder import Recorder
+from benchbatch.output.run_folder import create
 
 
 def open_run(opts, run):

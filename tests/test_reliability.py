@@ -20,7 +20,7 @@ from benchbatch.app.cli import app
 from benchbatch.errors import UserError
 from benchbatch.output import recorder as runs
 from benchbatch.output import results
-from benchbatch.output.recorder import Run
+from benchbatch.output.run_folder import Run
 from benchbatch.runtime import steps, telemetry
 
 ROOT = Path(__file__).resolve().parent.parent

@@ -76,8 +76,9 @@ from benchbatch.errors import (  # noqa: E402
     WriteFailed,
     one_line,
 )
-from benchbatch.output import recorder as runs  # noqa: E402
-from benchbatch.output.recorder import abandon, interrupts_raise  # noqa: E402
+from benchbatch.output import run_folder as runs  # noqa: E402
+from benchbatch.output.recorder import interrupts_raise  # noqa: E402
+from benchbatch.output.run_folder import abandon  # noqa: E402
 from benchbatch.runtime import distributed  # noqa: E402
 
 try:  # recent typer vendors its own click; older ones use click itself

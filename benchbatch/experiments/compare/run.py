@@ -7,7 +7,8 @@ from pathlib import Path
 
 from benchbatch.core.options import RunOptions
 from benchbatch.experiments.compare.options import CompareOptions
-from benchbatch.output.recorder import Recorder, create
+from benchbatch.output.recorder import Recorder
+from benchbatch.output.run_folder import create
 
 PREFIX = "compare-"  # the run's tables: compare-TABLE.csv, one per table of the folders
 
