@@ -29,6 +29,7 @@ import numpy as np
 import pandas as pd
 
 from benchbatch.core import calibration as cal
+from benchbatch.core.cpu_clock import with_cpu_clock
 from benchbatch.core.options import RunOptions, WorkloadOptions
 from benchbatch.experiments.serve import probe
 from benchbatch.experiments.serve import run as serve_run
@@ -83,7 +84,7 @@ def run_folder(folder: Path, term: str = "prompt-pairs") -> dict[str, list[tuple
     if term == "row-blocks":
         _row_columns(rows)
     blind = [{k: v for k, v in r.items() if k not in TERMS[term]} for r in rows]
-    models = {way: cal.with_cpu_clock(cal.fit(r, "calibration"), r, "calibration")["cpu_model"]
+    models = {way: with_cpu_clock(cal.fit(r, "calibration"), r, "calibration")["cpu_model"]
               for way, r in zip(WAYS, (rows, blind), strict=True)}  # fmt: skip
     prediction = pd.read_csv(folder / "prediction.csv", dtype={"rate": str})
     below = set(prediction[prediction["below_saturation"].astype(bool)]["point"])

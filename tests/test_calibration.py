@@ -12,8 +12,9 @@ import numpy as np
 import pytest
 
 from benchbatch.core import calibration as cal
-from benchbatch.core import pricing
+from benchbatch.core import cpu_clock, pricing
 from benchbatch.core import saved_calibration as sc
+from benchbatch.core.calibration_text import line
 from benchbatch.core.scheduler import make_scheduler
 from benchbatch.core.simulate import simulate_timed
 from benchbatch.core.step_model import StepCostModel
@@ -311,7 +312,7 @@ def test_row_blocks_and_a_prefill_steps_cost_are_recovered_beside_the_others():
     for term, value in TRUE.items():
         assert got[term] == pytest.approx(value, rel=1e-9), term
     assert max(abs(r["error"]) for r in out["rows"]) < 1e-9
-    assert "ms/block of 3 decode rows" in cal.line(out["summary"])
+    assert "ms/block of 3 decode rows" in line(out["summary"])
     blind = cal.fit([{k: v for k, v in r.items() if k not in ("decode_only_rows",
                                                               "prefill_step")} for r in rows])
     assert blind["model"].row_block == 0
@@ -687,7 +688,7 @@ def shared_core_steps(share_of: callable, n: int = 90) -> list[dict]:
 
 def test_the_cpu_clock_fit_recovers_the_work_whatever_share_of_the_core_it_had():
     rows = shared_core_steps(lambda i: 0.4 + 0.5 * (i % 2))  # every other step at 0.4, 0.9
-    out = cal.with_cpu_clock(cal.fit(rows), rows)
+    out = cpu_clock.with_cpu_clock(cal.fit(rows), rows)
     clock = out["summary"]["cpu_clock"]
     got = clock["coefficients_s"]
     # The work's terms exactly, the 0.2 ms gap in the base (the wall fit cannot: its steps
@@ -705,28 +706,29 @@ def test_the_cpu_clock_fit_recovers_the_work_whatever_share_of_the_core_it_had()
 
 def test_on_a_steady_share_the_wall_fit_is_the_cpu_fit_over_it():
     rows = shared_core_steps(lambda i: 0.5)
-    out = cal.with_cpu_clock(cal.fit(rows), rows)
+    out = cpu_clock.with_cpu_clock(cal.fit(rows), rows)
     wall, cpu = out["summary"]["coefficients_s"], out["summary"]["cpu_clock"]["coefficients_s"]
     for term in TRUE:
         assert wall[term] == pytest.approx(2 * cpu[term], rel=1e-9), term
     assert out["summary"]["cpu_clock"]["core_share"] == pytest.approx(0.5)
-    assert "the core held 50% of the time" in cal.line(out["summary"])
+    assert "the core held 50% of the time" in line(out["summary"])
 
 
 def test_steps_without_cpu_times_have_no_cpu_clock_fit():
     rows = synthetic_steps(60, 0.0)
     out = cal.fit(rows)
-    assert cal.with_cpu_clock(out, rows) is out and cal.on_cpu_clock(rows) is None
+    assert cpu_clock.with_cpu_clock(out, rows) is out and cpu_clock.on_cpu_clock(rows) is None
     half = shared_core_steps(lambda i: 0.5)
     half[3]["cpu_ms"] = float("nan")  # one step without: no fit from part of the steps
-    assert cal.on_cpu_clock(half) is None and cal.core_share(half) != cal.core_share(half)
+    share = cpu_clock.core_share(half)
+    assert cpu_clock.on_cpu_clock(half) is None and share != share  # NaN
 
 
 def test_the_cpu_clock_fit_is_read_back_from_json_and_csv(tmp_path):
     import pandas as pd
 
     rows = shared_core_steps(lambda i: 0.5)
-    out = cal.with_cpu_clock(cal.fit(rows), rows)
+    out = cpu_clock.with_cpu_clock(cal.fit(rows), rows)
     path = tmp_path / "step_cost.json"
     path.write_text(json.dumps(out["summary"] | {"conditions": HERE}))
     back = sc.given([path])
@@ -746,7 +748,7 @@ def test_the_cpu_clocks_row_block_is_read_back_from_json(tmp_path):
     its block size in step_cost.json's cpu_clock, and --step-costs reads it back."""
     rows = [r | {"cpu_ms": r["step_ms"], "step_ms": 2 * r["step_ms"]}
             for r in staircase(synthetic_steps(90, 0.0), 4, 6e-3, 3e-3)]  # fmt: skip
-    out = cal.with_cpu_clock(cal.fit(rows), rows)
+    out = cpu_clock.with_cpu_clock(cal.fit(rows), rows)
     assert out["cpu_model"].row_block == 4 and out["summary"]["cpu_clock"]["row_block"] == 4
     path = tmp_path / "step_cost.json"
     path.write_text(json.dumps(out["summary"] | {"conditions": HERE}))
@@ -793,7 +795,7 @@ def test_serve_sweep_simulates_its_sweep_on_the_cpu_clock(runner, tmp_path):
     from benchbatch.runtime.device import cpu_model
 
     rows = shared_core_steps(lambda i: 0.5)
-    out = cal.with_cpu_clock(cal.fit(rows), rows)
+    out = cpu_clock.with_cpu_clock(cal.fit(rows), rows)
     here = {"device": cpu_model(), "threads": 1, "torch": "x", "load_class": "quiet"}
     runs = {}
     for name, doc in (("shared", out["summary"]), ("wall", cal.fit(rows)["summary"])):
@@ -825,14 +827,14 @@ def test_each_real_point_is_simulated_at_its_own_core_share(runner, tmp_path, mo
 
     from benchbatch.app.cli import app
 
-    real = cal.core_share
+    real = cpu_clock.core_share
 
     def share(rows):
         if rows and rows[0].get("policy") == "continuous":
             return 0.5 * real(rows)  # as if another process took half the core meanwhile
         return real(rows)
 
-    monkeypatch.setattr(cal, "core_share", share)
+    monkeypatch.setattr(cpu_clock, "core_share", share)
     out = tmp_path / "real"
     args = ["serve-sweep", "--preset", "tiny", "--requests", "8", "--real-requests", "8",
             "--median", "4", "--max-output", "8", "--prompt-len", "16", "--max-prompt", "64",

@@ -32,6 +32,7 @@ from benchbatch.app.cli import app
 from benchbatch.core import calibration as cal
 from benchbatch.core import endpoint_calibration as ec
 from benchbatch.core import saved_calibration as sc
+from benchbatch.core.calibration_text import line
 from benchbatch.core.kvblocks import KVBudget
 from benchbatch.core.streamed import Streamed
 from benchbatch.experiments.serve import endpoint as ep
@@ -604,7 +605,7 @@ def test_the_calibration_line_names_the_overhead():
     out = cal.fit([dict.fromkeys(cal.FEATURES, 0) | r for r in rows])
     s = out["summary"] | {"calibrated": "endpoint"}
     assert s["coefficients_s"]["request_overhead_s"] == pytest.approx(0.006, rel=1e-6)
-    assert cal.line(s).startswith("endpoint calibration") and "ms/request" in cal.line(s)
+    assert line(s).startswith("endpoint calibration") and "ms/request" in line(s)
     assert math.isclose(out["model"].request_overhead_s, 0.006, rel_tol=1e-6)
 
 

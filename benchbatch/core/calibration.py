@@ -252,54 +252,6 @@ def _weighted_fit(x: np.ndarray, y: np.ndarray) -> tuple[np.ndarray, np.ndarray]
     return coef, pred
 
 
-# --- the CPU clock: the steps' work, whatever the load -------------------------------------------
-
-
-def on_cpu_clock(rows: Sequence[dict]) -> list[dict] | None:
-    """The steps on the engine thread's CPU clock: cpu_ms as step_ms and gap_cpu_ms as
-    gap_ms (runtime/engine.py records both with one compute thread), the work a core did
-    for each step and the loop between steps, which other processes' turns on the core do
-    not stretch. None where a step has no CPU time (an endpoint's, an older calibration's)."""
-    out = []
-    for r in rows:
-        cpu = r.get("cpu_ms", math.nan)
-        if not isinstance(cpu, (int, float)) or not cpu == cpu:
-            return None
-        out.append({**r, "step_ms": cpu, "gap_ms": r.get("gap_cpu_ms", math.nan)})
-    return out or None
-
-
-def core_share(rows: Sequence[dict]) -> float:
-    """The share of their wall time the steps (and the gaps between them) held a core: their
-    CPU time over their wall time; 1 on a quiet machine. NaN without CPU times."""
-    cpu = wall = 0.0
-    for r in rows:
-        c, w = r.get("cpu_ms", math.nan), r["step_ms"]
-        if not c == c:
-            return math.nan
-        gap, gap_cpu = r.get("gap_ms", math.nan), r.get("gap_cpu_ms", math.nan)
-        both = gap == gap and gap_cpu == gap_cpu
-        cpu += c + (gap_cpu if both else 0.0)
-        wall += w + (gap if both else 0.0)
-    return min(1.0, cpu / wall) if wall > 0 else math.nan
-
-
-def with_cpu_clock(out: dict, rows: Sequence[dict], option: str = "--step-costs") -> dict:
-    """A fit (fit's result) with the same steps fitted again on the CPU clock: "cpu_model",
-    and the summary's "cpu_clock" (its coefficients, errors, kinds, host gap, and the core
-    share the steps had). The wall-clock fit prices the engine as it ran, the machine's load
-    included; the CPU clock's, the device's own steps. Unchanged without CPU times."""
-    steps = [r for r in rows if r["step_ms"] > 0 and step_kind(r) != "idle"]
-    cpu_rows = on_cpu_clock(steps)
-    if cpu_rows is None:
-        return out
-    cpu = fit(cpu_rows, option)
-    keep = ("coefficients_s", "std_errors_s", "kinds", "host_gap_ms", "median_abs_error",
-            "p90_abs_error", "row_block")  # fmt: skip
-    clock = {k: cpu["summary"][k] for k in keep} | {"core_share": core_share(steps)}
-    return out | {"cpu_model": cpu["model"], "summary": out["summary"] | {"cpu_clock": clock}}
-
-
 # A gap this many times the median is a one-off (a file opened, the first record handed on),
 # not the loop's per-step work.
 ONE_OFF_GAP = 10.0
@@ -416,50 +368,3 @@ def summary(model: StepCostModel, std_errors: Sequence[float], fitted: Sequence[
         "p90_abs_error": percentile(errs, 90),
         "max_abs_error": max(errs),
     }
-
-
-def line(s: dict) -> str:
-    """The calibration in one line, with each term's standard error and the kinds' errors."""
-    # NaN (no error: a term at its bound) is null once written to step_cost.json.
-    se = {k: math.nan if v is None else v for k, v in s["std_errors_s"].items()}
-    decay = s.get("settle_decay") or 0
-    terms = [("base_s", 1e3, "ms"), ("per_sequence_s", 1e3, "ms/seq"),
-             ("per_decode_token_s", 1e3, "ms/decode tok"),
-             ("per_prefill_token_s", 1e3, "ms/prefill tok"),
-             ("per_context_token_s", 1e6, "us/context tok"),
-             ("per_gathered_token_s", 1e6, "us/gathered tok"),
-             ("request_overhead_s", 1e3, "ms/request"),
-             ("per_admitted_s", 1e3, "ms/admitted"),
-             ("per_masked_token_s", 1e6, "us/masked tok"),
-             ("batched_step_s", 1e3, "ms/batched step"),
-             ("settle_s", 1e3, f"ms/change (x{decay:.2f} a step on)"),
-             ("per_prompt_pair_s", 1e9, "ns/prompt pair"),
-             ("per_row_block_s", 1e3, f"ms/block of {s.get('row_block') or 0} decode rows"),
-             ("per_decode_only_row_s", 1e3, "ms/decode-only row"),
-             ("prefill_step_s", 1e3, "ms/prefill step")]  # fmt: skip
-    coef = s["coefficients_s"]
-    # A term no step holds (zero, no error: an engine's request overhead, an endpoint's
-    # per-sequence and gathered costs) is left out of the line.
-    if s.get("masked_keys_tied"):  # one price: said once
-        terms = [(t, k, "us/context or masked tok" if t == "per_context_token_s" else u)
-                 for t, k, u in terms if t != "per_masked_token_s"]  # fmt: skip
-    parts = [f"{coef.get(t, 0.0) * k:.3g}±{se.get(t, math.nan) * k:.2g} {u}"
-             for t, k, u in terms
-             if coef.get(t) or math.isfinite(se.get(t, math.nan))]  # fmt: skip
-    kinds = ", ".join(
-        f"{kind} {v['median_abs_error']:.0%}/{v['p90_abs_error']:.0%}"
-        for kind, v in s["kinds"].items()
-    )
-    gap = s.get("host_gap_ms") or 0.0
-    host = f"; {gap * 1e3:.0f} us between steps in base" if gap > 0 else ""
-    clock = s.get("cpu_clock") or {}
-    if clock.get("core_share") is not None and clock["core_share"] == clock["core_share"]:
-        host += (
-            f"; the core held {clock['core_share']:.0%} of the time, the CPU clock's fit "
-            f"|error| median {clock['median_abs_error']:.0%}"
-        )
-    return (
-        f"{s.get('calibrated', 'engine')} calibration ({s['samples']} steps): "
-        + " + ".join(parts)
-        + f" (|error| median/p90: {kinds}{host})"
-    )  # fmt: skip

@@ -8,7 +8,8 @@ import math
 from collections.abc import Sequence
 from pathlib import Path
 
-from benchbatch.core.calibration import FEATURES, TERMS, fit, model_of, with_cpu_clock
+from benchbatch.core.calibration import FEATURES, TERMS, fit, model_of
+from benchbatch.core.cpu_clock import with_cpu_clock
 from benchbatch.errors import UserError
 
 # --- conditions -----------------------------------------------------------------------------

@@ -42,7 +42,7 @@ def show(rec) -> None:
 
     rows, meta = rec.rows("ablation"), rec.meta
     if "std_errors_s" in meta["step_cost"]:  # the engine's calibration (core/calibration.py)
-        from benchbatch.core.calibration import line
+        from benchbatch.core.calibration_text import line
 
         render.out_console.print(line(meta["step_cost"]), highlight=False)
     else:

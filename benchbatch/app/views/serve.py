@@ -74,7 +74,7 @@ def document(rec) -> dict:
 def _cost_text(summary: dict, cost_line) -> str:
     """The engine's calibration (core/calibration.py) or an isolated-step fit, in one line."""
     if "std_errors_s" in summary:
-        from benchbatch.core.calibration import line
+        from benchbatch.core.calibration_text import line
 
         return line(summary)
     return cost_line(summary)

@@ -147,6 +147,8 @@ def engine_calibration(rec, net, budgets, requests, seed: int) -> dict:
     requests' prompt lengths (calibration_steps.csv as its steps end), fitted by
     core/calibration.py; its conditions (read before it ran) in the summary."""
     from benchbatch.core import calibration as cal
+    from benchbatch.core.calibration_text import line
+    from benchbatch.core.cpu_clock import with_cpu_clock
     from benchbatch.runtime import calibrate as cb
 
     runs = calibration_runs(net, budgets, requests)
@@ -158,9 +160,9 @@ def engine_calibration(rec, net, budgets, requests, seed: int) -> dict:
     rows = cb.fit_rows(rec.rows("calibration_steps"))
     out = cal.fit(rows, "calibration")
     if (rec.meta.get("threads") or {}).get("clock") == "cpu":  # one thread, one rank, a CPU
-        out = cal.with_cpu_clock(out, rows, "calibration")
+        out = with_cpu_clock(out, rows, "calibration")
     out["summary"]["conditions"] = conditions
-    rec.say(cal.line(out["summary"]))
+    rec.say(line(out["summary"]))
     return out | {"conditions": conditions, "source": "calibration"}
 
 

@@ -23,6 +23,7 @@ import numpy as np
 from benchbatch.core import calibration as cal
 from benchbatch.core import endpoint_calibration as ec
 from benchbatch.core import pricing
+from benchbatch.core.calibration_text import line
 from benchbatch.errors import UserError
 from benchbatch.experiments.serve import lateness
 
@@ -324,4 +325,4 @@ def save_given(rec, out: dict) -> None:
     rec.meta["step_cost"] = out["summary"] | {"source": out.get("source", "calibration")}
     seconds = out["summary"].get("seconds")
     took = "" if seconds is None else f"; {seconds:.0f} s against the server"
-    rec.say(cal.line(out["summary"]) + took)
+    rec.say(line(out["summary"]) + took)

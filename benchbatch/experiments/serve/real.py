@@ -31,7 +31,7 @@ def serve(rec, net, opts: ServeOptions, w, setup, cost, rates, seed: int, cpu_co
     through the run); per point its serve.csv row beside the simulation of the same
     requests (sim-matched: priced at the point's own core share, `beside`) and
     sim_vs_real.csv. Returns the points (Served; None where no rate fits --real-time)."""
-    from benchbatch.core.calibration import core_share
+    from benchbatch.core.cpu_clock import core_share
     from benchbatch.experiments.serve import probe
     from benchbatch.runtime import telemetry
     from benchbatch.runtime.runs import engine_events
