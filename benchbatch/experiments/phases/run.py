@@ -5,6 +5,7 @@ from __future__ import annotations
 from dataclasses import replace
 
 from benchbatch.core.options import ModelOptions, RunOptions
+from benchbatch.experiments import ceilings as roofs
 from benchbatch.experiments import common as c
 from benchbatch.experiments.phases import probe
 from benchbatch.experiments.phases.options import PhasesOptions
@@ -15,14 +16,14 @@ def open_run(opts: PhasesOptions, model: ModelOptions, run: RunOptions):
 
 
 def measure_run(rec, opts: PhasesOptions, model: ModelOptions, run: RunOptions) -> None:
-    c.use_ceilings(rec, run)
+    roofs.use_ceilings(rec, run)
     net, _ = c.build_model(rec, model, run)
     _estimate(rec, net, opts, run)
     rows = measure(rec, net, opts, run)
     rec.meta["summary"] = probe.summary(rows)
     rec.meta["untrusted"] = rec.untrusted("phases", lambda r: r["label"])
     if rec.ceilings:
-        c.roofline_plot(rec, rows, "phases", c.title(rec, "roofline", rows))
+        roofs.roofline_plot(rec, rows, "phases", c.title(rec, "roofline", rows))
 
 
 def _estimate(rec, net, opts: PhasesOptions, run: RunOptions) -> None:
@@ -43,5 +44,5 @@ def measure(rec, net, opts: PhasesOptions, run: RunOptions, timing=None) -> list
     total = len(probe.plan(opts))
     rows = rec.record("phases", steps, total=total, expected_s=c.expected_s(rec, total))
     phases_figure(rows, rec.folder / "phases.png", c.title(rec, "prefill vs decode", rows))
-    c.allreduce_plot(rec, rows, "each step's all-reduces")
+    roofs.allreduce_plot(rec, rows, "each step's all-reduces")
     return rows

@@ -16,11 +16,12 @@ def open_run(opts: PiggybackOptions, model: ModelOptions, run: RunOptions):
 def measure_run(rec, opts: PiggybackOptions, model: ModelOptions, run: RunOptions) -> None:
     """steps.csv as each forward is timed, then piggyback.csv and chunks.csv from them, the
     summaries in metadata and piggyback.png."""
+    from benchbatch.experiments import ceilings as roofs
     from benchbatch.experiments import common as c
     from benchbatch.experiments.piggyback import probe
     from benchbatch.output.plots.piggyback import piggyback_figure
 
-    c.use_ceilings(rec, run)
+    roofs.use_ceilings(rec, run)
     net, cfg = c.build_model(rec, model, run)
     steps = probe.rows(net, opts, run.timing(), run.cuda_graphs)
     raw = rec.record("steps", steps, total=len(probe.plan(opts)), label="piggyback")
@@ -33,7 +34,7 @@ def measure_run(rec, opts: PiggybackOptions, model: ModelOptions, run: RunOption
     piggyback_figure(rows, chunks, rec.meta["summary"], rec.folder / "piggyback.png",
                      c.title(rec, "prefill riding on decode", raw))  # fmt: skip
     if rec.ceilings and any(r["status"] == "ok" for r in raw):
-        c.roofline_plot(rec, raw, "piggyback", c.title(rec, "roofline", raw))
+        roofs.roofline_plot(rec, raw, "piggyback", c.title(rec, "roofline", raw))
 
 
 def _untrusted(rows: list[dict], chunk_rows: list[dict]) -> dict[str, list[str]]:

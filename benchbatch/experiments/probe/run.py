@@ -29,7 +29,7 @@ def measure_run(rec, opts: ProbeOptions, run: RunOptions) -> None:
     """probe.csv (and the all-reduce's rows under torchrun), roofline.png, and in metadata
     the measured ceilings beside the datasheet's."""
     from benchbatch.core import peaks
-    from benchbatch.experiments import common as c
+    from benchbatch.experiments import ceilings as roofs
     from benchbatch.output.plots.roofline import roofline_figure
     from benchbatch.runtime import ceilings as probes
     from benchbatch.runtime.device import device_name
@@ -38,7 +38,7 @@ def measure_run(rec, opts: ProbeOptions, run: RunOptions) -> None:
     plan = probes.plan_for(target, opts)  # as open_run checked it
     peak = peaks.lookup(device_name(target.device))
     rows = measure(rec, plan, run)
-    links = c.interconnect_ceiling(rec, run)
+    links = roofs.interconnect_ceiling(rec, run)
     rec.meta["untrusted"] = rec.untrusted("probe", lambda r: r["label"])
     ceilings = probes.ceilings(rows)
     if links:
@@ -71,9 +71,9 @@ def _allreduce_figure(rec, links: list[dict], target) -> None:
 def measure(rec, plan, run: RunOptions, timing=None) -> list[dict]:
     """probe.csv: each probe as it is measured (probe and reproduce), kept as the latest
     probe of this device and dtype for the commands that follow."""
-    from benchbatch.experiments import common as c
+    from benchbatch.experiments import ceilings as roofs
 
-    return c.measure_probe(rec, run, plan, timing)
+    return roofs.measure_probe(rec, run, plan, timing)
 
 
 def summary(ceilings, peak) -> dict:

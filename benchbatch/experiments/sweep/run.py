@@ -19,6 +19,7 @@ def measure_run(
 ) -> None:
     """sweep.csv and memory_ceiling.csv; metadata keeps what the view shows (the free
     memory, the largest batch of each context, the summaries)."""
+    from benchbatch.experiments import ceilings as roofs
     from benchbatch.experiments import common as c
     from benchbatch.experiments.sweep import probe
     from benchbatch.runtime import device as devices
@@ -30,7 +31,7 @@ def measure_run(
     ceiling = probe.ceilings(rec.cfg, rec.target.dtype_name, opts.context, free_bytes,
                              rec.target.tp)  # fmt: skip
     memory_ceiling(rec, requests, workload, opts, free_bytes)
-    roof = c.use_ceilings(rec, run)
+    roof = roofs.use_ceilings(rec, run)
     ridge, ridge_source = _ridge(rec.target, roof)
     rec.meta.update(
         free_memory_bytes_before_model=free_bytes,
@@ -47,7 +48,7 @@ def measure_run(
     rec.meta["summary"] = summary
     rec.meta["untrusted"] = rec.untrusted("sweep", _row_name)
     if roof and any(r["status"] == "ok" for r in rows):
-        c.roofline_plot(rec, rows, "sweep", c.title(rec, "roofline", rows))
+        roofs.roofline_plot(rec, rows, "sweep", c.title(rec, "roofline", rows))
 
 
 def _estimate(rec, net, opts: SweepOptions, ceiling: dict, run: RunOptions) -> None:
@@ -72,6 +73,7 @@ def measure(rec, net, opts: SweepOptions, ceiling: dict, ridge, run: RunOptions,
     reproduce, whose `timing` measures a noisy group again). Batches over the memory
     ceiling are skipped unless --try-oom."""
     from benchbatch.core import energy
+    from benchbatch.experiments import ceilings as roofs
     from benchbatch.experiments import common as c
     from benchbatch.experiments.sweep import probe
     from benchbatch.output.plots.sweep import sweep_figure
@@ -91,7 +93,7 @@ def measure(rec, net, opts: SweepOptions, ceiling: dict, ridge, run: RunOptions,
     if any(r["status"] == "ok" for r in rows):  # nothing to draw when all were skipped
         title = c.title(rec, "decode batch sweep", rows)
         sweep_figure(rows, summary, rec.folder / "sweep.png", title)
-        c.allreduce_plot(rec, rows, "each decode step's all-reduces")
+        roofs.allreduce_plot(rec, rows, "each decode step's all-reduces")
     return rows, summary
 
 

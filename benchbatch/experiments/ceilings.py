@@ -1,0 +1,142 @@
+"""The run's one set of ceilings (given with --ceilings, the latest probe of this device, or
+measured now) and the figures drawn under them: the roofline, and under torchrun the
+all-reduce sweep."""
+
+from __future__ import annotations
+
+from benchbatch.core.options import RunOptions
+from benchbatch.experiments.common import title, use_threads
+from benchbatch.output.recorder import Recorder
+from benchbatch.runtime import distributed
+
+
+def use_ceilings(rec: Recorder, run: RunOptions):
+    """The run's one set of ceilings: given with --ceilings, else the latest probe of this
+    device, dtype, torch, thread count and load class when recent and steady
+    (ceilings_cache.py; written to probe.csv and said), else measured now into probe.csv
+    and kept as the latest (unless --no-roofline or noisy). Every row recorded afterwards
+    is placed against them; where they came from is metadata's "ceilings_source" (and
+    ceilings.source), the roofline's title and the note."""
+    ceilings = rec.given_ceilings
+    source = f"from {run.ceilings} (--ceilings)" if ceilings is not None else None
+    if ceilings is None and run.roofline:
+        from benchbatch.core.roofline import ceilings_from_rows
+
+        cached = None if run.reprobe else _cached_probe(rec)
+        if cached is not None:
+            rows = cached.rows
+            rec.put("probe", rows)
+            source = cached.source()
+            rec.meta["ceilings_from"] = {"cache": str(cached.path), "run": cached.run,
+                                         "measured_utc": cached.measured_utc,
+                                         "age_s": round(cached.age_s),
+                                         "key": cache_key(rec)}  # fmt: skip
+            if not rec.quiet:
+                rec.note(
+                    f"ceilings: the latest probe of this device in {rec.target.dtype_name}, "
+                    f"{cached.describe()} (--reprobe measures them again)"
+                )
+        else:
+            rows = measure_probe(rec, run)
+            source = rec.meta.get("ceilings_source")
+        ceilings = ceilings_from_rows(rows)
+        interconnect_ceiling(rec, run)
+    rec.use_ceilings(ceilings)
+    if ceilings is not None:
+        rec.meta["ceilings_source"] = source
+        rec.meta["ceilings"]["source"] = source
+    return ceilings
+
+
+def interconnect_ceiling(rec: Recorder, run: RunOptions) -> list[dict]:
+    """Under torchrun: all-reduce bus bandwidth over message sizes between every rank, into
+    probe.csv (the roof a step's all-reduces sit under). Nothing on one process."""
+    world = rec.target.world
+    if world is None or not world.distributed:
+        return []
+    from benchbatch.runtime import interconnect
+
+    t = rec.target
+    sizes = interconnect.plan(t.device)
+    rows = interconnect.sweep(world, t.device, t.dtype_name, run.timing(), sizes, run.graphs(t))
+    return rec.record("probe", rows, total=len(sizes), label="measuring the all-reduce")
+
+
+def allreduce_plot(rec: Recorder, rows: list[dict], what: str) -> None:
+    """allreduce.png: a tensor-parallel run's step all-reduces under the measured sweep."""
+    if rec.target.tp == 1:
+        return
+    from benchbatch.output.plots.interconnect import allreduce_figure
+
+    probe = [r for r in rec.rows("probe") if r.get("kind") == "allreduce"]
+    allreduce_figure(probe, rows, rec.folder / "allreduce.png", title(rec, what))
+
+
+def measure_probe(rec: Recorder, run: RunOptions, plan=None, timing=None) -> list[dict]:
+    """probe.csv, measured now (the default plan of this device unless one is given), and
+    kept as the latest probe of this device, dtype, thread count and load class, unless it
+    is incomplete or a row of it is noisy (said: a later run measures again)."""
+    from benchbatch.output import ceilings_cache
+    from benchbatch.runtime import ceilings as probes
+
+    if "threads" not in rec.meta:  # `probe` and `reproduce` open no model run
+        use_threads(rec, run)
+    t = rec.target
+    plan = plan or probes.default_plan(t.device)
+    timing = timing or run.timing()
+    rows = rec.record("probe", probes.run(plan, t.device, t.dtype_name, timing),
+                      total=len(plan), label="measuring the device's ceilings")  # fmt: skip
+    rec.meta["ceilings_source"] = f"measured now, {ceilings_cache.noise_text(rows)}"
+    noisy = ceilings_cache.noisy_rows(rows)
+    complete = probes.complete(plan, rows)
+    if noisy and not rec.quiet:
+        rec.note(
+            f"the probe's rows {', '.join(noisy)} are noisy: this run uses them, but they are "
+            "not kept for later runs (the next one measures again)"
+        )
+    if any(r["status"] == "ok" for r in rows) and distributed.is_writer():  # one rank writes
+        ceilings_cache.save(cache_key(rec), rows, rec.folder, complete=complete)
+    return rows
+
+
+def cache_key(rec: Recorder) -> str:
+    """The cache's key of this run: device, dtype, torch, compute threads, load class and
+    a CPU's clock."""
+    from benchbatch.core import machine
+    from benchbatch.output import ceilings_cache
+    from benchbatch.runtime import device
+
+    t = rec.target
+    threads = rec.meta.get("threads") or {}
+    name = device.device_name(t.device)
+    load = threads.get("load_class", "unknown")
+    version = machine.version("torch")
+    return ceilings_cache.key(name, t.dtype_name, version, threads.get("threads"), load,
+                              threads.get("clock"))  # fmt: skip
+
+
+def _cached_probe(rec: Recorder):
+    from benchbatch.core.roofline import ceilings_from_rows
+    from benchbatch.output import ceilings_cache
+
+    cached = ceilings_cache.load(cache_key(rec))
+    try:
+        return cached if cached is not None and ceilings_from_rows(cached.rows) else None
+    except ValueError:  # rows without a measured roof: measure again
+        return None
+
+
+def roofline_plot(rec: Recorder, rows: list[dict], source: str, title: str) -> None:
+    """roofline.png: the rows against the measured roof (and the datasheet's, if known)."""
+    from benchbatch.core import peaks
+    from benchbatch.output.plots.roofline import roofline_figure
+    from benchbatch.runtime import device
+
+    target = rec.target
+    sheet = (
+        peaks.lookup(device.device_name(target.device)) if target.device.type == "cuda" else None
+    )
+    tagged = [{**r, "source": source} for r in rows]
+    where = rec.meta.get("ceilings_source")
+    title = f"{title}\nceilings {where}" if where else title
+    roofline_figure(tagged, rec.ceilings, rec.folder / "roofline.png", sheet, title)
