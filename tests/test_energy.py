@@ -19,7 +19,7 @@ from benchbatch.errors import UserError
 from benchbatch.experiments.serve.options import ServeOptions
 from benchbatch.experiments.sweep import probe as sweep_probe
 from benchbatch.experiments.sweep.options import SweepOptions
-from benchbatch.runtime import telemetry
+from benchbatch.runtime import energy_meter
 from benchbatch.runtime.timing import TimingOptions
 
 GPU = torch.device("cuda", 1)
@@ -45,7 +45,7 @@ def no_visible_devices(monkeypatch):
 
 def fake_clock(monkeypatch, *times):
     ticks = iter(times)
-    monkeypatch.setattr(telemetry._Span, "clock", staticmethod(lambda: next(ticks)))
+    monkeypatch.setattr(energy_meter._Span, "clock", staticmethod(lambda: next(ticks)))
 
 
 def test_nvml_counter_gives_the_span_energy_and_joules_per_token(monkeypatch):
@@ -53,7 +53,7 @@ def test_nvml_counter_gives_the_span_energy_and_joules_per_token(monkeypatch):
     # 0.25 s is 50 W; a step of 2 ms making 4 tokens then costs 50 x 0.002 / 4 = 0.025 J.
     nvml = EnergyNvml([0, 1_000_000, 1_012_500])
     with on_gpu(monkeypatch, nvml):
-        meter = telemetry.EnergyMeter(GPU)
+        meter = energy_meter.EnergyMeter(GPU)
         fake_clock(monkeypatch, 10.0, 10.25)
         with meter.span() as span:
             pass
@@ -70,7 +70,7 @@ def test_nvml_counter_gives_the_span_energy_and_joules_per_token(monkeypatch):
 def test_laps_read_consecutive_runs(monkeypatch):
     nvml = EnergyNvml([0, 5_000, 9_000, 30_000])
     with on_gpu(monkeypatch, nvml):
-        meter = telemetry.EnergyMeter(GPU)
+        meter = energy_meter.EnergyMeter(GPU)
         fake_clock(monkeypatch, 0.0, 2.0, 3.0)
         meter.start()
         first, second = meter.lap(), meter.lap()
@@ -82,7 +82,7 @@ def test_a_gpu_without_the_counter_says_not_available(monkeypatch):
     # FakeNvml has no nvmlDeviceGetTotalEnergyConsumption: AttributeError, as a binding
     # too old for the call; a pre-Volta GPU answers NotSupported the same way
     with on_gpu(monkeypatch, FakeNvml()):
-        meter = telemetry.EnergyMeter(GPU)
+        meter = energy_meter.EnergyMeter(GPU)
         with meter.span() as span:
             pass
     assert not meter.available
@@ -110,7 +110,7 @@ def rapl(folder, zones: dict[str, tuple[int, int]], sub: bool = True):
 
 def test_rapl_packages_summed_through_their_wraparound(tmp_path, monkeypatch):
     root = rapl(tmp_path, {"intel-rapl:0": (999_000, 1_000_000), "intel-rapl:1": (5_000, 10**9)})
-    meter = telemetry.EnergyMeter(torch.device("cpu"), rapl_root=root)
+    meter = energy_meter.EnergyMeter(torch.device("cpu"), rapl_root=root)
     assert meter.available and meter.source == "RAPL package-0, package-1"
     fake_clock(monkeypatch, 0.0, 0.5)
     with meter.span() as span:
@@ -134,7 +134,7 @@ def test_rapl_absent_or_unreadable_is_not_available(tmp_path):
     root = rapl(tmp_path / "ro", {"intel-rapl:0": (1, 10)}, sub=False)
     (root / "intel-rapl:0" / "energy_uj").unlink()
     (root / "intel-rapl:0" / "energy_uj").mkdir()  # unreadable as a file, even by root
-    meter = telemetry.EnergyMeter(torch.device("cpu"), rapl_root=root)
+    meter = energy_meter.EnergyMeter(torch.device("cpu"), rapl_root=root)
     assert not meter.available
     assert meter.source.startswith("not available: RAPL counters not readable")
     assert meter.describe() == {"available": False, "source": meter.source}
@@ -204,7 +204,7 @@ class FakeMeter:
 
 
 def test_sweep_rows_carry_the_span_power_times_their_step(monkeypatch, tiny_model):
-    monkeypatch.setattr(telemetry, "EnergyMeter", FakeMeter)
+    monkeypatch.setattr(energy_meter, "EnergyMeter", FakeMeter)
     plan = sweep_probe.plan([8], [1, 2, 64])
     timing = TimingOptions(min_repeats=1, min_time_s=0.0, warmup=0, warmup_s=0.0)
     rows = list(sweep_probe.rows(tiny_model, "fp32", plan, timing, {8: 4}))
@@ -230,7 +230,7 @@ def test_sweep_csv_and_view_say_not_available_and_price_the_steps(runner, tmp_pa
     assert (df["usd_per_million_tokens"] - expected).abs().max() < 1e-9 * expected.max()
     assert "joules_per_token" in df.columns
     meta = json.loads((out / "metadata.json").read_text())
-    if not telemetry.EnergyMeter(torch.device("cpu")).available:  # no RAPL here
+    if not energy_meter.EnergyMeter(torch.device("cpu")).available:  # no RAPL here
         assert df["joules_per_token"].isna().all()
         assert df["energy_source"].str.startswith("not available").all()
         assert meta["energy"]["available"] is False

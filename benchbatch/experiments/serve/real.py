@@ -33,7 +33,7 @@ def serve(rec, net, opts: ServeOptions, w, setup, cost, rates, seed: int, cpu_co
     sim_vs_real.csv. Returns the points (Served; None where no rate fits --real-time)."""
     from benchbatch.core.cpu_clock import core_share
     from benchbatch.experiments.serve import probe
-    from benchbatch.runtime import telemetry
+    from benchbatch.runtime import energy_meter
     from benchbatch.runtime.runs import engine_events
 
     n = min(opts.real_requests, len(w.requests))
@@ -46,7 +46,7 @@ def serve(rec, net, opts: ServeOptions, w, setup, cost, rates, seed: int, cpu_co
     runs = probe.engine_runs(w, chosen, opts.policies, setup, n, matched)
     events = _priced(engine_events(net, requests, runs, seed), cost, cpu_cost)
     total = sum(run.sim_steps for run in runs)
-    meter = telemetry.EnergyMeter(net.embed.weight.device)
+    meter = energy_meter.EnergyMeter(net.embed.weight.device)
     meter.start()
     for done in rec.engine_rows("real_steps", events, total=total, label="real engine"):
         reading = meter.lap()

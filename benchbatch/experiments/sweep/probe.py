@@ -20,7 +20,7 @@ from benchbatch.core import accounting, energy
 from benchbatch.core.config import DTYPE_BYTES, ModelConfig
 from benchbatch.core.noise import time_ratio_range
 from benchbatch.experiments.sweep.options import SweepOptions as Options
-from benchbatch.runtime import steps, telemetry
+from benchbatch.runtime import energy_meter, steps
 from benchbatch.runtime.tensor_parallel import tp_of
 from benchbatch.runtime.timing import TimingOptions
 
@@ -63,7 +63,7 @@ def rows(
     layout = {"kv_layout": kv_layout, "block_size": block_size}
     tp = tp_of(model)
     # joules per token: the energy counter around each group's measurement (core/energy.py)
-    meter = telemetry.EnergyMeter(model.embed.weight.device)
+    meter = energy_meter.EnergyMeter(model.embed.weight.device)
     for context in dict.fromkeys(s.context for s in plan):
         limit = ceiling[context]
         mine = [s for s in plan if s.context == context]
