@@ -14,7 +14,7 @@ import torch
 from benchbatch.core.config import preset
 from benchbatch.errors import UserError
 from benchbatch.runtime import checkpoint
-from benchbatch.runtime.model import rotary_tables
+from benchbatch.runtime.rotary import rotary_tables
 
 transformers = pytest.importorskip("transformers")
 safetensors_torch = pytest.importorskip("safetensors.torch")

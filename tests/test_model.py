@@ -151,3 +151,17 @@ def test_mixed_step_equals_separate_steps(model):
     for g, e in zip(got, expected, strict=True):
         torch.testing.assert_close(g, e, **TOL)
     assert together.lengths.tolist() == apart.lengths.tolist() == [7, 7, 7, 5, 11, 0]
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_rotate_equals_the_pairwise_rotation_bit_for_bit(dtype):
+    """The model's four-operation rotation (rotary.rotate over rotary.rotation's tables) is
+    the textbook pairwise rotation (rotary.apply_rotary) to the last bit."""
+    from benchbatch.runtime.rotary import apply_rotary, rotate, rotation
+
+    g = torch.Generator().manual_seed(3)
+    x = torch.randn(7, 4, 16, generator=g).to(dtype)
+    angles = torch.randn(7, 8, generator=g)
+    cos, sin = angles.cos().to(dtype), angles.sin().to(dtype)
+    assert torch.equal(rotate(x, *rotation(cos, sin)), apply_rotary(x, cos, sin))
+    assert not torch.equal(apply_rotary(x, cos, sin), x)  # it rotates
