@@ -28,7 +28,8 @@ import pytest
 from benchbatch.app.cli import app
 from benchbatch.core.workload import Request
 from benchbatch.experiments.server.options import ServerOptions
-from benchbatch.net.server import Served, ServerThread, make_app
+from benchbatch.net.completions import Served
+from benchbatch.net.server import ServerThread, make_app
 from benchbatch.runtime.engine import Engine, run_alone
 from benchbatch.runtime.live import LiveEngine
 
@@ -428,7 +429,7 @@ def test_text_held_inside_a_character_comes_whole_and_bytes_that_are_none_come_a
     Detokenizer.HOLD tokens (or at the last token), so the pieces always add up to the
     tokenizer's own decoding of every token."""
     tokenizers = pytest.importorskip("tokenizers")
-    from benchbatch.net.server import Detokenizer
+    from benchbatch.net.completions import Detokenizer
 
     alphabet = sorted(tokenizers.pre_tokenizers.ByteLevel.alphabet())
     tok = tokenizers.Tokenizer(tokenizers.models.BPE({c: i for i, c in enumerate(alphabet)}, []))

@@ -130,7 +130,8 @@ def measure_run(
 ) -> None:
     """Build the model, start its thread and the HTTP server, say the URL, serve until a
     signal or --duration, then stop both and write what was measured."""
-    from benchbatch.net.server import Served, ServerThread, make_app
+    from benchbatch.net.completions import Served
+    from benchbatch.net.server import ServerThread, make_app
     from benchbatch.runtime.cores import cpu_busy, plan_cores
     from benchbatch.runtime.live import LiveEngine
 
