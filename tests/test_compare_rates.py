@@ -16,7 +16,7 @@ import pytest
 from typer.testing import CliRunner
 
 from benchbatch.app.cli import app
-from benchbatch.output import compare as merging
+from benchbatch.output import compare_serve as merging
 
 SERVE_COLUMNS = ("tpot_p50_s", "tpot_p99_s", "ttft_p50_s", "output_throughput_tps")
 POLICIES = ("static", "continuous")

@@ -49,6 +49,7 @@ def document(rec) -> dict:
 
 def show(rec) -> None:
     from benchbatch.output import compare as merging
+    from benchbatch.output import compare_serve as serve_merging
 
     runs = rec.meta["runs"]
     names = [d["run"] for d in runs]
@@ -65,8 +66,8 @@ def show(rec) -> None:
         render.out_console.print(_view(table, df, names))
         if table == "serve" and rec.meta.get("serve_rates") is not None:
             render.out_console.print(_matched(rec.meta["serve_rates"]), highlight=False)
-        if table == "slo" and merging.knees(df, names):
-            render.out_console.print(_knees(merging.knees(df, names), names))
+        if table == "slo" and serve_merging.knees(df, names):
+            render.out_console.print(_knees(serve_merging.knees(df, names), names))
     if rec.meta.get("conclusions"):
         render.out_console.print(_conclusions(rec.meta["conclusions"], names))
     if any(d["status"] != "complete" for d in runs):
@@ -95,13 +96,14 @@ def _peer_check(df) -> str:
 
 def _view(table: str, df, names: list[str]) -> Table:
     from benchbatch.output import compare as merging
+    from benchbatch.output import compare_serve as serve_merging
 
     index, value, what = VIEWS[table]
     if table == "probe":
         df = df.assign(value=df["tflops"].where(df["kind"] == "matmul", df["gbps"]))
         value = "value"
     if table == "serve":
-        df = merging.rate_order(df)
+        df = serve_merging.rate_order(df)
     # The SLO table: a run that has the row but never met the SLO says "none".
     wide = merging.pivot(df, index, value, names, missing="none" if table == "slo" else None)
     first = names[0]

@@ -32,12 +32,13 @@ def measure_run(rec, opts: CompareOptions, run: RunOptions) -> None:
     """compare-TABLE.csv per table (the run's tables, named so) and the overlaid figures;
     metadata's `files` lists what was written, as it is."""
     from benchbatch.output import compare as merging
+    from benchbatch.output import compare_serve as serve_merging
 
     loaded = merging.load_all(list(opts.runs), opts.label)  # as open_run checked them
     tables = merging.merge(loaded)
     if "serve" in tables:  # points matched by absolute rate, and which ones matched
         names = [r.label for r in loaded]
-        tables["serve"], rec.meta["serve_rates"] = merging.match_rates(tables["serve"], names)
+        tables["serve"], rec.meta["serve_rates"] = serve_merging.match_rates(tables["serve"], names)
     said = conclusions(tables, [r.label for r in loaded])
     if said:
         rec.meta["conclusions"] = said
@@ -55,7 +56,7 @@ def conclusions(tables: dict, names: list[str]) -> list[dict]:
     matched only between runs that measured the same steps (its name says which)."""
     from benchbatch.experiments.phases import probe as phases
     from benchbatch.experiments.sweep import probe as sweep
-    from benchbatch.output import compare as merging
+    from benchbatch.output import compare_serve as serve_merging
 
     found: dict[tuple[str, str], dict] = {}
 
@@ -82,7 +83,7 @@ def conclusions(tables: dict, names: list[str]) -> list[dict]:
             keep("sweep", f"throughput, {span}", run, c, "throughput_ratio")
             keep("sweep", f"step time, {span}", run, c, "step_latency_ratio")
     return [
-        {"table": table, "ratio": what, **merging.side_by_side(by, names)}
+        {"table": table, "ratio": what, **serve_merging.side_by_side(by, names)}
         for (table, what), by in found.items()
     ]
 
