@@ -32,7 +32,8 @@ def before(rec) -> None:
 
 def header_lines(rec) -> list[str]:
     """What runs, on what; first of all whether this is the article's run or a CPU-sized one."""
-    from benchbatch.experiments.reproduce.run import cpu_notice, real_sizes
+    from benchbatch.experiments.reproduce.reporting import cpu_notice
+    from benchbatch.experiments.reproduce.run import real_sizes
     from benchbatch.runtime.device import device_name
 
     o, cfg, target = rec.meta["options"], rec.cfg, rec.target
@@ -69,7 +70,7 @@ def document(rec) -> dict:
 
 
 def show(rec) -> None:
-    from benchbatch.experiments.reproduce.run import build_report, noisy_steps
+    from benchbatch.experiments.reproduce.reporting import build_report, noisy_steps
 
     built = build_report(rec)
     out = render.out_console
