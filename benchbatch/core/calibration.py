@@ -60,7 +60,8 @@ steps are fitted as well as the 1 s prefills), iterated so that each step is wei
 its *predicted* time (the measured one biases a fit on noisy steps low), with the
 coefficients kept non-negative (Lawson-Hanson). Each coefficient comes with its standard
 error, and each step kind (decode-only, prefill-only, mixed) with the median and p90 of
-|relative error|. Pure numpy: no torch.
+|relative error|. Pure numpy: no torch. The same steps fitted on the engine thread's CPU
+clock: core/cpu_clock.py; the fit in one line: core/calibration_text.py.
 """
 
 from __future__ import annotations
