@@ -952,3 +952,23 @@ def test_serve_sweep_json_holds_the_calibration_fit_s_numbers_as_json_numbers(ru
     serve = pd.read_csv(out / "serve.csv", dtype={"rate": str})
     assert [r["slo_met"] for r in doc["rows"]] == serve["slo_met"].tolist()
     assert all(type(r["slo_met"]) is int for r in doc["rows"])
+
+
+def test_either_fit_is_said_in_its_own_line():
+    """calibration_text.step_cost_line: an isolated-step fit (stepcost.cost_summary) in its
+    terms and errors, with the steps left out as noise; the engine's calibration (it has
+    standard errors) as calibration_text.line says it."""
+    from benchbatch.core.calibration_text import step_cost_line
+    from benchbatch.core.step_model import StepCostModel
+    from benchbatch.core.stepcost import cost_summary
+
+    model = StepCostModel(0.002, 0.0005, 0.00025, 2e-7)
+    fitted = [{"used": True, "error": e} for e in (0.01, -0.03, 0.05)]
+    fitted.append({"used": False, "error": 0.9})
+    said = step_cost_line(cost_summary(model, fitted))
+    assert said == (
+        "step cost fitted to 3 steps: 2 ms + 0.5 ms/decode token + 0.25 ms/prefill token + "
+        "0.2 us/context token (median error 3%, largest 5%; 1 slowed by noise left out)"
+    )
+    engine = cal.fit(synthetic_steps(90, noise=0.0))["summary"]
+    assert step_cost_line(engine) == line(engine) and "calibration (" in line(engine)

@@ -1,5 +1,6 @@
-"""A calibration (step_cost.json's fit, calibration.summary) in one line, as the views and
-scripts print it."""
+"""A step-cost fit in one line, as the views and scripts print it: the engine's calibration
+(step_cost.json's fit, calibration.summary: `line`) or an isolated-step fit
+(stepcost.cost_summary: `cost_line`); `step_cost_line` says whichever it is given."""
 
 from __future__ import annotations
 
@@ -51,3 +52,21 @@ def line(s: dict) -> str:
         + " + ".join(parts)
         + f" (|error| median/p90: {kinds}{host})"
     )  # fmt: skip
+
+
+def cost_line(s: dict) -> str:
+    """An isolated-step fit (stepcost.cost_summary) in one line."""
+    return (
+        f"step cost fitted to {s['samples']} steps: {s['base_ms']:.3g} ms + "
+        f"{s['per_decode_token_ms']:.3g} ms/decode token + {s['per_prefill_token_ms']:.3g} "
+        f"ms/prefill token + {s['per_context_token_us']:.3g} us/context token "
+        f"(median error {s['median_abs_error']:.0%}, largest {s['max_abs_error']:.0%}"
+        + (f"; {s['left_out_as_noise']} slowed by noise left out" if s["left_out_as_noise"] else "")
+        + ")"
+    )
+
+
+def step_cost_line(s: dict) -> str:
+    """Whichever fit s summarizes, in one line: the engine's calibration has standard
+    errors, an isolated-step fit does not."""
+    return line(s) if "std_errors_s" in s else cost_line(s)

@@ -38,15 +38,11 @@ def document(rec) -> dict:
 
 
 def show(rec) -> None:
-    from benchbatch.experiments.ablation.probe import cost_line, noisy
+    from benchbatch.core.calibration_text import step_cost_line
+    from benchbatch.experiments.ablation.probe import noisy
 
     rows, meta = rec.rows("ablation"), rec.meta
-    if "std_errors_s" in meta["step_cost"]:  # the engine's calibration (core/calibration.py)
-        from benchbatch.core.calibration_text import line
-
-        render.out_console.print(line(meta["step_cost"]), highlight=False)
-    else:
-        render.out_console.print(cost_line(meta["step_cost"]))
+    render.out_console.print(step_cost_line(meta["step_cost"]), highlight=False)
     lost = meta["step_cost"].get("per_token_costs_unmeasured", [])
     if lost:
         render.warning(

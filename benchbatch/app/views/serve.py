@@ -71,21 +71,12 @@ def document(rec) -> dict:
     }
 
 
-def _cost_text(summary: dict, cost_line) -> str:
-    """The engine's calibration (core/calibration.py) or an isolated-step fit, in one line."""
-    if "std_errors_s" in summary:
-        from benchbatch.core.calibration_text import line
-
-        return line(summary)
-    return cost_line(summary)
-
-
 def show(rec) -> None:
-    from benchbatch.experiments.ablation.probe import cost_line
+    from benchbatch.core.calibration_text import step_cost_line
 
     rows, slo, versus = rec.rows("serve"), rec.rows("slo"), rec.rows("sim_vs_real")
     if rec.meta.get("step_cost"):
-        render.out_console.print(_cost_text(rec.meta["step_cost"], cost_line), highlight=False)
+        render.out_console.print(step_cost_line(rec.meta["step_cost"]), highlight=False)
     for source, name in (("sim", "simulated"), ("real", "real engine")):
         mine = [_shown(r) for r in rows if r["source"] == source]
         if mine:

@@ -35,7 +35,7 @@ from benchbatch.experiments.fields import SLO
 if TYPE_CHECKING:
     from benchbatch.runtime.records import EngineResult
 
-__all__ = ["Options", "SCHEMES", "SLO", "Budgets", "simulate_all", "summary_row", "cost_line"]
+__all__ = ["Options", "SCHEMES", "SLO", "Budgets", "simulate_all", "summary_row"]
 LABELS = {
     "mixed-only": "mixed batching, no chunks",
     "chunks-only": "chunks, no mixed batching",
@@ -383,19 +383,3 @@ def slo_best(rows: Sequence[dict]) -> dict:
         "largest_budget": pick(by_budget),
         "best_goodput": pick(best),
     }
-
-
-# --- in words -------------------------------------------------------------------------------------
-
-
-def cost_line(s: dict) -> str:
-    """The fitted step-cost model in one line, from its summary (step_cost.json): the
-    ablation's view and serve-sweep's say it."""
-    return (
-        f"step cost fitted to {s['samples']} steps: {s['base_ms']:.3g} ms + "
-        f"{s['per_decode_token_ms']:.3g} ms/decode token + {s['per_prefill_token_ms']:.3g} "
-        f"ms/prefill token + {s['per_context_token_us']:.3g} us/context token "
-        f"(median error {s['median_abs_error']:.0%}, largest {s['max_abs_error']:.0%}"
-        + (f"; {s['left_out_as_noise']} slowed by noise left out" if s["left_out_as_noise"] else "")
-        + ")"
-    )

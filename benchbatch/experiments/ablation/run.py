@@ -11,7 +11,6 @@ from benchbatch.core.optkit import record
 from benchbatch.core.prediction import pairs_of
 from benchbatch.experiments.ablation import probe
 from benchbatch.experiments.ablation.options import AblationOptions
-from benchbatch.experiments.ablation.probe import cost_line  # noqa: F401  (serve-sweep's)
 from benchbatch.output.recorder import Recorder
 from benchbatch.runtime.runs import EngineRun, engine_events
 
