@@ -15,12 +15,10 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
 
 from benchbatch.core.noise import DEFAULT_CV_THRESHOLD
 from benchbatch.core.optkit import (
     BATCHING,
-    KV,
     MODEL,
     OUTPUT,
     RUN,
@@ -394,65 +392,3 @@ class WorkloadOptions:
             f"{self.MAX_ARRIVAL_SPAN:,} steps a run may span",
         )
         return requests
-
-
-def engine_field(help_real: str, aliases: tuple[str, ...] = (), default: str = "sim") -> Any:
-    """--engine, declared alike wherever a command can also run its plan on the model."""
-    return opt(
-        default,
-        f"sim: simulate (fast, no model); real: {help_real}",
-        panel=BATCHING,
-        choices=("sim", "real"),
-        aliases=aliases,
-    )
-
-
-KV_LAYOUTS = ("contiguous", "paged")
-MAX_BLOCK_SIZE = 1 << 20
-
-
-def kv_layout_field(what: str) -> Any:
-    """--kv-layout, declared alike wherever the model's KV cache is built."""
-    return opt(
-        "contiguous",
-        f"KV cache of {what}: contiguous (one row per sequence) or paged (blocks of "
-        "--block-size tokens in a shared pool, read through a block table per sequence, as "
-        "PagedAttention; same tokens, the table read costs a gather per layer).",
-        panel=KV,
-        choices=KV_LAYOUTS,
-    )
-
-
-def block_size_field() -> Any:
-    """--block-size: the KV block in tokens (vLLM's default 16)."""
-    return opt(16, "Tokens per KV-cache block (vLLM's default: 16).", panel=KV)
-
-
-def check_block_size(value: int) -> None:
-    check_count("block_size", value, 1, MAX_BLOCK_SIZE)
-
-
-PROBE = "Device ceilings"
-
-
-@dataclass(frozen=True)
-class ProbeOptions:
-    sizes: tuple[int, ...] | None = opt(
-        None,
-        "Square matmul sizes n of the ceiling probe, comma-separated. Default: 1024,2048 on a "
-        "CPU, 2048,4096,8192 on CUDA.",
-        panel=PROBE,
-        parse="ints",
-        aliases=("--probe-sizes",),
-    )
-    buffer_mb: int | None = opt(
-        None,
-        "MiB of each copy/read buffer of the ceiling probe; keep it far above the last-level "
-        "cache. Default: 256 on a CPU, 1024 on CUDA.",
-        panel=PROBE,
-        aliases=("--probe-buffer-mb",),
-    )
-
-    def __post_init__(self) -> None:
-        if self.buffer_mb is not None:
-            check_count("buffer_mb", self.buffer_mb, 1, 2**40)

@@ -1,12 +1,14 @@
 """Option fields and checks that several experiments share: one name, type, default and
-help wherever a concept appears (`decode_batch`, `context`, the token budget, the SLOs)."""
+help wherever a concept appears (`decode_batch`, `context`, the token budget, the SLOs,
+--engine, --kv-layout and --block-size)."""
 
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Any
 
 from benchbatch.core.options import WorkloadOptions
-from benchbatch.core.optkit import BATCHING, check_number, opt, require
+from benchbatch.core.optkit import BATCHING, KV, check_count, check_number, opt, require
 
 LENGTH_KINDS = ("fixed", "uniform", "lognormal")  # core/lengths.py's KINDS (no numpy here)
 
@@ -106,3 +108,39 @@ def price_per_hour_field():
 def check_price_per_hour(price: float | None) -> None:
     if price is not None:
         check_number("price_per_hour", price, 0, open_low=True)
+
+
+def engine_field(help_real: str, aliases: tuple[str, ...] = (), default: str = "sim") -> Any:
+    """--engine, declared alike wherever a command can also run its plan on the model."""
+    return opt(
+        default,
+        f"sim: simulate (fast, no model); real: {help_real}",
+        panel=BATCHING,
+        choices=("sim", "real"),
+        aliases=aliases,
+    )
+
+
+KV_LAYOUTS = ("contiguous", "paged")
+MAX_BLOCK_SIZE = 1 << 20
+
+
+def kv_layout_field(what: str) -> Any:
+    """--kv-layout, declared alike wherever the model's KV cache is built."""
+    return opt(
+        "contiguous",
+        f"KV cache of {what}: contiguous (one row per sequence) or paged (blocks of "
+        "--block-size tokens in a shared pool, read through a block table per sequence, as "
+        "PagedAttention; same tokens, the table read costs a gather per layer).",
+        panel=KV,
+        choices=KV_LAYOUTS,
+    )
+
+
+def block_size_field() -> Any:
+    """--block-size: the KV block in tokens (vLLM's default 16)."""
+    return opt(16, "Tokens per KV-cache block (vLLM's default: 16).", panel=KV)
+
+
+def check_block_size(value: int) -> None:
+    check_count("block_size", value, 1, MAX_BLOCK_SIZE)

@@ -22,7 +22,7 @@ from dataclasses import dataclass
 import torch
 
 from benchbatch.core.config import DTYPE_BYTES
-from benchbatch.core.options import ProbeOptions as Options
+from benchbatch.core.probe_options import ProbeOptions as Options
 from benchbatch.core.roofline import Ceilings, ceilings_from_rows
 from benchbatch.errors import UserError
 from benchbatch.runtime import device as devices

@@ -5,7 +5,6 @@ from __future__ import annotations
 from dataclasses import dataclass
 from pathlib import Path
 
-from benchbatch.core.options import engine_field
 from benchbatch.core.optkit import BATCHING, check_count, opt, require
 from benchbatch.errors import UserError
 from benchbatch.experiments.fields import (
@@ -13,6 +12,7 @@ from benchbatch.experiments.fields import (
     SLO_PANEL,
     chunk_of,
     chunk_size_field,
+    engine_field,
     step_costs_field,
     token_budget_field,
 )

@@ -6,12 +6,6 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from benchbatch.core.kvblocks import blocks_for
-from benchbatch.core.options import (
-    block_size_field,
-    check_block_size,
-    engine_field,
-    kv_layout_field,
-)
 from benchbatch.core.optkit import (
     BATCHING,
     KV,
@@ -24,6 +18,10 @@ from benchbatch.core.optkit import (
 )
 from benchbatch.errors import UserError
 from benchbatch.experiments.fields import (
+    block_size_field,
+    check_block_size,
+    engine_field,
+    kv_layout_field,
     step_costs_field,
 )
 

@@ -4,13 +4,15 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from benchbatch.core.options import block_size_field, check_block_size, kv_layout_field
 from benchbatch.core.optkit import opt
 from benchbatch.experiments.fields import (
+    block_size_field,
+    check_block_size,
     check_context,
     check_lengths,
     context_field,
     decode_batch_field,
+    kv_layout_field,
 )
 
 

@@ -1,7 +1,8 @@
 """probe: the device's measured ceilings (matmul, memory, all-reduce) beside its datasheet."""
 
-from benchbatch.core.options import ProbeOptions, RunOptions
+from benchbatch.core.options import RunOptions
 from benchbatch.core.optkit import use
+from benchbatch.core.probe_options import ProbeOptions
 from benchbatch.experiments.base import Experiment
 
 HELP = """The device's ceilings, measured: matmul TFLOP/s and memory GB/s (copy and read).

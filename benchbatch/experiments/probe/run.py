@@ -2,8 +2,9 @@
 
 from __future__ import annotations
 
-from benchbatch.core.options import ProbeOptions, RunOptions
+from benchbatch.core.options import RunOptions
 from benchbatch.core.optkit import record
+from benchbatch.core.probe_options import ProbeOptions
 from benchbatch.output.recorder import Recorder
 
 

@@ -2,8 +2,9 @@
 parts (probe, phases, sweep, occupancy, memory, the real engine, the serving curve) run on
 one model and one set of ceilings (options, run)."""
 
-from benchbatch.core.options import ModelOptions, ProbeOptions, RunOptions, WorkloadOptions
+from benchbatch.core.options import ModelOptions, RunOptions, WorkloadOptions
 from benchbatch.core.optkit import use
+from benchbatch.core.probe_options import ProbeOptions
 from benchbatch.experiments.base import Experiment
 from benchbatch.experiments.phases.options import PhasesOptions
 from benchbatch.experiments.reproduce.options import ReproduceOptions

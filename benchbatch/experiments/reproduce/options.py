@@ -4,8 +4,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from benchbatch.core.options import engine_field
 from benchbatch.core.optkit import opt
+from benchbatch.experiments.fields import engine_field
 
 
 @dataclass(frozen=True)

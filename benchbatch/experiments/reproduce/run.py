@@ -18,7 +18,8 @@ from collections.abc import Callable
 from dataclasses import dataclass
 
 from benchbatch.core.fits import check_fits
-from benchbatch.core.options import ModelOptions, ProbeOptions, RunOptions, WorkloadOptions
+from benchbatch.core.options import ModelOptions, RunOptions, WorkloadOptions
+from benchbatch.core.probe_options import ProbeOptions
 from benchbatch.experiments import common as c
 from benchbatch.experiments.phases.options import PhasesOptions
 from benchbatch.experiments.reproduce.options import ReproduceOptions

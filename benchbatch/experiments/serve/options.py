@@ -5,7 +5,6 @@ from __future__ import annotations
 from dataclasses import dataclass
 from pathlib import Path
 
-from benchbatch.core.options import engine_field
 from benchbatch.core.optkit import BATCHING, WORKLOAD, check_count, check_number, opt, require
 from benchbatch.errors import UserError
 from benchbatch.experiments.fields import (
@@ -15,6 +14,7 @@ from benchbatch.experiments.fields import (
     check_price_per_hour,
     chunk_of,
     chunk_size_field,
+    engine_field,
     price_per_hour_field,
     step_costs_field,
     token_budget_field,

@@ -4,12 +4,14 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from benchbatch.core.options import block_size_field, check_block_size, kv_layout_field
 from benchbatch.core.optkit import KV, check_number, opt, require
 from benchbatch.experiments.fields import (
+    block_size_field,
+    check_block_size,
     check_context,
     check_price_per_hour,
     context_field,
+    kv_layout_field,
     price_per_hour_field,
 )
 
