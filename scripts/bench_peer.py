@@ -46,8 +46,9 @@ from benchbatch.core.config import ModelConfig, preset
 from benchbatch.core.workload import Request, lognormal_workload
 from benchbatch.runtime import device as devices
 from benchbatch.runtime import layout, steps
-from benchbatch.runtime.engine import Engine, prompt_ids
+from benchbatch.runtime.engine import Engine
 from benchbatch.runtime.model import Transformer
+from benchbatch.runtime.run_state import prompt_ids
 from benchbatch.runtime.timing import Measurement, TimingOptions, measure, synchronize
 
 try:

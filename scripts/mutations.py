@@ -355,21 +355,21 @@ BREAKS = [
     # --- the real engine -------------------------------------------------------------------
     Break(
         "engine: static drops its padded slots",
-        "benchbatch/runtime/engine.py",
+        "benchbatch/runtime/run_state.py",
         "decode_slots = sorted([d.slot for d in plan.decodes] + list(plan.padded_slots))",
         "decode_slots = sorted([d.slot for d in plan.decodes])",
         ENGINE,
     ),
     Break(
         "engine: the step record loses the padded rows",
-        "benchbatch/runtime/engine.py",
+        "benchbatch/runtime/run_state.py",
         "rows_padded = sum(s in padded for s in slots)",
         "rows_padded = 0",
         ENGINE,
     ),
     Break(
         "engine: prefill tokens counted as rows",
-        "benchbatch/runtime/engine.py",
+        "benchbatch/runtime/run_state.py",
         "prefill_tokens += call.tokens.numel()",
         "prefill_tokens += rows",
         ENGINE,

@@ -10,8 +10,9 @@ from benchbatch.core.scheduler import make_scheduler
 from benchbatch.core.simulate import simulate
 from benchbatch.core.workload import Request, lognormal_workload
 from benchbatch.errors import UserError
-from benchbatch.runtime.engine import Engine, prompt_ids, run_alone
+from benchbatch.runtime.engine import Engine, run_alone
 from benchbatch.runtime.model import Transformer
+from benchbatch.runtime.run_state import prompt_ids
 
 SLOTS = 4
 

@@ -11,12 +11,13 @@ nothing to run the thread blocks on the inbox (no spinning). The tokens of each 
 handed to each request's `deliver` callback as the step ends, on the model thread (the
 server turns them into SSE chunks on its own event loop).
 
-The steps are the in-process engine's own (engine._RunState: the same prefill, decode and
-padding, the same greedy pick), so a request gets the tokens Engine.run and run_alone give
-it. Outputs are forced to max_tokens unless a request names stop tokens (a checkpoint's
-end-of-sequence ids, the server's ignore_eos false): it then ends at the first one it
-generates once it has min_tokens (the token is kept: vLLM masks it out instead), and its
-slot is freed before the next step, as the scheduler frees a stopped request's.
+The steps are the in-process engine's own (runtime/run_state.py's RunState: the same
+prefill, decode and padding, the same greedy pick), so a request gets the tokens Engine.run
+and run_alone give it. Outputs are forced to max_tokens unless a request names stop tokens
+(a checkpoint's end-of-sequence ids, the server's ignore_eos false): it then ends at the
+first one it generates once it has min_tokens (the token is kept: vLLM masks it out
+instead), and its slot is freed before the next step, as the scheduler frees a stopped
+request's.
 
 The KV cache is sized once, every slot max_len tokens (vLLM's max_model_len); a request
 whose prompt and max_tokens do not fit is refused when submitted.
@@ -42,9 +43,10 @@ from benchbatch.core.plans import StepPlan
 from benchbatch.core.scheduler import make_scheduler
 from benchbatch.core.workload import Request
 from benchbatch.runtime.cores import CorePlan, pin_this_thread
-from benchbatch.runtime.engine import Engine, _RunState, run_alone
+from benchbatch.runtime.engine import Engine, run_alone
 from benchbatch.runtime.model import Transformer
 from benchbatch.runtime.records import EngineResult
+from benchbatch.runtime.run_state import RunState
 
 # A request's status, and why it finished (OpenAI's finish_reason where it has one).
 WAITING, RUNNING, FINISHED, CANCELLED, ABORTED = (
@@ -115,7 +117,7 @@ def _ids(ids: Sequence[int]) -> str:
 
 
 class _Watched:
-    """The scheduler as _RunState.step sees it, keeping the plan and the finished ids."""
+    """The scheduler as RunState.step sees it, keeping the plan and the finished ids."""
 
     def __init__(self, sched) -> None:
         self.sched, self.plan, self.finished = sched, None, []
@@ -150,7 +152,7 @@ class LiveEngine:
         self.stop_tokens = frozenset(stop_tokens)  # the checkpoint's end-of-sequence ids
         self.vocab = model.cfg.vocab
         self.sched = make_scheduler(policy, slots, record_tokens=False, **settings)
-        self._state = _RunState(Engine(model, policy, slots, **settings), [], max_len)
+        self._state = RunState(Engine(model, policy, slots, **settings), [], max_len)
         self._result = EngineResult(policy, slots, 0)
         self.requests: list[LiveRequest] = []  # every one submitted, in order (the CSV)
         self.step_rows: list[dict] = []  # a row per step (the steps CSV)
