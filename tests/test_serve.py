@@ -58,8 +58,11 @@ class VirtualTime:
 
 def test_the_engine_admits_a_request_only_after_it_arrives(tiny_model, monkeypatch):
     from benchbatch.runtime import engine as engine_module
+    from benchbatch.runtime import run_state
 
-    monkeypatch.setattr(engine_module, "time", VirtualTime())
+    clock = VirtualTime()  # one clock for the loop's arrivals and the steps' stamps
+    monkeypatch.setattr(engine_module, "time", clock)
+    monkeypatch.setattr(run_state, "time", clock)
     requests = [Request(i, 5 + i, 3 + i % 4) for i in range(6)]
     arrivals = [0.0, 0.0, 0.05, 0.05, 0.3, 0.31]  # the engine idles before the last two
     engine = Engine(tiny_model, "continuous", slots=4, seed=3)
