@@ -43,7 +43,7 @@ from benchbatch.net.completions import (
     text_of,
 )
 from benchbatch.runtime.cores import pin_this_thread
-from benchbatch.runtime.live import ABORT, Refused
+from benchbatch.runtime.live_request import ABORT, Refused
 
 MAX_BODY_BYTES = 64 * 2**20
 SERVED = web.AppKey("served", object)  # the app's Served
