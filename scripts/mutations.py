@@ -625,7 +625,7 @@ BREAKS = [
     ),
     Break(
         "occupancy's estimate: the calibration's runs counted, not their steps",
-        "benchbatch/experiments/occupancy/run.py",
+        "benchbatch/experiments/occupancy/real.py",
         "steps = cb.total_steps(calibration_runs(",
         "steps = len(calibration_runs(",
         tests("tests/test_occupancy_cli.py"),

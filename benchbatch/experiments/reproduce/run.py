@@ -256,15 +256,14 @@ def memory_part(rec, s: Shared) -> None:
 def real_part(rec, s: Shared) -> None:
     """Both policies on the model, on the real workload (smaller on a CPU): engine.csv,
     engine_steps.csv and engine.png, as `benchbatch occupancy --engine real` writes them."""
-    from benchbatch.experiments.occupancy import probe
-    from benchbatch.experiments.occupancy import run as occupancy
+    from benchbatch.experiments.occupancy import probe, real
     from benchbatch.output.plots.occupancy import engine_figure
 
     workload = s.job.real
     requests = workload.draw(s.run.seed)
     sims = probe.simulate(requests, workload.slots)
-    occupancy.engine_runs(rec, s.net, requests, workload.slots, sims, s.run.seed)
-    occupancy.prediction_part(rec, s.net, requests, workload.slots, s.run)
+    real.engine_runs(rec, s.net, requests, workload.slots, sims, s.run.seed)
+    real.prediction_part(rec, s.net, requests, workload.slots, s.run)
     rows = rec.rows("engine")
     described = describe_workload(requests, workload.slots)
     rec.meta["engine"] = {"workload": described, **probe.engine_summary(rows, sims)}

@@ -1,0 +1,164 @@
+"""occupancy --engine real: static and continuous batching on the model (engine.csv,
+engine.png), the simulation beside them (prediction.csv and its verdict), the memory
+policies in a paged cache of the budget's blocks, and, under tensor parallelism, the decode
+step's all-reduces. Imported by occupancy's run and by reproduce (experiment C on the
+model)."""
+
+from __future__ import annotations
+
+from benchbatch.core.options import ModelOptions, RunOptions
+from benchbatch.core.units import duration
+from benchbatch.runtime.runs import EngineRun, engine_events
+
+CPU_HINT = "--engine real --requests 64 --slots 8 --max-output 200"
+LONG_RUN_S = 600  # over this estimate, the notice suggests a smaller run
+
+
+def run_real(rec, model: ModelOptions, run: RunOptions, requests, slots: int, sims, stop,
+              layout: dict | None = None):  # fmt: skip
+    """Static and continuous batching on the model (engine.csv, engine.png); the model."""
+    from benchbatch.experiments import common as c
+    from benchbatch.experiments.occupancy import probe
+    from benchbatch.output.plots.occupancy import engine_figure
+
+    net, cfg = c.build_model(rec, model, run)
+    estimate = probe.estimate(net, rec.target.dtype_name, requests, slots, sims)
+    if not stop and rec.inputs.given is None:  # prediction_part calibrates the engine after
+        estimate |= calibration_estimate(net, requests, slots, estimate)
+    rec.meta.update(estimate=estimate, sim_time_basis=probe.SIM_TIME_BASIS)
+    if not run.json_out:
+        _say_estimate(estimate, sims, rec, slots)
+    if rec.target.tp > 1:
+        _collectives(rec, net, estimate["decode_context"], slots, run)
+    engine_runs(rec, net, requests, slots, sims, run.seed, stop, layout)
+    if not stop:  # with stop tokens each run is set beside its own lengths' simulation
+        prediction_part(rec, net, requests, slots, run, rec.inputs.given)
+    rows = rec.rows("engine")
+    rec.meta["engine_summary"] = probe.engine_summary(rows, sims)
+    title = c.title(rec, f"{slots} slots: real engine", noise=c.engine_noise(rows))
+    engine_figure(rec.rows("engine_steps"), rows, rec.folder / "engine.png", title)
+    return net
+
+
+PREDICTED = ("wall_s", "ttft_p50_s", "ttft_p99_s", "e2e_p50_s", "e2e_p99_s")
+
+
+def prediction_part(rec, net, requests, slots: int, run: RunOptions, given=None) -> None:
+    """Each policy simulated in seconds with the engine's calibration (or --step-costs) and
+    set beside its real run (engine.csv): prediction.csv, prediction.png and the verdict
+    (occupancy and reproduce)."""
+    from benchbatch.core.prediction import pairs_of
+    from benchbatch.core.scheduler import make_scheduler
+    from benchbatch.core.simulate import simulate
+    from benchbatch.experiments.ablation.run import cost_model
+    from benchbatch.output.plots.prediction import record
+
+    cost = cost_model(rec, net, calibration_budgets(requests, slots), requests, given, run)
+    pairs = []
+    for real in rec.rows("engine"):
+        policy = real["policy"]
+        sim = simulate(requests, make_scheduler(policy, slots), cost, fast=False)
+        m = sim.metrics.summary()
+        row = {"wall_s": sim.total_time, **{f"{k}_s": v for k, v in m.items()}}
+        pairs += pairs_of(policy, row, real, PREDICTED, policy=policy)
+    record(rec, pairs, f"occupancy: the real engine beside its simulation; {slots} slots")
+
+
+def calibration_budgets(requests, slots: int):
+    """The budgets the engine is calibrated at for the simulation beside its runs: the
+    slots, and chunks as long as the longest prompt (16-256 tokens)."""
+    from benchbatch.experiments.ablation.probe import Budgets
+
+    chunk = max(16, min(256, max(r.prompt_tokens for r in requests)))
+    return Budgets(slots, chunk + slots, chunk)
+
+
+def calibration_estimate(net, requests, slots: int, e: dict) -> dict:
+    """The calibration that follows the runs (prediction_part's): its steps, counted from
+    its plan, each priced as the estimate's average engine step."""
+    from benchbatch.experiments.ablation.run import calibration_runs
+    from benchbatch.runtime import calibrate as cb
+
+    steps = cb.total_steps(calibration_runs(net, calibration_budgets(requests, slots), requests))
+    per_step = e["estimated_s"] / max(1, e["simulated_steps"])
+    return {"calibration_steps": steps, "calibration_s": steps * per_step}
+
+
+def _collectives(rec, net, context: int, slots: int, run: RunOptions) -> None:
+    """Under tensor parallelism: the engine's typical decode step (every slot at the
+    estimate's context) timed with its all-reduces on their own, per rank: collectives.csv."""
+    from benchbatch.runtime import steps
+
+    step = steps.decode(slots, context)
+    row = steps.run_step(net, rec.target.dtype_name, step, run.timing(), run.graphs(rec.target))
+    rec.record("collectives", [row], total=1, label="the decode step's all-reduces")
+    keys = ("step_ms", "allreduce_ms", "allreduce_share", "batch", "context", "tp")
+    rec.meta["collectives"] = {k: row.get(k) for k in keys}
+
+
+def memory_engine(rec, net, requests, setup, sims, seed: int) -> None:
+    """The memory policies on the model, each in a paged cache of the budget's blocks:
+    memory_engine_steps.csv as the steps end, memory_engine.csv a row per policy."""
+    from benchbatch.experiments.occupancy import memory as mprobe
+
+    runs = mprobe.engine_runs(setup, len(requests), sims)
+    events = engine_events(net, requests, runs, seed)
+    total = sum(r.sim_steps for r in runs)
+    label = "memory policies, real engine"
+    for done in rec.engine_rows("memory_engine_steps", events, total=total, label=label):
+        rec.add("memory_engine", mprobe.engine_row(done.run.name, done.result, setup, requests))
+
+
+def engine_runs(
+    rec, net, requests, slots: int, sims, seed: int, stop=frozenset(), layout=None
+) -> None:
+    """Static, then continuous batching on the model: engine_steps.csv as the steps end,
+    engine.csv a row per policy (occupancy and reproduce). With stop tokens the lengths that
+    came out go to trace_POLICY.csv, and the run is set beside their own simulation.
+    layout: the engine's kv_layout and block_size (default: contiguous)."""
+    from benchbatch.experiments.occupancy import probe
+
+    runs = [
+        EngineRun(p, slots, p, dict(layout or {}), sims[p].total_steps, stop_tokens=stop)
+        for p in probe.POLICIES
+    ]
+    walls: dict[str, float] = {}
+    events = engine_events(net, requests, runs, seed)
+    total = sum(r.sim_steps for r in runs)
+    for done in rec.engine_rows("engine_steps", events, total=total, label="real engine"):
+        name, result = done.run.name, done.result
+        walls[name] = result.wall_s
+        sim = sims[name] if not stop else _observed_sim(rec, requests, result, name)
+        rec.add("engine", probe.engine_row(result, sim, walls.get("static")))
+
+
+def _observed_sim(rec, requests, result, policy: str):
+    """The lengths a run stopping at end-of-sequence produced: trace_POLICY.csv, and the
+    simulation of exactly those requests (the one the run is compared with)."""
+    from benchbatch.experiments.occupancy import probe
+    from benchbatch.output.results import write_trace
+    from benchbatch.runtime.records import observed_requests
+
+    observed = observed_requests(requests, result)
+    write_trace(rec.folder / f"trace_{policy}.csv", observed)
+    rec.meta.setdefault("traces", []).append(f"trace_{policy}.csv")
+    return probe.simulate(observed, result.slots)[policy]
+
+
+def _say_estimate(e: dict, sims: dict, rec, slots: int) -> None:
+    cfg, target = rec.cfg, rec.target
+    steps = " + ".join(f"{p} {s.total_steps:,}" for p, s in sims.items())
+    calibrating = ""
+    if e.get("calibration_steps"):
+        calibrating = f", then {e['calibration_steps']:,} to calibrate its simulation"
+    rec.say(
+        f"real engine: {cfg.name} (hidden {cfg.hidden}, {cfg.layers} layers) "
+        f"{target.dtype_name} on {target.device}, KV cache {e['kv_cache_bytes'] / 2**20:,.0f} "
+        f"MiB; {e['simulated_steps']:,} steps to run ({steps}){calibrating}. Estimated "
+        f"duration: about {duration(e['estimated_s'] + e.get('calibration_s', 0.0))} (a "
+        f"decode step of {slots} sequences at context "
+        f"{e['decode_context']:,} took {e['decode_step_ms']:.3g} ms here, a "
+        f"{e['prefill_tokens']}-token prefill {e['prefill_ms']:.3g} ms)."
+    )
+    if e["estimated_s"] > LONG_RUN_S and target.device.type == "cpu":
+        rec.note(f"that is long; for a quick look on a CPU try `benchbatch occupancy {CPU_HINT}`")
