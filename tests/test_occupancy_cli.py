@@ -299,3 +299,32 @@ def test_a_trace_arriving_too_late_is_refused(runner, tmp_path):
         len(lines) == 1 and lines[0].startswith("Error: --trace:") and "99,999,999,999" in lines[0]
     )
     assert not (tmp_path / "r").exists()
+
+
+@pytest.mark.parametrize(("estimated_s", "hinted"), [(179.0, False), (181.0, True)])
+def test_a_long_real_run_on_a_cpu_suggests_a_smaller_one_at_the_common_threshold(
+    estimated_s, hinted
+):
+    """occupancy --engine real's estimate says a smaller run to try past the one threshold
+    every command uses (common.LONG_RUN_S, 3 minutes), not a rule of its own."""
+    from types import SimpleNamespace
+
+    from benchbatch.experiments import common
+    from benchbatch.experiments.occupancy import real
+
+    assert common.LONG_RUN_S == 180
+    said, noted = [], []
+    rec = SimpleNamespace(
+        cfg=SimpleNamespace(name="tiny", hidden=64, layers=2),
+        target=SimpleNamespace(dtype_name="fp32", device=SimpleNamespace(type="cpu")),
+        say=said.append,
+        note=noted.append,
+    )
+    sims = {"static": SimpleNamespace(total_steps=10), "continuous": SimpleNamespace(total_steps=8)}
+    e = {"estimated_s": estimated_s, "simulated_steps": 18, "kv_cache_bytes": 2**20,
+         "decode_context": 100, "decode_step_ms": 1.0, "prefill_tokens": 64, "prefill_ms": 2.0}
+    real._say_estimate(e, sims, rec, 4)
+    assert len(said) == 1 and "static 10 + continuous 8" in said[0]
+    assert bool(noted) == hinted
+    if hinted:
+        assert real.CPU_HINT in noted[0]

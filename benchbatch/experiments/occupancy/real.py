@@ -11,7 +11,6 @@ from benchbatch.core.units import duration
 from benchbatch.runtime.runs import EngineRun, engine_events
 
 CPU_HINT = "--engine real --requests 64 --slots 8 --max-output 200"
-LONG_RUN_S = 600  # over this estimate, the notice suggests a smaller run
 
 
 def run_real(rec, model: ModelOptions, run: RunOptions, requests, slots: int, sims, stop,
@@ -146,6 +145,10 @@ def _observed_sim(rec, requests, result, policy: str):
 
 
 def _say_estimate(e: dict, sims: dict, rec, slots: int) -> None:
+    """The run's size and estimated duration; over common's LONG_RUN_S on a CPU, a smaller
+    run to try (one rule for every command's long run)."""
+    from benchbatch.experiments import common as c
+
     cfg, target = rec.cfg, rec.target
     steps = " + ".join(f"{p} {s.total_steps:,}" for p, s in sims.items())
     calibrating = ""
@@ -160,5 +163,5 @@ def _say_estimate(e: dict, sims: dict, rec, slots: int) -> None:
         f"{e['decode_context']:,} took {e['decode_step_ms']:.3g} ms here, a "
         f"{e['prefill_tokens']}-token prefill {e['prefill_ms']:.3g} ms)."
     )
-    if e["estimated_s"] > LONG_RUN_S and target.device.type == "cpu":
+    if e["estimated_s"] > c.LONG_RUN_S and target.device.type == "cpu":
         rec.note(f"that is long; for a quick look on a CPU try `benchbatch occupancy {CPU_HINT}`")
