@@ -14,7 +14,7 @@ CPU_HINT = "--engine real --requests 64 --slots 8 --max-output 200"
 
 
 def run_real(rec, model: ModelOptions, run: RunOptions, requests, slots: int, sims, stop,
-              layout: dict | None = None):  # fmt: skip
+             layout: dict | None = None):  # fmt: skip
     """Static and continuous batching on the model (engine.csv, engine.png); the model."""
     from benchbatch.experiments import common as c
     from benchbatch.experiments.occupancy import probe
