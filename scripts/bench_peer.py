@@ -35,6 +35,7 @@ then one JSON line.
 from __future__ import annotations
 
 import argparse
+import inspect
 import json
 import statistics
 import sys
@@ -114,6 +115,12 @@ def ours_step(model: Transformer, step: steps.Step):
     return lambda opts: steps.time_step(model, step, opts, cuda_graphs=False)
 
 
+def cache_keyword(model) -> str:
+    """The forward's name for the KV cache: `cache` from transformers 5.25 on (where
+    `past_key_values` is deprecated), `past_key_values` before (the GPU image's version)."""
+    return "cache" if "cache" in inspect.signature(model.forward).parameters else "past_key_values"
+
+
 def peer_decode(model, config, batch: int, context: int, kind: str):
     """One decode step over `context` cached tokens: prefill the cache, then time one step,
     cropping the new token off after each repeat so every repeat does the same work."""
@@ -125,12 +132,13 @@ def peer_decode(model, config, batch: int, context: int, kind: str):
         cache = StaticCache(config=config, max_cache_len=context + 1)
     else:
         cache = DynamicCache(config=config)
+    held = {cache_keyword(model): cache}
     with torch.inference_mode():
-        model(input_ids=prompt, past_key_values=cache, use_cache=True, logits_to_keep=1)
+        model(input_ids=prompt, use_cache=True, logits_to_keep=1, **held)
 
     @torch.inference_mode()
     def step():
-        model(input_ids=token, past_key_values=cache, use_cache=True, logits_to_keep=1)
+        model(input_ids=token, use_cache=True, logits_to_keep=1, **held)
         if kind == "static":  # transformers 5's static layers count their length: rewind it
             for layer in cache.layers:
                 layer.cumulative_length.fill_(context)
@@ -147,8 +155,8 @@ def peer_prefill(model, config, tokens: int):
 
     @torch.inference_mode()
     def step():
-        model(input_ids=prompt, past_key_values=DynamicCache(config=config), use_cache=True,
-              logits_to_keep=1)
+        model(input_ids=prompt, use_cache=True, logits_to_keep=1,
+              **{cache_keyword(model): DynamicCache(config=config)})
 
     return lambda opts: measure(step, dev, opts)
 

@@ -6,6 +6,7 @@ loaded with benchbatch.runtime.checkpoint and compared with transformers' forwar
 five cached decode steps, greedy tokens. Then the ways a checkpoint can be wrong.
 """
 
+import inspect
 import json
 
 import pytest
@@ -96,19 +97,30 @@ def test_prefill_logits_equal_transformers(pair):
     torch.testing.assert_close(ours(PROMPTS), hf(PROMPTS).logits, **TOL)
 
 
+def cache_keyword(hf) -> str:
+    """The forward's name for the KV cache: `cache` from transformers 5.25 on (its
+    `past_key_values` is deprecated there), `past_key_values` before."""
+    return "cache" if "cache" in inspect.signature(hf.forward).parameters else "past_key_values"
+
+
+def cache_of(out):
+    """The cache a forward returned, under either name."""
+    return out.cache if hasattr(out, "cache") else out.past_key_values
+
+
 @torch.no_grad()
 def test_cached_decode_and_greedy_tokens_equal_transformers(pair):
     hf, ours, _ = pair
     out = hf(PROMPTS, use_cache=True)
-    past, theirs_logits = out.past_key_values, [out.logits[:, -1:]]
+    past, theirs_logits = cache_of(out), [out.logits[:, -1:]]
     cache = ours.new_cache(2, 32)
     our_logits = [ours.step(PROMPTS, cache, slice(0, 2))]
     theirs_tokens, our_tokens = [], []
     for _ in range(5):
         theirs_tokens.append(theirs_logits[-1].argmax(-1))
         our_tokens.append(our_logits[-1].argmax(-1))
-        out = hf(theirs_tokens[-1], past_key_values=past, use_cache=True)
-        past = out.past_key_values
+        out = hf(theirs_tokens[-1], use_cache=True, **{cache_keyword(hf): past})
+        past = cache_of(out)
         theirs_logits.append(out.logits)
         our_logits.append(ours.step(our_tokens[-1], cache, slice(0, 2)))
     torch.testing.assert_close(torch.cat(our_logits, 1), torch.cat(theirs_logits, 1), **TOL)
