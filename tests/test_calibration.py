@@ -954,6 +954,23 @@ def test_serve_sweep_json_holds_the_calibration_fit_s_numbers_as_json_numbers(ru
     assert all(type(r["slo_met"]) is int for r in doc["rows"])
 
 
+def test_the_line_writes_every_term_out_to_its_significant_digits():
+    """A term's price and error in digits people read (330, not 3.3e+02), three significant
+    digits for the price and two for its error, a term at its bound (0) with its error."""
+    s = {
+        "samples": 12,
+        "coefficients_s": {"base_s": 9.0612e-3, "per_prefill_token_s": 2.0e-4,
+                           "per_prompt_pair_s": 0.0, "batched_step_s": 1234.5e-3},
+        "std_errors_s": {"base_s": 1.9e-4, "per_prefill_token_s": 8.81e-6,
+                         "per_prompt_pair_s": 3.302e-7, "batched_step_s": None},
+        "kinds": {"decode": {"median_abs_error": 0.04, "p90_abs_error": 0.11}},
+    }  # fmt: skip
+    assert line(s) == (
+        "engine calibration (12 steps): 9.06±0.19 ms + 0.2±0.0088 ms/prefill tok + "
+        "1230±nan ms/batched step + 0±330 ns/prompt pair (|error| median/p90: decode 4%/11%)"
+    )
+
+
 def test_either_fit_is_said_in_its_own_line():
     """calibration_text.step_cost_line: an isolated-step fit (stepcost.cost_summary) in its
     terms and errors, with the steps left out as noise; the engine's calibration (it has

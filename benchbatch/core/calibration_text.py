@@ -6,6 +6,8 @@ from __future__ import annotations
 
 import math
 
+from benchbatch.core.units import significant
+
 
 def line(s: dict) -> str:
     """The calibration in one line, with each term's standard error and the kinds' errors."""
@@ -32,7 +34,7 @@ def line(s: dict) -> str:
     if s.get("masked_keys_tied"):  # one price: said once
         terms = [(t, k, "us/context or masked tok" if t == "per_context_token_s" else u)
                  for t, k, u in terms if t != "per_masked_token_s"]  # fmt: skip
-    parts = [f"{coef.get(t, 0.0) * k:.3g}±{se.get(t, math.nan) * k:.2g} {u}"
+    parts = [f"{significant(coef.get(t, 0.0) * k, 3)}±{significant(se.get(t, math.nan) * k, 2)} {u}"
              for t, k, u in terms
              if coef.get(t) or math.isfinite(se.get(t, math.nan))]  # fmt: skip
     kinds = ", ".join(
@@ -57,9 +59,10 @@ def line(s: dict) -> str:
 def cost_line(s: dict) -> str:
     """An isolated-step fit (stepcost.cost_summary) in one line."""
     return (
-        f"step cost fitted to {s['samples']} steps: {s['base_ms']:.3g} ms + "
-        f"{s['per_decode_token_ms']:.3g} ms/decode token + {s['per_prefill_token_ms']:.3g} "
-        f"ms/prefill token + {s['per_context_token_us']:.3g} us/context token "
+        f"step cost fitted to {s['samples']} steps: {significant(s['base_ms'], 3)} ms + "
+        f"{significant(s['per_decode_token_ms'], 3)} ms/decode token + "
+        f"{significant(s['per_prefill_token_ms'], 3)} ms/prefill token + "
+        f"{significant(s['per_context_token_us'], 3)} us/context token "
         f"(median error {s['median_abs_error']:.0%}, largest {s['max_abs_error']:.0%}"
         + (f"; {s['left_out_as_noise']} slowed by noise left out" if s["left_out_as_noise"] else "")
         + ")"

@@ -45,6 +45,17 @@ def _number(value) -> bool:
     return True
 
 
+def significant(value: float, digits: int) -> str:
+    """value to `digits` significant digits, written out (330, 0.0088, 9.06), never in
+    e-notation ('3.3e+02'), which a line read by people should not hold; NaN as 'nan'."""
+    import numpy as np  # here: --help imports this module and no numpy
+
+    if not math.isfinite(value):
+        return str(value)
+    return np.format_float_positional(value, precision=digits, unique=False, fractional=False,
+                                      trim="-")  # fmt: skip
+
+
 def duration(seconds: float) -> str:
     """'45 s', '12 min', '1.5 h': a duration for people."""
     if seconds < 90:
