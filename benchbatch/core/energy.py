@@ -25,6 +25,8 @@ import math
 from dataclasses import dataclass
 from pathlib import Path
 
+from benchbatch.core.units import figure
+
 NOT_AVAILABLE = "not available"
 RAPL_ROOT = Path("/sys/class/powercap")
 NAN = float("nan")
@@ -184,19 +186,15 @@ def summary_lines(rows: list[dict], per_token: str = "joules_per_token",
     if not said["available"]:
         lines = [f"energy per token: {said['source']}"]
     else:
-        parts = [f"{name(r)} {_short(r[per_token])} J" for r in rows
+        parts = [f"{name(r)} {figure(r[per_token])} J" for r in rows
                  if math.isfinite(_number(r.get(per_token)))]  # fmt: skip
         lines = [f"energy per token ({said['source']}): " + ", ".join(parts)]
     priced = [r for r in rows if math.isfinite(_number(r.get(cost)))]
     if priced:
         price = priced[0].get("price_per_hour_usd")
-        parts = [f"{name(r)} ${_short(r[cost])}" for r in priced]
+        parts = [f"{name(r)} ${figure(r[cost])}" for r in priced]
         lines.append(f"cost per million tokens at ${price:g}/h: " + ", ".join(parts))
     return lines
-
-
-def _short(v: float) -> str:
-    return f"{v:.3g}" if abs(v) < 1000 else f"{v:,.0f}"
 
 
 def _number(value) -> float:

@@ -7,6 +7,8 @@ from __future__ import annotations
 
 import math
 
+from benchbatch.core.units import figure
+
 # Repeats of one step: a coefficient of variation (stdev / mean) above 10% makes the median
 # hard to trust.
 DEFAULT_CV_THRESHOLD = 0.10
@@ -63,7 +65,7 @@ def span_text(low: float, high: float) -> str:
         return ""
 
     def x(v: float) -> str:
-        return f"x{v:.3g}" if v < 1000 else f"x{v:,.0f}"
+        return f"x{figure(v)}"
 
     return f"{x(low)}-{x(high)}"
 

@@ -28,6 +28,7 @@ from benchbatch.core.optkit import (
     opt,
     require,
 )
+from benchbatch.core.units import figure
 from benchbatch.errors import UserError
 
 # --- the model ---------------------------------------------------------------------------
@@ -345,7 +346,7 @@ class WorkloadOptions:
         if self.trace is None and span > self.MAX_ARRIVAL_SPAN:
             raise UserError(
                 "arrival_rate",
-                f"{rate:g} spreads {self.requests:,} arrivals over about {span:.3g} steps "
+                f"{rate:g} spreads {self.requests:,} arrivals over about {figure(span)} steps "
                 f"(at most {self.MAX_ARRIVAL_SPAN:,}); raise it",
             )
 

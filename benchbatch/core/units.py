@@ -50,10 +50,19 @@ def significant(value: float, digits: int) -> str:
     e-notation ('3.3e+02'), which a line read by people should not hold; NaN as 'nan'."""
     import numpy as np  # here: --help imports this module and no numpy
 
+    value = float(value)
     if not math.isfinite(value):
         return str(value)
     return np.format_float_positional(value, precision=digits, unique=False, fractional=False,
                                       trim="-")  # fmt: skip
+
+
+def figure(value: float) -> str:
+    """A number for people: three significant digits (0.0123, 4.02, 662), 1,000 and over
+    whole, with thousands separators (1,142): never e-notation."""
+    if math.isfinite(value) and abs(value) >= 1e3:
+        return f"{value:,.0f}"
+    return significant(value, 3)
 
 
 def duration(seconds: float) -> str:

@@ -15,7 +15,7 @@ from collections.abc import Callable
 from benchbatch.core.fits import cache_len
 from benchbatch.core.options import ModelOptions, RunOptions
 from benchbatch.core.optkit import record
-from benchbatch.core.units import duration
+from benchbatch.core.units import duration, figure
 from benchbatch.errors import UserError
 from benchbatch.output.recorder import Recorder
 from benchbatch.runtime import distributed, session
@@ -249,8 +249,8 @@ def estimate_run(rec: Recorder, net, run: RunOptions, lists: dict, keep: dict, p
     rec.say(
         f"estimated duration: about {duration(total)} for {len(plan_of(lists))} steps "
         f"(a decode step of one sequence at context {rates.context:,} took "
-        f"{rates.decode_ms:.3g} ms here, a {rates.prefill_tokens}-token prefill "
-        f"{rates.prefill_ms:.3g} ms)"
+        f"{figure(rates.decode_ms)} ms here, a {rates.prefill_tokens}-token prefill "
+        f"{figure(rates.prefill_ms)} ms)"
     )
     if long:
         rec.note(f"that is long; {_shorter_hint(cut, lists, models)}")

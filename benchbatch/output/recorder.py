@@ -24,6 +24,7 @@ from pathlib import Path
 from benchbatch import __version__
 from benchbatch.core import machine
 from benchbatch.core.ranks import is_writer
+from benchbatch.core.units import figure
 from benchbatch.errors import Interrupted, WriteFailed
 from benchbatch.output import render, results
 from benchbatch.output.progress import Progress
@@ -234,8 +235,9 @@ class Recorder(Run):
             self.meta.setdefault("ceilings_raised", []).append(change)
             if not self.quiet:
                 render.note(
-                    f"{row.get('label')} reached {new:.3g} {unit}, over the probe's {name} "
-                    f"ceiling of {old:.3g}: the ceiling is raised to it for every row of this run"
+                    f"{row.get('label')} reached {figure(new)} {unit}, over the probe's {name} "
+                    f"ceiling of {figure(old)}: the ceiling is raised to it for every row of "
+                    "this run"
                 )
         for table, rows in self.tables.items():
             if isinstance(rows, list) and rows and "bound" in rows[0]:

@@ -19,7 +19,7 @@ from rich.table import Table
 from rich.text import Text
 
 from benchbatch.core.ranks import is_writer
-from benchbatch.core.units import duration  # noqa: F401  (render.duration: the commands use it)
+from benchbatch.core.units import duration, figure  # noqa: F401  (render.duration: the commands use it)
 from benchbatch.errors import OutputFailed, one_line
 
 
@@ -80,9 +80,7 @@ def fmt(value) -> str:
     if isinstance(value, float):
         if math.isnan(value):
             return "-"
-        if abs(value) >= 1e3:
-            return f"{value:,.0f}"
-        return f"{value:.3g}"
+        return figure(value)
     return str(value)
 
 

@@ -24,6 +24,7 @@ import torch
 from benchbatch.core.config import DTYPE_BYTES
 from benchbatch.core.probe_options import ProbeOptions as Options
 from benchbatch.core.roofline import Ceilings, ceilings_from_rows
+from benchbatch.core.units import significant
 from benchbatch.errors import UserError
 from benchbatch.runtime import device as devices
 from benchbatch.runtime import timing
@@ -48,7 +49,7 @@ class Probe:
     def label(self) -> str:
         if self.kind == "matmul":
             return f"matmul {self.size}"
-        return f"{self.kind} {self.size / MiB:.4g} MiB"
+        return f"{self.kind} {significant(self.size / MiB, 4)} MiB"
 
 
 def plan(matmul_sizes: list[int] | tuple[int, ...], buffer_bytes: int) -> list[Probe]:

@@ -25,6 +25,7 @@ import torch
 
 from benchbatch.core import accounting
 from benchbatch.core.config import DTYPE_BYTES
+from benchbatch.core.units import significant
 from benchbatch.runtime import backend, timing
 from benchbatch.runtime.timing import Measurement, TimingOptions, measure
 
@@ -125,7 +126,7 @@ def step_collectives(model, dtype: str, rows: int, logit_rows: int, opts, graphs
 def _size(n: int) -> str:
     for unit, scale in (("MiB", MiB), ("KiB", KiB)):
         if n >= scale:
-            return f"{n / scale:.4g} {unit}"
+            return f"{significant(n / scale, 4)} {unit}"
     return f"{n} B"
 
 

@@ -4,6 +4,7 @@ they order as the paper's do, and with --slo the goodput and the search."""
 from __future__ import annotations
 
 from benchbatch.core.noise import NOISY_P90_OVER_MEDIAN
+from benchbatch.core.units import figure
 from benchbatch.output import render
 
 COLUMNS = {
@@ -121,6 +122,6 @@ def _slo_report(rows: list[dict], slo: dict) -> None:
     render.out_console.print(
         f"{head}: largest max_num_seqs {s['max_num_seqs']} (token budget "
         f"{s['max_num_batched_tokens']}); largest token budget {b['max_num_batched_tokens']} "
-        f"(max_num_seqs {b['max_num_seqs']}); best goodput {g['goodput_rps']:.3g} req/s at "
+        f"(max_num_seqs {b['max_num_seqs']}); best goodput {figure(g['goodput_rps'])} req/s at "
         f"max_num_seqs {g['max_num_seqs']}, budget {g['max_num_batched_tokens']}"
     )

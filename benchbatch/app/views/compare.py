@@ -8,6 +8,7 @@ import math
 from rich import box
 from rich.table import Table
 
+from benchbatch.core.units import figure
 from benchbatch.output import render
 from benchbatch.output.render import fmt
 
@@ -199,4 +200,4 @@ def _ratio(a, b) -> str:
     from benchbatch.output import compare as merging
 
     r = merging.ratio(_plain(a), _plain(b))
-    return "-" if math.isnan(r) else f"x{r:.3g}"
+    return "-" if math.isnan(r) else f"x{figure(r)}"

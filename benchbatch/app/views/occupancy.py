@@ -4,6 +4,7 @@ memory policies on one KV budget, and with --engine real the model's runs beside
 from __future__ import annotations
 
 from benchbatch.core.noise import NOISY_P90_OVER_MEDIAN
+from benchbatch.core.units import figure
 from benchbatch.output import render
 
 SIM_COLUMNS = {
@@ -116,8 +117,8 @@ def _memory_report(rows: list[dict], meta: dict | None, how: str) -> None:
     if meta:
         render.out_console.print(
             f"on one KV budget ({meta['budget']}): paged blocks ran "
-            f"{meta['paged_mean_running']:.3g} sequences at once on average (peak "
-            f"{meta['paged_peak_running']:,}) against {meta['reserve_mean_running']:.3g} "
+            f"{figure(meta['paged_mean_running'])} sequences at once on average (peak "
+            f"{meta['paged_peak_running']:,}) against {figure(meta['reserve_mean_running'])} "
             f"(peak {meta['reserve_peak_running']:,}) reserving prompt + maximum output; "
             f"{meta['reserve_fragmentation']:.0%} of the reserved memory was never written, "
             f"{meta['paged_fragmentation']:.1%} of the paged; {meta['preemptions']:,} "
@@ -168,8 +169,8 @@ def _collectives_line(c: dict | None) -> None:
     if c and c.get("allreduce_ms") is not None:
         render.out_console.print(
             f"tensor-parallel over {c['tp']} ranks: a decode step of {c['batch']} sequences at "
-            f"context {c['context']:,} took {c['step_ms']:.3g} ms, its all-reduces "
-            f"{c['allreduce_ms']:.3g} ms on their own ({c['allreduce_share']:.0%}; "
+            f"context {c['context']:,} took {figure(c['step_ms'])} ms, its all-reduces "
+            f"{figure(c['allreduce_ms'])} ms on their own ({c['allreduce_share']:.0%}; "
             "collectives.csv)"
         )
 

@@ -3,6 +3,7 @@ chunked prompt and the tile effects."""
 
 from __future__ import annotations
 
+from benchbatch.core.units import figure
 from benchbatch.output import render
 
 COLUMNS = {
@@ -64,10 +65,11 @@ def show(rec) -> None:
 def _summary_line(s: dict) -> str:
     return (
         f"decode b={s['decode_batch']} at context {s['context']:,} "
-        f"({s['decode_only_ms']:.3g} ms): {s['free_prefill_tokens']} prefill tokens ride within "
-        f"{s['threshold']:.0%} ({s['free_prefill_per_decode_token']:.3g} per decode token); at "
+        f"({figure(s['decode_only_ms'])} ms): {s['free_prefill_tokens']} prefill tokens ride "
+        f"within {s['threshold']:.0%} ({figure(s['free_prefill_per_decode_token'])} per decode "
+        "token); at "
         f"the marginal cost of a prefill token ({s['largest_prefill_tokens']} riding) the decode "
         f"step costs as much as {s['prefill_tokens_per_decode_step']:.0f} prefill tokens: "
-        f"{s['prefill_tokens_per_decode_token']:.3g} per decode token (the paper's linear "
+        f"{figure(s['prefill_tokens_per_decode_token'])} per decode token (the paper's linear "
         f"layers: about {s['paper_prefill_per_decode_token']})."
     )

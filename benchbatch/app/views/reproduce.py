@@ -9,7 +9,7 @@ from rich import box
 from rich.table import Table
 from rich.text import Text
 
-from benchbatch.core.units import flop_unit
+from benchbatch.core.units import figure, flop_unit
 from benchbatch.output import render, report
 from benchbatch.output.render import fmt
 
@@ -186,7 +186,7 @@ def _table_c(rows: list[dict], engine: list[dict]) -> Table:
             f"{e['policy']} (simulated)",
             f"{fmt(e['article_total_steps'])} / {_cell(m, 'total_steps')}",
             f"{e['article_occupancy']:.1%} / {_percent(m.get('occupancy'))}",
-            f"{speedup:.3g}x / {_cell(m, 'speedup_vs_static')}x",
+            f"{figure(speedup)}x / {_cell(m, 'speedup_vs_static')}x",
             "",
         )
     for m in engine:

@@ -3,6 +3,7 @@ engine over its simulation, and the largest rate each policy sustains within the
 
 from __future__ import annotations
 
+from benchbatch.core.units import figure
 from benchbatch.output import render
 
 LATENCY_COLUMNS = {
@@ -205,8 +206,8 @@ def _knee_cells(r: dict) -> dict:
     if knee is None or not knee == knee:
         return {"knee": "", "knee_range": ""}
     ends = [r.get(f"knee_rps_{k}") for k in ("slow", "fast")]
-    shown = [f"{v:.3g}" if v is not None and v == v else "?" for v in ends]
-    return {"knee": f"{knee:.3g}", "knee_range": f"{shown[0]}-{shown[1]}"}
+    shown = [figure(v) if v is not None and v == v else "?" for v in ends]
+    return {"knee": figure(knee), "knee_range": f"{shown[0]}-{shown[1]}"}
 
 
 def what_moves_it(slo: list[dict], rows: list[dict], limits: dict) -> list[str]:

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from benchbatch.core import energy
 from benchbatch.core.noise import summary_range
+from benchbatch.core.units import figure
 from benchbatch.output import render
 from benchbatch.output.render import fmt
 
@@ -61,7 +62,7 @@ def ceiling_lines(rows: list[dict]) -> list[str]:
     """One line per memory: sequences reserved at the maximum length against paged."""
     lines = []
     for r in rows:
-        gain = f" (x{r['paging_gain']:.3g})" if r["paging_gain"] else ""
+        gain = f" (x{figure(r['paging_gain'])})" if r["paging_gain"] else ""
         lines.append(
             f"memory ceiling for the workload's lengths on {r['where']}, "
             f"{fmt(r['memory_bytes'] / 2**30)} GiB: {r['reserved_sequences']:,} sequences "

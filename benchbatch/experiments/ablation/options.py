@@ -6,6 +6,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from benchbatch.core.optkit import BATCHING, check_count, opt, require
+from benchbatch.core.units import figure
 from benchbatch.errors import UserError
 from benchbatch.experiments.fields import (
     SLO,
@@ -119,6 +120,6 @@ class AblationOptions:
             raise UserError(
                 "arrival_rate",
                 f"{rate:g} spreads {workload.requests:,} arrivals over about "
-                f"{workload.requests / rate:.3g} steps (at most {self.MAX_ARRIVAL_SPAN:,}); "
+                f"{figure(workload.requests / rate)} steps (at most {self.MAX_ARRIVAL_SPAN:,}); "
                 "raise it",
             )

@@ -16,6 +16,7 @@ from benchbatch.core.optkit import (
     opt,
     require,
 )
+from benchbatch.core.units import significant
 from benchbatch.errors import UserError
 from benchbatch.experiments.fields import (
     block_size_field,
@@ -95,7 +96,7 @@ class OccupancyOptions:
 def check_kv_budget(gib: float, blocks: int, block_size: int, prompt: int, output: int) -> None:
     """A KV budget must hold one request's prompt, and one whole reservation (the reserving
     policies admit a request only with its maximum output reserved)."""
-    held = f"{gib:.4g} GiB holds {blocks:,} blocks of {block_size} tokens"
+    held = f"{significant(gib, 4)} GiB holds {blocks:,} blocks of {block_size} tokens"
     need = blocks_for(prompt, block_size)
     require(
         blocks >= need,

@@ -7,7 +7,7 @@ model)."""
 from __future__ import annotations
 
 from benchbatch.core.options import ModelOptions, RunOptions
-from benchbatch.core.units import duration
+from benchbatch.core.units import duration, figure
 from benchbatch.runtime.runs import EngineRun, engine_events
 
 CPU_HINT = "--engine real --requests 64 --slots 8 --max-output 200"
@@ -160,8 +160,8 @@ def _say_estimate(e: dict, sims: dict, rec, slots: int) -> None:
         f"MiB; {e['simulated_steps']:,} steps to run ({steps}){calibrating}. Estimated "
         f"duration: about {duration(e['estimated_s'] + e.get('calibration_s', 0.0))} (a "
         f"decode step of {slots} sequences at context "
-        f"{e['decode_context']:,} took {e['decode_step_ms']:.3g} ms here, a "
-        f"{e['prefill_tokens']}-token prefill {e['prefill_ms']:.3g} ms)."
+        f"{e['decode_context']:,} took {figure(e['decode_step_ms'])} ms here, a "
+        f"{e['prefill_tokens']}-token prefill {figure(e['prefill_ms'])} ms)."
     )
     if e["estimated_s"] > c.LONG_RUN_S and target.device.type == "cpu":
         rec.note(f"that is long; for a quick look on a CPU try `benchbatch occupancy {CPU_HINT}`")

@@ -9,6 +9,7 @@ from dataclasses import dataclass
 from benchbatch.core.fits import check_fits, check_prompt_ids
 from benchbatch.core.options import ModelOptions, RunOptions, WorkloadOptions
 from benchbatch.core.optkit import record
+from benchbatch.core.units import figure
 from benchbatch.experiments.occupancy import real
 from benchbatch.experiments.occupancy.options import OccupancyOptions
 from benchbatch.output.recorder import Recorder
@@ -248,5 +249,5 @@ def memory_work(requests, setup) -> int:
 
 
 def _budget(s) -> str:
-    size = f"{s.budget_bytes / 2**30:.3g} GiB, " if s.budget_bytes is not None else ""
+    size = f"{figure(s.budget_bytes / 2**30)} GiB, " if s.budget_bytes is not None else ""
     return f"{size}{s.blocks:,} blocks of {s.block_size} tokens ({s.source})"

@@ -25,6 +25,7 @@ import numpy as np
 from benchbatch.core import endpoint_calibration as ec
 from benchbatch.core import energy
 from benchbatch.core.prediction import with_intervals
+from benchbatch.core.units import figure
 from benchbatch.errors import UserError
 from benchbatch.experiments.serve import lateness, probe
 from benchbatch.experiments.serve.endpoint_rows import ENDPOINT, point, point_row, request_row
@@ -238,7 +239,7 @@ def _after_max(rec, opts: ServeOptions, row: dict, n: int) -> list[float]:
     rec.meta["real"] = {"requests": n, "estimated_s": spent, "budget_s": opts.real_time}
     if not more:
         rec.warning(
-            f"the server served {row['request_throughput_rps']:.3g} req/s with every "
+            f"the server served {figure(row['request_throughput_rps'])} req/s with every "
             f"request queued, so no rate below it fits --real-time {opts.real_time:g} s "
             f"with {n} requests: raise --real-time or lower --real-requests"
         )
@@ -246,7 +247,7 @@ def _after_max(rec, opts: ServeOptions, row: dict, n: int) -> list[float]:
         rec.say(
             f"endpoint: {n} requests per point at "
             f"{', '.join(probe.rate_label(r) for r in more)} req/s (fractions of the "
-            f"{row['request_throughput_rps']:.3g} req/s it served at max), about "
+            f"{figure(row['request_throughput_rps'])} req/s it served at max), about "
             f"{render.duration(spent)}"
         )
     return more

@@ -9,6 +9,7 @@ from dataclasses import dataclass, field
 
 from benchbatch.core import energy
 from benchbatch.core.prediction import with_intervals
+from benchbatch.core.units import significant
 from benchbatch.errors import UserError
 from benchbatch.experiments import common as c
 from benchbatch.experiments.serve.options import ServeOptions
@@ -293,7 +294,7 @@ MIN_REAL_REQUESTS = 10
 
 
 def _seconds(s: float) -> str:
-    return render.duration(s) if s >= 10 else f"{s:.2g} s"
+    return render.duration(s) if s >= 10 else f"{significant(s, 2)} s"
 
 
 def _say_estimate(rec, n: int, chosen, spent: float) -> None:

@@ -9,6 +9,7 @@ from benchbatch.core import energy
 from benchbatch.core.fits import check_fits
 from benchbatch.core.options import ModelOptions, RunOptions, WorkloadOptions
 from benchbatch.core.optkit import record
+from benchbatch.core.units import figure
 from benchbatch.errors import UserError
 from benchbatch.experiments import common as c
 from benchbatch.experiments.serve import real
@@ -155,7 +156,7 @@ def _check_real_rates(opts: ServeOptions, w) -> None:
         f"{', '.join(probe.rate_label(r) for r in rates)} req/s: {n:,} requests per point "
         f"arrive over at least {render.duration(least)} in all ({len(opts.policies)} "
         f"policies), more than --real-time {opts.real_time:g} s (a rate alone fits only from "
-        f"{fits:.3g} req/s; or fewer --real-requests, or a larger --real-time)",
+        f"{figure(fits)} req/s; or fewer --real-requests, or a larger --real-time)",
     )
 
 

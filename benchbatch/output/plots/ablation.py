@@ -10,6 +10,7 @@ import numpy as np
 import pandas as pd
 from matplotlib import ticker
 
+from benchbatch.core.units import significant
 from benchbatch.output.plots import plt, save, tight
 
 COLORS = {"mixed-only": "tab:red", "chunks-only": "tab:orange", "both": "tab:blue"}
@@ -161,7 +162,7 @@ def slo_figure(rows: list[dict], ttft_s: float, tbt_s: float, path: Path, title:
                 ax.text(
                     j,
                     i,
-                    f"{grid[i, j]:.2g}" + ("" if met[i, j] else "\nmiss"),
+                    significant(grid[i, j], 2) + ("" if met[i, j] else "\nmiss"),
                     ha="center",
                     va="center",
                     fontsize=7,

@@ -9,6 +9,7 @@ import numpy as np
 import pandas as pd
 from matplotlib.ticker import MaxNLocator
 
+from benchbatch.core.units import figure
 from benchbatch.output.plots import plt, save, tight
 
 COLORS = {
@@ -46,7 +47,7 @@ def memory_figure(timeline: list[dict] | pd.DataFrame, rows: list[dict], path: P
         running.yaxis.set_major_locator(MaxNLocator(integer=True))  # sequences: whole
         running.set_ylabel("sequences")
         running.set_title(
-            f"running sequences: peak {r['peak_running']:,}, mean {r['mean_running']:.3g}",
+            f"running sequences: peak {r['peak_running']:,}, mean {figure(r['mean_running'])}",
             fontsize=9,
             loc="left",
         )

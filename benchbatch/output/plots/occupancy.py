@@ -11,6 +11,7 @@ from matplotlib.ticker import MaxNLocator
 
 from benchbatch.core.simulate import timeline_runs
 from benchbatch.core.timeline import RunLengths
+from benchbatch.core.units import figure
 from benchbatch.output.plots import plt, save, tight
 
 COLORS = {"static": "tab:red", "continuous": "tab:blue"}
@@ -95,7 +96,7 @@ def engine_figure(steps: list[dict], rows: list[dict], path: Path, title: str) -
         if not len(mine):
             continue
         seconds = mine["step_ms"].cumsum() / 1e3
-        label = f"{policy}: {seconds.iloc[-1]:.3g} s"
+        label = f"{policy}: {figure(seconds.iloc[-1])} s"
         elapsed.plot(mine["step"], seconds, color=color, label=label)
         if policy in by:
             median_s = by[policy]["median_step_ms"] / 1e3

@@ -8,6 +8,7 @@ from pathlib import Path
 from matplotlib import ticker
 from matplotlib.lines import Line2D
 
+from benchbatch.core.units import figure
 from benchbatch.output.plots import plt, save, tight
 from benchbatch.output.plots.spread import BARS_LABEL, NOISY_LABEL, ring, time_bounds, yerr
 from benchbatch.output.plots.spread import noisy as is_noisy
@@ -46,7 +47,7 @@ def _mixed_panel(ax, rows: list[dict], summaries: list[dict]) -> None:
     ax.set_ylabel("step time (ms)")
     free = ", ".join(
         f"{s['free_prefill_tokens']} at b={s['decode_batch']} "
-        f"({s['free_prefill_per_decode_token']:.3g}/decode token)"
+        f"({figure(s['free_prefill_per_decode_token'])}/decode token)"
         for s in summaries
     )
     ax.set_title(f"prefill tokens riding nearly free: {free}; paper: ~128 per decode token",
@@ -115,7 +116,8 @@ def _tile_panel(ax, rows: list[dict]) -> None:
     labels = [str(r["chunk_tokens"]) for r in rows]
     ax.bar(labels, [r["total_ms"] for r in rows], color="tab:olive", alpha=0.7)
     for i, r in enumerate(rows):
-        ax.text(i, r["total_ms"], f"{r['total_ms']:.3g} ms", ha="center", va="bottom", fontsize=8)
+        ax.text(i, r["total_ms"], f"{figure(r['total_ms'])} ms", ha="center", va="bottom",
+                fontsize=8)
     ax.set_xlabel("prefill tokens in the step")
     ax.set_ylabel("step time (ms)")
     ax.set_title("tile effects (paper: 257 is 32% slower than 256)", fontsize=9)

@@ -6,7 +6,7 @@ from pathlib import Path
 
 from benchbatch.core import roofline
 from benchbatch.core.peaks import Peak
-from benchbatch.core.units import flop_unit
+from benchbatch.core.units import figure, flop_unit
 from benchbatch.output.plots import plt, save
 from benchbatch.output.plots.spread import BARS_LABEL, number, rate_bounds, ring, yerr
 from benchbatch.output.plots.spread import noisy as is_noisy
@@ -162,6 +162,6 @@ def spread_out(wanted: list[float], gap: float = LABEL_GAP) -> list[float]:
 
 def _roof_label(name: str, c: roofline.Ceilings, unit) -> str:
     return (
-        f"{name}: {unit(c.peak_tflops):.3g} {unit.name}, {c.peak_gbps:.3g} GB/s, "
-        f"ridge {c.ridge:.3g} FLOP/B"
+        f"{name}: {figure(unit(c.peak_tflops))} {unit.name}, {figure(c.peak_gbps)} GB/s, "
+        f"ridge {figure(c.ridge)} FLOP/B"
     )

@@ -6,6 +6,7 @@ from __future__ import annotations
 import math
 from collections.abc import Iterable
 
+from benchbatch.core.units import figure
 from benchbatch.output.render import fmt
 
 
@@ -50,7 +51,7 @@ def pair_percent(article: float | None, measured: float | None) -> str:
 
 
 def times(value: float | None) -> str:
-    return "-" if value is None else f"{value:.3g}x"
+    return "-" if value is None else f"{figure(value)}x"
 
 
 def percent(value: float | None) -> str:

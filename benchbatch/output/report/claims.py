@@ -8,6 +8,7 @@ import math
 from dataclasses import dataclass, replace
 
 from benchbatch.core.noise import summary_span
+from benchbatch.core.units import figure, significant
 from benchbatch.output.render import fmt
 from benchbatch.output.report.cells import number, ok_rows, percent
 
@@ -193,9 +194,10 @@ def _real_caveat(rows: list[dict]) -> str:
     for r in rows:
         p90, median = number(r, "p90_step_ms"), number(r, "median_step_ms")
         if p90 and median and p90 > NOISY_P90_OVER_MEDIAN * median:
-            uneven.append(f"{r['policy']} (p90 step {p90 / median:.2g}x the median)")
+            uneven.append(f"{r['policy']} (p90 step {significant(p90 / median, 2)}x the median)")
         elif (number(r, "measured_over_sim") or 0) > UNEVEN_STEPS:
-            uneven.append(f"{r['policy']} (wall {number(r, 'measured_over_sim'):.2g}x its steps)")
+            wall = significant(number(r, "measured_over_sim"), 2)
+            uneven.append(f"{r['policy']} (wall {wall}x its steps)")
     return f"rests on uneven steps: {', '.join(uneven)}" if uneven else ""
 
 
@@ -210,7 +212,7 @@ def _prefill_claim(s: dict) -> Claim:
     measured = "not measured"
     if ratio is not None:
         span = _p10_p90(s, "prefill_over_decode_tflops")
-        measured = f"{ratio:.3g}x ({s['prefill_label']} over {s['decode_label']}{span})"
+        measured = f"{figure(ratio)}x ({s['prefill_label']} over {s['decode_label']}{span})"
     return Claim(
         "B",
         "prefill runs at far more FLOP/s than decode on the same device",
@@ -227,7 +229,7 @@ def _batching_claim(s: dict) -> Claim:
     if ratio is not None:
         b0, b1 = s["decode_batches"]
         span = _p10_p90(s, "decode_token_cost_ratio")
-        measured = f"{ratio:.3g}x cheaper (batch {b0:,} to {b1:,}{span})"
+        measured = f"{figure(ratio)}x cheaper (batch {b0:,} to {b1:,}{span})"
         verdict = batching_verdict(ratio, b1 / b0)
     return Claim(
         "B",
@@ -257,7 +259,7 @@ def _latency_claim(c: dict) -> Claim:
         )
         spans = f"; {t_span} and {lat_span} across the steps' p10-p90" if t_span else ""
         measured = (
-            f"throughput x{t:.3g}, step time x{lat:.3g} "
+            f"throughput x{figure(t)}, step time x{figure(lat)} "
             f"(batch {c['batch_from']:,} to {c['batch_to']:,}{spans})"
         )
         verdict = latency_verdict(t, lat)
@@ -288,7 +290,7 @@ def _occupancy_claim(key: str, how: str, rows: list[dict]) -> Claim:
     if static and cont and speedup is not None:
         measured = (
             f"occupancy {percent(number(static, 'occupancy'))} vs "
-            f"{percent(number(cont, 'occupancy'))}, {speedup:.3g}x faster ({how})"
+            f"{percent(number(cont, 'occupancy'))}, {figure(speedup)}x faster ({how})"
         )
     return Claim(
         key,

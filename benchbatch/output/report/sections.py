@@ -9,7 +9,7 @@ import math
 from collections.abc import Sequence
 
 from benchbatch.core.noise import summary_range
-from benchbatch.core.units import flop_unit
+from benchbatch.core.units import figure, flop_unit
 from benchbatch.output.render import fmt
 from benchbatch.output.report.article import (
     ARTICLE_A,
@@ -170,8 +170,8 @@ def _section_a(rows: list[dict], claim: dict | None, image: str | None) -> Secti
     if claim and "batch_from" in claim:
         notes.append(
             f"From batch {claim['batch_from']:,} to {claim['batch_to']:,}: throughput "
-            f"x{claim['throughput_ratio']:.3g}{summary_range(claim, 'throughput_ratio')}, "
-            f"step time x{claim['step_latency_ratio']:.3g}"
+            f"x{figure(claim['throughput_ratio'])}{summary_range(claim, 'throughput_ratio')}, "
+            f"step time x{figure(claim['step_latency_ratio'])}"
             f"{summary_range(claim, 'step_latency_ratio')} (article, 1 to 256: x223 and x1.1)."
         )
     if claim and claim.get("measured_knee") is not None:

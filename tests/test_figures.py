@@ -1,0 +1,47 @@
+"""Numbers as people read them (core/units.py's figure and significant, render.fmt): the
+digits Python's own `g` format gives wherever it writes them out, never its e-notation,
+and 1,000 and over whole with thousands separators."""
+
+from __future__ import annotations
+
+import math
+
+from hypothesis import given
+from hypothesis import strategies as st
+
+from benchbatch.core.units import figure, significant
+from benchbatch.output.render import fmt
+
+finite = st.floats(min_value=-1e12, max_value=1e12, allow_nan=False, allow_infinity=False)
+
+
+@given(finite, st.integers(min_value=1, max_value=5))
+def test_significant_has_the_digits_of_g_and_never_an_exponent(value, digits):
+    said = significant(value, digits)
+    assert "e" not in said and "E" not in said
+    # the same number as Python's g format rounds it to (its own digits, written out)
+    assert float(said) == float(f"{value:.{digits}g}")
+
+
+@given(finite)
+def test_figure_is_three_digits_below_a_thousand_and_whole_above(value):
+    said = figure(value)
+    assert "e" not in said
+    if abs(value) >= 1e3:
+        assert said == f"{value:,.0f}"
+    else:
+        assert float(said) == float(f"{value:.3g}")
+
+
+def test_the_cases_a_user_sees():
+    assert [significant(v, 2) for v in (330.2, 0.0088123, 1e-9, 0.5, 100.0)] == [
+        "330", "0.0088", "0.000000001", "0.5", "100"]  # fmt: skip
+    assert [figure(v) for v in (9.0612, 662.4, 1142.3, 3350.0, 0.0, -0.000123456)] == [
+        "9.06", "662", "1,142", "3,350", "0", "-0.000123"]  # fmt: skip
+    assert significant(math.nan, 2) == "nan" and figure(math.inf) == "inf"
+    assert significant(7, 3) == "7"  # an int, as a CSV's cell can be
+
+
+def test_a_table_cell_says_each_kind_of_value():
+    assert [fmt(v) for v in (True, False, None, 12345, math.nan, 1234.5, 0.000012345)] == [
+        "yes", "", "-", "12,345", "-", "1,234", "0.0000123"]  # fmt: skip
