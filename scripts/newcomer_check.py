@@ -37,6 +37,8 @@ import tempfile
 import time
 from pathlib import Path
 
+from benchbatch.core.units import figure
+
 REPO = Path(__file__).resolve().parent.parent
 COMMANDS = ("phases", "sweep", "occupancy", "serve-sweep", "reproduce")
 NUMBER = re.compile(r"[-+]?\d[\d,]*\.?\d*(?:e[-+]?\d+)?")
@@ -132,8 +134,8 @@ def steps_agree(quiet: list[dict], loaded: list[dict]) -> list[dict]:
         overlap = r["step_ms_p10"] <= q["step_ms_p90"] and q["step_ms_p10"] <= r["step_ms_p90"]
         out.append({"step": str(key), "quiet_ms": q["step_ms"], "loaded_ms": r["step_ms"],
                     "ratio": r["step_ms"] / q["step_ms"],
-                    "quiet_p10_p90": f"{q['step_ms_p10']:.3g}-{q['step_ms_p90']:.3g}",
-                    "loaded_p10_p90": f"{r['step_ms_p10']:.3g}-{r['step_ms_p90']:.3g}",
+                    "quiet_p10_p90": f"{figure(q['step_ms_p10'])}-{figure(q['step_ms_p90'])}",
+                    "loaded_p10_p90": f"{figure(r['step_ms_p10'])}-{figure(r['step_ms_p90'])}",
                     "agree": overlap})  # fmt: skip
     return out
 
@@ -157,15 +159,15 @@ def ratios(folder: Path, cmd: str) -> dict[str, tuple[float, float, float]]:
 
 def ratios_agree(quiet: dict, loaded: dict) -> list[str]:
     """Per ratio: both values with their p10-p90 ranges, and whether the ranges overlap."""
-    from benchbatch.output.compare import ranges_overlap
+    from benchbatch.output.compare_serve import ranges_overlap
 
     lines = []
     for key in quiet.keys() & loaded.keys():
         (q, q_lo, q_hi), (v, lo, hi) = quiet[key], loaded[key]
         overlap = ranges_overlap((q_lo, q_hi), (lo, hi))
         said = "-" if overlap is None else "yes" if overlap else "NO"
-        lines.append(f"| {key} | {q:.3g} ({q_lo:.3g}-{q_hi:.3g}) | {v:.3g} ({lo:.3g}-{hi:.3g}) "
-                     f"| {v / q:.2f} | {said} |")  # fmt: skip
+        lines.append(f"| {key} | {figure(q)} ({figure(q_lo)}-{figure(q_hi)}) | {figure(v)} "
+                     f"({figure(lo)}-{figure(hi)}) | {v / q:.2f} | {said} |")  # fmt: skip
     return sorted(lines)
 
 
@@ -180,20 +182,21 @@ def knees(folder: Path) -> dict[str, dict]:
 def knees_agree(quiet: dict[str, dict], loaded: dict[str, dict]) -> list[str]:
     """Per policy: both knees with their ranges, and whether the ranges overlap (as
     `benchbatch compare` judges them)."""
-    from benchbatch.output.compare import ranges_overlap
+    from benchbatch.output.compare_serve import ranges_overlap
 
     lines = []
     for policy in dict.fromkeys([*quiet, *loaded]):
         q, lo = quiet.get(policy), loaded.get(policy)
         if not q or not lo:
-            shown = [f"{r['knee_rps']:.3g}" if r else "none" for r in (q, lo)]
+            shown = [f"{figure(r['knee_rps'])}" if r else "none" for r in (q, lo)]
             lines.append(f"| {policy} | {shown[0]} | {shown[1]} | - | - |")
             continue
         overlap = ranges_overlap((q["knee_rps_slow"], q["knee_rps_fast"]),
                                  (lo["knee_rps_slow"], lo["knee_rps_fast"]))  # fmt: skip
-        lines.append(f"| {policy} | {q['knee_rps']:.3g} ({q['knee_rps_slow']:.3g}-"
-                     f"{q['knee_rps_fast']:.3g}) | {lo['knee_rps']:.3g} ({lo['knee_rps_slow']:.3g}-"
-                     f"{lo['knee_rps_fast']:.3g}) | {lo['knee_rps'] / q['knee_rps']:.2f} | "
+        lines.append(f"| {policy} | {figure(q['knee_rps'])} ({figure(q['knee_rps_slow'])}-"
+                     f"{figure(q['knee_rps_fast'])}) | {figure(lo['knee_rps'])} "
+                     f"({figure(lo['knee_rps_slow'])}-"
+                     f"{figure(lo['knee_rps_fast'])}) | {lo['knee_rps'] / q['knee_rps']:.2f} | "
                      f"{'yes' if overlap else 'NO'} |")  # fmt: skip
     return lines
 
@@ -227,7 +230,7 @@ def compare(out: Path) -> str:
                   "| ranges overlap |", "|---|---|---|---|---|---|---|"]  # fmt: skip
         for r in rows:
             agree = "yes" if r["agree"] else "NO"
-            lines.append(f"| {r['step']} | {r['quiet_ms']:.3g} | {r['loaded_ms']:.3g} | "
+            lines.append(f"| {r['step']} | {figure(r['quiet_ms'])} | {figure(r['loaded_ms'])} | "
                          f"{r['ratio']:.2f} | {r['quiet_p10_p90']} | {r['loaded_p10_p90']} | "
                          f"{agree} |")  # fmt: skip
         lines.append("")
