@@ -20,8 +20,12 @@ NAMES = {f"{'columns' if c.columns else 'rows'}-{'split' if c.split else 'fused'
 
 
 def main() -> None:
+    usage = f"usage: with_layout.py {{{','.join(NAMES)}}} COMMAND [ARGS...]"
+    if sys.argv[1:2] in (["-h"], ["--help"]):
+        print(usage + "\n\n" + __doc__.strip())
+        return
     if len(sys.argv) < 3 or sys.argv[1] not in NAMES:
-        raise SystemExit(f"usage: with_layout.py {{{','.join(NAMES)}}} COMMAND [ARGS...]")
+        raise SystemExit(usage)
     forced = NAMES[sys.argv[1]]
     layout.choose = lambda *args, **kwargs: forced
     from benchbatch.app.start import main as benchbatch
