@@ -19,7 +19,10 @@ from rich.table import Table
 from rich.text import Text
 
 from benchbatch.core.ranks import is_writer
-from benchbatch.core.units import duration, figure  # noqa: F401  (render.duration: the commands use it)
+from benchbatch.core.units import (
+    duration,  # noqa: F401  (render.duration: the commands use it)
+    figure,
+)
 from benchbatch.errors import OutputFailed, one_line
 
 
