@@ -87,6 +87,15 @@ def chunk(text, finish=None, usage=None) -> dict:
     return out | ({"usage": usage} if usage else {})
 
 
+def chat_chunk(content=None, finish=None, role=None, **delta) -> dict:
+    """A chat completion chunk: its delta has the role, the content and delta's fields that
+    are given."""
+    given = {"role": role, "content": content} | delta
+    delta = {k: v for k, v in given.items() if v is not None}
+    choice = {"index": 0, "delta": delta, "finish_reason": finish}
+    return {"object": "chat.completion.chunk", "choices": [choice]}
+
+
 def usage(completion, prompt=7) -> dict:
     return {
         "choices": [],
@@ -130,6 +139,7 @@ class Scripted:
         app = web.Application()
         app.router.add_get("/v1/models", self.models_route)
         app.router.add_post("/v1/completions", self.completions)
+        app.router.add_post("/v1/chat/completions", self.chat)
         app.router.add_post("/tokenize", self.tokenize)
         app.router.add_get("/metrics", self.metrics_route)
         self.runner = web.AppRunner(app, shutdown_timeout=1.0)
@@ -184,6 +194,22 @@ class Scripted:
             await resp.write(sse(chunk("x", "length")) + sse(usage(1)) + sse("[DONE]"))
             return resp
         script = self.scripts[body["prompt"]] if isinstance(body["prompt"], str) else ("gate",)
+        return await getattr(self, script[0])(request, *script[1:])
+
+    async def chat(self, request):
+        """A chat completion: the script of its one user message's text (the one-token
+        probe answered with a role chunk, a token, usage and [DONE])."""
+        body = await request.json()
+        self.bodies.append(body)
+        if self.reject_fields and ("ignore_eos" in body or "min_tokens" in body):
+            message = "Unrecognized request arguments supplied: ignore_eos, min_tokens"
+            return web.json_response({"error": {"message": message, "code": 400}}, status=400)
+        if body["max_tokens"] == 1:
+            resp = await self.open(request)
+            lines = sse(chat_chunk(role="assistant")) + sse(chat_chunk("x", "length"))
+            await resp.write(lines + sse(usage(1)) + sse("[DONE]"))
+            return resp
+        script = self.scripts[body["messages"][-1]["content"]]
         return await getattr(self, script[0])(request, *script[1:])
 
     async def open(self, request):

@@ -18,6 +18,7 @@ from aiohttp import web
 from benchbatch.app.cli import app
 
 MODEL = "scripted"
+TEMPLATE = 5  # the tokens the scripted chat template adds to a prompt
 
 
 class Scripted:
@@ -26,12 +27,40 @@ class Scripted:
     def __init__(self, fail_every: int = 3):
         self.fail_every = fail_every
         self.seen: list[dict] = []
+        self.words = False  # POST /tokenize: one token a whitespace-separated word
 
     def app(self) -> web.Application:
         application = web.Application()
         application.router.add_get("/v1/models", self.models)
         application.router.add_post("/v1/completions", self.completions)
+        application.router.add_post("/v1/chat/completions", self.chat)
+        application.router.add_post("/tokenize", self.tokenize)
         return application
+
+    async def tokenize(self, request):
+        if not self.words:
+            raise web.HTTPNotFound()
+        words = (await request.json())["prompt"].split()
+        return web.json_response({"count": len(words), "tokens": list(range(len(words)))})
+
+    async def chat(self, request):
+        """A chat stream as vLLM's: the role, then a chunk a token, usage with the prompt's
+        words and a template of TEMPLATE tokens."""
+        body = await request.json()
+        if body["max_tokens"] > 1:
+            self.seen.append(body)
+        n = int(body["max_tokens"])
+        resp = web.StreamResponse(headers={"Content-Type": "text/event-stream"})
+        await resp.prepare(request)
+        deltas = [{"role": "assistant", "content": ""}] + [{"content": f" t{i}"} for i in range(n)]
+        for delta in deltas:
+            chunk = {"object": "chat.completion.chunk", "choices": [{"index": 0, "delta": delta}]}
+            await resp.write(f"data: {json.dumps(chunk)}\n\n".encode())
+        prompt = len(body["messages"][0]["content"].split()) + TEMPLATE
+        usage = {"prompt_tokens": prompt, "completion_tokens": n, "total_tokens": prompt + n}
+        chunk = {"object": "chat.completion.chunk", "choices": [], "usage": usage}
+        await resp.write(f"data: {json.dumps(chunk)}\n\ndata: [DONE]\n\n".encode())
+        return resp
 
     async def models(self, request):
         return web.json_response(
@@ -153,6 +182,40 @@ def test_step_costs_put_the_simulation_beside_the_server(runner, tmp_path, scrip
     versus = pd.read_csv(out / "sim_vs_real.csv")
     assert set(versus["simulated_policy"]) == {"continuous"}
     assert (versus["policy"] == "endpoint").all()
+
+
+def test_chat_sends_text_messages_and_counts_the_servers_prompt(runner, tmp_path, scripted):
+    url, server = scripted
+    server.words = True
+    out = tmp_path / "run"
+    args = ["serve-sweep", "--endpoint", url + "/v1/chat/completions", *ARGS, "--rates", "50",
+            "--out", str(out)]  # fmt: skip
+    result = runner.invoke(app, args)
+    assert result.exit_code == 0, result.output
+    serve = pd.read_csv(out / "serve.csv")
+    assert list(serve["sent"]) == [6] and list(serve["requests"]) == [6]
+    assert list(serve["token_mismatch"]) == [0]  # the role's chunk is no token
+    requests = pd.read_csv(out / "requests.csv")
+    assert (requests["chunks"] == 5).all() and (requests["output_tokens"] == 5).all()
+    assert (requests["server_prompt_tokens"] == 8 + TEMPLATE).all()
+    assert (requests["prompt_tokens"] == 8).all()
+    assert len(server.seen) == 1 + 6  # the warm-up, then the point
+    for body in server.seen:  # text of exactly 8 tokens by the server's /tokenize
+        assert "prompt" not in body and len(body["messages"]) == 1
+        assert len(body["messages"][0]["content"].split()) == 8
+    meta = json.loads((out / "metadata.json").read_text())
+    assert meta["endpoint"]["api"] == "/v1/chat/completions"
+    assert "/tokenize" in meta["endpoint"]["prompts"]
+
+
+def test_chat_without_a_way_to_make_text_is_one_line(runner, tmp_path, scripted):
+    url, server = scripted  # no /tokenize, no --tokenizer: prompts could only be token ids
+    chat = url + "/v1/chat/completions"
+    args = ["serve-sweep", "--endpoint", chat, *ARGS, "--out", str(tmp_path)]
+    result = runner.invoke(app, args)
+    assert result.exit_code == 2, result.output
+    assert "--endpoint" in result.output and "--tokenizer" in result.output
+    assert "Traceback" not in result.output and not server.seen
 
 
 def _free_port() -> int:

@@ -2,7 +2,8 @@
 what serve-sweep --endpoint sends and how it times it (net/endpoint.py addresses the
 server, net/discovery.py asks it about itself before the run).
 
-Each request is a streaming POST /v1/completions, sent at its arrival time on the run's clock
+Each request is a streaming POST /v1/completions (or /v1/chat/completions: the endpoint's
+api), sent at its arrival time on the run's clock
 (seconds from the moment the first request may be sent). aiohttp does HTTP; this module reads
 the server-sent events off the response, line by line, and stamps every line with the clock
 the moment it is read (vLLM's bench serve does the same with time.perf_counter), so a chunk's
@@ -307,8 +308,9 @@ class StreamRun(Iterator[Streamed]):
 
     async def _post(self, session, p: Prompt, rec: Streamed, start: float) -> None:
         payload = completion_payload(
-            self.model, p.prompt, p.max_tokens, self.length_fields, self.extra
-        )
+            self.model, p.prompt, p.max_tokens, self.length_fields, self.extra,
+            self.endpoint.chat,
+        )  # fmt: skip
         timeout_s = self.endpoint.timeout_s
         try:
             await _within(timeout_s, self._exchange(session, payload, rec, start))
@@ -323,7 +325,7 @@ class StreamRun(Iterator[Streamed]):
             _fail(rec, "stream", f"{type(e).__name__} after {len(rec.chunk_s)} chunks: {why}")
 
     async def _exchange(self, session, payload: dict, rec: Streamed, start: float) -> None:
-        async with session.post(self.endpoint.api("/v1/completions"), json=payload) as resp:
+        async with session.post(self.endpoint.api(self.endpoint.route), json=payload) as resp:
             if resp.status != 200:
                 body = await resp.text(errors="replace")
                 _fail(rec, "http", error_message(resp.status, body, resp.reason))

@@ -66,7 +66,7 @@ async def _server_info(endpoint: Endpoint, probe_fields: bool) -> dict:
             "metrics": await metrics.read(session, endpoint.api("/metrics")),
         }
         if probe_fields:  # a text, then token ids (for a server without a tokenizer)
-            for prompt in ("Hello", [1]):
+            for prompt in ("Hello",) if endpoint.chat else ("Hello", [1]):
                 found = await probe_length_fields(session, endpoint, model, prompt)
                 if found["length_probe"] == "served":
                     break
@@ -212,11 +212,12 @@ async def probe_length_fields(session, endpoint: Endpoint, model: str | None, pr
     return found
 
 
-_PROBED: dict[tuple[str, str | None], dict] = {}  # conclusive probes, per (base URL, model)
+# conclusive probes, per (base URL, model, chat or not)
+_PROBED: dict[tuple[str, str | None, bool], dict] = {}
 
 
-def _probe_key(endpoint: Endpoint, model: str | None) -> tuple[str, str | None]:
-    return check_url(endpoint.url), model
+def _probe_key(endpoint: Endpoint, model: str | None) -> tuple[str, str | None, bool]:
+    return check_url(endpoint.url), model, endpoint.chat
 
 
 async def length_fields(session, endpoint: Endpoint, model: str | None, prompt) -> dict:
@@ -228,10 +229,10 @@ async def length_fields(session, endpoint: Endpoint, model: str | None, prompt) 
 
 
 async def _one_token(session, endpoint, model, prompt, fields) -> tuple[int | None, str]:
-    payload = completion_payload(model, prompt, 1, fields)
+    payload = completion_payload(model, prompt, 1, fields, chat=endpoint.chat)
     try:
         async with session.post(
-            endpoint.api("/v1/completions"),
+            endpoint.api(endpoint.route),
             json=payload,
             timeout=aiohttp.ClientTimeout(total=endpoint.timeout_s),
         ) as resp:

@@ -1,7 +1,8 @@
 """An OpenAI-compatible server as benchbatch addresses it: its URL (checked, and shown
-without credentials), its API key, a streaming completion's body, a failure's one-line
-text, and the thread an asyncio look-up runs in. net/discovery.py asks the server about
-itself, net/client.py streams a run's requests to it."""
+without credentials), the API it is asked through (completions or chat completions), its
+API key, a streaming request's body, a failure's one-line text, and the thread an asyncio
+look-up runs in. net/discovery.py asks the server about itself, net/client.py streams a
+run's requests to it."""
 
 from __future__ import annotations
 
@@ -25,11 +26,18 @@ API_KEY_ENV = "OPENAI_API_KEY"
 TIMEOUT_OPTION = "request_timeout"
 _SECRET = re.compile(r"key|token|secret|pass|auth|sig|credential", re.IGNORECASE)
 _HOST = re.compile(r"\[[0-9A-Fa-f:.]+\]|[A-Za-z0-9._~%-]+")
+# The APIs a run can be sent through, and their paths (an --endpoint URL that ends in one
+# names it; the base URL: completions). "completions": a prompt (text or token ids) in, text
+# out; "chat": one user message of text in (the server applies its chat template, so it
+# counts more prompt tokens than the message has), the text as deltas out (vLLM's bench
+# serve: --backend openai-chat).
+API_PATHS = {"completions": "/v1/completions", "chat": "/v1/chat/completions"}
 
 
 def check_url(text: str, option: str = "endpoint") -> str:
     """The normalized base URL: scheme and host checked, no fragment, no trailing slash, a
-    trailing /v1 (or /v1/completions, /v1/models) removed. One-line UserError otherwise."""
+    trailing /v1 (or /v1/completions, /v1/chat/completions, /v1/models) removed. One-line
+    UserError otherwise."""
     text = str(text).strip()
     example = "give http://HOST[:PORT] (with or without /v1), e.g. http://127.0.0.1:8000"
     if not text:
@@ -47,11 +55,17 @@ def check_url(text: str, option: str = "endpoint") -> str:
     except ValueError:
         raise UserError(option, f"{shown!r} has an invalid port: {example}") from None
     path = parts.path.rstrip("/")
-    for suffix in ("/v1/completions", "/v1/models", "/v1"):
+    for suffix in (*API_PATHS.values(), "/v1/models", "/v1"):
         if path.endswith(suffix):
             path = path[: -len(suffix)]
             break
     return urlunsplit((parts.scheme.lower(), parts.netloc, path, parts.query, ""))
+
+
+def url_api(text: str) -> str | None:
+    """The API a URL's path names (".../v1/chat/completions": "chat"), None if none."""
+    path = urlsplit(str(text).strip()).path.rstrip("/")
+    return next((api for api, route in API_PATHS.items() if path.endswith(route)), None)
 
 
 def public_url(url: str) -> str:
@@ -78,6 +92,7 @@ class Endpoint:
     api_key: str | None = field(
         default_factory=lambda: os.environ.get(API_KEY_ENV) or None, repr=False
     )
+    chat: bool = False  # requests through /v1/chat/completions, not /v1/completions
 
     def __post_init__(self):
         check_url(self.url)
@@ -96,6 +111,11 @@ class Endpoint:
         return urlunsplit((parts.scheme, parts.netloc, parts.path + path, parts.query, ""))
 
     @property
+    def route(self) -> str:
+        """The path requests are sent to: /v1/completions or /v1/chat/completions."""
+        return API_PATHS["chat" if self.chat else "completions"]
+
+    @property
     def public(self) -> str:
         return public_url(check_url(self.url))
 
@@ -110,22 +130,35 @@ def make_endpoint(
     environ: Mapping[str, str] | None = None,
 ) -> Endpoint:
     """An Endpoint with the API key from OPENAI_API_KEY when it is set (vLLM's client reads
-    the same variable)."""
+    the same variable), asked through chat completions when the URL's path names them."""
     environ = os.environ if environ is None else environ
-    return Endpoint(check_url(url), model or None, timeout_s, environ.get(API_KEY_ENV) or None)
+    chat = url_api(url) == "chat"
+    return Endpoint(check_url(url), model or None, timeout_s, environ.get(API_KEY_ENV) or None,
+                    chat)  # fmt: skip
 
 
 # --- a request's body, a failure's text -------------------------------------------------------
 
 
 def completion_payload(
-    model: str | None, prompt, max_tokens: int, fields: Sequence[str], extra: Mapping | None = None
+    model: str | None,
+    prompt,
+    max_tokens: int,
+    fields: Sequence[str],
+    extra: Mapping | None = None,
+    chat: bool = False,
 ) -> dict:
     """The body of a streaming completion: greedy, usage in the stream, and the length
-    fields in `fields` (ignore_eos, min_tokens = max_tokens); extra merged last."""
+    fields in `fields` (ignore_eos, min_tokens = max_tokens); extra merged last. chat: a chat
+    completion's, the prompt (text) as one user message. max_tokens either way: every server
+    takes it in chat too (vLLM, SGLang, TGI, llama.cpp), where OpenAI's newer
+    max_completion_tokens is not taken by all."""
+    if chat and not isinstance(prompt, str):
+        raise ValueError("a chat message is text, not token ids")
+    asked = {"messages": [{"role": "user", "content": prompt}]} if chat else {"prompt": prompt}
     payload: dict[str, Any] = {
         "model": model,
-        "prompt": prompt,
+        **asked,
         "max_tokens": max_tokens,
         "stream": True,
         "stream_options": {"include_usage": True},

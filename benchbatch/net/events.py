@@ -1,7 +1,13 @@
 """A completions stream's server-sent events applied to the client's record of its request
 (core/streamed.Streamed): net/client.py reads the lines off the response and stamps them;
-this reads what each event says (OpenAI's /v1/completions stream: chunks with choices, a
-usage chunk, [DONE], or an error)."""
+this reads what each event says (OpenAI's /v1/completions and /v1/chat/completions streams:
+chunks with choices, a usage chunk, [DONE], or an error).
+
+A chat stream opens with a chunk that only names the role (delta {"role": "assistant",
+"content": ""}): vLLM sends it when the first token is ready, just before that token's own
+chunk, and it carries no token, so it is not counted as one. vLLM's bench serve counts it:
+its TTFT is that chunk's (the token's follows within the same write), and its ITL has one
+gap of about nothing more per request than the tokens have."""
 
 from __future__ import annotations
 
@@ -36,9 +42,15 @@ def apply_event(rec: Streamed, data: str, stamp: float) -> bool:
         raise Broke(f"the server sent an error mid-stream: {body_message(data)}")
     choices = chunk.get("choices")
     if choices:
-        rec.chunk_s.append(stamp)
         first = choices[0] if isinstance(choices[0], dict) else {}
-        text = first.get("text")
+        delta = first.get("delta")
+        if isinstance(delta, dict):  # a chat chunk
+            if role_only(delta, first):
+                return False
+            text = delta.get("content")
+        else:
+            text = first.get("text")
+        rec.chunk_s.append(stamp)
         rec.text += text if isinstance(text, str) else ""
         rec.finish_reason = first.get("finish_reason") or rec.finish_reason
     usage = chunk.get("usage")
@@ -48,3 +60,15 @@ def apply_event(rec: Streamed, data: str, stamp: float) -> bool:
         if isinstance(usage.get("prompt_tokens"), int):
             rec.server_prompt_tokens = usage["prompt_tokens"]
     return False
+
+
+def role_only(delta: dict, choice: dict) -> bool:
+    """A chat chunk that names the role and carries nothing else: no text (content absent,
+    null or empty), no other delta field (reasoning, tool calls), no finish reason."""
+    rest = {k: v for k, v in delta.items() if k not in ("role", "content") and v}
+    return (
+        "role" in delta
+        and not delta.get("content")
+        and not rest
+        and not choice.get("finish_reason")
+    )

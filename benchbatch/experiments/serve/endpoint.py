@@ -3,7 +3,8 @@ SGLang, TGI, `benchbatch serve`), measured with the same requests, arrivals and 
 benchbatch's own engine.
 
 Each rate's requests are the first --real-requests of the workload (same lengths, same
-seeded arrival times), streamed to /v1/completions by benchbatch/net/client.py; every chunk
+seeded arrival times), streamed to /v1/completions (or, to a URL that ends in
+/v1/chat/completions, as one user message each there) by benchbatch/net/client.py; every chunk
 is stamped as it arrives, and the metrics are core/serving's (vLLM's definitions), with the
 server's usage counts as each request's output tokens. A request that fails (refused, an
 HTTP error, a stream that stops, a timeout) is counted in its own column and never waited
@@ -52,9 +53,16 @@ def connect(opts: ServeOptions):
 
     used, refused = priority(opts.client_priority)
     endpoint = make_endpoint(opts.endpoint, opts.served_model, opts.request_timeout)
-    info = server_info(endpoint) | {"client_priority": used}
+    info = server_info(endpoint) | {"client_priority": used, "api": endpoint.route}
     if refused:
         info["client_priority_refused"] = refused
+    if endpoint.chat and opts.tokenizer is None and not info.get("tokenize"):
+        raise UserError(
+            "endpoint",
+            f"{endpoint.route} takes each prompt as text, and {endpoint.public} has no "
+            "/tokenize to make texts of exact token lengths: give --tokenizer (the served "
+            "checkpoint's tokenizer.json), or the base URL (/v1/completions, token-id prompts)",
+        )
     return replace(endpoint, model=info["served_model"]), info
 
 

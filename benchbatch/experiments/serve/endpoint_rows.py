@@ -76,6 +76,8 @@ def request_row(s, rate: float, slo: ServingSLO) -> dict:
         "rate": rate_label(rate),
         "request_id": s.request_id,
         "prompt_tokens": s.prompt_tokens,
+        # what the server counted (its usage): a BOS, a chat template's tokens more
+        "server_prompt_tokens": s.server_prompt_tokens,
         "output_tokens": s.output_tokens,
         "arrival_s": s.arrival_s,
         "queued_s": s.queued_s,

@@ -69,9 +69,11 @@ class ServeOptions:
         None,
         "Measure a running OpenAI-compatible server instead (vLLM, SGLang, TGI, benchbatch "
         "serve): its base URL, e.g. http://127.0.0.1:8000. Each rate's --real-requests are "
-        "streamed to /v1/completions at their arrival times on the wall clock; no model is "
-        "built here and nothing is simulated unless --step-costs is given. Credentials in "
-        "the URL are never recorded.",
+        "streamed to /v1/completions at their arrival times on the wall clock; a URL ending "
+        "in /v1/chat/completions sends each prompt as one user message of text there "
+        "instead (the server's chat template adds tokens: requests.csv's "
+        "server_prompt_tokens). No model is built here and nothing is simulated unless "
+        "--step-costs is given. Credentials in the URL are never recorded.",
         panel=ENDPOINT_PANEL,
         metavar="URL",
     )
