@@ -47,14 +47,16 @@ POLICIES = {
 
 
 @contextlib.contextmanager
-def serving(model, policy="continuous", slots=3, max_len=512, tokenizer=None, stop=()):
+def serving(model, policy="continuous", slots=3, max_len=512, tokenizer=None, stop=(),
+            chat_template=None):  # fmt: skip
     """The engine on its thread and the app on its loop, on a free port; every step row
     and request once stopped (the engine's lists)."""
     scheduler, settings = POLICIES[policy]
     engine = LiveEngine(model, scheduler, slots, max_len, settings, stop, name=policy)
     engine.start()
     assert engine.ready.wait(HANG_S) and engine.error is None
-    server = ServerThread(make_app(Served(engine, "tiny", max_len, tokenizer)), "127.0.0.1", 0)
+    served = Served(engine, "tiny", max_len, tokenizer, chat_template=chat_template)
+    server = ServerThread(make_app(served), "127.0.0.1", 0)
     try:
         yield server.start(), engine
     finally:

@@ -1,6 +1,7 @@
-"""The OpenAI completion request as benchbatch's server takes it (no HTTP here beyond the
-error's response): checked into an Ask, refused with OpenAI's error object, and the
-tokens' text, detokenized incrementally as vLLM does. net/server.py serves them."""
+"""The OpenAI completion and chat completion requests as benchbatch's server takes them (no
+HTTP here beyond the error's response): checked into an Ask (a chat's messages through the
+chat template, net/chat.py), refused with OpenAI's error object, and the tokens' text,
+detokenized incrementally as vLLM does. net/server.py serves them."""
 
 from __future__ import annotations
 
@@ -47,6 +48,7 @@ class Served:
     max_model_len: int
     tokenizer: object | None = None
     created: int = 0  # when it started serving (the model's "created")
+    chat_template: object | None = None  # net/chat.ChatTemplate (None: no chat completions)
 
     def __post_init__(self) -> None:
         self.created = self.created or int(time.time())
@@ -118,6 +120,63 @@ def parse_completion(body, served: Served) -> Ask:
     check_model(body, served)
     if "prompt" not in body:
         raise ApiError(400, "prompt is required", "prompt")
+    check_greedy(body)
+    if body.get("logprobs") is not None or bool_field(body, "echo", False):
+        raise ApiError(400, "logprobs and echo are not served", "logprobs")
+    ids = prompt_ids(body["prompt"], served)
+    return ask_for(body, served, ids, int_field(body, "max_tokens", DEFAULT_MAX_TOKENS, 1))
+
+
+def parse_chat(body, served: Served) -> Ask:
+    """A chat completion: its messages rendered by the chat template and tokenized without
+    special tokens (the template writes its own); max_completion_tokens, else max_tokens
+    (no default but the context left, as vLLM)."""
+    if not isinstance(body, dict):
+        raise ApiError(400, "the request body must be a JSON object")
+    check_model(body, served)
+    if served.chat_template is None or served.tokenizer is None:
+        raise ApiError(400, "this server has no chat template: start it with --chat-template "
+                       "FILE, or serve a checkpoint whose tokenizer_config.json has one (or "
+                       "use /v1/completions)", "messages")  # fmt: skip
+    messages = chat_messages(body.get("messages"))
+    check_greedy(body)
+    if body.get("logprobs") not in (None, False) or body.get("tools"):
+        raise ApiError(400, "logprobs and tools are not served", "logprobs")
+    try:
+        text = served.chat_template.render(messages)
+    except ValueError as e:
+        raise ApiError(400, str(e), "messages") from None
+    ids = tuple(served.tokenizer.encode(text, add_special_tokens=False).ids)
+    given = body.get("max_completion_tokens") is not None
+    name = "max_completion_tokens" if given else "max_tokens"
+    left = max(1, served.max_model_len - len(ids))
+    return ask_for(body, served, ids, int_field(body, name, left, 1))
+
+
+def chat_messages(messages) -> list[dict]:
+    """The messages as the template takes them: a role and a text each (a content given as
+    text parts joined by newlines, as vLLM's "string" content format)."""
+    if not isinstance(messages, list) or not messages:
+        raise ApiError(400, "messages must be a non-empty list", "messages")
+    out = []
+    for m in messages:
+        if not isinstance(m, dict) or not isinstance(m.get("role"), str):
+            raise ApiError(400, "each message must be an object with a role", "messages")
+        content = m.get("content")
+        if isinstance(content, list):
+            parts = [p.get("text") for p in content if isinstance(p, dict)]
+            if not all(isinstance(p, dict) and p.get("type") == "text" for p in content) or \
+                    not all(isinstance(t, str) for t in parts):  # fmt: skip
+                raise ApiError(400, "only text content parts are served", "messages")
+            content = "\n".join(parts)
+        if content is not None and not isinstance(content, str):
+            raise ApiError(400, "a message's content must be text", "messages")
+        out.append({"role": m["role"], "content": content or ""})
+    return out
+
+
+def check_greedy(body: dict) -> None:
+    """Greedy decoding of one completion with no stop strings: anything else refused."""
     temperature = body.get("temperature")
     if temperature is not None and temperature != 0:
         raise ApiError(400, f"only greedy decoding is served: temperature must be 0 or absent, "
@@ -131,13 +190,14 @@ def parse_completion(body, served: Served) -> Ask:
                        "the checkpoint's end-of-sequence token)", "stop")  # fmt: skip
     if int_field(body, "n", 1, 1) != 1:
         raise ApiError(400, "n must be 1 (one completion per request)", "n")
-    if body.get("logprobs") is not None or bool_field(body, "echo", False):
-        raise ApiError(400, "logprobs and echo are not served", "logprobs")
+
+
+def ask_for(body: dict, served: Served, ids: tuple[int, ...], max_tokens: int) -> Ask:
+    """The Ask of a request whose prompt ids and max_tokens are known: checked by the
+    engine (Refused: a 400 naming the field), with the stream's and the length's fields."""
     options = body.get("stream_options") or {}
     if not isinstance(options, dict):
         raise ApiError(400, "stream_options must be an object", "stream_options")
-    ids = prompt_ids(body["prompt"], served)
-    max_tokens = int_field(body, "max_tokens", DEFAULT_MAX_TOKENS, 1)
     served.engine.check(ids, max_tokens)  # Refused: a 400 naming the field
     return Ask(
         ids,

@@ -1,6 +1,6 @@
 """benchbatch's own engine behind an OpenAI-compatible API (aiohttp.web), as vLLM serves:
-GET /v1/models, GET /health, POST /v1/completions (streamed as server-sent events, or one
-JSON) and POST /tokenize (vLLM's, with a tokenizer).
+GET /v1/models, GET /health, POST /v1/completions and POST /v1/chat/completions (streamed as
+server-sent events, or one JSON) and POST /tokenize (vLLM's, with a tokenizer).
 
 The HTTP event loop runs on a thread of its own (ServerThread), apart from the model's
 (runtime/live.py's LiveEngine): a handler parses the request, submits it to the engine's
@@ -15,8 +15,12 @@ chunk with no choices and the usage, then `data: [DONE]`. Greedy decoding only: 
 temperature other than 0 is refused. A chunk's text is the token detokenized with the
 tokenizer (incrementally, as vLLM does: a piece that ends inside a UTF-8 character waits
 for the next token), else PLACEHOLDER with the token id; `return_token_ids: true` (vLLM's
-field) adds the ids themselves. Errors are OpenAI's JSON error object with its HTTP status.
-The request's checks, the errors and the tokens' text are net/completions.py's.
+field) adds the ids themselves. A chat completion (with a chat template: net/chat.py) streams
+OpenAI's chat chunks (object "chat.completion.chunk", choices [{index, delta, logprobs,
+finish_reason}]): as vLLM, a chunk naming the role (delta {"role": "assistant", "content":
+""}) just before the first token's, then a delta {"content": text} a token.
+Errors are OpenAI's JSON error object with its HTTP status. The request's checks, the
+errors and the tokens' text are net/completions.py's.
 """
 
 from __future__ import annotations
@@ -39,6 +43,7 @@ from benchbatch.net.completions import (
     bool_field,
     check_model,
     error_response,
+    parse_chat,
     parse_completion,
     text_of,
 )
@@ -57,6 +62,7 @@ def make_app(served: Served) -> web.Application:
     app.router.add_get("/health", _health)
     app.router.add_get("/v1/models", _models)
     app.router.add_post("/v1/completions", _completions)
+    app.router.add_post("/v1/chat/completions", _chat)
     app.router.add_post("/tokenize", _tokenize)
     return app
 
@@ -128,11 +134,19 @@ class _Stream:
 
 async def _completions(request: web.Request) -> web.StreamResponse:
     s: Served = request.app[SERVED]
-    ask = parse_completion(await _body(request), s)
+    return await _serve(request, s, parse_completion(await _body(request), s), chat=False)
+
+
+async def _chat(request: web.Request) -> web.StreamResponse:
+    s: Served = request.app[SERVED]
+    return await _serve(request, s, parse_chat(await _body(request), s), chat=True)
+
+
+async def _serve(request: web.Request, s: Served, ask: Ask, chat: bool) -> web.StreamResponse:
     stream = _Stream(asyncio.get_running_loop())
     live = s.engine.submit(ask.prompt_ids, ask.max_tokens, stream.deliver,
                            stop=ask.stop_at_eos, min_tokens=ask.min_tokens)  # fmt: skip
-    head = _Head(live.id, int(time.time()), s.name)
+    head = _Head(live.id, int(time.time()), s.name, chat)
     ended = False
     try:
         if not ask.stream:
@@ -153,15 +167,27 @@ async def _completions(request: web.Request) -> web.StreamResponse:
 
 @dataclass(frozen=True)
 class _Head:
-    """What every chunk of one completion repeats."""
+    """What every chunk of one completion (or chat completion) repeats, and its choices."""
 
     rid: int
     created: int
     model: str
+    chat: bool = False
 
-    def chunk(self, choices: list, **extra) -> dict:
-        return {"id": f"cmpl-{self.rid}", "object": "text_completion", "created": self.created,
-                "model": self.model, "choices": choices, **extra}  # fmt: skip
+    def chunk(self, choices: list, whole: bool = False, **extra) -> dict:
+        kind = "text_completion"
+        if self.chat:
+            kind = "chat.completion" if whole else "chat.completion.chunk"
+        return {"id": f"{'chatcmpl' if self.chat else 'cmpl'}-{self.rid}", "object": kind,
+                "created": self.created, "model": self.model, "choices": choices,
+                **extra}  # fmt: skip
+
+    def choice(self, text: str, reason: str | None, whole: bool = False) -> dict:
+        if not self.chat:
+            return {"index": 0, "text": text, "logprobs": None, "finish_reason": reason}
+        said = {"message": {"role": "assistant", "content": text}} if whole else {
+            "delta": {"content": text}}  # fmt: skip
+        return {"index": 0, **said, "logprobs": None, "finish_reason": reason}
 
 
 async def _streamed(response, s: Served, ask: Ask, head: _Head, stream: _Stream) -> None:
@@ -171,9 +197,13 @@ async def _streamed(response, s: Served, ask: Ask, head: _Head, stream: _Stream)
         tokens, reason = await stream.queue.get()
         produced += len(tokens)
         piece = text.add(tokens, final=reason is not None)
-        choice = {"index": 0, "text": piece, "logprobs": None, "finish_reason": reason}
+        choice = head.choice(piece, reason)
         if ask.return_token_ids:
             choice["token_ids"] = tokens
+        if head.chat and produced == len(tokens) and (tokens or reason is not None):
+            role = {"index": 0, "delta": {"role": "assistant", "content": ""},
+                    "logprobs": None, "finish_reason": None}  # fmt: skip
+            await _send(response, head.chunk([role], **usage))  # vLLM's, with the first token
         if tokens or reason is not None:
             await _send(response, head.chunk([choice], **usage))
         if reason is not None:
@@ -202,11 +232,10 @@ async def _whole(s: Served, ask: Ask, head: _Head, stream: _Stream) -> web.Respo
             break
     if reason == ABORT:
         raise ApiError(503, "the server stopped before the request finished")
-    choice = {"index": 0, "text": text_of(s.tokenizer, got), "logprobs": None,
-              "finish_reason": reason}  # fmt: skip
+    choice = head.choice(text_of(s.tokenizer, got), reason, whole=True)
     if ask.return_token_ids:
         choice["token_ids"] = got
-    return web.json_response(head.chunk([choice], usage=_usage(ask, len(got))))
+    return web.json_response(head.chunk([choice], whole=True, usage=_usage(ask, len(got))))
 
 
 # --- the HTTP thread ----------------------------------------------------------------------

@@ -15,7 +15,9 @@ its scheduler policies.
 Listens on 127.0.0.1 (--port; 0 picks a free one) and prints `listening on URL` once it
 accepts requests. GET /v1/models, GET /health, POST /v1/completions (stream true: OpenAI's
 server-sent completion chunks, one per token, with stream_options.include_usage a usage
-chunk; stream false: one JSON), POST /tokenize with a tokenizer. Prompts are token ids, or
+chunk; stream false: one JSON), POST /v1/chat/completions with a chat template (the
+checkpoint's, or --chat-template: as vLLM, a chunk naming the role, then one a token), POST
+/tokenize with a tokenizer. Prompts are token ids, or
 text with a tokenizer (--tokenizer, or the checkpoint's tokenizer.json). Greedy decoding
 only (temperature 0): a request gets exactly the tokens the in-process engine gives it.
 Outputs run to max_tokens (default 16) with ignore_eos, else stop at the checkpoint's

@@ -62,6 +62,13 @@ class ServerOptions:
         "prompts must be token ids and a token's text is <ID>.",
         panel=SERVER,
     )
+    chat_template: Path | None = opt(
+        None,
+        "A jinja2 chat template file for /v1/chat/completions (vLLM's --chat-template). "
+        "Default: the tokenizer's folder's chat_template.jinja or tokenizer_config.json's "
+        "chat_template; without any, chat requests are refused (400).",
+        panel=SERVER,
+    )
     max_model_len: int | None = opt(
         None,
         "Tokens one request may hold, prompt plus max_tokens (vLLM's --max-model-len): the "

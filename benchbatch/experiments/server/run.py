@@ -31,6 +31,7 @@ WAIT_S = 0.5  # the main thread wakes this often (a signal interrupts the wait a
 class Inputs:
     tokenizer: object | None = None
     tokenizer_path: Path | None = None
+    chat_template: object | None = None  # net/chat.ChatTemplate
     max_model_len: int | None = None
     cpus: list[int] | None = None  # the process's, before open_model_run pins its thread
 
@@ -45,6 +46,7 @@ def open_run(
     SchedulerConfig(workload.slots, **settings)  # a budget the scheduler would refuse
     inputs.tokenizer_path = tokenizer_path(opts, model)
     inputs.tokenizer = load_tokenizer(inputs.tokenizer_path)
+    inputs.chat_template = chat_template(opts, inputs.tokenizer_path)
 
     def check(cfg) -> None:
         inputs.max_model_len = max_model_len(opts, cfg)
@@ -84,6 +86,17 @@ def tokenizer_path(opts: ServerOptions, model: ModelOptions) -> Path | None:
     if model.model is not None and (model.model / "tokenizer.json").is_file():
         return model.model / "tokenizer.json"
     return None
+
+
+def chat_template(opts: ServerOptions, tokenizer: Path | None):
+    """--chat-template, else the one beside the tokenizer (net/chat.find_template); None
+    where there is none. A template needs a tokenizer (chat messages are text)."""
+    from benchbatch.net.chat import OPTION, find_template
+
+    if opts.chat_template is not None and tokenizer is None:
+        raise UserError(OPTION, "needs a tokenizer (--tokenizer, or a checkpoint with its "
+                        "tokenizer.json): chat messages are text")  # fmt: skip
+    return find_template(opts.chat_template, None if tokenizer is None else tokenizer.parent)
 
 
 def load_tokenizer(path: Path | None):
@@ -143,7 +156,8 @@ def measure_run(
     busy = cpu_busy(inputs.cpus) if opts.pin else None  # other processes' cores
     cores = plan_cores(_threads(rec, run), opts.pin, inputs.cpus, busy)
     name = served_name(opts, model, cfg)
-    served = Served(engine, name, inputs.max_model_len, inputs.tokenizer)
+    served = Served(engine, name, inputs.max_model_len, inputs.tokenizer,
+                    chat_template=inputs.chat_template)  # fmt: skip
     server = ServerThread(make_app(served), opts.host, opts.port, cores.http_cores)
     engine.start(cores)
     stopped_by = "error"
@@ -200,6 +214,7 @@ def _announce(rec, opts: ServerOptions, url: str, name: str, cores, engine, inpu
         "scheduler_settings": engine.settings,
         "max_model_len": inputs.max_model_len,
         "tokenizer": None if inputs.tokenizer_path is None else str(inputs.tokenizer_path),
+        "chat_template": None if inputs.chat_template is None else inputs.chat_template.origin,
         "stop_tokens": sorted(engine.stop_tokens),
         "warmup_s": engine.warmup_s,
         **cores.row(),
