@@ -751,6 +751,31 @@ BREAKS = [
         tests("tests/test_calibration.py",
               "test_a_static_groups_mostly_masked_step_is_priced_from_few_masked_keys"),
     ),
+    # --- chat completions: the client's and the server's ---
+    Break(
+        "chat: the role's opening chunk counted as a token",
+        "benchbatch/net/events.py",
+        "            if role_only(delta, first):",
+        "            if False:",
+        tests("tests/test_client_chat.py",
+              "test_chat_times_count_tokens_not_the_role_announcement"),
+    ),
+    Break(
+        "chat: the rendered template tokenized with special tokens (a second BOS)",
+        "benchbatch/net/completions.py",
+        "    ids = tuple(served.tokenizer.encode(text, add_special_tokens=False).ids)",
+        "    ids = tuple(served.tokenizer.encode(text).ids)",
+        tests("tests/test_server_chat.py",
+              "test_chat_prompts_are_transformers_and_tokens_the_engines"),
+    ),
+    Break(
+        "chat: the template rendered without the assistant's turn opened",
+        "benchbatch/net/chat.py",
+        "            return self._compiled.render(messages=messages, add_generation_prompt=True,",
+        "            return self._compiled.render(messages=messages, add_generation_prompt=False,",
+        tests("tests/test_server_chat.py",
+              "test_chat_prompts_are_transformers_and_tokens_the_engines"),
+    ),
 ]
 
 
