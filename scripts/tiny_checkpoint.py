@@ -5,7 +5,8 @@
 Writes DIR/config.json, model.safetensors, generation_config.json (saved by transformers'
 LlamaForCausalLM, float32), and a byte-level BPE tokenizer trained with the `tokenizers`
 library on this repository's own .py and .md files to exactly the vocabulary size:
-tokenizer.json, tokenizer_config.json and special_tokens_map.json. vLLM, transformers and
+tokenizer.json, tokenizer_config.json (with a plain chat template, so that vLLM and benchbatch
+serve answer chat completions) and special_tokens_map.json. vLLM, transformers and
 benchbatch (`--model DIR`) all load the folder offline; nothing is downloaded.
 
 A byte-level BPE (not a made-up word-level vocabulary) is what lets any client's prompt text
@@ -21,6 +22,11 @@ from pathlib import Path
 
 REPO = Path(__file__).resolve().parent.parent
 SPECIAL = ("<s>", "</s>", "<unk>")  # ids 0, 1, 2: bos, eos, unk
+# Each message as a role line and its text, then the assistant's turn opened.
+CHAT_TEMPLATE = (
+    "{{ bos_token }}{% for m in messages %}<|{{ m['role'] }}|>\n{{ m['content'] }}\n"
+    "{% endfor %}{% if add_generation_prompt %}<|assistant|>\n{% endif %}"
+)
 SHAPE = dict(
     hidden_size=512,
     intermediate_size=1536,
@@ -73,6 +79,7 @@ def write_tokenizer(folder: Path, tok) -> None:
         "add_eos_token": False,
         "clean_up_tokenization_spaces": False,
         "model_max_length": SHAPE["max_position_embeddings"],
+        "chat_template": CHAT_TEMPLATE,
     }
     (folder / "tokenizer_config.json").write_text(json.dumps(config, indent=2) + "\n")
     special = {"bos_token": bos, "eos_token": eos, "unk_token": unk}
@@ -101,8 +108,16 @@ def make(folder: str | Path, vocab: int = 2048, seed: int = 0) -> Path:
 
 
 def is_complete(folder: str | Path) -> bool:
+    """Every file there, and the tokenizer's config as this version writes it (a folder made
+    before the chat template was added is made again)."""
     names = ("config.json", "model.safetensors", "tokenizer.json", "tokenizer_config.json")
-    return all((Path(folder) / n).is_file() for n in names)
+    if not all((Path(folder) / n).is_file() for n in names):
+        return False
+    try:
+        config = json.loads((Path(folder) / "tokenizer_config.json").read_text())
+    except ValueError:
+        return False
+    return config.get("chat_template") == CHAT_TEMPLATE
 
 
 def main() -> None:

@@ -27,7 +27,10 @@ requests.
    Before that, --repeats times, vLLM predicted and measured: `serve-sweep --endpoint
    --predict` with vLLM's knobs (--slots 8, --max-num-batched-tokens 2048, chunked), which
    calibrates vLLM from outside before each point and after the last, then predicts each
-   point from the calibrations around it (issue 27 item 3).
+   point from the calibrations around it (issue 27 item 3). Before the prediction, once at
+   the first rate (--no-chat: not), both clients on both servers through
+   /v1/chat/completions (the checkpoint's chat template): vLLM's openai-chat backend and
+   `serve-sweep --endpoint URL/v1/chat/completions`.
 5. results/vllm-peer-<machine>/: peer.csv (every run, with its server and client and the load
    average when it began; then the medians per rate, server and client; then the ratios),
    recompute.csv (each vLLM bench run's aggregates recomputed by benchbatch.core.peers from its
@@ -40,7 +43,10 @@ Asserted (a failure exits 1): no failed or timed-out request; every vLLM bench r
 aggregates equal benchbatch's recomputation from its per-request times (1e-9 relative); on
 each server and rate, the medians of the two clients' TTFT, TPOT and E2E p50 within 0.5-2x of
 each other and their request throughputs within 0.7-1.3x; each run's request throughput
-within 0.7-1.3x of the offered rate; benchbatch serve's TTFT p50 and TPOT p50 within 2.5x of
+within 0.7-1.3x of the offered rate; through chat, the same clients' agreement, and on both
+servers every benchbatch chat request's chunks counting to the server's usage (the role's
+opening chunk is no token) and the template adding the same number of prompt tokens to
+each; benchbatch serve's TTFT p50 and TPOT p50 within 2.5x of
 vLLM's (either way) at each rate, medians of benchbatch's client. Loose on purpose: on shared
 machines one server's p50s vary 2.8x between runs. Issue 26's target for benchbatch serve,
 1.5x of vLLM, is printed as met or not at each rate; so is issue 27's for the prediction
@@ -503,8 +509,10 @@ def warm_up(url: str) -> None:
 # --- 4. the clients -------------------------------------------------------------------------
 
 
-def vllm_bench(python: Path, url: str, checkpoint: Path, rate: float, n: int, out: Path) -> dict:
-    """`vllm bench serve` at one rate; its saved result (with per-request times)."""
+def vllm_bench(python: Path, url: str, checkpoint: Path, rate: float, n: int, out: Path,
+               chat: bool = False) -> dict:  # fmt: skip
+    """`vllm bench serve` at one rate; its saved result (with per-request times). chat: its
+    openai-chat backend, through /v1/chat/completions."""
     out.parent.mkdir(parents=True, exist_ok=True)
     cmd = [
         str(python),
@@ -513,7 +521,7 @@ def vllm_bench(python: Path, url: str, checkpoint: Path, rate: float, n: int, ou
         "bench",
         "serve",
         "--backend",
-        "vllm",
+        "openai-chat" if chat else "vllm",
         "--model",
         MODEL,
         "--tokenizer",
@@ -521,7 +529,7 @@ def vllm_bench(python: Path, url: str, checkpoint: Path, rate: float, n: int, ou
         "--base-url",
         url,
         "--endpoint",
-        "/v1/completions",
+        "/v1/chat/completions" if chat else "/v1/completions",
         "--dataset-name",
         "random",
         "--random-input-len",
@@ -559,13 +567,23 @@ def workload(n: int) -> list[str]:
             "--seed", str(SEED)]  # fmt: skip
 
 
-def benchbatch_client(url: str, checkpoint: Path, rate: float, n: int, out: Path) -> dict:
-    """benchbatch's client (serve-sweep --endpoint) at one rate; its serve.csv row."""
-    cmd = [sys.executable, "-m", "benchbatch", "serve-sweep", "--endpoint", url,
+def benchbatch_client(url: str, checkpoint: Path, rate: float, n: int, out: Path,
+                      chat: bool = False) -> dict:  # fmt: skip
+    """benchbatch's client (serve-sweep --endpoint) at one rate; its serve.csv row. chat:
+    through /v1/chat/completions, with the prompt tokens the server counted (requests.csv's
+    server_prompt_tokens less prompt_tokens: what the chat template added)."""
+    endpoint = url + "/v1/chat/completions" if chat else url
+    cmd = [sys.executable, "-m", "benchbatch", "serve-sweep", "--endpoint", endpoint,
            "--served-model", MODEL, "--tokenizer", str(checkpoint), "--rates", f"{rate:g}",
            *workload(n), "--out", str(out), "--force"]  # fmt: skip
     run(cmd, timeout=600, cwd=REPO)
-    return _serve_rows(out / "serve.csv", rate)["endpoint"]
+    row = _serve_rows(out / "serve.csv", rate)["endpoint"]
+    if chat:
+        with open(out / "requests.csv", newline="") as f:
+            added = {int(float(r["server_prompt_tokens"])) - int(float(r["prompt_tokens"]))
+                     for r in csv.DictReader(f) if not r.get("error")}  # fmt: skip
+        row = {**row, "template_tokens": sorted(added)}
+    return row
 
 
 def predicted(
@@ -660,6 +678,7 @@ def _rate_matches(value, rate: float) -> bool:
 
 VLLM, SERVED, SIM, INPROC = "vllm", "benchbatch-serve", "benchbatch-sim", "benchbatch-inprocess"
 VB, BB = "vllm-bench", "benchbatch"  # the clients (in-process rows: "in-process", "sim")
+VBC, BBC = "vllm-bench-chat", "benchbatch-chat"  # the same through /v1/chat/completions
 
 
 def vllm_row(doc: dict, rate: float, server: str, index: int) -> dict:
@@ -684,8 +703,11 @@ def benchbatch_row(serve: dict, rate: float, server: str, client: str, index) ->
     row["output_throughput_tps"] = float(serve["output_throughput_tps"])
     row["completed"] = int(float(serve["requests"]))
     row["failed"] = sum(int(float(serve.get(k) or 0)) for k in ("failed", "timed_out"))
-    # requests whose streamed chunks did not count to the server's usage (shown, not asserted)
+    # requests whose streamed chunks did not count to the server's usage (shown, not asserted
+    # but for chat: a role chunk taken for a token would make every request one)
     row["token_mismatch"] = int(float(serve.get("token_mismatch") or 0))
+    if "template_tokens" in serve:
+        row["template_tokens"] = " ".join(str(t) for t in serve["template_tokens"])
     return row
 
 
@@ -693,7 +715,8 @@ NUMBERS = [f"{m}_{q}_ms" for m in LATENCY for q in ("p50", "p99")] + [
     "request_throughput_rps",
     "output_throughput_tps",
 ]
-ORDER = [(VLLM, VB), (VLLM, BB), (SERVED, VB), (SERVED, BB), (INPROC, "in-process"), (SIM, "sim")]
+ORDER = [(VLLM, VB), (VLLM, BB), (SERVED, VB), (SERVED, BB), (INPROC, "in-process"), (SIM, "sim"),
+         (VLLM, VBC), (VLLM, BBC), (SERVED, VBC), (SERVED, BBC)]  # fmt: skip
 
 
 def medians(rows: list[dict]) -> list[dict]:
@@ -720,6 +743,8 @@ RATIOS = [
     ((SERVED, VB), (VLLM, VB), f"{SERVED}/{VLLM}", VB),
     ((SIM, "sim"), (SERVED, BB), f"{SIM}/{SERVED}", f"sim/{BB}"),
     ((INPROC, "in-process"), (SERVED, BB), f"{INPROC}/{SERVED}", f"in-process/{BB}"),
+    ((VLLM, BBC), (VLLM, VBC), VLLM, f"{BBC}/{VBC}"),  # the two clients through chat
+    ((SERVED, BBC), (SERVED, VBC), SERVED, f"{BBC}/{VBC}"),
 ]
 
 
@@ -852,8 +877,16 @@ def check(rows: list[dict], rats: list[dict], recomputed: list[dict], n: int) ->
         if not 0.7 <= got <= 1.3:
             problems.append(f"{where}: throughput {r['request_throughput_rps']:.2f}/s is "
                             f"{got:.2f}x the offered rate")  # fmt: skip
+    for r in rows:
+        if r["client"] == BBC and (r.get("token_mismatch") or len(
+                str(r.get("template_tokens", "")).split()) != 1):  # fmt: skip
+            problems.append(
+                f"{r['server']} / {BBC} at {r['rate']:g}/s: {r['token_mismatch']} requests "
+                "whose chunks did not count to the usage, template tokens "
+                f"{r.get('template_tokens')!r} (one count for every request)"
+            )
     for r in rats:
-        if r["client"] == f"{BB}/{VB}":
+        if r["client"] in (f"{BB}/{VB}", f"{BBC}/{VBC}"):
             for key in ASSERTED:
                 low, high = (0.7, 1.3) if key == "request_throughput_rps" else (0.5, 2.0)
                 if not low <= r[key] <= high:
@@ -914,6 +947,13 @@ def parse() -> argparse.Namespace:
         "25 s a run)",
     )
     p.add_argument(
+        "--chat",
+        action=argparse.BooleanOptionalAction,
+        default=True,
+        help="also run both clients once through /v1/chat/completions on each server at the "
+        "first rate (default on)",
+    )
+    p.add_argument(
         "--out", type=Path, default=None, help="result folder (default results/vllm-peer-<machine>)"
     )
     args = p.parse_args()
@@ -964,6 +1004,8 @@ def measure(args, python: Path, checkpoint: Path, out: Path, work: Path) -> dict
                                 if (folder / f).exists():
                                     shutil.copy(folder / f, raw / f"{name}-{f}")
                         rows.append({**row, "load_1m": load})
+        chats, again = chat_runs(args, python, checkpoint, servers, raw, work)
+        rows, recomputed = rows + chats, recomputed + again
         predictions = []
         for index in range(args.repeats):
             load = (load_average() or [math.nan])[0]
@@ -993,6 +1035,43 @@ def measure(args, python: Path, checkpoint: Path, out: Path, work: Path) -> dict
         served_meta = json.loads((served_dir / "metadata.json").read_text()).get("server", {})
     return {"rows": rows, "recomputed": recomputed, "servers": servers, "idle_cores": idle,
             "served_meta": served_meta, "predictions": predictions}  # fmt: skip
+
+
+def chat_runs(args, python: Path, checkpoint: Path, servers: dict, raw: Path, work: Path):
+    """Once at the first rate, on each server, both clients through /v1/chat/completions
+    (the checkpoint's chat template): vLLM's openai-chat backend and serve-sweep --endpoint
+    URL/v1/chat/completions. Returns their rows and vLLM's aggregates recomputed. vLLM's
+    rows' template_tokens: its usage's prompt counts less the workload's prompt length (its
+    random prompts are texts of about that many tokens), for comparison only."""
+    from benchbatch.core import peers
+    from benchbatch.core.machine import load_average
+
+    if not args.chat:
+        return [], []
+    rows, recomputed, rate = [], [], args.rates[0]
+    for server, s in servers.items():
+        for client in (VBC, BBC):
+            name = f"{server}-{client}-rate{rate:g}-run0"
+            load = (load_average() or [math.nan])[0]
+            say(f"{'A' if server == VLLM else 'B'}: {client} client on {server} at {rate:g}/s, "
+                f"{args.requests} requests through /v1/chat/completions (load {load})")  # fmt: skip
+            if client == VBC:
+                path = raw / f"{name}.json"
+                doc = vllm_bench(python, s["url"], checkpoint, rate, args.requests, path, True)
+                added = sorted({int(n) - PROMPT_TOKENS for n in doc.get("input_lens") or ()})
+                row = {**vllm_row(doc, rate, server, 0), "client": VBC,
+                       "template_tokens": " ".join(map(str, added))}  # fmt: skip
+                (one,) = peers.read(path)
+                recomputed += [{"server": server, **x} for x in peers.recompute(one)]
+            else:
+                folder = work / name
+                got = benchbatch_client(s["url"], checkpoint, rate, args.requests, folder, True)
+                row = benchbatch_row(got, rate, server, BBC, 0)
+                for f in ("serve.csv", "requests.csv", "metadata.json"):
+                    if (folder / f).exists():
+                        shutil.copy(folder / f, raw / f"{name}-{f}")
+            rows.append({**row, "load_1m": load})
+    return rows, recomputed
 
 
 def interrupted(signum, frame):
