@@ -751,6 +751,22 @@ BREAKS = [
         tests("tests/test_calibration.py",
               "test_a_static_groups_mostly_masked_step_is_priced_from_few_masked_keys"),
     ),
+    Break(
+        "burstiness: drawn arrivals always Poisson",
+        "benchbatch/experiments/serve/probe.py",
+        "    unit = unit_poisson(n, seed, opts.burstiness)",
+        "    unit = unit_poisson(n, seed)",
+        tests("tests/test_serve.py", "test_bursty_arrivals_wait_longer_at_the_same_rate",
+              "test_burstiness_applies_to_drawn_arrivals_and_not_to_a_traces_own"),
+    ),
+    Break(
+        "burstiness: gamma gaps of the wrong scale (mean 1 / burstiness)",
+        "benchbatch/core/arrivals.py",
+        "        gaps = rng.gamma(burstiness, 1.0 / burstiness, requests)",
+        "        gaps = rng.gamma(burstiness, 1.0, requests)",
+        tests("tests/test_serving.py",
+              "test_burstiness_draws_gamma_gaps_of_mean_one_and_vllms_spread"),
+    ),
     # --- chat completions: the client's and the server's ---
     Break(
         "chat: the role's opening chunk counted as a token",

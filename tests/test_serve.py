@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import json
 import math
+from dataclasses import replace
 
 import numpy as np
 import pandas as pd
@@ -153,6 +154,24 @@ def test_a_trace_with_arrival_s_is_replayed_at_each_rate(tmp_path):
     assert [(r.prompt_tokens, r.output_tokens) for r in w.requests] == [(10, 3), (20, 4), (30, 5)]
     assert w.at(1.0)[1].tolist() == [0.0, 0.5, 2.0]  # 2 gaps over 2 s: already 1 per second
     assert w.at(2.0)[1].tolist() == [0.0, 0.25, 1.0]
+
+
+def test_burstiness_applies_to_drawn_arrivals_and_not_to_a_traces_own(tmp_path):
+    opts, work = serve_workload()
+    bursty = probe.draw(replace(opts, burstiness=0.25), work, seed=0)
+    assert bursty.arrivals == "gamma gaps, burstiness 0.25: coefficient of variation 2"
+    assert probe.draw(opts, work, seed=0).arrivals == "poisson"
+    assert [r.output_tokens for r in bursty.requests] == [
+        r.output_tokens for r in probe.draw(opts, work, seed=0).requests
+    ]  # the lengths do not move with the arrivals
+    trace = tmp_path / "t.csv"
+    trace.write_text("output_tokens\n3\n4\n5\n")
+    opts, work = serve_workload(trace=trace)
+    assert probe.draw(replace(opts, burstiness=4.0), work, seed=0).arrivals.startswith("gamma")
+    trace.write_text("output_tokens,arrival_s\n3,0\n4,1\n")
+    with pytest.raises(UserError, match="its own arrival times") as e:
+        probe.draw(replace(opts, burstiness=4.0), work, seed=0)
+    assert e.value.option == "burstiness"
 
 
 @pytest.mark.parametrize(
@@ -354,6 +373,33 @@ def test_simulated_sweep_end_to_end(runner, tmp_path, step_costs):
     assert (out / "serve.csv").read_bytes() == (again / "serve.csv").read_bytes()
 
 
+def test_bursty_arrivals_wait_longer_at_the_same_rate(runner, tmp_path, step_costs):
+    """The same requests at the same mean rate, their gaps gamma-distributed: in bursts
+    (burstiness 0.25) the tail of TTFT grows and evenly spaced (4) it shrinks, below the
+    capacity; the offered rate stays the rate."""
+    p99, said = {}, {}
+    for b in ("0.25", "1", "4"):
+        out = tmp_path / b
+        args = ["serve-sweep", "--engine", "sim", "--step-costs", str(step_costs), "--requests",
+                "400", "--rates", "3", "--policies", "continuous", "--burstiness", b,
+                "--out", str(out)]  # fmt: skip
+        result = runner.invoke(app, args)
+        assert result.exit_code == 0, result.output
+        row = pd.read_csv(out / "serve.csv").iloc[0]
+        p99[b] = row["ttft_p99_s"]
+        meta = json.loads((out / "metadata.json").read_text())["workload"]
+        assert meta["arrivals"] == "poisson" if b == "1" else meta["arrivals"].startswith("gamma")
+        # the rate the requests arrived at, from requests.csv's own arrival times
+        times = pd.read_csv(out / "requests.csv")["arrival_s"]
+        drawn = (len(times) - 1) / (times.max() - times.min())
+        assert row["arrival_rate_rps"] == pytest.approx(drawn, rel=1e-9)
+        assert drawn == pytest.approx(3 * meta["arrival_rate_over_nominal"], rel=1e-9)
+        said[b] = result.output
+        assert ("drawn arrivals come at" in said[b]) == (abs(drawn / 3 - 1) > 0.1), (b, drawn)
+    assert p99["0.25"] > 1.5 * p99["1"] > 1.5 * p99["4"], p99
+    assert "come at 1.23x each nominal rate" in said["0.25"]  # this seed's 400 draws
+
+
 def test_real_engine_points_beside_their_simulation(runner, tmp_path):
     out = tmp_path / "real"
     args = ["serve-sweep", "--preset", "tiny", "--requests", "30", "--real-requests", "8",
@@ -415,6 +461,10 @@ def test_real_engine_points_beside_their_simulation(runner, tmp_path):
         (["--real-time", "0"], "--real-time"),
         (["--max-num-batched-tokens", "4"], "--max-num-batched-tokens"),
         (["--chunk-size", "16", "--policies", "static,continuous"], "--chunk-size"),
+        (["--burstiness", "0"], "--burstiness"),
+        (["--burstiness", "-1"], "--burstiness"),
+        (["--burstiness", "1000"], "--burstiness"),
+        (["--burstiness", "nan"], "--burstiness"),
     ],
 )
 def test_bad_input_is_one_line_and_exit_2(runner, tmp_path, extra, flag):

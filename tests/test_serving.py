@@ -373,3 +373,32 @@ def test_a_late_arrival_can_end_continuous_later_than_static():
     assert first["static"][5] == pytest.approx(5.625)
     assert first["continuous"][1] == pytest.approx(5.875)
     assert first["static"][1] == pytest.approx(5.625)
+
+
+# --- burstiness (vLLM's bench serve --burstiness) ---------------------------------------------
+
+
+def test_burstiness_one_is_the_poisson_process_drawn_as_before():
+    unit = unit_poisson(500, seed=4)
+    assert np.array_equal(unit_poisson(500, 4, 1.0), unit)
+    gaps = np.random.default_rng([4, 17]).exponential(1.0, 500)  # the stream it always drew
+    assert np.allclose(np.diff(unit), gaps[:-1], rtol=0, atol=1e-12)
+
+
+@pytest.mark.parametrize("burstiness", [0.25, 0.5, 2.0, 4.0])
+def test_burstiness_draws_gamma_gaps_of_mean_one_and_vllms_spread(burstiness):
+    """vLLM's bench serve draws gaps np.random.gamma(shape=burstiness, scale=1 / (rate *
+    burstiness)); at any rate ours are the same distribution: mean 1/rate, coefficient of
+    variation 1/sqrt(burstiness), and the gamma law itself (Kolmogorov-Smirnov against
+    scipy's gamma, which draws nothing here)."""
+    stats = pytest.importorskip("scipy.stats")
+    rate = 3.0
+    times = at_rate(unit_poisson(40_001, seed=7, burstiness=burstiness), rate)
+    gaps = np.diff(times)
+    assert times[0] == 0.0 and (gaps >= 0).all()
+    assert gaps.mean() == pytest.approx(1 / rate, rel=0.02)
+    assert gaps.std() / gaps.mean() == pytest.approx(burstiness**-0.5, rel=0.03)
+    law = stats.gamma(a=burstiness, scale=1 / (rate * burstiness))
+    assert stats.kstest(gaps, law.cdf).pvalue > 1e-3
+    other = stats.gamma(a=burstiness * 1.2, scale=1 / (rate * burstiness * 1.2))
+    assert stats.kstest(gaps, other.cdf).pvalue < 1e-6  # the test can tell a wrong shape

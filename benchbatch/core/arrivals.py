@@ -1,5 +1,5 @@
-"""Arrivals in seconds: Poisson processes, a trace's own times, and the feed that hands each
-request to a scheduler once its arrival time has passed (no torch here).
+"""Arrivals in seconds: Poisson (or gamma) processes, a trace's own times, and the feed that
+hands each request to a scheduler once its arrival time has passed (no torch here).
 
 The occupancy and ablation commands count arrivals in scheduler steps (Request.arrival_step).
 A serving benchmark counts them in seconds, and then a step has a duration: a request that
@@ -25,12 +25,23 @@ from benchbatch.errors import UserError
 TRACE_OPTION = "trace"
 
 
-def unit_poisson(requests: int, seed: int) -> np.ndarray:
+def unit_poisson(requests: int, seed: int, burstiness: float = 1.0) -> np.ndarray:
     """Arrival times of a Poisson process of rate 1 per second, the first at 0: divided by
     a rate r they are a Poisson process of rate r. Every rate of a sweep scales the same
-    draws (common random numbers), so the curve is not jagged by a new draw at each rate."""
+    draws (common random numbers), so the curve is not jagged by a new draw at each rate.
+
+    burstiness (vLLM's bench serve --burstiness): the gaps are gamma-distributed with this
+    shape and mean 1 (scale 1 / burstiness), so their coefficient of variation is
+    1 / sqrt(burstiness): 1 is the Poisson process (exponential gaps, drawn as such, the
+    same draws as without it), below 1 requests come in bursts and lulls, above 1 more
+    evenly spaced than Poisson."""
+    assert burstiness > 0 and math.isfinite(burstiness), burstiness
     # A stream of its own: the lengths of a seed do not change when arrivals are drawn.
-    gaps = np.random.default_rng([seed, 17]).exponential(1.0, requests)
+    rng = np.random.default_rng([seed, 17])
+    if burstiness == 1.0:
+        gaps = rng.exponential(1.0, requests)
+    else:
+        gaps = rng.gamma(burstiness, 1.0 / burstiness, requests)
     times = np.concatenate(([0.0], np.cumsum(gaps[:-1]))) if requests else np.zeros(0)
     return times
 

@@ -10,7 +10,6 @@ from benchbatch.errors import UserError
 from benchbatch.experiments.fields import (
     INT_MAX_TOKENS,
     LENGTH_KINDS,
-    SLO_PANEL,
     check_price_per_hour,
     chunk_of,
     chunk_size_field,
@@ -45,7 +44,8 @@ SERVE_SLO = (2.0, 0.2)
 class ServeOptions:
     rates: tuple[str, ...] | None = opt(
         None,
-        "Request rates in requests per second (Poisson arrivals, seeded), comma-separated; "
+        "Request rates in requests per second (Poisson arrivals, seeded; --burstiness), "
+        "comma-separated; "
         "'max' queues every request at once. Default: the simulated capacity (the best "
         "policy's request throughput at max) times 0.1, 0.2, ... 1.1, and max, so the knee "
         "shows on any device.",
@@ -170,6 +170,13 @@ class ServeOptions:
         "after the max point that finds its capacity.",
         panel=SERVE_PANEL,
     )
+    burstiness: float = opt(
+        1.0,
+        "Arrivals' burstiness (vLLM's bench serve --burstiness): the gaps between requests "
+        "are gamma-distributed with this shape and mean 1/rate: 1 is Poisson, 0.25 comes in "
+        "bursts and lulls (gaps varying twice as much), 4 more evenly spaced (0.01 to 100).",
+        panel=SERVE_PANEL,
+    )
     # The SLOs are held in seconds; typed with a unit (2s, 200ms, 500us) or as a bare number
     # of milliseconds (vLLM's --goodput ttft:200). The old spelling in seconds stays as the
     # hidden --slo-ttft-s and --slo-tpot-s.
@@ -177,7 +184,7 @@ class ServeOptions:
         SERVE_SLO[0],
         "Time-to-first-token limit: 2s, 200ms, or a bare number of milliseconds (as vLLM). "
         "Default: MLPerf's Llama-2-70B server limit (conversational).",
-        panel=SLO_PANEL,
+        panel=SERVE_PANEL,
         parse="time_s",
         aliases=("--slo-ttft-s:s",),
     )
@@ -186,7 +193,7 @@ class ServeOptions:
         "Time-per-output-token limit: 200ms, 0.2s, or a bare number of milliseconds. Goodput "
         "counts requests meeting both limits; a point is within the SLO when its p99 TTFT and "
         "p99 TPOT are (MLPerf's server rule).",
-        panel=SLO_PANEL,
+        panel=SERVE_PANEL,
         parse="time_s",
         aliases=("--slo-tpot-s:s",),
     )
@@ -249,6 +256,7 @@ class ServeOptions:
         check_price_per_hour(self.price_per_hour)
         self._check_endpoint()
         check_number("real_time", self.real_time, 0, open_low=True)
+        check_number("burstiness", self.burstiness, 0.01, most=100)
         for name in ("slo_ttft", "slo_tpot"):
             value = getattr(self, name)
             check_number(name, value, 0, open_low=True)

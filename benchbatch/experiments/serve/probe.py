@@ -21,7 +21,13 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from benchbatch.core.arrivals import at_rate, read_arrivals, to_unit_rate, unit_poisson
+from benchbatch.core.arrivals import (
+    at_rate,
+    mean_rate,
+    read_arrivals,
+    to_unit_rate,
+    unit_poisson,
+)
 from benchbatch.core.kvblocks import KVBudget
 from benchbatch.core.metrics import RunMetrics
 from benchbatch.core.scheduler import make_scheduler
@@ -122,7 +128,7 @@ def draw(opts: Options, workload, seed: int) -> ServeWorkload:
     """The lengths from the distributions (or the trace) and the arrivals: a Poisson process
     (seeded), or the trace's arrival_s scaled to each rate."""
     if workload.trace is not None:
-        return _from_trace(workload, seed)
+        return _from_trace(workload, seed, opts.burstiness)
     prompt, output = opts.lengths(workload)
     n = workload.requests
     # Output lengths from default_rng(seed), as occupancy draws them: lognormal outputs of a
@@ -131,10 +137,19 @@ def draw(opts: Options, workload, seed: int) -> ServeWorkload:
     prompts = prompt.draw(n, np.random.default_rng([seed, 5]))
     columns = Workload(np.arange(n), prompts, outputs, np.zeros(n, np.int64))
     lengths = f"prompts {prompt.describe()}; outputs {output.describe()} tokens"
-    return ServeWorkload(columns.to_requests(), unit_poisson(n, seed), "poisson", lengths)
+    unit = unit_poisson(n, seed, opts.burstiness)
+    return ServeWorkload(columns.to_requests(), unit, arrivals_label(opts.burstiness), lengths)
 
 
-def _from_trace(workload, seed: int) -> ServeWorkload:
+def arrivals_label(burstiness: float) -> str:
+    """How the arrivals were drawn, for the metadata."""
+    if burstiness == 1.0:
+        return "poisson"
+    spread = burstiness**-0.5
+    return f"gamma gaps, burstiness {burstiness:g}: coefficient of variation {spread:.3g}"
+
+
+def _from_trace(workload, seed: int, burstiness: float = 1.0) -> ServeWorkload:
     columns = workload.draw()
     if columns.arrival_step.any():
         raise UserError(
@@ -146,7 +161,11 @@ def _from_trace(workload, seed: int) -> ServeWorkload:
     requests = columns.to_requests()
     lengths = f"{len(requests):,} requests from {workload.trace}"
     if times is None:
-        return ServeWorkload(requests, unit_poisson(len(requests), seed), "poisson", lengths)
+        unit = unit_poisson(len(requests), seed, burstiness)
+        return ServeWorkload(requests, unit, arrivals_label(burstiness), lengths)
+    if burstiness != 1.0:
+        raise UserError("burstiness", f"{workload.trace} has its own arrival times (arrival_s): "
+                        "--burstiness applies only to drawn arrivals")  # fmt: skip
     return ServeWorkload(requests, to_unit_rate(times), f"trace {workload.trace}", lengths)
 
 
@@ -223,6 +242,10 @@ def point_row(p: Point, setup: Setup) -> dict:
         "source": p.source,
         "rate": rate_label(p.rate),
         "rate_rps": p.rate,
+        # what the point's requests offered: (n - 1) gaps over their arrivals' span (a
+        # draw of the process at rate_rps: within a few percent of it for Poisson arrivals
+        # of a few hundred requests, further off in bursts)
+        "arrival_rate_rps": mean_rate(np.asarray(p.arrivals)),
         **throughput_columns(p.metrics, prompts, setup.slo),
     }
     row |= latency_columns(p.metrics)

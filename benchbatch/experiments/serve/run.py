@@ -32,8 +32,30 @@ def open_run(
     _check_work(opts, workload, w)
     _check_real_rates(opts, w)
     rec = _open(opts, workload, model, run, w, opts.engine == "real" or given is None)
-    rec.meta["workload"] = {"arrivals": w.arrivals, "lengths": w.lengths}
+    _record_workload(rec, w)
     return rec
+
+
+# The drawn arrivals' own rate off the nominal by more than this: said (serve.csv's
+# arrival_rate_rps has each point's).
+ARRIVAL_RATE_WARN = 0.10
+
+
+def _record_workload(rec, w) -> None:
+    """metadata.json's workload, and a warning where the draw's own arrival rate is far
+    from the nominal one (in bursts, a draw of a few hundred requests can be)."""
+    from benchbatch.core.arrivals import mean_rate
+
+    drawn = mean_rate(w.unit_arrivals) if len(w.unit_arrivals) > 1 else 1.0
+    rec.meta["workload"] = {"arrivals": w.arrivals, "lengths": w.lengths,
+                            "arrival_rate_over_nominal": drawn}  # fmt: skip
+    if abs(drawn - 1.0) > ARRIVAL_RATE_WARN:  # a trace's are scaled to exactly 1
+        rec.warning(
+            f"the {len(w.unit_arrivals):,} requests' drawn arrivals come at {drawn:.2f}x each "
+            f"nominal rate ({w.arrivals}): one draw of the process; serve.csv's "
+            "arrival_rate_rps has each point's, and more --requests (or another --seed) "
+            "draw closer to the nominal rate"
+        )
 
 
 def measure_run(
@@ -317,7 +339,7 @@ def _open_endpoint(opts: ServeOptions, workload, model, run) -> Recorder:
     options = record(opts, workload, run) | {"endpoint": info["url"]}  # no credentials
     rec = Recorder.open("serve-sweep", run, None, None, options)
     rec.note(_ignored(model, run, "with --endpoint (the server's model is measured)"))
-    rec.meta["workload"] = {"arrivals": w.arrivals, "lengths": w.lengths}
+    _record_workload(rec, w)
     rec.meta["endpoint"] = {k: v for k, v in info.items() if k != "vocab"}
     if info.get("client_priority_refused"):
         rec.note(lateness.refused_line(info["client_priority_refused"]))
