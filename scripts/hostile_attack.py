@@ -65,7 +65,7 @@ NUMBER_OPTIONS = {
                   "--long-prompt-fraction", "--long-prompt-len"],
     "serve-sweep": ["--rates", "--real-rates", "--slo-ttft", "--slo-tpot", "--real-requests",
                     "--real-time", "--max-num-batched-tokens", "--chunk-size", "--prompt-sigma",
-                    "--min-prompt", "--max-prompt", "--min-output"],
+                    "--min-prompt", "--max-prompt", "--min-output", "--burstiness"],
     "ablation": ["--max-num-batched-tokens", "--chunk-size", "--slo-ttft", "--slo-tbt",
                  "--arrival-rate"],
     "project": ["--tp", "--decode-batch", "--context", "--efficiency", "--memory-gib",
