@@ -221,6 +221,9 @@ def _announce(rec, opts: ServerOptions, url: str, name: str, cores, engine, inpu
     }
     rec.write_meta()
     rec.note(f"torch threads on the model thread: {cores.threads}; {cores.why}")
+    rec.note(f"chat completions: the chat template of {inputs.chat_template.origin}"
+             if inputs.chat_template is not None else
+             "chat completions: no chat template (give --chat-template to serve them)")  # fmt: skip
     rec.say(f"listening on {url}")
     _flush()
 
