@@ -964,7 +964,6 @@ def parse() -> argparse.Namespace:
 
 
 def measure(args, python: Path, checkpoint: Path, out: Path, work: Path) -> dict:
-    from benchbatch.core import peers
     from benchbatch.core.machine import load_average
 
     rows, recomputed, raw = [], [], out / "raw"
@@ -984,26 +983,10 @@ def measure(args, python: Path, checkpoint: Path, out: Path, work: Path) -> dict
                 for server, s in servers.items():  # A (vLLM), then B (benchbatch serve)
                     clients = [VB, BB] if server == VLLM or args.vllm_client_on_benchbatch else [BB]
                     for client in clients:
-                        name = f"{server}-{client}-rate{rate:g}-run{index}"
-                        load = (load_average() or [math.nan])[0]
-                        say(f"{'A' if server == VLLM else 'B'}: {client} client on {server} at "
-                            f"{rate:g}/s, {args.requests} requests (load {load})")  # fmt: skip
-                        if client == VB:
-                            path = raw / f"{name}.json"
-                            doc = vllm_bench(python, s["url"], checkpoint, rate, args.requests,
-                                             path)  # fmt: skip
-                            row = vllm_row(doc, rate, server, index)
-                            (one,) = peers.read(path)
-                            recomputed += [{"server": server, **x} for x in peers.recompute(one)]
-                        else:
-                            folder = work / name
-                            got = benchbatch_client(s["url"], checkpoint, rate, args.requests,
-                                                    folder)  # fmt: skip
-                            row = benchbatch_row(got, rate, server, BB, index)
-                            for f in ("serve.csv", "metadata.json"):
-                                if (folder / f).exists():
-                                    shutil.copy(folder / f, raw / f"{name}-{f}")
-                        rows.append({**row, "load_1m": load})
+                        row, again = one_run(args, python, checkpoint, (server, s), client,
+                                             rate, index, (raw, work))  # fmt: skip
+                        rows.append(row)
+                        recomputed += again
         chats, again = chat_runs(args, python, checkpoint, servers, raw, work)
         rows, recomputed = rows + chats, recomputed + again
         predictions = []
@@ -1040,38 +1023,50 @@ def measure(args, python: Path, checkpoint: Path, out: Path, work: Path) -> dict
 def chat_runs(args, python: Path, checkpoint: Path, servers: dict, raw: Path, work: Path):
     """Once at the first rate, on each server, both clients through /v1/chat/completions
     (the checkpoint's chat template): vLLM's openai-chat backend and serve-sweep --endpoint
-    URL/v1/chat/completions. Returns their rows and vLLM's aggregates recomputed. vLLM's
-    rows' template_tokens: its usage's prompt counts less the workload's prompt length (its
-    random prompts are texts of about that many tokens), for comparison only."""
+    URL/v1/chat/completions. Returns their rows and vLLM's aggregates recomputed."""
+    rows, recomputed = [], []
+    if args.chat:
+        for server, s in servers.items():
+            for client in (VBC, BBC):
+                row, again = one_run(args, python, checkpoint, (server, s), client,
+                                     args.rates[0], 0, (raw, work))  # fmt: skip
+                rows.append(row)
+                recomputed += again
+    return rows, recomputed
+
+
+def one_run(args, python: Path, checkpoint: Path, target, client: str, rate: float,
+            index, folders) -> tuple[dict, list[dict]]:  # fmt: skip
+    """One client's run on one server (target: its name and its record) at one rate: its
+    row, with the load average when it began, and for vLLM's client its aggregates
+    recomputed. Through chat (VBC, BBC) the row's template_tokens: the prompt tokens the
+    server counted less the workload's (vLLM's client's random prompts are texts of about
+    that many tokens: shown only)."""
     from benchbatch.core import peers
     from benchbatch.core.machine import load_average
 
-    if not args.chat:
-        return [], []
-    rows, recomputed, rate = [], [], args.rates[0]
-    for server, s in servers.items():
-        for client in (VBC, BBC):
-            name = f"{server}-{client}-rate{rate:g}-run0"
-            load = (load_average() or [math.nan])[0]
-            say(f"{'A' if server == VLLM else 'B'}: {client} client on {server} at {rate:g}/s, "
-                f"{args.requests} requests through /v1/chat/completions (load {load})")  # fmt: skip
-            if client == VBC:
-                path = raw / f"{name}.json"
-                doc = vllm_bench(python, s["url"], checkpoint, rate, args.requests, path, True)
-                added = sorted({int(n) - PROMPT_TOKENS for n in doc.get("input_lens") or ()})
-                row = {**vllm_row(doc, rate, server, 0), "client": VBC,
-                       "template_tokens": " ".join(map(str, added))}  # fmt: skip
-                (one,) = peers.read(path)
-                recomputed += [{"server": server, **x} for x in peers.recompute(one)]
-            else:
-                folder = work / name
-                got = benchbatch_client(s["url"], checkpoint, rate, args.requests, folder, True)
-                row = benchbatch_row(got, rate, server, BBC, 0)
-                for f in ("serve.csv", "requests.csv", "metadata.json"):
-                    if (folder / f).exists():
-                        shutil.copy(folder / f, raw / f"{name}-{f}")
-            rows.append({**row, "load_1m": load})
-    return rows, recomputed
+    (server, s), (raw, work) = target, folders
+    chat = client in (VBC, BBC)
+    name = f"{server}-{client}-rate{rate:g}-run{index}"
+    load = (load_average() or [math.nan])[0]
+    through = " through /v1/chat/completions" if chat else ""
+    say(f"{'A' if server == VLLM else 'B'}: {client} client on {server} at {rate:g}/s, "
+        f"{args.requests} requests{through} (load {load})")  # fmt: skip
+    if client in (VB, VBC):
+        path = raw / f"{name}.json"
+        doc = vllm_bench(python, s["url"], checkpoint, rate, args.requests, path, chat)
+        row = {**vllm_row(doc, rate, server, index), "client": client}
+        if chat:
+            added = sorted({int(n) - PROMPT_TOKENS for n in doc.get("input_lens") or ()})
+            row["template_tokens"] = " ".join(map(str, added))
+        (one,) = peers.read(path)
+        return {**row, "load_1m": load}, [{"server": server, **x} for x in peers.recompute(one)]
+    folder = work / name
+    got = benchbatch_client(s["url"], checkpoint, rate, args.requests, folder, chat)
+    for f in ("serve.csv", "requests.csv", "metadata.json"):
+        if (folder / f).exists():
+            shutil.copy(folder / f, raw / f"{name}-{f}")
+    return {**benchbatch_row(got, rate, server, client, index), "load_1m": load}, []
 
 
 def interrupted(signum, frame):

@@ -10,30 +10,16 @@ from collections import Counter
 from fractions import Fraction
 
 import pytest
-from test_client import ScriptClock, Scripted, chat_chunk, sse, usage
+import test_client
+from test_client import Scripted, chat_chunk, run_all, sse, usage
 
 from benchbatch.core.streamed import request_metrics, run_metrics, token_mismatches
-from benchbatch.net.client import Prompt, stream_requests
+from benchbatch.net.client import Prompt
 from benchbatch.net.discovery import server_info
 from benchbatch.net.endpoint import Endpoint, check_url, completion_payload, make_endpoint
 from benchbatch.net.events import role_only
 
-
-@pytest.fixture
-def clock():
-    return ScriptClock()
-
-
-@pytest.fixture
-def server(clock):
-    s = Scripted(clock)
-    yield s
-    s.close()
-
-
-def run_all(endpoint, prompts, arrivals, **kw):
-    with stream_requests(endpoint, prompts, arrivals, **kw) as run:
-        return sorted(run, key=lambda s: s.request_id)
+clock, server = test_client.clock, test_client.server  # test_client's fixtures
 
 
 def test_chat_times_count_tokens_not_the_role_announcement(clock, server):
