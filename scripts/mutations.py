@@ -767,6 +767,29 @@ BREAKS = [
         tests("tests/test_serving.py",
               "test_burstiness_draws_gamma_gaps_of_mean_one_and_vllms_spread"),
     ),
+    Break(
+        "client cap: the simulation beside an endpoint ignores --max-concurrency",
+        "benchbatch/experiments/serve/run.py",
+        "                        client_limit=opts.max_concurrency)  # fmt: skip",
+        "                        client_limit=None)  # fmt: skip",
+        tests("tests/test_endpoint_predict.py",
+              "test_a_client_cap_is_simulated_as_the_client_held_the_requests"),
+    ),
+    Break(
+        "client cap: the calibration's episodes held to --max-concurrency",
+        "benchbatch/experiments/serve/predict.py",
+        "            with stream(target, sent, np.asarray(times), uncapped) as run:",
+        "            with stream(target, sent, np.asarray(times), opts) as run:",
+        tests("tests/test_endpoint_predict.py",
+              "test_a_client_cap_is_simulated_as_the_client_held_the_requests"),
+    ),
+    Break(
+        "client cap: a waiting request sent at its arrival, not when a slot freed",
+        "benchbatch/core/arrivals.py",
+        "            sent = max(arrived, heapq.heappop(self._free))",
+        "            sent = arrived + 0 * heapq.heappop(self._free)",
+        tests("tests/test_client_limit.py"),
+    ),
     # --- chat completions: the client's and the server's ---
     Break(
         "chat: the role's opening chunk counted as a token",

@@ -60,6 +60,7 @@ class Seq:
     times: list[float] = field(default_factory=list)
     redo: int = 0  # tokens it had made when last preempted: prefilled again with its prompt
     blocks: int = 0  # KV blocks it holds
+    queued: float = 0.0  # waited for a client slot after its arrival (client_limit)
 
     @property
     def target(self) -> int:
@@ -95,18 +96,31 @@ class Pool:
 
 
 def serve_virtual(prompts, arrivals, max_num_seqs, budget, chunked=True, speed=1.0, pool=None,
-                  settle=0.0):  # fmt: skip
+                  settle=0.0, client_limit=None):  # fmt: skip
     """Each request's token times (client-side) from the brute-force engine; speed: every
     cost times this; pool: its KV blocks (None: enough for everything); settle: the extra
     cost of a step whose requests are not the last step's, SETTLE_DECAY times as much at
-    each step after it."""
-    pending = sorted(
+    each step after it; client_limit: a client that keeps at most this many requests out,
+    sending the next (in arrival order) when one has its last token (Seq.arrival is then
+    when it was sent, as the client's sent_s)."""
+    unsent = sorted(
         (
             Seq(p.request_id, float(a), p.prompt_tokens, p.max_tokens)
             for p, a in zip(prompts, arrivals, strict=True)
         ),
         key=lambda s: s.arrival,
     )
+    free = [0.0] * (client_limit or len(unsent))  # when each free client slot freed
+    pending = []  # sent, not yet at the scheduler
+
+    def send(now: float) -> None:
+        while unsent and free and unsent[0].arrival <= now and min(free) <= now:
+            s = unsent.pop(0)
+            took = min(free)
+            free.remove(took)
+            s.queued, s.arrival = max(0.0, took - s.arrival), max(s.arrival, took)
+            pending.append(s)
+
     waiting, running, done, t = [], [], [], 0.0
     enter = OVERHEAD * IN_SHARE * speed
     members, since = frozenset(), 0  # the last step's requests, steps since they changed
@@ -123,11 +137,15 @@ def serve_virtual(prompts, arrivals, max_num_seqs, budget, chunked=True, speed=1
                 return False
         return True
 
-    while pending or waiting or running:
+    while unsent or pending or waiting or running:
+        send(t)
         while pending and pending[0].arrival + enter <= t:
             waiting.append(pending.pop(0))
         if not waiting and not running:
-            t = pending[0].arrival + enter
+            if pending:
+                t = pending[0].arrival + enter
+            else:  # every slot back: the next request is sent when it arrives
+                t = max(unsent[0].arrival, min(free))
             continue
         preempted = pool.preemptions if pool else 0
         decodes, chunks, tokens = [], [], 0
@@ -179,6 +197,7 @@ def serve_virtual(prompts, arrivals, max_num_seqs, budget, chunked=True, speed=1
             if pool:
                 pool.give_back(s)
             done.append(s)
+            free.append(out)  # the client has its last token: its slot is free
     return done
 
 
@@ -220,7 +239,7 @@ class VirtualServer:
         # As vLLM's BlockPool: the first of num_gpu_blocks is its null block, never handed out.
         pool = None if self.kv is None else Pool(self.kv[0] - 1, self.kv[1])
         served = serve_virtual(prompts, arrivals, self.max_num_seqs, self.budget, self.chunked,
-                               speed, pool, self.settle)  # fmt: skip
+                               speed, pool, self.settle, opts.max_concurrency)  # fmt: skip
         self.preemptions += pool.preemptions if pool else 0
         points = sum(len(e) > self.max_num_seqs for e in self.episodes[:-1])
         if self.burst is not None and points >= self.burst:
@@ -228,7 +247,7 @@ class VirtualServer:
                 s.times = [s.times[-1]] * len(s.times)
         run = Run(
             Streamed(s.rid, s.prompt, s.output, s.arrival, s.times, s.output, s.prompt,
-                     client_wait_s=self.client_wait)  # fmt: skip
+                     queued_s=s.queued, client_wait_s=self.client_wait)  # fmt: skip
             for s in sorted(served, key=lambda s: s.times[-1])
         )
         # the run's own wait over its span: a share of it (client_wait_share)
@@ -311,6 +330,34 @@ def test_the_predicted_curve_matches_the_measured_one(runner, tmp_path, virtual)
     assert (p50["ratio_low"] <= p50["ratio_high"]).all()
     assert ((p50["ratio_low"] < 1.05) & (p50["ratio_high"] > 0.95)).all()
     assert "how sure each point's ratio is" in doc["metrics"]["prediction"]["how_sure"]
+
+
+def test_a_client_cap_is_simulated_as_the_client_held_the_requests(runner, tmp_path, virtual):
+    """--max-concurrency 2 against a server of 4 slots, at rates that queue in the client:
+    the calibration runs its episodes at their own concurrency (the fit recovers the
+    costs as without the cap), and the simulation holds the requests as the client did,
+    their latencies from the sending: the prediction matches within 5%, where without
+    the client in the simulation TTFT would be predicted with the server's queue in it."""
+    out = tmp_path / "run"
+    run_predict(runner, out, "--rates", "10,40", "--max-concurrency", "2")
+    got = json.loads((out / "step_cost.json").read_text())["coefficients_s"]
+    assert got["per_decode_token_s"] == pytest.approx(DECODE, rel=0.03)
+    assert got["per_prefill_token_s"] == pytest.approx(PREFILL, rel=0.03)
+    calib = pd.read_csv(out / "endpoint_calibration.csv")
+    fours = calib[calib["episode"].str.startswith("decode x4")]
+    assert len(fours)
+    for _, e in fours.groupby(["episode", "repeat", "calibration"]):
+        assert e["sent_s"].max() < e["last_chunk_s"].min()  # all four out at once
+    pred = pd.read_csv(out / "prediction.csv")
+    for metric in ("ttft_p50_s", "tpot_p50_s", "e2e_p50_s"):
+        rows = pred[pred["metric"] == metric]
+        assert len(rows) == 2 and ((rows["ratio"] - 1).abs() < 0.05).all(), rows
+    requests = pd.read_csv(out / "requests.csv")
+    measured = requests[requests["source"] == "endpoint"]
+    assert measured["queued_s"].max() > 0.05  # the client held requests back at 40 req/s
+    serve = pd.read_csv(out / "serve.csv", dtype={"rate": str})
+    sim = serve[(serve["source"] == "sim-matched") & (serve["rate"] == "40")].iloc[0]
+    assert sim["mean_batch"] <= 2.0 + 1e-9  # never more than the client let out
 
 
 def test_a_server_that_slows_down_is_predicted_from_the_calibrations_around_each_point(

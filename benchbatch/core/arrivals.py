@@ -12,8 +12,10 @@ from __future__ import annotations
 
 import csv
 import dataclasses
+import heapq
 import math
 from bisect import bisect_right
+from collections import deque
 from collections.abc import Sequence
 from pathlib import Path
 
@@ -111,6 +113,69 @@ class ArrivalFeed:
         sched.add_requests([dataclasses.replace(r, arrival_step=step) for r in arrived])
         count, self._next = end - self._next, end
         return count
+
+
+class GatedFeed:
+    """An ArrivalFeed behind a client that keeps at most `limit` requests in flight (vLLM's
+    bench serve --max-concurrency, serve-sweep --endpoint's): a request is sent when it has
+    arrived and a client slot is free, at max(its arrival, when the slot it takes freed),
+    in arrival order; it reaches the scheduler delay_s after it was sent (a server's
+    latency outside its steps), and holds its slot until it finishes (finish(ids, now):
+    its last token came at now). sent_s: when each request was sent, the time its
+    latencies count from, as the client's do."""
+
+    def __init__(self, requests: Sequence[Request], arrivals_s: Sequence[float], limit: int,
+                 delay_s: float = 0.0) -> None:  # fmt: skip
+        assert limit >= 1 and delay_s >= 0, (limit, delay_s)
+        requests = list(requests)
+        times = [float(t) for t in arrivals_s]
+        if len(times) != len(requests):
+            raise ValueError(f"{len(times)} arrival times for {len(requests)} requests")
+        if any(not math.isfinite(t) or t < 0 for t in times):
+            raise ValueError("arrival times must be finite and not negative")
+        order = sorted(range(len(times)), key=lambda i: times[i])  # stable: ties keep order
+        self._waiting = deque((requests[i], times[i]) for i in order)  # not sent yet
+        self._sent: deque[tuple[Request, float]] = deque()  # sent, (request, due), by due
+        self._free = [0.0] * limit  # when each free client slot freed (a heap)
+        self._delay = delay_s
+        self.arrival_s = {r.id: t for r, t in zip(requests, times, strict=True)}
+        self.sent_s: dict[int, float] = {}
+
+    @property
+    def empty(self) -> bool:
+        """Every request has been handed to the scheduler."""
+        return not self._waiting and not self._sent
+
+    @property
+    def next_arrival(self) -> float:
+        """When the next request can reach an idle scheduler: the next one sent, or the
+        next one waiting once it has arrived and a slot is free (one is, when the
+        scheduler is idle and nothing sent is due)."""
+        due = [self._sent[0][1]] if self._sent else []
+        if self._waiting and self._free:
+            due.append(max(self._waiting[0][1], self._free[0]) + self._delay)
+        return min(due)
+
+    def release(self, sched, now: float) -> int:
+        """Send what has arrived by `now` while a slot is free, then hand the scheduler
+        every sent request due by `now`; returns how many were handed over."""
+        while self._waiting and self._free and self._waiting[0][1] <= now:
+            request, arrived = self._waiting.popleft()
+            sent = max(arrived, heapq.heappop(self._free))
+            self.sent_s[request.id] = sent
+            self._sent.append((request, sent + self._delay))
+        ready = []
+        while self._sent and self._sent[0][1] <= now:
+            ready.append(self._sent.popleft()[0])
+        if ready:
+            step = sched.step
+            sched.add_requests([dataclasses.replace(r, arrival_step=step) for r in ready])
+        return len(ready)
+
+    def finish(self, ids: Sequence[int], now: float) -> None:
+        """These requests' last tokens came at `now`: their client slots are free."""
+        for _ in ids:
+            heapq.heappush(self._free, now)
 
 
 # --- a trace's arrival times ----------------------------------------------------------------------

@@ -12,7 +12,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from benchbatch.core import article
-from benchbatch.core.arrivals import ArrivalFeed
+from benchbatch.core.arrivals import ArrivalFeed, GatedFeed
 from benchbatch.core.metrics import RunMetrics
 from benchbatch.core.plans import StepPlan
 from benchbatch.core.scheduler import Scheduler, make_scheduler
@@ -113,6 +113,7 @@ def simulate_timed(
     *,
     with_metrics: bool = True,
     delay_s: float = 0.0,
+    client_limit: int | None = None,
 ) -> SimResult:
     """Every request to completion, arrivals in seconds: each step lasts what step_cost says,
     and a request arriving at t joins the queue of the first step that starts at or after t
@@ -123,13 +124,21 @@ def simulate_timed(
     once per request: each reaches the scheduler delay_s after its arrival, and its metrics
     still count from the arrival, so TTFT and E2E include it and the token gaps do not.
 
+    client_limit: a client that keeps at most this many requests in flight (a GatedFeed):
+    a request waits for a free one after its arrival, and its metrics count from when it
+    was sent, as the client's (vLLM's bench serve --max-concurrency) do.
+
     Metrics are in seconds from each request's own arrival time (serving.timed_run_metrics).
     """
     assert scheduler.done and scheduler.step == 0, "simulate_timed() needs a fresh scheduler"
     assert delay_s >= 0, delay_s
     requests = requests.to_requests() if isinstance(requests, Workload) else list(requests)
     arrivals_s = [float(t) for t in arrivals_s]
-    sched, feed = scheduler, ArrivalFeed(requests, [t + delay_s for t in arrivals_s])
+    if client_limit is None:
+        feed = ArrivalFeed(requests, [t + delay_s for t in arrivals_s])
+    else:
+        feed = GatedFeed(requests, arrivals_s, client_limit, delay_s)
+    sched = scheduler
     timeline, starts, ends, now = Timeline(), [], [], 0.0
     while True:
         feed.release(sched, now)
@@ -141,12 +150,15 @@ def simulate_timed(
         plan = sched.schedule()
         starts.append(now)
         now += step_cost(plan)
-        sched.update(plan)
+        finished = sched.update(plan)
+        if client_limit is not None:
+            feed.finish(finished, now)
         timeline.append(plan)
         ends.append(now)
     metrics = None
     if with_metrics and sched.recorder is not None:
         arrived = {r.id: t for r, t in zip(requests, arrivals_s, strict=True)}
+        arrived |= getattr(feed, "sent_s", {})  # behind a client's limit: from sending
         metrics = timed_run_metrics(sched.recorder.token_steps, ends, arrived)
     useful = sum(r.output_tokens for r in requests)
     return SimResult(

@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import math
 import os
+from dataclasses import replace
 
 import numpy as np
 
@@ -100,6 +101,7 @@ def calibrate(rec, opts, w, setup, target, info, index: int, client, pause: floa
     failed: list[ec.Episode] = []
     seed = rec.meta["options"]["seed"] + 7919 * (1 + index * len(episodes))
 
+    uncapped = replace(opts, max_concurrency=None)
     timings: dict = {}  # (concurrency, prompt) -> a decode episode's timing, for mixed ones
     # decode and mixed requests with chunks to judge (ec.judged), those in bursts
     # (ec.stalled), and of those the ones this client read late (ec.read_late)
@@ -112,7 +114,8 @@ def calibrate(rec, opts, w, setup, target, info, index: int, client, pause: floa
                 failed.append(e)
                 continue
             sent = _prompts(make_prompts, opts, target, info, e, seed + 7919 * i)
-            with stream(target, sent, np.asarray(times), opts) as run:
+            # an episode's concurrency is its own: the run's --max-concurrency is not its
+            with stream(target, sent, np.asarray(times), uncapped) as run:
                 records = sorted(run, key=lambda s: s.request_id)
             if e.kind == "decode":
                 timings[(e.concurrency, e.prompt)] = ec.decode_timing(records)

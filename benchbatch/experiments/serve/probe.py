@@ -84,6 +84,9 @@ class Setup:
     chunk: int
     slo: ServingSLO
     kv: KVBudget | None = None  # a server's KV pool (--predict); None: a row per slot
+    # the client's cap on requests in flight (--endpoint --max-concurrency): simulated as
+    # the client holds them, latencies from the sending; None: every request sent on arrival
+    client_limit: int | None = None
 
 
 def settings(policy: str, setup: Setup) -> tuple[str, dict]:
@@ -201,7 +204,8 @@ def simulate_point(
     name, config = settings(policy, setup)
     sched = make_scheduler(name, setup.slots, **config)
     # A server's latency outside its steps (an endpoint's calibration; 0 for the engine's).
-    r = simulate_timed(requests, arrivals, sched, cost, delay_s=cost.request_overhead_s)
+    r = simulate_timed(requests, arrivals, sched, cost, delay_s=cost.request_overhead_s,
+                       client_limit=setup.client_limit)  # fmt: skip
     active = r.timeline.active_slots
     return Point(
         policy,

@@ -94,7 +94,8 @@ def _plan(opts: ServeOptions, workload: WorkloadOptions, run: RunOptions):
     from benchbatch.experiments.serve import probe
 
     slo = ServingSLO(opts.slo_ttft, opts.slo_tpot)
-    setup = probe.Setup(workload.slots, opts.max_num_batched_tokens, opts.chunk, slo)
+    setup = probe.Setup(workload.slots, opts.max_num_batched_tokens, opts.chunk, slo,
+                        client_limit=opts.max_concurrency)  # fmt: skip
     probe.check_setup(opts.policies, setup)
     return setup, probe.draw(opts, workload, run.seed), _given_costs(opts)
 
