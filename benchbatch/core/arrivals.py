@@ -73,6 +73,20 @@ def to_unit_rate(times: np.ndarray) -> np.ndarray:
 # --- the feed ---------------------------------------------------------------------------------
 
 
+def in_arrival_order(
+    requests: Sequence[Request], arrivals_s: Sequence[float]
+) -> list[tuple[Request, float]]:
+    """(request, arrival time) pairs by arrival time; ties keep the given order. ValueError
+    for a count that does not match, or a time that is not finite or is negative."""
+    requests, times = list(requests), [float(t) for t in arrivals_s]
+    if len(times) != len(requests):
+        raise ValueError(f"{len(times)} arrival times for {len(requests)} requests")
+    if any(not math.isfinite(t) or t < 0 for t in times):
+        raise ValueError("arrival times must be finite and not negative")
+    order = sorted(range(len(times)), key=lambda i: times[i])  # stable: ties keep order
+    return [(requests[i], times[i]) for i in order]
+
+
 class ArrivalFeed:
     """Requests with arrival times in seconds, given to a scheduler as time passes.
 
@@ -82,17 +96,11 @@ class ArrivalFeed:
     """
 
     def __init__(self, requests: Sequence[Request], arrivals_s: Sequence[float]) -> None:
-        requests = list(requests)
-        times = [float(t) for t in arrivals_s]
-        if len(times) != len(requests):
-            raise ValueError(f"{len(times)} arrival times for {len(requests)} requests")
-        if any(not math.isfinite(t) or t < 0 for t in times):
-            raise ValueError("arrival times must be finite and not negative")
-        order = sorted(range(len(times)), key=lambda i: times[i])  # stable: ties keep order
-        self._requests = [requests[i] for i in order]
-        self._times = [times[i] for i in order]
+        ordered = in_arrival_order(requests, arrivals_s)
+        self._requests = [r for r, _ in ordered]
+        self._times = [t for _, t in ordered]
         self._next = 0
-        self.arrival_s = {r.id: t for r, t in zip(requests, times, strict=True)}
+        self.arrival_s = {r.id: t for r, t in ordered}
 
     @property
     def empty(self) -> bool:
@@ -127,18 +135,12 @@ class GatedFeed:
     def __init__(self, requests: Sequence[Request], arrivals_s: Sequence[float], limit: int,
                  delay_s: float = 0.0) -> None:  # fmt: skip
         assert limit >= 1 and delay_s >= 0, (limit, delay_s)
-        requests = list(requests)
-        times = [float(t) for t in arrivals_s]
-        if len(times) != len(requests):
-            raise ValueError(f"{len(times)} arrival times for {len(requests)} requests")
-        if any(not math.isfinite(t) or t < 0 for t in times):
-            raise ValueError("arrival times must be finite and not negative")
-        order = sorted(range(len(times)), key=lambda i: times[i])  # stable: ties keep order
-        self._waiting = deque((requests[i], times[i]) for i in order)  # not sent yet
+        ordered = in_arrival_order(requests, arrivals_s)
+        self._waiting = deque(ordered)  # not sent yet
         self._sent: deque[tuple[Request, float]] = deque()  # sent, (request, due), by due
         self._free = [0.0] * limit  # when each free client slot freed (a heap)
         self._delay = delay_s
-        self.arrival_s = {r.id: t for r, t in zip(requests, times, strict=True)}
+        self.arrival_s = {r.id: t for r, t in ordered}
         self.sent_s: dict[int, float] = {}
 
     @property
