@@ -129,7 +129,7 @@ class ServeWorkload:
 
 def draw(opts: Options, workload, seed: int) -> ServeWorkload:
     """The lengths from the distributions (or the trace) and the arrivals: a Poisson process
-    (seeded), or the trace's arrival_s scaled to each rate."""
+    (seeded; gamma gaps with --burstiness), or the trace's arrival_s scaled to each rate."""
     if workload.trace is not None:
         return _from_trace(workload, seed, opts.burstiness)
     prompt, output = opts.lengths(workload)
