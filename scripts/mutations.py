@@ -753,7 +753,7 @@ BREAKS = [
     ),
     Break(
         "burstiness: drawn arrivals always Poisson",
-        "benchbatch/experiments/serve/probe.py",
+        "benchbatch/experiments/serve/workloads.py",
         "    unit = unit_poisson(n, seed, opts.burstiness)",
         "    unit = unit_poisson(n, seed)",
         tests("tests/test_serve.py", "test_bursty_arrivals_wait_longer_at_the_same_rate",

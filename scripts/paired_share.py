@@ -24,7 +24,7 @@ import pandas as pd
 from benchbatch.core import saved_calibration as sc
 from benchbatch.core.serving import ServingSLO
 from benchbatch.core.workload import Request
-from benchbatch.experiments.serve import probe
+from benchbatch.experiments.serve import probe, workloads
 from benchbatch.experiments.serve.options import chunk_of
 
 METRICS = ("ttft_p50_s", "tpot_p50_s", "e2e_p50_s")
@@ -51,7 +51,7 @@ def points(run: Path) -> list[dict]:
         rate = float(r["rate_rps"])
         columns = (mine["request_id"], mine["prompt_tokens"], mine["output_tokens"])
         reqs = [Request(int(i), int(p), int(t)) for i, p, t in zip(*columns, strict=True)]
-        w = probe.ServeWorkload(reqs, mine["arrival_s"].to_numpy() * rate, "requests.csv", "")
+        w = workloads.ServeWorkload(reqs, mine["arrival_s"].to_numpy() * rate, "requests.csv", "")
         label = f"{r['policy']} @ {probe.rate_label(rate)} req/s"
         below = bool(pred[pred["point"] == label]["below_saturation"].astype(bool).any())
         for how, cost in (("wall", wall), ("share", cpu.scaled(1.0 / r["core_share"]))):

@@ -145,12 +145,12 @@ def test_a_real_rate_that_waits_hours_is_refused_before_the_folder(runner, tmp_p
     seed=st.integers(0, 50),
 )
 def test_accepted_real_rates_arrive_within_the_real_time(rates, real_time, n, seed):
-    from benchbatch.experiments.serve import probe
     from benchbatch.experiments.serve import run as serve
+    from benchbatch.experiments.serve import workloads
     from benchbatch.experiments.serve.options import ServeOptions
 
     opts = ServeOptions(real_rates=tuple(rates), real_requests=n, real_time=real_time)
-    w = probe.draw(opts, WorkloadOptions(requests=30, max_output=64, median=16.0), seed)
+    w = workloads.draw(opts, WorkloadOptions(requests=30, max_output=64, median=16.0), seed)
     try:
         serve._check_real_rates(opts, w)
     except UserError as e:
@@ -210,7 +210,7 @@ def test_the_work_bound_is_an_upper_bound_on_the_steps(lengths, policy, rate, sl
     """Whatever the workload, a point takes at most _steps_bound steps: the bound refuses
     what it must and never lets a longer simulation through."""
     from benchbatch.core.serving import ServingSLO
-    from benchbatch.experiments.serve import probe
+    from benchbatch.experiments.serve import probe, workloads
     from benchbatch.experiments.serve import run as serve
     from benchbatch.experiments.serve.options import ServeOptions
 
@@ -219,7 +219,7 @@ def test_the_work_bound_is_an_upper_bound_on_the_steps(lengths, policy, rate, sl
     unit = [0.0]
     for _ in requests[1:]:
         unit.append(unit[-1] + rng.expovariate(1.0))
-    w = probe.ServeWorkload(requests, np.array(unit), "poisson", "")
+    w = workloads.ServeWorkload(requests, np.array(unit), "poisson", "")
     opts = ServeOptions(policies=(policy,), max_num_batched_tokens=budget)
     setup = probe.Setup(slots, budget, opts.chunk, ServingSLO(2.0, 0.2))
     point = probe.simulate_point(w, policy, rate, setup, CPU_LIKE)

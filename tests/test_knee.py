@@ -15,7 +15,7 @@ from benchbatch.app.cli import app
 from benchbatch.core.options import WorkloadOptions
 from benchbatch.core.serving import ServingSLO
 from benchbatch.core.step_model import StepCostModel
-from benchbatch.experiments.serve import knees, probe
+from benchbatch.experiments.serve import knees, probe, workloads
 from benchbatch.experiments.serve.options import ServeOptions
 
 # A small engine: 4 ms a step, 1 ms a decode token, 20 us a prefill token, 1 us a KV entry.
@@ -26,7 +26,7 @@ SLO = ServingSLO(0.5, 0.02)
 def workload(requests: int = 80):
     opts = ServeOptions(slo_ttft=SLO.ttft_s, slo_tpot=SLO.tpot_s)
     lengths = WorkloadOptions(requests=requests, slots=4, max_output=32, median=8.0)
-    w = probe.draw(opts, lengths, seed=3)
+    w = workloads.draw(opts, lengths, seed=3)
     return w, probe.Setup(4, 256, opts.chunk, SLO)
 
 

@@ -341,10 +341,10 @@ def test_a_queue_amplifies_a_step_cost_error_as_worked_by_hand():
     from benchbatch.core.serving import ServingSLO
     from benchbatch.core.step_model import StepCostModel
     from benchbatch.core.workload import Request
-    from benchbatch.experiments.serve import probe
+    from benchbatch.experiments.serve import probe, workloads
 
     c, a = 0.01, 0.08
-    w = probe.ServeWorkload([Request(0, 4, 10), Request(1, 4, 1)], np.array([0.0, a]), "", "")
+    w = workloads.ServeWorkload([Request(0, 4, 10), Request(1, 4, 1)], np.array([0.0, a]), "", "")
     setup = probe.Setup(1, 64, 64, ServingSLO(1.0, 1.0))
     cost = StepCostModel(base_s=c, per_decode_token_s=0.0, per_prefill_token_s=0.0)
     sim = probe.point_row(probe.simulate_point(w, "static", 1.0, setup, cost), setup)

@@ -19,7 +19,7 @@ from benchbatch.core.serving import ServingSLO
 from benchbatch.core.step_model import StepCostModel
 from benchbatch.core.workload import Request, output_array
 from benchbatch.errors import UserError
-from benchbatch.experiments.serve import probe, rate_choice
+from benchbatch.experiments.serve import probe, rate_choice, workloads
 from benchbatch.experiments.serve.options import (
     SERVE_SLO,
     SERVE_WORKLOAD,
@@ -120,26 +120,26 @@ def serve_workload(**changes) -> tuple[ServeOptions, WorkloadOptions]:
 def test_length_distributions_keep_their_bounds():
     opts, work = serve_workload(output_dist="uniform", min_output=5, max_output=9,
                                 prompt_dist="fixed", prompt_len=33)  # fmt: skip
-    w = probe.draw(opts, work, seed=2)
+    w = workloads.draw(opts, work, seed=2)
     outputs = np.array([r.output_tokens for r in w.requests])
     assert outputs.min() == 5 and outputs.max() == 9 and len(set(outputs)) == 5
     assert {r.prompt_tokens for r in w.requests} == {33}
     opts, work = serve_workload(prompt_sigma=1.5, max_prompt=300, min_prompt=20)
-    prompts = np.array([r.prompt_tokens for r in probe.draw(opts, work, seed=2).requests])
+    prompts = np.array([r.prompt_tokens for r in workloads.draw(opts, work, seed=2).requests])
     assert prompts.min() == 20 and prompts.max() == 300  # clipped at both ends
     assert np.median(prompts) == pytest.approx(128, rel=0.25)
 
 
 def test_lognormal_outputs_are_the_occupancy_workloads():
     opts, work = serve_workload()
-    w = probe.draw(opts, work, seed=7)
+    w = workloads.draw(opts, work, seed=7)
     expected = output_array(work.requests, work.median, work.sigma, work.max_output, 7)
     assert [r.output_tokens for r in w.requests] == expected.tolist()
 
 
 def test_every_rate_scales_the_same_arrivals():
     opts, work = serve_workload(requests=50)
-    w = probe.draw(opts, work, seed=1)
+    w = workloads.draw(opts, work, seed=1)
     _, at_2 = w.at(2.0)
     _, at_4 = w.at(4.0, n=10)
     assert at_2[0] == 0.0 and np.allclose(at_4, at_2[:10] / 2)
@@ -150,7 +150,7 @@ def test_a_trace_with_arrival_s_is_replayed_at_each_rate(tmp_path):
     trace = tmp_path / "t.csv"
     trace.write_text("prompt_tokens,output_tokens,arrival_s\n10,3,5.0\n20,4,5.5\n30,5,7.0\n")
     opts, work = serve_workload(trace=trace)
-    w = probe.draw(opts, work, seed=0)
+    w = workloads.draw(opts, work, seed=0)
     assert [(r.prompt_tokens, r.output_tokens) for r in w.requests] == [(10, 3), (20, 4), (30, 5)]
     assert w.at(1.0)[1].tolist() == [0.0, 0.5, 2.0]  # 2 gaps over 2 s: already 1 per second
     assert w.at(2.0)[1].tolist() == [0.0, 0.25, 1.0]
@@ -158,19 +158,19 @@ def test_a_trace_with_arrival_s_is_replayed_at_each_rate(tmp_path):
 
 def test_burstiness_applies_to_drawn_arrivals_and_not_to_a_traces_own(tmp_path):
     opts, work = serve_workload()
-    bursty = probe.draw(replace(opts, burstiness=0.25), work, seed=0)
+    bursty = workloads.draw(replace(opts, burstiness=0.25), work, seed=0)
     assert bursty.arrivals == "gamma gaps, burstiness 0.25: coefficient of variation 2"
-    assert probe.draw(opts, work, seed=0).arrivals == "poisson"
+    assert workloads.draw(opts, work, seed=0).arrivals == "poisson"
     assert [r.output_tokens for r in bursty.requests] == [
-        r.output_tokens for r in probe.draw(opts, work, seed=0).requests
+        r.output_tokens for r in workloads.draw(opts, work, seed=0).requests
     ]  # the lengths do not move with the arrivals
     trace = tmp_path / "t.csv"
     trace.write_text("output_tokens\n3\n4\n5\n")
     opts, work = serve_workload(trace=trace)
-    assert probe.draw(replace(opts, burstiness=4.0), work, seed=0).arrivals.startswith("gamma")
+    assert workloads.draw(replace(opts, burstiness=4.0), work, seed=0).arrivals.startswith("gamma")
     trace.write_text("output_tokens,arrival_s\n3,0\n4,1\n")
     with pytest.raises(UserError, match="its own arrival times") as e:
-        probe.draw(replace(opts, burstiness=4.0), work, seed=0)
+        workloads.draw(replace(opts, burstiness=4.0), work, seed=0)
     assert e.value.option == "burstiness"
 
 
@@ -188,7 +188,7 @@ def test_bad_trace_arrivals_are_named(tmp_path, body, message):
     trace.write_text(body)
     opts, work = serve_workload(trace=trace)
     with pytest.raises(UserError, match=message):
-        probe.draw(opts, work, seed=0)
+        workloads.draw(opts, work, seed=0)
 
 
 # --- rates, knees and the SLO table --------------------------------------------------------------
@@ -288,7 +288,7 @@ def test_the_dearer_simulation_prices_every_step_ten_percent_higher():
 
     opts, work = serve_workload(requests=40, policies=("static", "continuous"))
     setup = probe.Setup(work.slots, 256, 128, ServingSLO(opts.slo_ttft, opts.slo_tpot))
-    w = probe.draw(opts, work, seed=0)
+    w = workloads.draw(opts, work, seed=0)
     dear = real._dearer(opts, w, setup, CPU_LIKE, [math.inf], 20)
     assert [r["policy"] for r in dear] == ["static", "continuous"]
     for r in dear:
@@ -305,7 +305,7 @@ def test_continuous_sustains_a_higher_rate_than_static_with_the_cpu_defaults():
     at a lower rate than continuous batching (what the command's defaults are chosen for)."""
     opts, work = serve_workload(requests=300)
     setup = probe.Setup(work.slots, 256, 128, ServingSLO(opts.slo_ttft, opts.slo_tpot))
-    w = probe.draw(opts, work, seed=0)
+    w = workloads.draw(opts, work, seed=0)
     top = [probe.point_row(probe.simulate_point(w, p, math.inf, setup, CPU_LIKE), setup)
            for p in ("static", "continuous")]  # fmt: skip
     rates = rate_choice.auto_rates(rate_choice.capacity(top))

@@ -9,14 +9,8 @@ from collections.abc import Sequence
 
 from benchbatch.core.prediction import STEP_COST_SPREAD
 from benchbatch.core.step_model import StepCostModel
-from benchbatch.experiments.serve.probe import (
-    SIM,
-    ServeWorkload,
-    Setup,
-    point_row,
-    simulate_point,
-    sustained,
-)
+from benchbatch.experiments.serve.probe import SIM, Setup, point_row, simulate_point, sustained
+from benchbatch.experiments.serve.workloads import ServeWorkload
 
 # A simulated knee (the largest rate within the SLO) is bisected to this width (relative),
 # then found again with every step STEP_COST_SPREAD slower and faster: how far the

@@ -19,7 +19,7 @@ def reproduce_curve(rec, seed: int) -> dict:
     its range), serve.png. Returns its summary."""
     from benchbatch.core import stepcost
     from benchbatch.core.serving import ServingSLO
-    from benchbatch.experiments.serve import knees, probe, rate_choice
+    from benchbatch.experiments.serve import knees, probe, rate_choice, workloads
     from benchbatch.output.plots.serve import serve_figure
 
     opts, workload = ServeOptions(), WorkloadOptions(**SERVE_WORKLOAD)
@@ -29,7 +29,7 @@ def reproduce_curve(rec, seed: int) -> dict:
     cost, fitted = stepcost.fit(stepcost.cost_rows_from_csv(files), "repeats")
     slo = ServingSLO(opts.slo_ttft, opts.slo_tpot)
     setup = probe.Setup(workload.slots, opts.max_num_batched_tokens, opts.chunk, slo)
-    w = probe.draw(opts, workload, seed)
+    w = workloads.draw(opts, workload, seed)
     top = [
         probe.point_row(probe.simulate_point(w, p, math.inf, setup, cost), setup)
         for p in opts.policies

@@ -91,13 +91,13 @@ def _plan(opts: ServeOptions, workload: WorkloadOptions, run: RunOptions):
     """What every point shares (checked), the requests and their arrivals (seeded: the same
     when drawn again), and the cost model fitted to --step-costs (None without)."""
     from benchbatch.core.serving import ServingSLO
-    from benchbatch.experiments.serve import probe
+    from benchbatch.experiments.serve import probe, workloads
 
     slo = ServingSLO(opts.slo_ttft, opts.slo_tpot)
     setup = probe.Setup(workload.slots, opts.max_num_batched_tokens, opts.chunk, slo,
                         client_limit=opts.max_concurrency)  # fmt: skip
     probe.check_setup(opts.policies, setup)
-    return setup, probe.draw(opts, workload, run.seed), _given_costs(opts)
+    return setup, workloads.draw(opts, workload, run.seed), _given_costs(opts)
 
 
 def _check_work(opts: ServeOptions, workload: WorkloadOptions, w=None) -> None:
