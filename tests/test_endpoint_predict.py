@@ -233,13 +233,13 @@ class VirtualServer:
         return self.preemptions
 
     @contextlib.contextmanager
-    def stream(self, endpoint, prompts, arrivals, opts):
+    def stream(self, endpoint, prompts, arrivals, opts, cap=None):
         self.episodes.append([p.prompt_tokens for p in prompts])
         speed = 1 + self.drift * len(self.episodes)
         # As vLLM's BlockPool: the first of num_gpu_blocks is its null block, never handed out.
         pool = None if self.kv is None else Pool(self.kv[0] - 1, self.kv[1])
         served = serve_virtual(prompts, arrivals, self.max_num_seqs, self.budget, self.chunked,
-                               speed, pool, self.settle, opts.max_concurrency)  # fmt: skip
+                               speed, pool, self.settle, cap)  # fmt: skip
         self.preemptions += pool.preemptions if pool else 0
         points = sum(len(e) > self.max_num_seqs for e in self.episodes[:-1])
         if self.burst is not None and points >= self.burst:

@@ -196,3 +196,18 @@ def scheduler_columns(
         if duration > 0
         else math.nan,
     }
+
+
+# --- a concurrency sweep (serve-sweep --max-concurrency 1,4,16) ---------------------------------
+
+
+def cap_label(cap: int | None) -> str:
+    """A point's client cap (--max-concurrency) as its label says it: '' without one."""
+    return "" if cap is None else f", {cap} in flight"
+
+
+def concurrency_sweep(rows: Sequence[Mapping]) -> bool:
+    """The rows are a concurrency sweep's: points at more than one client cap (a row without
+    one: None, or NaN as read back from a CSV)."""
+    caps = {r.get("max_concurrency") for r in rows}
+    return len({int(c) for c in caps if isinstance(c, int | float) and c == c}) > 1

@@ -40,7 +40,7 @@ NUMERIC = (
     "output_throughput_tps", "ttft_p50_s", "ttft_p99_s", "tpot_p50_s", "tpot_p99_s",
     "sustained_rps",
 )  # fmt: skip
-UNBOUNDED = ("rate_rps",)  # may be inf
+UNBOUNDED = ("rate_rps", "sustained_rps")  # may be inf (max: every request queued at once)
 TEXT = {"serve": ("rate",)}  # '2.4' and 'max' in one column: read as text in every folder
 
 # What each command's folder holds: (tables it always writes, tables it may write).

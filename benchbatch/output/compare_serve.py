@@ -38,6 +38,24 @@ def rate_groups(rates: dict[str, list[float]], tolerance: float = RATE_TOLERANCE
     return shared
 
 
+def check_like(serve: pd.DataFrame, runs: list[str]) -> None:
+    """Concurrency sweeps (several --max-concurrency caps at one rate) are compared with
+    concurrency sweeps only, point by cap: a UserError naming the runs where they are mixed
+    with rate sweeps."""
+    from benchbatch.core.serving import concurrency_sweep
+    from benchbatch.output.compare import fail
+
+    if "max_concurrency" not in serve:
+        return
+    caps = [r for r in runs if concurrency_sweep(serve[serve["run"] == r].to_dict("records"))]
+    rates = [r for r in runs if r not in caps]
+    if caps and rates:
+        raise fail(
+            f"{', '.join(caps)}: several --max-concurrency caps (a concurrency sweep), and "
+            f"{', '.join(rates)}: request rates; compare concurrency sweeps with each other"
+        )
+
+
 def match_rates(serve: pd.DataFrame, runs: list[str]) -> tuple[pd.DataFrame, dict]:
     """The serve rows with MATCHED_RATE (the text of the rate they share with other runs'
     points, within RATE_TOLERANCE: points are matched by absolute rate_rps, not by their

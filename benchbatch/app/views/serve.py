@@ -3,6 +3,7 @@ engine over its simulation, and the largest rate each policy sustains within the
 
 from __future__ import annotations
 
+from benchbatch.core.serving import cap_label
 from benchbatch.core.units import figure
 from benchbatch.output import render
 
@@ -58,6 +59,14 @@ SLO_COLUMNS = {
     "knee": "knee",
     "knee_range": "steps ±10%",
 }
+# A concurrency sweep's (several --max-concurrency caps at one rate): the caps, not the rates.
+SLO_CONCURRENCY = {
+    "policy": "policy",
+    "source": "source",
+    "sustained_concurrency": "sustains (in flight)",
+    "goodput_rps": "goodput there",
+    "leaves_slo_at_concurrency": "leaves the SLO at",
+}
 
 
 def document(rec) -> dict:
@@ -87,22 +96,38 @@ def show(rec) -> None:
     served = [_shown(r) for r in rows if r["source"] == "endpoint"]
     if served:
         name = f"{served[0]['label']}, {served[0]['sent']:,} requests a point"
-        render.table(served, LATENCY_COLUMNS, f"{name}: latency (s unless ms)")
-        render.table(served, SERVER_COLUMNS, "the server: throughput and failed requests")
+        render.table(served, _capped(LATENCY_COLUMNS, served), f"{name}: latency (s unless ms)")
+        render.table(served, _capped(SERVER_COLUMNS, served),
+                     "the server: throughput and failed requests")  # fmt: skip
     if versus:
         what = "the server" if served else "real engine"
         title = f"{what} over its simulation (the same requests at the same times)"
-        render.table(_versus(versus), VERSUS_COLUMNS, title)
+        shown = _versus(versus)
+        render.table(shown, _capped(VERSUS_COLUMNS, shown), title)
     if (rec.meta.get("prediction") or {}).get("verdict"):
         render.out_console.print(rec.meta["prediction"]["verdict"], highlight=False)
-    render.table([r | _knee_cells(r) for r in slo], SLO_COLUMNS,
-                 "the largest rate each policy sustains within the SLO")  # fmt: skip
+    caps = any("sustained_concurrency" in r for r in slo)
+    render.table([r | _knee_cells(r) for r in slo], SLO_CONCURRENCY if caps else SLO_COLUMNS,
+                 "the most requests in flight each sustains within the SLO" if caps
+                 else "the largest rate each policy sustains within the SLO")  # fmt: skip
     limits = rec.meta["options"]
     for line in verdict_lines(slo) + shared_core(rows) + what_moves_it(slo, rows, limits):
         render.out_console.print(line, highlight=False)
     _energy(rows)
     _warn_uncertain(rows)
     render.results_line(rec.folder)
+
+
+def _capped(columns: dict[str, str], rows: list[dict]) -> dict[str, str]:
+    """columns with the client's cap beside the rate, where a row has one (--max-concurrency)."""
+    if all(r.get("max_concurrency") is None for r in rows):
+        return columns
+    out: dict[str, str] = {}
+    for key, header in columns.items():
+        out[key] = header
+        if key == "rate":
+            out["max_concurrency"] = "in flight"
+    return out
 
 
 def _shown(r: dict) -> dict:
@@ -119,8 +144,9 @@ def _versus(rows: list[dict]) -> list[dict]:
     """sim_vs_real's ratios, one row per real point."""
     out: dict = {}
     for r in rows:
-        key = (r["policy"], r["rate"])
-        out.setdefault(key, {"policy": r["policy"], "rate": r["rate"]})
+        cap = r.get("max_concurrency")
+        key = (r["policy"], r["rate"], cap)
+        out.setdefault(key, {"policy": r["policy"], "rate": r["rate"], "max_concurrency": cap})
         out[key][r["metric"]] = f"x{r['measured_over_simulated']:.2f}"
     return list(out.values())
 
@@ -220,7 +246,7 @@ def what_moves_it(slo: list[dict], rows: list[dict], limits: dict) -> list[str]:
         mine = [x for x in rows if x["policy"] == r["policy"] and x["source"] == r["source"]]
         if not mine:
             continue
-        low = min(mine, key=lambda x: x["rate_rps"])
+        low = min(mine, key=lambda x: (x["rate_rps"], x.get("max_concurrency") or 0))
         broke = []
         if low["ttft_p99_s"] > limits.get("slo_ttft", float("inf")):
             broke.append(f"p99 TTFT {render.fmt(low['ttft_p99_s'])} s over --slo-ttft")
@@ -229,15 +255,24 @@ def what_moves_it(slo: list[dict], rows: list[dict], limits: dict) -> list[str]:
         if low.get("failed") or low.get("timed_out"):
             broke.append("failed requests")
         why = " and ".join(broke) or "outside the SLO"
+        at = f"{low['rate']} req/s{cap_label(low.get('max_concurrency'))}"
+        lower = "--max-concurrency" if "sustained_concurrency" in r else "--rates"
         lines.append(
-            f"{r['policy']} ({r['source']}) misses the SLO even at {low['rate']} req/s ({why}): "
-            "sweep lower --rates, loosen that limit, or use a smaller model (--preset, "
-            "--layers) or a faster device"
+            f"{r['policy']} ({r['source']}) misses the SLO even at {at} ({why}): sweep "
+            f"lower {lower}, loosen that limit, or use a smaller model (--preset, --layers) "
+            "or a faster device"
         )
     return lines
 
 
 def _sustains(r: dict) -> str:
+    if "sustained_concurrency" in r:  # a concurrency sweep: its caps
+        last, left = r["sustained_concurrency"], r["leaves_slo_at_concurrency"]
+        if last is None:
+            return f"no cap (leaves at {left} in flight)"
+        if left is None:
+            return f"every cap ({last} in flight included)"
+        return f"{last} in flight"
     if r["sustained_rate"] is None:
         return f"no rate (leaves at {r['leaves_slo_at']})"
     if r["leaves_slo_at"] is None:
@@ -267,7 +302,7 @@ def _energy(rows: list[dict]) -> None:
         shown,
         per_token="joules_per_output_token",
         cost="usd_per_million_output_tokens",
-        name=lambda r: f"{r['policy']} at {r['rate']}",
+        name=lambda r: f"{r['policy']} at {r['rate']}{cap_label(r.get('max_concurrency'))}",
     )
     for line in lines:
         render.line(line)

@@ -17,11 +17,14 @@ def open_run(opts: CompareOptions, run: RunOptions) -> Recorder:
     """Every folder loaded and checked (one kind, readable tables) before the run's own
     folder is made; metadata.json names the runs compared."""
     from benchbatch.output import compare as merging
+    from benchbatch.output import compare_serve as serve_merging
     from benchbatch.output import results
 
     merging.check_out(run.out, list(opts.runs))
     loaded = merging.load_all(list(opts.runs), opts.label)
-    merging.merge(loaded)
+    tables = merging.merge(loaded)
+    if "serve" in tables:  # like with like: rate sweeps, or concurrency sweeps
+        serve_merging.check_like(tables["serve"], [r.label for r in loaded])
     if run.out is not None:
         results.check_out(run.out, "compare", run.force)
     meta = {"runs": [r.describe() for r in loaded], "files": []}

@@ -26,6 +26,7 @@ import numpy as np
 from benchbatch.core import endpoint_calibration as ec
 from benchbatch.core import energy
 from benchbatch.core.prediction import with_intervals
+from benchbatch.core.serving import cap_label
 from benchbatch.core.units import figure
 from benchbatch.errors import UserError
 from benchbatch.experiments.serve import lateness, probe
@@ -117,11 +118,13 @@ def prompts(opts: ServeOptions, endpoint, info: dict, requests, seed: int):
     return out, how
 
 
-def stream(endpoint, prompts, arrivals: np.ndarray, opts: ServeOptions) -> Iterator:
-    """The client's records (core/streamed.Streamed) as each request finishes."""
+def stream(endpoint, prompts, arrivals: np.ndarray, opts: ServeOptions,
+           cap: int | None = None) -> Iterator:  # fmt: skip
+    """The client's records (core/streamed.Streamed) as each request finishes, at most cap
+    requests in flight (None: each sent at its arrival)."""
     from benchbatch.net.client import stream_requests
 
-    return stream_requests(endpoint, prompts, arrivals.tolist(), opts.max_concurrency,
+    return stream_requests(endpoint, prompts, arrivals.tolist(), cap,
                            realtime=opts.client_priority == "realtime")  # fmt: skip
 
 
@@ -165,7 +168,9 @@ def default_rates(capacity_rps: float, n: int, budget_s: float) -> tuple[list[fl
 def serve(rec, opts: ServeOptions, w, setup: probe.Setup, cost, predicted: bool) -> None:
     """Each rate's first --real-requests streamed to the server at their arrival times:
     requests.csv as each finishes, serve.csv's row per rate; without --rates the max point
-    first, then fractions of its throughput that fit --real-time. With --predict the server
+    first, then fractions of its throughput that fit --real-time. Several
+    --max-concurrency caps (a concurrency sweep): a point per cap, ascending, at the one
+    rate (max without --rates), the client keeping that many in flight. With --predict the server
     is calibrated before the first point and after each (serve/predict.py), and each point
     predicted from the two calibrations around it, so a server whose speed drifts during
     the run is predicted as it ran then. With a cost model (predicted: an endpoint's
@@ -196,17 +201,21 @@ def serve(rec, opts: ServeOptions, w, setup: probe.Setup, cost, predicted: bool)
         calibrate(rates[0])
         predicted = True
     rec.meta["rates_rps"] = [probe.rate_label(r) for r in rates]
-    measured: list[tuple[float, dict]] = []
-    while rates:
-        rate = rates.pop(0)
-        if any(rate == r for r, _ in measured):
+    if opts.concurrency_sweep:
+        rec.meta["max_concurrency"] = list(opts.caps)
+    measured: list[tuple[float, int | None, dict]] = []
+    todo = [(rate, cap) for rate in rates for cap in opts.caps]
+    while todo:
+        rate, cap = todo.pop(0)
+        if any((rate, cap) == (r, c) for r, c, _ in measured):
             continue
-        row = _point(rec, opts, w, setup, prompts_at(len(measured) + 1)[0], rate, n, label)
-        measured.append((rate, row))
-        if opts.rates is None and math.isinf(rate):
-            rates = _after_max(rec, opts, row, n)
+        sent_now = prompts_at(len(measured) + 1)[0]
+        row = _point(rec, opts, w, setup, sent_now, rate, cap, n, label)
+        measured.append((rate, cap, row))
+        if opts.rates is None and math.isinf(rate) and not opts.concurrency_sweep:
+            todo = [(r, cap) for r in _after_max(rec, opts, row, n)]
         if opts.predict:  # before the next point (idle as its arrivals), or after the last
-            calibrate(rates[0] if rates else rate)
+            calibrate(todo[0][0] if todo else rate)
     if opts.predict:
         if calibrations.preempted:
             rec.warning(predict.preempted_line(calibrations.preempted, len(calibrations.done),
@@ -270,61 +279,64 @@ def _beside(rec, opts, w, setup, measured, n, label, cost, predicted, calibratio
 
     policies = (opts.server_scheduler,) if predicted else opts.policies
     pairs: list[dict] = []
-    for k, (rate, row) in enumerate(measured):
+    for k, (rate, cap, row) in enumerate(measured):
         model, source = predict.bracket(calibrations, k, cost) if calibrations else (cost, "")
         if source == predict.POOLED:
-            rec.warning(f"the point at {probe.rate_label(rate)} req/s is predicted by {source}: "
-                        "read its prediction as the run's average server, not the server as "
-                        "it was around that point")  # fmt: skip
+            rec.warning(f"the point at {probe.rate_label(rate)} req/s{cap_label(cap)} is "
+                        f"predicted by {source}: read its prediction as the run's average "
+                        "server, not the server as it was around that point")  # fmt: skip
+        capped = replace(setup, client_limit=cap)  # the client's cap at this point
         for policy in policies:
-            twin = probe.simulate_point(w, policy, rate, setup, model, n, probe.MATCHED)
-            twin_row = probe.point_row(twin, setup)
+            twin = probe.simulate_point(w, policy, rate, capped, model, n, probe.MATCHED)
+            twin_row = probe.point_row(twin, capped) | {"max_concurrency": cap}
             rec.add("serve", twin_row)
             for versus in probe.sim_vs_real(row, twin_row):
                 rec.add("sim_vs_real", versus | {"simulated_policy": policy})
             if predicted:
                 arrivals = w.at(rate, n)[1]
                 span = float(arrivals.max() - arrivals.min()) if len(arrivals) else 0.0
-                spread = probe.spread_rows(w, policy, rate, setup, model, n)
+                spread = probe.spread_rows(w, policy, rate, capped, model, n)
                 mine = probe.prediction_pairs(row | {"policy": policy}, twin_row, span, spread)
-                pairs += with_intervals(mine, _requests(rec, mine, rate, twin, setup))
+                pairs += with_intervals(mine, _requests(rec, mine, rate, cap, twin, capped))
     if predicted:
         record(rec, pairs, f"serve-sweep --endpoint: {label} beside its prediction "
                            f"({opts.server_scheduler}, {setup.slots} sequences, "
                            f"{setup.budget} tokens a step)")  # fmt: skip
 
 
-def _requests(rec, pairs: list[dict], rate: float, twin, setup: probe.Setup) -> dict:
+def _requests(rec, pairs: list[dict], rate: float, cap: int | None, twin,
+              setup: probe.Setup) -> dict:  # fmt: skip
     """A point's requests for its pairs' intervals (core/prediction.with_intervals): the
     server's, as requests.csv has them, beside its twin's simulated ones."""
     if not pairs:
         return {}
     label = probe.rate_label(rate)
-    served = {r["request_id"]: r for r in rec.rows("requests")
-              if r["source"] == ENDPOINT and r["rate"] == label}  # fmt: skip
+    served = {r["request_id"]: r for r in rec.rows("requests") if r["source"] == ENDPOINT
+              and r["rate"] == label and r["max_concurrency"] == cap}  # fmt: skip
     simulated = {r["request_id"]: r for r in probe.request_rows(twin, setup.slo)}
     point = pairs[0]["point"]
     return {(point, "measured"): served, (point, "simulated"): simulated}
 
 
-def _point(rec, opts, w, setup, sent, rate: float, n: int, label: str) -> dict:
-    """One rate's requests streamed (requests.csv as each ends); its serve.csv row."""
+def _point(rec, opts, w, setup, sent, rate: float, cap: int | None, n: int, label: str) -> dict:
+    """One rate's requests streamed, at most cap in flight (requests.csv as each ends); its
+    serve.csv row."""
     requests, arrivals = w.at(rate, n)
     records: list = []
     waited = {"share": math.nan}
 
     def rows():
-        with stream(rec.inputs[0], sent, arrivals, opts) as run:
+        with stream(rec.inputs[0], sent, arrivals, opts, cap) as run:
             for s in run:
                 records.append(s)
-                yield request_row(s, rate, setup.slo)
+                yield request_row(s, rate, setup.slo) | {"max_concurrency": cap}
             rec.meta["endpoint"]["length_fields"] = list(run.length_fields or ())
             rec.meta["endpoint"]["dropped_fields"] = list(run.dropped_fields or ())
             span = getattr(run, "client_span_s", math.nan)  # a client that measures it
             if span > 0:
                 waited["share"] = run.client_wait_s / span
 
-    what = f"endpoint at {probe.rate_label(rate)} req/s"
+    what = f"endpoint at {probe.rate_label(rate)} req/s{cap_label(cap)}"
     counted = "preemptions" in (rec.inputs[1].get("metrics") or {})
     before = preemptions(rec.inputs[0]) if counted else None
     rec.record("requests", rows(), total=n, label=what, timed=False, stream=True)
@@ -332,7 +344,7 @@ def _point(rec, opts, w, setup, sent, rate: float, n: int, label: str) -> dict:
     p = point(records, rate, requests, arrivals)
     if before is not None and after is not None:
         p.preemptions = after - before  # the server's counter over the point
-    row = point_row(records, p, setup, label)
+    row = point_row(records, p, setup, label) | {"max_concurrency": cap}
     # the share of the point the client's thread waited for a core (NaN: the OS does not say)
     row["client_wait_share"] = waited["share"]
     row |= energy.serve_columns(row, None, opts.price_per_hour, why=f"served by {label}")

@@ -18,7 +18,13 @@ from benchbatch.experiments.fields import (
     step_costs_field,
     token_budget_field,
 )
-from benchbatch.experiments.serve.rates import MAX_RATE_RPS, MAX_RATES, MIN_RATE_RPS, parse_rates
+from benchbatch.experiments.serve.rates import (
+    MAX_RATE_RPS,
+    MAX_RATES,
+    MIN_RATE_RPS,
+    parse_caps,
+    parse_rates,
+)
 from benchbatch.net.waits import PRIORITIES
 
 SERVE_PANEL = "Serving curve"
@@ -84,12 +90,17 @@ class ServeOptions:
         panel=ENDPOINT_PANEL,
         metavar="NAME",
     )
-    max_concurrency: int | None = opt(
+    max_concurrency: tuple[str, ...] | None = opt(
         None,
         "With --endpoint: at most this many requests in flight; later arrivals wait for a "
         "free one, and, as in vLLM's bench serve, their latencies count from when each is "
-        "sent (the wait is requests.csv's queued_s). Default: no cap.",
+        "sent (the wait is requests.csv's queued_s). Several, comma-separated (1,4,16): a "
+        "concurrency sweep, each cap a point at one rate (--rates, default max: every "
+        "request queued and that many kept in flight, GuideLLM's concurrent profile), drawn "
+        "against the cap. Default: no cap.",
         panel=ENDPOINT_PANEL,
+        parse="words",
+        metavar="N",
     )
     client_priority: str = opt(
         "auto",
@@ -299,8 +310,14 @@ class ServeOptions:
         from benchbatch.net.endpoint import check_url
 
         check_url(self.endpoint, "endpoint")
-        if self.max_concurrency is not None:
-            check_count("max_concurrency", self.max_concurrency, 1, self.MAX_REAL_REQUESTS)
+        caps = self.caps  # checked as they are read
+        if len(caps) > 1 and self.rates is not None:
+            require(
+                len(parse_rates(self.rates, "rates")) == 1,
+                "max_concurrency",
+                f"{len(caps)} caps sweep the concurrency at one rate; give one --rates (or "
+                "none: max), or one cap",
+            )
         if self.served_model is not None:
             require(bool(self.served_model.strip()), "served_model", "give a model name")
         if self.real_rates is not None:
@@ -321,6 +338,18 @@ class ServeOptions:
             "(512x128: 512 blocks of 128 tokens)",
         )
         return values[0], values[1] if len(values) == 2 else None
+
+    @property
+    def caps(self) -> tuple[int | None, ...]:
+        """--max-concurrency's caps, ascending, duplicates dropped; (None,): no cap."""
+        if self.max_concurrency is None:
+            return (None,)
+        return parse_caps(self.max_concurrency, "max_concurrency", self.MAX_REAL_REQUESTS)
+
+    @property
+    def concurrency_sweep(self) -> bool:
+        """Several --max-concurrency caps: each a point, at one rate."""
+        return len(self.caps) > 1
 
     @property
     def rate_values(self) -> tuple[float, ...] | None:

@@ -101,7 +101,6 @@ def calibrate(rec, opts, w, setup, target, info, index: int, client, pause: floa
     failed: list[ec.Episode] = []
     seed = rec.meta["options"]["seed"] + 7919 * (1 + index * len(episodes))
 
-    uncapped = replace(opts, max_concurrency=None)
     timings: dict = {}  # (concurrency, prompt) -> a decode episode's timing, for mixed ones
     # decode and mixed requests with chunks to judge (ec.judged), those in bursts
     # (ec.stalled), and of those the ones this client read late (ec.read_late)
@@ -115,7 +114,7 @@ def calibrate(rec, opts, w, setup, target, info, index: int, client, pause: floa
                 continue
             sent = _prompts(make_prompts, opts, target, info, e, seed + 7919 * i)
             # an episode's concurrency is its own: the run's --max-concurrency is not its
-            with stream(target, sent, np.asarray(times), uncapped) as run:
+            with stream(target, sent, np.asarray(times), opts) as run:
                 records = sorted(run, key=lambda s: s.request_id)
             if e.kind == "decode":
                 timings[(e.concurrency, e.prompt)] = ec.decode_timing(records)
@@ -261,8 +260,6 @@ def server_setup(rec, opts, info: dict, setup, requests):
     and its prefill chunks as long as the token budget allows (vLLM's default: no
     long-prefill threshold; --chunk-size gives one). Checked before any request is sent:
     a UserError naming the option the scheduler refuses."""
-    from dataclasses import replace
-
     from benchbatch.core.scheduler_config import SchedulerConfig
     from benchbatch.experiments.serve import probe
 

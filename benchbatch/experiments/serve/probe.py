@@ -28,6 +28,8 @@ from benchbatch.core.scheduler import make_scheduler
 from benchbatch.core.scheduler_config import SchedulerConfig
 from benchbatch.core.serving import (
     ServingSLO,
+    cap_label,
+    concurrency_sweep,
     latency_columns,
     scheduler_columns,
     throughput_columns,
@@ -242,13 +244,15 @@ def sim_vs_real(real: dict, matched: dict) -> list[dict]:
 
 def sustained(rows: Sequence[dict]) -> list[dict]:
     """slo.csv: per policy and source, the largest rate it sustains within the SLO (every
-    rate up to it within) and the first rate where it leaves it."""
+    rate up to it within) and the first rate where it leaves it; in a concurrency sweep
+    (several --max-concurrency caps at one rate), the largest cap (sustained_concurrency)
+    and the first it leaves at (leaves_slo_at_concurrency)."""
     out = []
     for source in SOURCES:
         for policy in (*POLICIES, ENDPOINT):
             mine = sorted(
                 (r for r in rows if r["policy"] == policy and r["source"] == source),
-                key=lambda r: r["rate_rps"],
+                key=lambda r: (r["rate_rps"], r.get("max_concurrency") or 0),
             )
             if mine:
                 out.append(sustained_row(policy, source, mine))
@@ -270,7 +274,10 @@ def sustained_row(policy: str, source: str, mine: list[dict]) -> dict:
         "output_throughput_tps": last["output_throughput_tps"] if last else math.nan,
         "leaves_slo_at": left["rate"] if left else None,
         "leaves_slo_rps": left["rate_rps"] if left else math.nan,
-    }
+    } | ({
+        "sustained_concurrency": last["max_concurrency"] if last else None,
+        "leaves_slo_at_concurrency": left["max_concurrency"] if left else None,
+    } if concurrency_sweep(mine) else {})  # fmt: skip
 
 
 # --- the real engine ------------------------------------------------------------------------------
@@ -324,12 +331,18 @@ def prediction_pairs(real: dict, matched: dict, span_s: float,
     """prediction.csv's pairs of one real point and its simulation (sim_vs_real's pair),
     each marked below saturation or not (below_saturation), and with spread_rows' rows
     each metric's lowest and highest prediction (simulated_low, simulated_high: the
-    matched simulation's own value among them)."""
+    matched simulation's own value among them). A point whose client kept at most as many
+    requests in flight as the server has slots (--max-concurrency, real's max_concurrency)
+    is below saturation however its arrivals came: the client sends as fast as the server
+    serves, and the server queues none of them."""
     from benchbatch.core.prediction import below_saturation, pairs_of, step_cost_band
 
-    label = f"{real['policy']} @ {rate_label(real['rate_rps'])} req/s"
-    pairs = pairs_of(label, matched, real, policy=real["policy"], rate=real["rate"],
-                     below_saturation=below_saturation(real, span_s))  # fmt: skip
+    cap = real.get("max_concurrency")
+    label = f"{real['policy']} @ {rate_label(real['rate_rps'])} req/s{cap_label(cap)}"
+    held = cap is not None and cap <= matched.get("slots", 0)
+    extra = {} if cap is None else {"max_concurrency": cap}
+    pairs = pairs_of(label, matched, real, policy=real["policy"], rate=real["rate"], **extra,
+                     below_saturation=held or below_saturation(real, span_s))  # fmt: skip
     if spread:
         for pair in pairs:
             low, high = step_cost_band([matched[pair["metric"]], *(r[pair["metric"]]

@@ -1,8 +1,10 @@
-"""Request rates as serve-sweep's --rates and --real-rates take them (no typer, no torch)."""
+"""Request rates as serve-sweep's --rates and --real-rates take them, and the client's caps
+as --max-concurrency does (no typer, no torch)."""
 
 from __future__ import annotations
 
 import math
+import re
 
 from benchbatch.core.optkit import require, strict_float
 from benchbatch.errors import UserError
@@ -55,3 +57,22 @@ def _rate(word: str, option: str) -> float:
 
 def rate_label(rate: float) -> str:
     return MAX_RATE if math.isinf(rate) else f"{rate:g}"
+
+
+def parse_caps(words: tuple[str, ...], option: str, most: int) -> tuple[int, ...]:
+    """'1', '4', '16' -> (1, 4, 16), sorted, duplicates dropped: requests in flight, each a
+    whole number from 1 to most."""
+    require(bool(words), option, "give at least one number of requests in flight")
+    caps = set()
+    for word in words:
+        shown = word if len(word) <= 40 else word[:40] + "..."
+        require(
+            re.fullmatch("[0-9]{1,12}", word) is not None and 1 <= int(word) <= most,
+            option,
+            f"{shown!r} is not a number of requests in flight: give whole numbers from 1 to "
+            f"{most:,}",
+        )
+        caps.add(int(word))
+    require(len(caps) <= MAX_RATES, option, f"{len(caps)} caps; at most {MAX_RATES}")
+    return tuple(sorted(caps))
+

@@ -95,7 +95,7 @@ def _plan(opts: ServeOptions, workload: WorkloadOptions, run: RunOptions):
 
     slo = ServingSLO(opts.slo_ttft, opts.slo_tpot)
     setup = probe.Setup(workload.slots, opts.max_num_batched_tokens, opts.chunk, slo,
-                        client_limit=opts.max_concurrency)  # fmt: skip
+                        client_limit=opts.caps[0])  # fmt: skip
     probe.check_setup(opts.policies, setup)
     return setup, workloads.draw(opts, workload, run.seed), _given_costs(opts)
 
@@ -379,7 +379,14 @@ def _figures(rec) -> None:
 
 def _title(rec) -> str:
     opts = rec.meta["options"]
-    model = "cost model from --step-costs" if rec.target is None else c.title(rec)
+    served = rec.meta.get("endpoint") or {}
+    model = (
+        f"{served.get('served_model', 'server')} at {served.get('url', opts.get('endpoint'))}"
+        if opts.get("endpoint")
+        else "cost model from --step-costs"
+        if rec.target is None
+        else c.title(rec)
+    )
     return (
         f"{model}; {opts['slots']} slots; SLO: TTFT {opts['slo_ttft']:g} s, TPOT "
         f"{opts['slo_tpot'] * 1e3:g} ms (p99)"

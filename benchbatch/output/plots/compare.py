@@ -255,22 +255,22 @@ def compare_serve_figure(
     policy: in each panel one colour per run, simulated (thin, solid) and real-engine (thick,
     dashed) points, and each run's SLO limit dashed (one black line when the runs share it);
     `max` points at the right edge."""
-    from benchbatch.output.plots.serve import MARKERS, RATE_LABEL, RateAxis
+    from benchbatch.output.plots.serve import MARKERS, RateAxis, x_axis
 
     colors = _colors(runs)
     shown = df[df["source"].isin(list(SERVE_SOURCES)) & df["run"].isin(runs)]
     shown = shown.assign(policy=shown["policy"].replace({"endpoint": SERVER_COLUMN,
                                                          "peer": SERVER_COLUMN}))  # fmt: skip
     policies = list(dict.fromkeys(shown["policy"])) or ["-"]
-    axis = RateAxis(shown["rate_rps"] if len(shown) else [1.0])
+    axis = x_axis(shown) if len(shown) else RateAxis([1.0])  # concurrency sweeps: their caps
     fig, axes = plt.subplots(2, len(policies), figsize=(5.2 * len(policies), 7.6),
                              squeeze=False, layout="constrained")  # fmt: skip
     for j, policy in enumerate(policies):
         for (run, source), g in shown[shown["policy"] == policy].groupby(["run", "source"],
                                                                          sort=False):  # fmt: skip
             style, size, lw, name = SERVE_SOURCES[source]
-            g = g.sort_values("rate_rps")
-            xs = [axis.x(r) for r in g["rate_rps"]]
+            g = g.sort_values(axis.column)
+            xs = [axis.x(r) for r in g[axis.column]]
             for key, _, scale, row in SERVE_METRICS:
                 axes[row, j].plot(xs, g[key] * scale, ls=style, lw=lw, color=colors[run],
                                   marker=MARKERS.get(policy, "o"), markersize=size, alpha=0.85,
@@ -280,7 +280,7 @@ def compare_serve_figure(
         axes[1, j].set_ylim(bottom=0)
         for _key, ylabel, _, row in SERVE_METRICS:
             axes[row, j].set_ylabel(ylabel)
-            axes[row, j].set_xlabel(RATE_LABEL, fontsize=8)
+            axes[row, j].set_xlabel(axis.label, fontsize=8)
             axes[row, j].grid(True, which="both", alpha=0.3)
         _serve_slos(axes[:, j], slos or {}, runs, colors)
         for ax in axes[:, j]:

@@ -11,6 +11,7 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 
+from benchbatch.core.serving import concurrency_sweep
 from benchbatch.output.plots import plt, save, tight
 
 COLORS = {"static": "tab:red", "continuous": "tab:blue", "chunked": "tab:green"}
@@ -24,7 +25,9 @@ STYLES = {
     "sim": ("-", True, 5, 2, "simulated"),
     "sim-matched": (":", False, 6, 3, "simulated, the real run's requests"),
     "real": ("--", True, 8, 4, "real engine"),
+    "endpoint": ("--", True, 8, 4, "measured server"),
 }
+MEASURED = ("real", "endpoint")  # drawn bolder than the simulations
 PANELS = (
     ("ttft_p50_s", "p50 TTFT (s, log)", True),
     ("ttft_p99_s", "p99 TTFT (s, log)", True),
@@ -41,6 +44,8 @@ RATE_LABEL = "request rate (req/s; max: every request queued at once)"
 class RateAxis:
     """Where each request rate sits on the x-axis: a finite rate at itself, `max` (inf) at the
     right edge, one step past the largest finite rate, labelled "max"."""
+
+    column, label = "rate_rps", RATE_LABEL
 
     def __init__(self, rates):
         rates = np.asarray([float(r) for r in rates], dtype=float)
@@ -64,17 +69,44 @@ class RateAxis:
             ax.axvline(self.largest + 0.75 * self.step, color="gray", ls=":", lw=0.8)
 
 
-def _lines(ax, df: pd.DataFrame, axis: RateAxis, y: str, scale: float = 1.0) -> None:
-    """One line per (policy, source), points in rate order, nudged per policy."""
+class CapAxis:
+    """A concurrency sweep's x-axis (several --max-concurrency caps at one rate): each cap at
+    its log2, ticks labelled with the caps."""
+
+    column, label = "max_concurrency", "requests in flight (the client's cap; log scale)"
+    step = 1.0
+
+    def __init__(self, caps):
+        self.caps = sorted({int(c) for c in caps if c == c})
+
+    def x(self, cap) -> float:
+        return math.log2(float(cap))
+
+    def apply(self, ax) -> None:
+        xs = [self.x(c) for c in self.caps]
+        ax.set_xlim(min(xs) - 0.5, max(xs) + 0.5)
+        ax.set_xticks(xs, [str(c) for c in self.caps])
+
+
+def x_axis(df: pd.DataFrame):
+    """The x-axis the rows are drawn against: the client's caps in a concurrency sweep, else
+    the request rates."""
+    if concurrency_sweep(df.to_dict("records")):
+        return CapAxis(df["max_concurrency"])
+    return RateAxis(df["rate_rps"])
+
+
+def _lines(ax, df: pd.DataFrame, axis, y: str, scale: float = 1.0) -> None:
+    """One line per (policy, source), points in the axis's order, nudged per policy."""
     for (policy, source), g in df.groupby(["policy", "source"], sort=False):
         style, filled, size, z, label = STYLES.get(source, STYLES["sim"])
-        g = g.sort_values("rate_rps")
+        g = g.sort_values(axis.column)
         color = COLORS.get(policy, "gray")
-        xs = [axis.x(r) + NUDGE.get(policy, 0.0) * axis.step for r in g["rate_rps"]]
+        xs = [axis.x(r) + NUDGE.get(policy, 0.0) * axis.step for r in g[axis.column]]
         ax.plot(xs, g[y] * scale, ls=style, marker=MARKERS.get(policy, "D"), color=color,
                 markerfacecolor=color if filled else "white", markeredgecolor=color,
-                markersize=size, lw=1.8 if source == "real" else 1.1, alpha=0.85, zorder=z,
-                label=f"{policy} ({label})")  # fmt: skip
+                markersize=size, lw=1.8 if source in MEASURED else 1.1, alpha=0.85,
+                zorder=z, label=f"{policy} ({label})")  # fmt: skip
 
 
 def _slo_line(ax, value: float, text: str) -> None:
@@ -90,14 +122,14 @@ def serve_figure(rows: list[dict], path: Path, title: str, slo_ttft: float, slo_
     and p99 TPOT, mean batch (bottom). The SLO limits are dashed and labelled on the p99
     panels; the `max` points sit at the right edge."""
     df = pd.DataFrame(rows)
-    axis = RateAxis(df["rate_rps"])
+    axis = x_axis(df)
     fig, axes = plt.subplots(2, 3, figsize=(16, 9))
     for ax, (key, name, log) in zip(axes.flat, PANELS, strict=True):
         _lines(ax, df, axis, key, 1e3 if key in MS else 1.0)
         if log:
             ax.set_yscale("log")
         ax.set_ylabel(name)
-        ax.set_xlabel(RATE_LABEL)
+        ax.set_xlabel(axis.label)
         ax.grid(True, which="both", alpha=0.3)
     _slo_line(axes[0, 1], slo_ttft, f"SLO: p99 TTFT {slo_ttft:g} s")
     _slo_line(axes[1, 1], slo_tpot * 1e3, f"SLO: p99 TPOT {slo_tpot * 1e3:g} ms")
@@ -111,11 +143,14 @@ def serve_figure(rows: list[dict], path: Path, title: str, slo_ttft: float, slo_
         axis.apply(ax)
     handles, labels = axes[0, 1].get_legend_handles_labels()
     fig.legend(handles, labels, loc="lower center", ncol=4, fontsize=10, frameon=False)
-    fig.suptitle(
-        f"{title}\neach point a request rate (Poisson arrivals; max: every request queued). "
-        "The largest rate within the SLO: the last point under both dashed lines",
-        fontsize=10,
+    each = (
+        f"each point a cap on the requests in flight, at {rate_text(df['rate_rps'].iloc[0])} "
+        "req/s (max: every request queued). The most within the SLO"
+        if isinstance(axis, CapAxis)
+        else "each point a request rate (Poisson arrivals; max: every request queued). The "
+        "largest rate within the SLO"
     )
+    fig.suptitle(f"{title}\n{each}: the last point under both dashed lines", fontsize=10)
     rows_of_legend = math.ceil(len(labels) / 4)
     tight(fig, rect=(0, 0.035 * rows_of_legend + 0.01, 1, 1))
     save(fig, path)
@@ -168,35 +203,39 @@ def pareto_figure(rows: list[dict], path: Path, title: str) -> None:
                    edgecolors=color, linewidths=1.3, alpha=0.85, zorder=z - (1 if big else 0),
                    label=f"{policy} ({label})")  # fmt: skip
     fronts = []
-    for source in ("sim", "real"):
+    for source in ("sim", *MEASURED):
         mine = df[df["source"] == source]
         if len(mine):
             front = pareto_front(mine, x, y)
             fronts.append(front)
             ax.plot(front[x], front[y], ls=STYLES[source][0], color="black",
-                    lw=1.2 if source == "real" else 0.8, zorder=1,
+                    lw=1.2 if source in MEASURED else 0.8, zorder=1,
                     label=f"Pareto front ({STYLES[source][4]})")  # fmt: skip
     ax.set_xlabel("tokens/s per user (output throughput / requests in the system)")
     ax.set_ylabel("tokens/s per device (output throughput)")
     ax.grid(True, alpha=0.3)
     ax.legend(fontsize=9, loc="upper right")
-    ax.set_title(title + "\nnumbers: each point's request rate (req/s)", fontsize=9)
+    caps = isinstance(x_axis(df), CapAxis) if len(df) else False
+    shown = "requests in flight" if caps else "request rate (req/s)"
+    ax.set_title(f"{title}\nnumbers: each point's {shown}", fontsize=9)
     tight(fig)
     order = pd.concat([*fronts, df]) if fronts else df
-    label_points(fig, ax, order.drop_duplicates(subset=[x, y, "rate_rps"]), x, y)
+    key = "max_concurrency" if caps else "rate_rps"
+    label_points(fig, ax, order.drop_duplicates(subset=[x, y, key]), x, y, key)
     save(fig, path)
 
 
-def label_points(fig, ax, points: pd.DataFrame, x: str, y: str) -> None:
-    """Each point's rate beside it, at the first place clear of every label placed so far,
-    of the legend and of the axes' edge; a point with no clear place keeps no label (its
-    rate is the same as a neighbour's, labelled)."""
+def label_points(fig, ax, points: pd.DataFrame, x: str, y: str, key: str = "rate_rps") -> None:
+    """Each point's rate (key "rate_rps"; "max_concurrency": its cap) beside it, at the first
+    place clear of every label placed so far, of the legend and of the axes' edge; a point
+    with no clear place keeps no label (its rate is the same as a neighbour's, labelled)."""
     renderer = fig.canvas.get_renderer()
     taken = [ax.get_legend().get_window_extent(renderer)] if ax.get_legend() else []
     frame = ax.get_window_extent(renderer)
     for _, p in points.iterrows():
         for dx, dy in PLACES:
-            text = ax.annotate(rate_text(p["rate_rps"]), (p[x], p[y]), xytext=(dx, dy),
+            words = rate_text(p[key]) if key == "rate_rps" else f"{int(p[key])}"
+            text = ax.annotate(words, (p[x], p[y]), xytext=(dx, dy),
                                textcoords="offset points", fontsize=7,
                                color=COLORS.get(p["policy"], "gray"))  # fmt: skip
             text.set_parse_math(False)
