@@ -510,9 +510,10 @@ def warm_up(url: str) -> None:
 
 
 def vllm_bench(python: Path, url: str, checkpoint: Path, rate: float, n: int, out: Path,
-               chat: bool = False) -> dict:  # fmt: skip
+               chat: bool = False, extra: Sequence[str] = ()) -> dict:  # fmt: skip
     """`vllm bench serve` at one rate; its saved result (with per-request times). chat: its
-    openai-chat backend, through /v1/chat/completions."""
+    openai-chat backend, through /v1/chat/completions; extra: more of its options
+    (scripts/vllm_concurrency.py's --max-concurrency)."""
     out.parent.mkdir(parents=True, exist_ok=True)
     cmd = [
         str(python),
@@ -554,6 +555,7 @@ def vllm_bench(python: Path, url: str, checkpoint: Path, rate: float, n: int, ou
         "--result-filename",
         out.name,
         "--disable-tqdm",
+        *extra,
     ]
     run(cmd, timeout=600, env=server_env())
     return json.loads(out.read_text())
