@@ -94,8 +94,8 @@ def _plan(opts: ServeOptions, workload: WorkloadOptions, run: RunOptions):
     from benchbatch.experiments.serve import probe, workloads
 
     slo = ServingSLO(opts.slo_ttft, opts.slo_tpot)
-    setup = probe.Setup(workload.slots, opts.max_num_batched_tokens, opts.chunk, slo,
-                        client_limit=opts.caps[0])  # fmt: skip
+    # (an endpoint's client cap is each point's own: serve/endpoint.py sets it per point)
+    setup = probe.Setup(workload.slots, opts.max_num_batched_tokens, opts.chunk, slo)
     probe.check_setup(opts.policies, setup)
     return setup, workloads.draw(opts, workload, run.seed), _given_costs(opts)
 
