@@ -705,8 +705,8 @@ BREAKS = [
     Break(
         "endpoint calibration: the idle before the last calibration taken from no rate",
         "benchbatch/experiments/serve/endpoint.py",
-        "            calibrate(rates[0] if rates else rate)",
-        "            calibrate(rates[0] if rates else None)",
+        "            calibrate(todo[0][0] if todo else rate)",
+        "            calibrate(todo[0][0] if todo else None)",
         tests("tests/test_endpoint_predict.py",
               "test_the_server_idles_before_each_episode_as_the_next_points_arrivals_do"),
     ),
