@@ -3,7 +3,6 @@ engine over its simulation, and the largest rate each policy sustains within the
 
 from __future__ import annotations
 
-from benchbatch.core.serving import cap_label
 from benchbatch.core.units import figure
 from benchbatch.output import render
 
@@ -128,6 +127,13 @@ def _capped(columns: dict[str, str], rows: list[dict]) -> dict[str, str]:
         if key == "rate":
             out["max_concurrency"] = "in flight"
     return out
+
+
+def _cap(r: dict) -> str:
+    """', 4 in flight' for a row at a client cap (core/serving.cap_label); '' without."""
+    from benchbatch.core.serving import cap_label  # numpy: not on --help's path
+
+    return cap_label(r.get("max_concurrency"))
 
 
 def _shown(r: dict) -> dict:
@@ -255,7 +261,7 @@ def what_moves_it(slo: list[dict], rows: list[dict], limits: dict) -> list[str]:
         if low.get("failed") or low.get("timed_out"):
             broke.append("failed requests")
         why = " and ".join(broke) or "outside the SLO"
-        at = f"{low['rate']} req/s{cap_label(low.get('max_concurrency'))}"
+        at = f"{low['rate']} req/s{_cap(low)}"
         lower = "--max-concurrency" if "sustained_concurrency" in r else "--rates"
         lines.append(
             f"{r['policy']} ({r['source']}) misses the SLO even at {at} ({why}): sweep "
@@ -302,7 +308,7 @@ def _energy(rows: list[dict]) -> None:
         shown,
         per_token="joules_per_output_token",
         cost="usd_per_million_output_tokens",
-        name=lambda r: f"{r['policy']} at {r['rate']}{cap_label(r.get('max_concurrency'))}",
+        name=lambda r: f"{r['policy']} at {r['rate']}{_cap(r)}",
     )
     for line in lines:
         render.line(line)
