@@ -92,7 +92,7 @@ def test_the_most_requests_in_flight_within_the_slo(runner, tmp_path, virtual):
 
 def test_a_prediction_stands_beside_every_cap(runner, tmp_path, virtual):
     out = tmp_path / "run"
-    tep.run_predict(runner, out, "--max-concurrency", "1,2,4,8")
+    result = tep.run_predict(runner, out, "--max-concurrency", "1,2,4,8")
     pred = pd.read_csv(out / "prediction.csv")
     assert set(pred["max_concurrency"]) == {1, 2, 4, 8}
     assert pred["point"].str.contains("in flight").all()
@@ -109,6 +109,10 @@ def test_a_prediction_stands_beside_every_cap(runner, tmp_path, virtual):
     p50 = pred[pred["metric"].str.endswith("p50_s")]
     assert p50[["ratio_low", "ratio_high"]].notna().all().all()
     assert ((p50["ratio_low"] <= p50["ratio"]) & (p50["ratio"] <= p50["ratio_high"])).all(), p50
+    versus = pd.read_csv(out / "sim_vs_real.csv")
+    assert sorted(versus.groupby("max_concurrency").size().index) == [1, 2, 4, 8]
+    table = result.output.split("over its simulation")[1].split("the most requests")[0]
+    assert len([line for line in table.splitlines() if line.strip().startswith("endpoint")]) == 4
     serve = pd.read_csv(out / "serve.csv")
     twins = serve[serve["source"] == "sim-matched"].set_index("max_concurrency")
     assert (twins.loc[[1, 2, 4], "mean_batch"] <= [1 + 1e-9, 2 + 1e-9, 4 + 1e-9]).all()

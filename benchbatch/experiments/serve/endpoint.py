@@ -291,7 +291,8 @@ def _beside(rec, opts, w, setup, measured, n, label, cost, predicted, calibratio
             twin_row = probe.point_row(twin, capped) | {"max_concurrency": cap}
             rec.add("serve", twin_row)
             for versus in probe.sim_vs_real(row, twin_row):
-                rec.add("sim_vs_real", versus | {"simulated_policy": policy})
+                rec.add("sim_vs_real", versus | {"simulated_policy": policy,
+                                                 "max_concurrency": cap})  # fmt: skip
             if predicted:
                 arrivals = w.at(rate, n)[1]
                 span = float(arrivals.max() - arrivals.min()) if len(arrivals) else 0.0
