@@ -10,6 +10,7 @@ from __future__ import annotations
 import math
 import os
 
+from benchbatch.core.serving import cap_label
 from benchbatch.experiments.serve.rates import rate_label
 
 # Over this share of a point spent waiting for a core, the client's stamps are said to be
@@ -37,7 +38,7 @@ def point_bursts(row: dict, rate: float) -> str:
     share = row.get("client_wait_share", math.nan)
     waited = f"{share:.0%} of the point" if share >= 0 else "for a time the OS does not say"
     line = (
-        f"at {rate_label(rate)} req/s {bursts} of {row['judged_requests']} requests "
+        f"at {_at(row, rate)} {bursts} of {row['judged_requests']} requests "
         "came in bursts (one stall over half a request's decode, or every token at once; "
         f"requests.csv's in_burst); this client's thread waited for a core {waited} (load "
         f"average {load:.1f} on {os.cpu_count()} cores)"
@@ -60,7 +61,7 @@ def point_bursts(row: dict, rate: float) -> str:
 def point_waits(row: dict, rate: float) -> str:
     """A point without bursts whose client still waited for a core over CLIENT_WAIT_WARN."""
     return (
-        f"at {rate_label(rate)} req/s this client's thread waited for a core "
+        f"at {_at(row, rate)} this client's thread waited for a core "
         f"{row['client_wait_share']:.0%} of the point: its stamps may be late by as much "
         f"(requests.csv's client_wait_s, per request); {CURE}, leave it a core, or measure "
         "from another machine"
@@ -97,3 +98,8 @@ def calibration_bursts(served: int, bursts: int, late: int) -> str:
 
 def _load() -> float:
     return os.getloadavg()[0] if hasattr(os, "getloadavg") else math.nan
+
+
+def _at(row: dict, rate: float) -> str:
+    """'2 req/s', or 'max req/s, 4 in flight' for a point at a client cap."""
+    return f"{rate_label(rate)} req/s{cap_label(row.get('max_concurrency'))}"
