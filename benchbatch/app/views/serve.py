@@ -94,7 +94,7 @@ def show(rec) -> None:
             render.table(mine, LOAD_COLUMNS, f"{name}: throughput, and what the slots did")
     served = [_shown(r) for r in rows if r["source"] == "endpoint"]
     if served:
-        name = f"{served[0]['label']}, {served[0]['sent']:,} requests a point"
+        name = f"{served[0]['label']}, {served[0]['sent']:,} requests a point{_held(served)}"
         render.table(served, _capped(LATENCY_COLUMNS, served), f"{name}: latency (s unless ms)")
         render.table(served, _capped(SERVER_COLUMNS, served),
                      "the server: throughput and failed requests")  # fmt: skip
@@ -118,15 +118,25 @@ def show(rec) -> None:
 
 
 def _capped(columns: dict[str, str], rows: list[dict]) -> dict[str, str]:
-    """columns with the client's cap beside the rate, where a row has one (--max-concurrency)."""
-    if all(r.get("max_concurrency") is None for r in rows):
+    """columns for rows at client caps (--max-concurrency): a concurrency sweep's caps in
+    place of its one rate (_held names it in the title); otherwise as they are (one cap:
+    _held names it)."""
+    caps = {r.get("max_concurrency") for r in rows}
+    rates = {r["rate"] for r in rows}
+    if len(caps) < 2 or len(rates) > 1:
         return columns
-    out: dict[str, str] = {}
-    for key, header in columns.items():
-        out[key] = header
-        if key == "rate":
-            out["max_concurrency"] = "in flight"
-    return out
+    return {("max_concurrency" if k == "rate" else k): ("in flight" if k == "rate" else v)
+            for k, v in columns.items()}  # fmt: skip
+
+
+def _held(rows: list[dict]) -> str:
+    """The title's words for what every row shares: ', 4 in flight' (one cap), ', at max
+    req/s' (a concurrency sweep's one rate), or ''."""
+    caps = {r.get("max_concurrency") for r in rows}
+    rates = {r["rate"] for r in rows}
+    if len(caps) == 1:
+        return _cap(rows[0])
+    return f", at {rows[0]['rate']} req/s" if len(rates) == 1 else ""
 
 
 def _cap(r: dict) -> str:
