@@ -97,3 +97,23 @@ def test_a_torch_logs_setting_torch_refuses_is_one_line(tmp_path):
     assert done.returncode == 2, done.stderr[-2000:]
     assert "Traceback" not in done.stderr
     assert done.stderr.strip().splitlines()[-1].startswith("Error: TORCH_LOGS: torch refuses")
+
+
+@pytest.mark.parametrize("flag", ["--nvlink-gbps", "--busbw"])
+@pytest.mark.parametrize("value", ["1e-320", "1e-7"])
+def test_a_link_too_slow_to_price_is_one_line(tmp_path, flag, value):
+    """1e-320 GB/s priced an all-reduce at infinity and the figure's axis raised
+    (ValueError: Axis limits cannot be NaN or Inf; found by scripts/hostile_attack.py)."""
+    done = CliRunner().invoke(app, ["project", "--tp", "1,2", flag, value, "--out",
+                                    str(tmp_path / "p")])  # fmt: skip
+    assert done.exit_code == 2, done.output
+    lines = [line for line in done.output.splitlines() if line.strip()]
+    assert lines[-1].startswith(f"Error: {flag}: ") and "at least 1e-06 GB/s" in lines[-1]
+    assert not (tmp_path / "p").exists()
+
+
+def test_the_slowest_link_taken_is_priced_finite(tmp_path):
+    done = CliRunner().invoke(app, ["project", "--tp", "1,2", "--busbw", "1e-6", "--out",
+                                    str(tmp_path / "p")])  # fmt: skip
+    assert done.exit_code == 0, done.output
+    assert (tmp_path / "p" / "project.png").stat().st_size > 10_000

@@ -13,6 +13,9 @@ from benchbatch.experiments.fields import (
 )
 
 PROJECTION = "Machine"
+# The slowest link --nvlink-gbps and --busbw take: a kilobyte a second. Slower, an
+# all-reduce of a few megabytes takes longer than a float holds (1e-320 GB/s: infinite).
+MIN_LINK_GBPS = 1e-6
 
 
 DEFAULT_LATENCY_US = 20.0  # per all-reduce: what gpt-fast's A100 numbers imply (16-26 us)
@@ -82,6 +85,11 @@ class ProjectOptions:
                 gib = name == "memory_gib"  # a byte count of it must stay finite
                 most, unit = (MOST_GIB, " GiB") if gib else (None, "")
                 check_number(name, getattr(self, name), 0, open_low=True, most=most, unit=unit)
+                if not gib:  # a link slower than this prices an all-reduce past a float's range
+                    require(getattr(self, name) >= MIN_LINK_GBPS, name,
+                            f"{getattr(self, name):g} GB/s is slower than any link worth "
+                            f"projecting (at least {MIN_LINK_GBPS:g} GB/s, a kilobyte a "
+                            "second)")  # fmt: skip
         if self.allreduce_latency_us is not None:
             check_number("allreduce_latency_us", self.allreduce_latency_us)
         require(max(self.tp) <= 4096, "tp", f"at most 4,096 GPUs, got {max(self.tp):,}")
