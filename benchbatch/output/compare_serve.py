@@ -64,29 +64,50 @@ def match_rates(serve: pd.DataFrame, runs: list[str]) -> tuple[pd.DataFrame, dic
     shared = rate_groups(rates)
     keys = [rate_text(shared[run][rps]) if rps == rps else "" for run, rps in
             zip(serve["run"], serve["rate_rps"], strict=True)]  # fmt: skip
+    swept = concurrency_sweeps(serve, runs)
+    if swept:  # each point its rate and cap: "max, 4 in flight"
+        keys = [f"{k}, {int(cap)} in flight" if cap == cap else k
+                for k, cap in zip(keys, serve["max_concurrency"], strict=True)]  # fmt: skip
     out = serve.assign(**{MATCHED_RATE: keys})
-    having: dict[float, list[str]] = {}
+    having: dict[tuple, list[str]] = {}
     for run in runs:
-        for value in sorted(set(shared[run].values())):
-            having.setdefault(value, []).append(run)
+        mine = out[out["run"] == run]
+        for key in sorted(set(zip(_order_value(mine), mine[MATCHED_RATE], strict=True))):
+            having.setdefault(key, []).append(run)
     order = sorted(having)
     summary = {
         "tolerance": RATE_TOLERANCE,
-        "matched": [rate_text(v) for v in order if len(having[v]) == len(runs)],
+        "matched": [k for v, k in order if len(having[(v, k)]) == len(runs)],
         "not_in_every_run": [
-            {"rate": rate_text(v), "runs": having[v]} for v in order if len(having[v]) < len(runs)
+            {"rate": k, "runs": having[(v, k)]} for v, k in order if len(having[(v, k)]) < len(runs)
         ],
     }
-    return out, summary
+    return out, summary | ({"caps": True} if swept else {})
+
+
+def concurrency_sweeps(serve: pd.DataFrame, runs: list[str]) -> bool:
+    """Every run is a concurrency sweep (check_like refuses a mix): points by cap."""
+    from benchbatch.core.serving import concurrency_sweep
+
+    return "max_concurrency" in serve and all(
+        concurrency_sweep(serve[serve["run"] == r].to_dict("records")) for r in runs)  # fmt: skip
+
+
+def _order_value(serve: pd.DataFrame) -> list:
+    """Each row's place in the table's order: its matched rate (max last), then its cap."""
+    value = pd.to_numeric(serve[MATCHED_RATE].str.split(",").str[0].replace("max", "inf"),
+                          errors="coerce").fillna(math.inf)  # fmt: skip
+    caps = (serve["max_concurrency"] if "max_concurrency" in serve
+            else pd.Series(math.nan, index=serve.index)).fillna(0)  # fmt: skip
+    return list(zip(value.tolist(), caps.tolist(), strict=True))
 
 
 def rate_order(serve: pd.DataFrame) -> pd.DataFrame:
     """Rows by policy and source as first seen, then by rate (the matched one's value)."""
     rank = {k: i for i, k in enumerate(dict.fromkeys(zip(serve["policy"], serve["source"],
                                                          strict=True)))}  # fmt: skip
-    value = pd.to_numeric(serve[MATCHED_RATE].replace("max", "inf"), errors="coerce")
     keys = [rank[k] for k in zip(serve["policy"], serve["source"], strict=True)]
-    return serve.assign(_group=keys, _value=value.to_numpy()).sort_values(
+    return serve.assign(_group=keys, _value=_order_value(serve)).sort_values(
         ["_group", "_value"], kind="stable").drop(columns=["_group", "_value"])  # fmt: skip
 
 

@@ -47,7 +47,7 @@ from collections.abc import Collection, Iterator, Sequence
 
 import torch
 
-from benchbatch.core.arrivals import ArrivalFeed
+from benchbatch.core.arrivals import ArrivalFeed, GatedFeed
 from benchbatch.core.fits import check_fits, check_prompt_ids
 from benchbatch.core.scheduler import make_scheduler
 from benchbatch.core.serving import timed_run_metrics
@@ -91,7 +91,10 @@ class Engine:
 
     @torch.no_grad()
     def steps(
-        self, requests: Sequence[Request], arrivals_s: Sequence[float] | None = None
+        self,
+        requests: Sequence[Request],
+        arrivals_s: Sequence[float] | None = None,
+        client_limit: int | None = None,
     ) -> Iterator[StepRecord]:
         """Every request to its last token, one record per step as it ends. `self.result`
         holds the run so far (an interrupted run keeps its steps); complete once exhausted.
@@ -99,12 +102,22 @@ class Engine:
         arrivals_s: each request's arrival in seconds on the wall clock from the start of the
         run: a request joins the queue of the first step that starts after its time has
         passed, and with nothing to run the engine sleeps until the next arrival. Without
-        it every request is queued at once, at its arrival_step."""
+        it every request is queued at once, at its arrival_step.
+
+        client_limit (with arrivals_s): a client that keeps at most this many requests in
+        flight (core/arrivals.GatedFeed, as the simulation's): an arrival waits for one of
+        them to finish, and its metrics count from when it was sent, as a client's do."""
         requests = list(requests)
         check_fits(self.model.cfg.max_context, requests)
         check_prompt_ids(self.model.cfg.vocab, requests)
         sched = make_scheduler(self.policy, self.slots, **self.settings)
-        feed = None if arrivals_s is None else ArrivalFeed(requests, arrivals_s)
+        if arrivals_s is None:
+            assert client_limit is None, "a client's cap needs arrival times"
+            feed = None
+        elif client_limit is None:
+            feed = ArrivalFeed(requests, arrivals_s)
+        else:
+            feed = GatedFeed(requests, arrivals_s, client_limit)
         if feed is None:
             sched.add_requests(requests)
         state = RunState(self, requests)
@@ -116,6 +129,8 @@ class Engine:
                 since = None
             record = state.step(sched, result, None if feed is None else origin, since)
             since = state.last_end
+            if client_limit is not None:  # their client slots free as their last tokens come
+                feed.finish(state.finished, record.end_s)
             result.steps.append(record)
             yield record
         if feed is None:
@@ -123,11 +138,12 @@ class Engine:
             result.metrics.unit = "s"
         else:
             ends = result.step_end_times()
-            result.metrics = timed_run_metrics(sched.recorder.token_steps, ends, feed.arrival_s)
+            sent = feed.arrival_s | getattr(feed, "sent_s", {})  # behind a cap: from sending
+            result.metrics = timed_run_metrics(sched.recorder.token_steps, ends, sent)
         result.complete = True
 
 
-def _release(feed: ArrivalFeed, sched, origin: float) -> bool:
+def _release(feed: ArrivalFeed | GatedFeed, sched, origin: float) -> bool:
     """Queue every request whose arrival time has passed; with nothing to run, sleep until
     the next one arrives (an idle server waits; it does not spin steps). Whether it waited."""
     feed.release(sched, time.perf_counter() - origin)

@@ -59,6 +59,7 @@ class RunState:
         self.output_tokens = {r.id: r.output_tokens for r in requests}
         self.last_end: float | None = None  # perf_counter at the end of the last step
         self.last_cpu_end: float | None = None  # and the thread's CPU clock then
+        self.finished: list[int] = []  # the requests the last step ended
 
     def add(self, request: Request) -> None:
         """A request that came while the run runs (runtime/live.py): its prompt and length."""
@@ -90,7 +91,7 @@ class RunState:
         synchronize(self.device)
         model_s = time.perf_counter() - model_start
         stopped = self._collect(plan, calls, chosen, result)
-        sched.update(plan, stopped)
+        self.finished = sched.update(plan, stopped)  # the requests this step ended
         cpu_end = time.thread_time()
         end = time.perf_counter()  # the CPU clock's interval within the wall clock's
         step_s = end - start

@@ -30,6 +30,7 @@ class EngineRun:
     stop_tokens: frozenset[int] = frozenset()  # end a request at one (end-of-sequence)
     arrivals_s: Sequence[float] | None = None  # arrivals in seconds, on the wall clock
     columns: dict = field(default_factory=dict)  # set in each of its rows (serve-sweep: rate)
+    client_limit: int | None = None  # a client's cap on requests in flight (arrivals_s)
 
 
 @dataclass(frozen=True)
@@ -53,7 +54,7 @@ def engine_events(
     for run in runs:
         engine = Engine(model, run.policy, run.slots, seed, run.stop_tokens, **run.settings)
         start = before = compiled.counts(model)
-        for record in engine.steps(requests, run.arrivals_s):
+        for record in engine.steps(requests, run.arrivals_s, run.client_limit):
             row = step_row(run, record.row())
             row |= compiled.row_columns(model, before)
             before = compiled.counts(model)

@@ -105,6 +105,11 @@ def _view(table: str, df, names: list[str]) -> Table:
         value = "value"
     if table == "serve":
         df = serve_merging.rate_order(df)
+        if serve_merging.concurrency_sweeps(df, names):
+            what = "p99 TTFT s at each cap (requests in flight, at one rate)"
+    if table == "slo" and df.get("sustained_concurrency") is not None:
+        if df["sustained_concurrency"].notna().any() or df["sustained_rps"].isna().all():
+            value, what = "sustained_concurrency", "most requests in flight within the SLO"
     # The SLO table: a run that has the row but never met the SLO says "none".
     wide = merging.pivot(df, index, value, names, missing="none" if table == "slo" else None)
     first = names[0]
@@ -175,8 +180,9 @@ def _matched(rates: dict) -> str:
     """Which serve points the table set side by side: the rates every run has, and those
     only some have (their rows show '-' for the others)."""
     tol = f"{rates['tolerance']:.1%}".replace(".0%", "%")
-    every = ", ".join(rates["matched"]) or "none"
-    line = f"serve points matched by absolute rate (within {tol}): in every run {every}"
+    every = ("; " if rates.get("caps") else ", ").join(rates["matched"]) or "none"
+    by = "absolute rate and cap" if rates.get("caps") else "absolute rate"
+    line = f"serve points matched by {by} (within {tol}): in every run {every}"
     apart = [f"{r['rate']} only in {', '.join(r['runs'])}" for r in rates["not_in_every_run"]]
     if apart:
         line += "; " + "; ".join(apart)

@@ -89,9 +89,11 @@ def show(rec) -> None:
     for source, name in (("sim", "simulated"), ("real", "real engine")):
         mine = [_shown(r) for r in rows if r["source"] == source]
         if mine:
-            n = f"{mine[0]['requests']:,} requests a point"
-            render.table(mine, LATENCY_COLUMNS, f"{name}, {n}: latency (s unless ms)")
-            render.table(mine, LOAD_COLUMNS, f"{name}: throughput, and what the slots did")
+            n = f"{mine[0]['requests']:,} requests a point{_held(mine)}"
+            render.table(mine, _capped(LATENCY_COLUMNS, mine),
+                         f"{name}, {n}: latency (s unless ms)")  # fmt: skip
+            render.table(mine, _capped(LOAD_COLUMNS, mine),
+                         f"{name}: throughput, and what the slots did")  # fmt: skip
     served = [_shown(r) for r in rows if r["source"] == "endpoint"]
     if served:
         name = f"{served[0]['label']}, {served[0]['sent']:,} requests a point{_held(served)}"
@@ -206,13 +208,21 @@ def shared_core(rows: list[dict]) -> list[str]:
         return []
     low, high = min(shares), max(shares)
     held = f"{low:.0%}" if high - low < 0.005 else f"{low:.0%}-{high:.0%}"
+    caps = any("max_concurrency" in r for r in rows) and _concurrency_sweep(rows)
+    what = ("its throughput at each cap is", "points") if caps else ("its rates are", "knees")
     return [
         f"real engine: served on a shared core (the engine held it {held} of the time, "
-        "serve.csv's core_share; other processes took the rest): its rates are this loaded "
-        "machine's, and a quiet run serves more; the simulated knees price the device's own "
-        "steps and are the ones to compare across runs",
+        f"serve.csv's core_share; other processes took the rest): {what[0]} this loaded "
+        f"machine's, and a quiet run serves more; the simulated {what[1]} price the device's "
+        "own steps and are the ones to compare across runs",
         *_whole_core(rows),
     ]
+
+
+def _concurrency_sweep(rows: list[dict]) -> bool:
+    from benchbatch.core.serving import concurrency_sweep  # numpy: not on --help's path
+
+    return concurrency_sweep(rows)
 
 
 def _whole_core(rows: list[dict]) -> list[str]:
@@ -226,7 +236,8 @@ def _whole_core(rows: list[dict]) -> list[str]:
     parts = []
     for policy in dict.fromkeys(r["policy"] for r in real):
         mine = sorted((r | {"within_slo": bool(r["whole_core_within_slo"])} for r in real
-                       if r["policy"] == policy), key=lambda r: r["rate_rps"])  # fmt: skip
+                       if r["policy"] == policy),
+                      key=lambda r: (r["rate_rps"], r.get("max_concurrency") or 0))  # fmt: skip
         parts.append(f"{policy} {_sustains(probe.sustained_row(policy, 'real', mine))}")
     if not parts:
         return []

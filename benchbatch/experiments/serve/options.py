@@ -92,13 +92,13 @@ class ServeOptions:
     )
     max_concurrency: tuple[str, ...] | None = opt(
         None,
-        "With --endpoint: at most this many requests in flight; later arrivals wait for a "
-        "free one, and, as in vLLM's bench serve, their latencies count from when each is "
-        "sent (the wait is requests.csv's queued_s). Several, comma-separated (1,4,16): a "
-        "concurrency sweep, each cap a point at one rate (--rates, default max: every "
-        "request queued and that many kept in flight, GuideLLM's concurrent profile), drawn "
-        "against the cap. Default: no cap.",
-        panel=ENDPOINT_PANEL,
+        "The client keeps at most this many requests in flight (--endpoint's, the "
+        "simulation's and the real engine's alike); later arrivals wait for a free one, and, "
+        "as in vLLM's bench serve, their latencies count from when each is sent. Several, "
+        "comma-separated (1,4,16): a concurrency sweep, each cap a point at one rate "
+        "(--rates, default max: every request queued and that many kept in flight, "
+        "GuideLLM's concurrent profile), drawn against the cap. Default: no cap.",
+        panel=SERVE_PANEL,
         parse="words",
         metavar="N",
     )
@@ -292,8 +292,23 @@ class ServeOptions:
                 "only applies with --endpoint and --predict or --step-costs",
             )
             self.server_kv_value  # noqa: B018 (checked as it is read)
+        caps = self.caps  # checked as they are read
+        if len(caps) > 1 and self.rates is not None:
+            require(
+                len(parse_rates(self.rates, "rates")) == 1,
+                "max_concurrency",
+                f"{len(caps)} caps sweep the concurrency at one rate; give one --rates (or "
+                "none: max), or one cap",
+            )
+        if len(caps) > 1 and self.real_rates is not None and self.endpoint is None:
+            raise UserError(
+                "real_rates",
+                f"{len(caps)} --max-concurrency caps sweep the concurrency at one rate, and "
+                "the real engine serves the caps that fit --real-time at that rate: give one "
+                "--rates (or none: max) instead",
+            )
         if self.endpoint is None:
-            for name in ("served_model", "max_concurrency", "tokenizer"):
+            for name in ("served_model", "tokenizer"):
                 if getattr(self, name) is not None:
                     raise UserError(name, "only applies with --endpoint")
             if self.client_priority != "auto":
@@ -310,14 +325,6 @@ class ServeOptions:
         from benchbatch.net.endpoint import check_url
 
         check_url(self.endpoint, "endpoint")
-        caps = self.caps  # checked as they are read
-        if len(caps) > 1 and self.rates is not None:
-            require(
-                len(parse_rates(self.rates, "rates")) == 1,
-                "max_concurrency",
-                f"{len(caps)} caps sweep the concurrency at one rate; give one --rates (or "
-                "none: max), or one cap",
-            )
         if self.served_model is not None:
             require(bool(self.served_model.strip()), "served_model", "give a model name")
         if self.real_rates is not None:

@@ -17,7 +17,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import numpy as np
 
@@ -80,9 +80,21 @@ class Setup:
     chunk: int
     slo: ServingSLO
     kv: KVBudget | None = None  # a server's KV pool (--predict); None: a row per slot
-    # the client's cap on requests in flight (--endpoint --max-concurrency): simulated as
-    # the client holds them, latencies from the sending; None: every request sent on arrival
+    # the client's cap on requests in flight (--max-concurrency; a concurrency sweep's is
+    # each point's, at_cap): simulated as the client holds them, latencies from the
+    # sending; None: every request sent on arrival
     client_limit: int | None = None
+
+
+def at_cap(setup: Setup, cap: int | None) -> Setup:
+    """setup with the client's cap of one point (a concurrency sweep's: each its own)."""
+    return setup if cap == setup.client_limit else replace(setup, client_limit=cap)
+
+
+def cap_columns(cap: int | None) -> dict:
+    """The max_concurrency column of a point's rows where its client had a cap: {} without
+    one (a run without --max-concurrency writes no such column)."""
+    return {} if cap is None else {"max_concurrency": cap}
 
 
 def settings(policy: str, setup: Setup) -> tuple[str, dict]:
@@ -193,13 +205,20 @@ def point_row(p: Point, setup: Setup) -> dict:
     return row
 
 
-def request_rows(p: Point, slo: ServingSLO) -> list[dict]:
-    """requests.csv: every request's latencies at one (policy, rate, source)."""
+def request_rows(p: Point, slo: ServingSLO, cap: int | None = None) -> list[dict]:
+    """requests.csv: every request's latencies at one (policy, rate, source). Behind a
+    client's cap (--max-concurrency) each row says when the request arrived (arrival_s),
+    when the client sent it (sent_s, the time its latencies count from), the wait between
+    (queued_s), and the cap, as --endpoint's rows do."""
     by_id = {r.id: r for r in p.requests}
+    offered = {r.id: float(t) for r, t in zip(p.requests, p.arrivals, strict=True)}
     rows = []
     for m in p.metrics.requests:
         r = by_id[m.request_id]
         per = tpot(m)
+        held = {} if cap is None else {
+            "arrival_s": offered[m.request_id], "sent_s": m.arrival,
+            "queued_s": m.arrival - offered[m.request_id], "max_concurrency": cap}  # fmt: skip
         rows.append(
             {
                 "policy": p.policy,
@@ -215,6 +234,7 @@ def request_rows(p: Point, slo: ServingSLO) -> list[dict]:
                 "e2e_s": m.e2e,
                 "slo_met": slo.met(m),
             }
+            | held
         )
     return rows
 
@@ -285,18 +305,19 @@ def sustained_row(policy: str, source: str, mine: list[dict]) -> dict:
 
 def engine_runs(
     w: ServeWorkload,
-    rates: Sequence[float],
+    spots: Sequence[tuple[float, int | None]],
     policies: Sequence[str],
     setup: Setup,
     n: int,
     matched: dict,
 ) -> list:
-    """The real engine's runs, one per (rate, policy): EngineRun specs over the first n
-    requests at that rate (matched: their simulations, for the progress total)."""
+    """The real engine's runs, one per (rate, cap) spot and policy: EngineRun specs over the
+    first n requests at that rate, behind that client cap (None: none; matched: their
+    simulations by (policy, spot), for the progress total)."""
     from benchbatch.runtime.runs import EngineRun
 
     runs = []
-    for rate in rates:
+    for rate, cap in spots:
         _, arrivals = w.at(rate, n)
         for policy in policies:
             name, config = settings(policy, setup)
@@ -306,9 +327,10 @@ def engine_runs(
                     setup.slots,
                     name,
                     config,
-                    sim_steps=len(matched[(policy, rate)].step_ends),
+                    sim_steps=len(matched[(policy, (rate, cap))].step_ends),
                     arrivals_s=arrivals.tolist(),
-                    columns={"rate": rate_label(rate)},
+                    columns={"rate": rate_label(rate)} | cap_columns(cap),
+                    client_limit=cap,
                 )
             )
     return runs
@@ -359,6 +381,6 @@ def point_requests(rows: Sequence[dict]) -> dict:
     out: dict = {}
     for r in rows:
         if r["source"] in side:
-            point = f"{r['policy']} @ {r['rate']} req/s"
+            point = f"{r['policy']} @ {r['rate']} req/s{cap_label(r.get('max_concurrency'))}"
             out.setdefault((point, side[r["source"]]), {})[r["request_id"]] = r
     return out

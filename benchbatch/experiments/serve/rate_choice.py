@@ -27,19 +27,38 @@ def auto_rates(capacity_rps: float) -> tuple[float, ...]:
     return (*sorted(r for r in rates if r > 0), math.inf)
 
 
-def knee_rates(rows: Sequence[dict], source: str = SIM) -> list[float]:
+def knee_rates(rows: Sequence[dict], source: str = SIM, key: str = "rate_rps") -> list:
     """Per policy, the last rate within the SLO and the first one not (the lowest rate if even
-    it misses): where a policy leaves the SLO."""
+    it misses): where a policy leaves the SLO. key="max_concurrency": a concurrency sweep's
+    caps, the same way."""
     out = []
     for policy in dict.fromkeys(r["policy"] for r in rows):
         mine = sorted(
             (r for r in rows if r["policy"] == policy and r["source"] == source),
-            key=lambda r: r["rate_rps"],
+            key=lambda r: r[key],
         )
         miss = next((i for i, r in enumerate(mine) if not r["within_slo"]), None)
         if miss is not None:
-            out += [mine[i]["rate_rps"] for i in (miss - 1, miss) if i >= 0]
+            out += [mine[i][key] for i in (miss - 1, miss) if i >= 0]
     return list(dict.fromkeys(out))
+
+
+def choose_real_caps(rows: Sequence[dict], cost_s: dict[tuple, float], budget_s: float):
+    """A concurrency sweep's caps the real engine serves within budget_s seconds. rows: the
+    simulations of its own requests at every cap (MATCHED, with max_concurrency); cost_s:
+    each (rate, cap) spot's simulated duration, all policies. Where each policy leaves the
+    SLO first (its last cap within and its first outside), then the cheapest others (a
+    small cap is the dearest: it serves the requests fewest at a time). Returns the chosen
+    spots by cap, and their estimated seconds."""
+    by_cap = {cap: spot for spot in cost_s for cap in (spot[1],)}
+    knees = [by_cap[c] for c in knee_rates(rows, MATCHED, "max_concurrency") if c in by_cap]
+    rest = sorted((s for s in cost_s if s not in knees), key=lambda s: cost_s[s])
+    chosen, spent = [], 0.0
+    for spot in [*knees, *rest]:
+        if spent + cost_s[spot] <= budget_s:
+            chosen.append(spot)
+            spent += cost_s[spot]
+    return sorted(chosen, key=lambda s: s[1]), spent
 
 
 def choose_real_rates(rows: Sequence[dict], cost_s: dict[float, float], budget_s: float,

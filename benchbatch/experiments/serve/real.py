@@ -19,19 +19,26 @@ from benchbatch.output import render
 @dataclass
 class Served:
     """The real engine's points: each simulation of the same requests (sim-matched rows by
-    policy and rate), the requests a point, and each real row with its arrivals' span."""
+    policy and spot: (rate, client cap), the cap None without --max-concurrency), the
+    requests a point, and each real row with its arrivals' span."""
 
     matched: dict
     n: int
     points: list = field(default_factory=list)
-    spread: dict = field(default_factory=dict)  # by policy and rate: probe.spread_rows'
+    spread: dict = field(default_factory=dict)  # by policy and spot: probe.spread_rows'
+
+
+def spot_of(row: dict) -> tuple[float, int | None]:
+    """A serve.csv row's spot: (its rate, its client's cap or None)."""
+    return row["rate_rps"], row.get("max_concurrency")
 
 
 def serve(rec, net, opts: ServeOptions, w, setup, cost, rates, seed: int, cpu_cost=None):
-    """The chosen rates on the model: real_steps.csv as steps end (the engine's events,
-    through the run); per point its serve.csv row beside the simulation of the same
-    requests (sim-matched: priced at the point's own core share, `beside`) and
-    sim_vs_real.csv. Returns the points (Served; None where no rate fits --real-time)."""
+    """The chosen rates (a concurrency sweep's: caps) on the model: real_steps.csv as steps
+    end (the engine's events, through the run); per point its serve.csv row beside the
+    simulation of the same requests (sim-matched: priced at the point's own core share,
+    `beside`) and sim_vs_real.csv. Returns the points (Served; None where none fits
+    --real-time)."""
     from benchbatch.core.cpu_clock import core_share
     from benchbatch.experiments.serve import probe
     from benchbatch.runtime import energy_meter
@@ -42,7 +49,7 @@ def serve(rec, net, opts: ServeOptions, w, setup, cost, rates, seed: int, cpu_co
     if not chosen:
         return None
     served = Served({}, n)
-    by_label = {probe.rate_label(r): r for r in chosen}
+    by_label = {(probe.rate_label(r), cap): (r, cap) for r, cap in chosen}
     requests, _ = w.at(math.inf, n)
     runs = probe.engine_runs(w, chosen, opts.policies, setup, n, matched)
     events = _priced(engine_events(net, requests, runs, seed), cost, cpu_cost)
@@ -51,28 +58,28 @@ def serve(rec, net, opts: ServeOptions, w, setup, cost, rates, seed: int, cpu_co
     meter.start()
     for done in rec.engine_rows("real_steps", events, total=total, label="real engine"):
         reading = meter.lap()
-        rate = by_label[done.run.columns["rate"]]
+        spot = by_label[(done.run.columns["rate"], done.run.columns.get("max_concurrency"))]
+        (rate, cap), key = spot, (done.run.name, spot)
+        capped, columns = probe.at_cap(setup, cap), probe.cap_columns(cap)
         point = probe.real_point(done.result, done.run.name, rate, requests, w.at(rate, n)[1])
-        row = probe.point_row(point, setup)
+        row = probe.point_row(point, capped) | columns
         row |= energy.serve_columns(row, reading, opts.price_per_hour)
         row["core_share"] = core_share([s.row() for s in done.result.steps])
         model = beside_cost(cost, cpu_cost, row["core_share"])
-        sim = beside(matched[(done.run.name, rate)], w, setup, cost, cpu_cost, row["core_share"],
-                     n)  # fmt: skip
-        served.spread[(done.run.name, rate)] = probe.spread_rows(w, done.run.name, rate, setup,
-                                                                 model, n)  # fmt: skip
-        row |= whole_core(matched[(done.run.name, rate)], w, setup, cost, cpu_cost, n)
-        sim_row = probe.point_row(sim, setup) | {
+        sim = beside(matched[key], w, capped, cost, cpu_cost, row["core_share"], n)
+        served.spread[key] = probe.spread_rows(w, done.run.name, rate, capped, model, n)
+        row |= whole_core(matched[key], w, capped, cost, cpu_cost, n)
+        sim_row = probe.point_row(sim, capped) | columns | {
             "step_costs": "wall clock" if model is cost else "cpu clock / core share",
             "core_share": row["core_share"]}  # fmt: skip
         rec.add("serve", sim_row | energy.serve_columns(sim_row, None, opts.price_per_hour))
-        for r in probe.request_rows(sim, setup.slo):
+        for r in probe.request_rows(sim, setup.slo, cap):
             rec.add("requests", r, stream=True)
-        served.matched[(done.run.name, rate)] = sim_row
+        served.matched[key] = sim_row
         rec.add("serve", row)
         for versus in probe.sim_vs_real(row, sim_row):
-            rec.add("sim_vs_real", versus)
-        for r in probe.request_rows(point, setup.slo):
+            rec.add("sim_vs_real", versus | columns)
+        for r in probe.request_rows(point, setup.slo, cap):
             rec.add("requests", r, stream=True)
         arrivals = w.at(rate, n)[1]
         span = float(arrivals.max() - arrivals.min()) if len(arrivals) else 0.0
@@ -126,7 +133,7 @@ def compare(rec, served: Served) -> None:
 
     pairs = []
     for row, span in served.points:
-        key = (row["policy"], row["rate_rps"])
+        key = (row["policy"], spot_of(row))
         pairs += probe.prediction_pairs(row, served.matched[key], span, served.spread.get(key, ()))
     pairs = with_intervals(pairs, probe.point_requests(rec.rows("requests")))
     say_prices(rec)
@@ -210,7 +217,7 @@ def say_core_shares(rec) -> None:
     real = [r for r in rec.rows("serve") if r["source"] == "real" and "core_share" in r]
     if calibrated is None or not calibrated == calibrated or not real:
         return
-    shares = {f"{r['policy']} {r['rate']}": r["core_share"] for r in real}
+    shares = {f"{r['policy']} {r['rate']}{_cap_words(r)}": r["core_share"] for r in real}
     rec.meta.setdefault("real", {})["core_shares"] = {"calibration": calibrated, **shares}
     shared = {k: v for k, v in shares.items() if v == v and v < c.SHARED_CORE}
     if shared:
@@ -221,6 +228,12 @@ def say_core_shares(rec) -> None:
             "priced at the share it had (the calibration's CPU clock over it), so the "
             "ratios judge the model at the load the point ran under"
         )
+
+
+def _cap_words(row: dict) -> str:
+    from benchbatch.core.serving import cap_label
+
+    return cap_label(row.get("max_concurrency"))
 
 
 def _dearer(opts: ServeOptions, w, setup, cost, rates, n: int) -> list[dict]:
@@ -236,47 +249,59 @@ def _dearer(opts: ServeOptions, w, setup, cost, rates, n: int) -> list[dict]:
 
 
 def _matched(rec, opts: ServeOptions, w, setup, cost, rates, n: int):
-    """The simulation of the real engine's n requests at every candidate rate, and the rates
-    to serve: --real-rates, or those that fit --real-time by these simulations' durations."""
+    """The simulation of the real engine's n requests at every candidate spot (rate, client
+    cap), and the spots to serve: --real-rates, or those that fit --real-time by these
+    simulations' durations (a concurrency sweep's: its caps that fit, at its one rate)."""
     from benchbatch.experiments.serve import probe, rate_choice
 
-    candidates = opts.real_rate_values or rates
+    candidates = [(r, cap) for r in opts.real_rate_values or rates for cap in opts.caps]
     matched = {
-        (p, r): probe.simulate_point(w, p, r, setup, cost, n, probe.MATCHED)
-        for r in candidates
+        (p, spot): probe.simulate_point(w, p, spot[0], probe.at_cap(setup, spot[1]), cost, n,
+                                        probe.MATCHED)
+        for spot in candidates
         for p in opts.policies
-    }
-    cost_s = {r: sum(matched[(p, r)].step_ends[-1] for p in opts.policies) for r in candidates}
-    if opts.real_rates is None:
+    }  # fmt: skip
+    cost_s = {s: sum(matched[(p, s)].step_ends[-1] for p in opts.policies) for s in candidates}
+    if opts.concurrency_sweep:
+        rows = [probe.point_row(v, probe.at_cap(setup, spot[1])) | {"max_concurrency": spot[1]}
+                for (_, spot), v in matched.items()]  # fmt: skip
+        chosen, spent = rate_choice.choose_real_caps(rows, cost_s, opts.real_time)
+    elif opts.real_rates is None:
         rows = [probe.point_row(v, setup) for v in matched.values()]
-        dear = _dearer(opts, w, setup, cost, candidates, n)
-        chosen, spent = rate_choice.choose_real_rates(rows, cost_s, opts.real_time, dear)
-        fewer = n // 2
-        if len(chosen) < min(2, len(candidates)) and fewer >= MIN_REAL_REQUESTS:
-            # A slow or loaded device: fewer requests a point rather than no answer.
-            rec.note(
-                f"{len(chosen) or 'no'} rate{'' if len(chosen) == 1 else 's'} of {n} requests "
-                f"fit{'s' if len(chosen) == 1 else ''} --real-time {opts.real_time:g} s on "
-                f"this device; trying {fewer} requests a point (raise --real-time to serve "
-                "more)"
-            )
-            return _matched(rec, opts, w, setup, cost, rates, fewer)
+        dear = _dearer(opts, w, setup, cost, [r for r, _ in candidates], n)
+        by_rate = {r: spent for (r, _), spent in cost_s.items()}
+        chosen, spent = rate_choice.choose_real_rates(rows, by_rate, opts.real_time, dear)
+        chosen = [(r, setup.client_limit) for r in chosen]
     else:
         chosen, spent = list(candidates), sum(cost_s.values())
         if spent > opts.real_time:  # explicit rates: the fitted model's estimate, all points
             raise UserError(
                 "real_rates",
-                f"{', '.join(probe.rate_label(r) for r in chosen)} req/s: the fitted cost "
+                f"{', '.join(probe.rate_label(r) for r, _ in chosen)} req/s: the fitted cost "
                 f"model expects about {_seconds(spent)} on the model, more than "
                 f"--real-time {opts.real_time:g} s (higher or fewer --real-rates, fewer "
                 "--real-requests, or a larger --real-time)",
             )
+    if opts.real_rates is None:
+        fewer = n // 2
+        if len(chosen) < min(2, len(candidates)) and fewer >= MIN_REAL_REQUESTS:
+            # A slow or loaded device: fewer requests a point rather than no answer.
+            what = "cap" if opts.concurrency_sweep else "rate"
+            rec.note(
+                f"{len(chosen) or 'no'} {what}{'' if len(chosen) == 1 else 's'} of {n} requests "
+                f"fit{'s' if len(chosen) == 1 else ''} --real-time {opts.real_time:g} s on "
+                f"this device; trying {fewer} requests a point (raise --real-time to serve "
+                "more)"
+            )
+            return _matched(rec, opts, w, setup, cost, rates, fewer)
     rec.meta["real"] = {
         "requests": n,
-        "rates_rps": [probe.rate_label(r) for r in chosen],
+        "rates_rps": list(dict.fromkeys(probe.rate_label(r) for r, _ in chosen)),
         "estimated_s": spent,
         "budget_s": opts.real_time,
     }
+    if opts.concurrency_sweep:
+        rec.meta["real"]["max_concurrency"] = [cap for _, cap in chosen]
     if chosen:
         _say_estimate(rec, n, chosen, spent)
     else:
@@ -302,7 +327,10 @@ def _say_estimate(rec, n: int, chosen, spent: float) -> None:
         return
     from benchbatch.experiments.serve.rates import rate_label
 
+    rates = ", ".join(dict.fromkeys(rate_label(r) for r, _ in chosen))
+    caps = [cap for _, cap in chosen if cap is not None]
+    held = f", {', '.join(map(str, caps))} in flight" if caps else ""
     rec.say(
-        f"real engine: {n} requests per point at {', '.join(rate_label(r) for r in chosen)} "
-        f"req/s; the fitted cost model expects about {render.duration(spent)}"
+        f"real engine: {n} requests per point at {rates} req/s{held}; the fitted cost model "
+        f"expects about {render.duration(spent)}"
     )

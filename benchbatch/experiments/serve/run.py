@@ -94,8 +94,11 @@ def _plan(opts: ServeOptions, workload: WorkloadOptions, run: RunOptions):
     from benchbatch.experiments.serve import probe, workloads
 
     slo = ServingSLO(opts.slo_ttft, opts.slo_tpot)
-    # (an endpoint's client cap is each point's own: serve/endpoint.py sets it per point)
-    setup = probe.Setup(workload.slots, opts.max_num_batched_tokens, opts.chunk, slo)
+    # One --max-concurrency cap holds at every point; a concurrency sweep's caps are each
+    # point's own (probe.at_cap), as an endpoint's are (serve/endpoint.py sets them).
+    cap = opts.caps[0] if len(opts.caps) == 1 and opts.endpoint is None else None
+    setup = probe.Setup(workload.slots, opts.max_num_batched_tokens, opts.chunk, slo,
+                        client_limit=cap)  # fmt: skip
     probe.check_setup(opts.policies, setup)
     return setup, workloads.draw(opts, workload, run.seed), _given_costs(opts)
 
@@ -111,7 +114,9 @@ def _check_work(opts: ServeOptions, workload: WorkloadOptions, w=None) -> None:
     if w is None and workload.trace is not None:
         return  # its rows are counted once read
     given, real_given = opts.rate_values, opts.real_rate_values or ()
-    if given is None:
+    if opts.concurrency_sweep:
+        rates = len(opts.caps)  # each cap a point, at one rate
+    elif given is None:
         rates = len(rate_choice.AUTO_FRACTIONS) + 1 + len(real_given)
     else:
         rates = len(set(given) | set(real_given))
@@ -132,6 +137,8 @@ def _check_work(opts: ServeOptions, workload: WorkloadOptions, w=None) -> None:
     longest = 0 if w is None else max(r.output_tokens for r in w.requests)
     if workload.trace is not None:
         option = "trace"
+    elif one_rate * 2 <= ServeOptions.MAX_SIM_WORK and opts.concurrency_sweep:
+        option = "max_concurrency"
     elif one_rate * 2 <= ServeOptions.MAX_SIM_WORK and opts.rates is not None:
         option = "rates"
     elif len(opts.policies) * longest * 2 > ServeOptions.MAX_SIM_WORK:
@@ -142,10 +149,12 @@ def _check_work(opts: ServeOptions, workload: WorkloadOptions, w=None) -> None:
     fewer = "a shorter --trace" if workload.trace is not None else "fewer --requests"
     raise UserError(
         option,
-        f"simulating {len(opts.policies)} policies at {rates} rates of {n:,} requests"
+        f"simulating {len(opts.policies)} policies at {rates} "
+        f"{'caps' if opts.concurrency_sweep else 'rates'} of {n:,} requests"
         f"{tokens} is about {total:,} steps' work, more than the "
-        f"{ServeOptions.MAX_SIM_WORK:,} a run may ({fewer}, fewer --rates or --policies, or "
-        "shorter outputs)",
+        f"{ServeOptions.MAX_SIM_WORK:,} a run may ({fewer}, fewer "
+        f"{'--max-concurrency caps' if opts.concurrency_sweep else '--rates'} or --policies, "
+        "or shorter outputs)",
     )
 
 
@@ -265,13 +274,18 @@ def _sweep_cost(rec, cost, cpu_cost):
 
 
 def _simulate(rec, opts: ServeOptions, w, setup, cost) -> tuple[float, ...]:
-    """serve.csv's simulated rows, one per (policy, rate), and requests.csv. The default
-    rates come from the capacity the max point shows. Returns the rates."""
+    """serve.csv's simulated rows, one per (policy, rate) (a concurrency sweep's: one per
+    (policy, cap) at its one rate), and requests.csv. The default rates come from the
+    capacity the max point shows (a concurrency sweep's default rate is max). Returns the
+    rates."""
     from benchbatch.experiments.serve import probe, rate_choice
 
     done: dict = {}
     rates = opts.rate_values
-    if rates is None:
+    if opts.concurrency_sweep:
+        rates = rates or (math.inf,)
+        rec.meta["max_concurrency"] = list(opts.caps)
+    elif rates is None:
         for p in opts.policies:
             done[(p, math.inf)] = probe.simulate_point(w, p, math.inf, setup, cost)
         rows = [probe.point_row(point, setup) for point in done.values()]
@@ -282,13 +296,16 @@ def _simulate(rec, opts: ServeOptions, w, setup, cost) -> tuple[float, ...]:
 
     def points():
         for rate in rates:
-            for p in opts.policies:
-                point = done.pop((p, rate), None) or probe.simulate_point(w, p, rate, setup, cost)
-                requests.extend(probe.request_rows(point, setup.slo))
-                row = probe.point_row(point, setup)
-                yield row | energy.serve_columns(row, None, opts.price_per_hour)
+            for cap in opts.caps:
+                capped, columns = probe.at_cap(setup, cap), probe.cap_columns(cap)
+                for p in opts.policies:
+                    point = done.pop((p, rate), None) or probe.simulate_point(w, p, rate,
+                                                                              capped, cost)
+                    requests.extend(probe.request_rows(point, setup.slo, cap))
+                    row = probe.point_row(point, capped) | columns
+                    yield row | energy.serve_columns(row, None, opts.price_per_hour)
 
-    total = len(rates) * len(opts.policies)
+    total = len(rates) * len(opts.caps) * len(opts.policies)
     rec.record("serve", points(), total=total, label="simulating the sweep", timed=False)
     rec.put("requests", requests)
     return rates
@@ -302,6 +319,8 @@ def _knees(rec, opts: ServeOptions, w, setup, cost) -> None:
     pass the run's simulation budget beside the sweep's."""
     from benchbatch.experiments.serve import knees, probe
 
+    if opts.concurrency_sweep:
+        return  # a knee is a rate; the sweep's slo.csv names the most in flight within it
     rows = [r for r in rec.rows("serve") if r["source"] == probe.SIM]
     brackets = knees.knee_brackets(rows)
     if not brackets:
