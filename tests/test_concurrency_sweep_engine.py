@@ -179,6 +179,21 @@ def test_one_cap_holds_every_rate_of_a_sweep(runner, tmp_path, step_costs):
 # --- the real engine ----------------------------------------------------------------------
 
 
+def test_the_real_caps_are_the_knee_first_then_the_cheapest():
+    """Within --real-time: where a policy leaves the SLO (its last cap within, its first
+    outside) before cheaper caps, then the cheapest others; a small cap is the dearest."""
+    from benchbatch.experiments.serve.rate_choice import choose_real_caps
+
+    inf = float("inf")
+    rows = [{"policy": "continuous", "source": "sim-matched", "max_concurrency": c,
+             "within_slo": c <= 2} for c in (1, 2, 4, 8)]  # fmt: skip
+    cost = {(inf, 1): 100.0, (inf, 2): 60.0, (inf, 4): 40.0, (inf, 8): 30.0}
+    assert choose_real_caps(rows, cost, 110.0) == ([(inf, 2), (inf, 4)], 100.0)
+    assert choose_real_caps(rows, cost, 135.0) == ([(inf, 2), (inf, 4), (inf, 8)], 130.0)
+    within = [r | {"within_slo": True} for r in rows]  # no knee: the cheapest first
+    assert choose_real_caps(within, cost, 75.0) == ([(inf, 4), (inf, 8)], 70.0)
+
+
 def test_the_real_engine_serves_each_cap_beside_its_simulation(runner, tmp_path):
     out = tmp_path / "real"
     args = ["serve-sweep", "--preset", "tiny", "--requests", "12", "--real-requests", "8",
