@@ -858,6 +858,14 @@ BREAKS = [
               "test_the_real_engine_serves_each_cap_beside_its_simulation"),
     ),
     Break(
+        "engine cap: one cap's real rates chosen without it",
+        "benchbatch/experiments/serve/real.py",
+        "        chosen = [(r, setup.client_limit) for r in chosen]",
+        "        chosen = [(r, None) for r in chosen]",
+        tests("tests/test_concurrency_sweep_engine.py",
+              "test_one_cap_holds_the_real_engine_at_the_rates_it_chose"),
+    ),
+    Break(
         "engine cap: the real caps chosen cheapest first, knees or not",
         "benchbatch/experiments/serve/rate_choice.py",
         "    for spot in [*knees, *rest]:",

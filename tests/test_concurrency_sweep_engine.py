@@ -227,6 +227,27 @@ def test_the_real_engine_serves_each_cap_beside_its_simulation(runner, tmp_path)
     assert "real engine over its simulation" in said and "in flight" in said
 
 
+def test_one_cap_holds_the_real_engine_at_the_rates_it_chose(runner, tmp_path):
+    """One cap and the default choice of real rates (within --real-time): every real point,
+    and its simulation beside it, behind the cap."""
+    out = tmp_path / "one"
+    args = ["serve-sweep", "--preset", "tiny", "--requests", "12", "--real-requests", "6",
+            "--median", "4", "--max-output", "8", "--prompt-len", "16", "--max-prompt", "64",
+            "--max-concurrency", "2", "--rates", "20,max", "--policies", "continuous",
+            "--repeats", "1", "--min-time", "0", "--warmup", "0", "--out", str(out)]  # fmt: skip
+    result = runner.invoke(app, args)
+    assert result.exit_code == 0, result.output
+    serve = pd.read_csv(out / "serve.csv", dtype={"rate": str})
+    real = serve[serve["source"] == "real"]
+    assert len(real) >= 1 and (serve["max_concurrency"] == 2).all()
+    requests = pd.read_csv(out / "requests.csv", dtype={"rate": str})
+    for (source, _), mine in requests.groupby(["source", "rate"]):
+        assert in_flight(mine) <= 2, source
+    at_max = requests[(requests["source"] == "real") & (requests["rate"] == "max")]
+    if len(at_max):  # every request queued at once: the cap reached, and waited on
+        assert in_flight(at_max) == 2 and at_max["queued_s"].max() > 0
+
+
 @pytest.mark.parametrize(
     "extra, flag",
     [
