@@ -868,8 +868,8 @@ BREAKS = [
     Break(
         "engine cap: the real caps chosen cheapest first, knees or not",
         "benchbatch/experiments/serve/rate_choice.py",
-        "    for spot in [*knees, *rest]:",
-        "    for spot in sorted(cost_s, key=cost_s.get):",
+        "    order = [*knees, *rest]",
+        "    order = sorted(cost_s, key=cost_s.get)",
         tests("tests/test_concurrency_sweep_engine.py",
               "test_the_real_caps_are_the_knee_first_then_the_cheapest"),
     ),

@@ -53,12 +53,21 @@ def choose_real_caps(rows: Sequence[dict], cost_s: dict[tuple, float], budget_s:
     by_cap = {cap: spot for spot in cost_s for cap in (spot[1],)}
     knees = [by_cap[c] for c in knee_rates(rows, MATCHED, "max_concurrency") if c in by_cap]
     rest = sorted((s for s in cost_s if s not in knees), key=lambda s: cost_s[s])
-    chosen, spent = [], 0.0
-    for spot in [*knees, *rest]:
-        if spent + cost_s[spot] <= budget_s:
-            chosen.append(spot)
-            spent += cost_s[spot]
+    order = [*knees, *rest]
+    chosen, spent = within_budget(order, cost_s, budget_s)
     return sorted(chosen, key=lambda s: s[1]), spent
+
+
+def within_budget(order: Sequence, cost_s: dict, budget_s: float) -> tuple[list, float]:
+    """The candidates, in order of preference, that fit budget_s seconds together: each
+    taken where it still fits beside those taken before it (cost_s: each one's seconds);
+    and their seconds in all."""
+    chosen, spent = [], 0.0
+    for key in order:
+        if spent + cost_s[key] <= budget_s:
+            chosen.append(key)
+            spent += cost_s[key]
+    return chosen, spent
 
 
 def choose_real_rates(rows: Sequence[dict], cost_s: dict[float, float], budget_s: float,
@@ -77,11 +86,7 @@ def choose_real_rates(rows: Sequence[dict], cost_s: dict[float, float], budget_s
     kept = saturation_by_policy(rows, MATCHED) | saturation_by_policy(dear or (), MATCHED)
     knees += [r for r in dict.fromkeys(kept.values()) if r in cost_s and r not in knees]
     rest = sorted((r for r in cost_s if r not in knees), key=lambda r: cost_s[r])
-    chosen, spent = [], 0.0
-    for rate in [*knees, *rest]:
-        if spent + cost_s[rate] <= budget_s:
-            chosen.append(rate)
-            spent += cost_s[rate]
+    chosen, spent = within_budget([*knees, *rest], cost_s, budget_s)
     return sorted(chosen), spent
 
 
