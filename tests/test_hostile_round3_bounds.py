@@ -145,14 +145,14 @@ def test_a_real_rate_that_waits_hours_is_refused_before_the_folder(runner, tmp_p
     seed=st.integers(0, 50),
 )
 def test_accepted_real_rates_arrive_within_the_real_time(rates, real_time, n, seed):
-    from benchbatch.experiments.serve import run as serve
+    from benchbatch.experiments.serve import work_checks as checks
     from benchbatch.experiments.serve import workloads
     from benchbatch.experiments.serve.options import ServeOptions
 
     opts = ServeOptions(real_rates=tuple(rates), real_requests=n, real_time=real_time)
     w = workloads.draw(opts, WorkloadOptions(requests=30, max_output=64, median=16.0), seed)
     try:
-        serve._check_real_rates(opts, w)
+        checks.check_real_rates(opts, w)
     except UserError as e:
         refused_in_one_line(e, "real_rates")
         return
@@ -207,11 +207,11 @@ def test_a_long_trace_is_refused(runner, tmp_path, step_costs):
 )
 def test_the_work_bound_is_an_upper_bound_on_the_steps(lengths, policy, rate, slots, budget,
                                                        seed):  # fmt: skip
-    """Whatever the workload, a point takes at most _steps_bound steps: the bound refuses
+    """Whatever the workload, a point takes at most steps_bound steps: the bound refuses
     what it must and never lets a longer simulation through."""
     from benchbatch.core.serving import ServingSLO
     from benchbatch.experiments.serve import probe, workloads
-    from benchbatch.experiments.serve import run as serve
+    from benchbatch.experiments.serve import work_checks as checks
     from benchbatch.experiments.serve.options import ServeOptions
 
     requests = [Request(i, p, o, 0) for i, (p, o) in enumerate(lengths)]
@@ -223,7 +223,7 @@ def test_the_work_bound_is_an_upper_bound_on_the_steps(lengths, policy, rate, sl
     opts = ServeOptions(policies=(policy,), max_num_batched_tokens=budget)
     setup = probe.Setup(slots, budget, opts.chunk, ServingSLO(2.0, 0.2))
     point = probe.simulate_point(w, policy, rate, setup, CPU_LIKE)
-    assert len(point.step_ends) <= serve._steps_bound(opts, requests)
+    assert len(point.step_ends) <= checks.steps_bound(opts, requests)
 
 
 # --- item 8: occupancy's memory policies --------------------------------------------------------

@@ -244,7 +244,7 @@ class ServeOptions:
     MIN_RATE_RPS = MIN_RATE_RPS
     MAX_REAL_REQUESTS = 100_000
     MAX_TIMEOUT_S = 86_400.0
-    # The simulated sweep's work, bounded before it runs (run.py's _check_work): every point
+    # The simulated sweep's work, bounded before it runs (work_checks.check_work): every point
     # (policy, rate) steps its scheduler through every output token (a step at least one)
     # and each prefill, and keeps a requests.csv row per request (a request costs about as
     # much as 5 steps, a step about 25 us here). The default sweep of 500 requests is about
