@@ -82,15 +82,17 @@ def measure(
                 if loop is not None:
                     os.kill(loop.pid, 15)
                     loop.wait()
-            table["round"], table["load_1min_before"] = i, load
+            table["round"], table["load_1min_before"], table["condition"] = i, load, condition
             out[condition].append(table)
             print(f"round {i}, {condition}: {folder} (load {load:.1f} before)", file=sys.stderr)
     return out
 
 
-def medians(runs: dict[str, list[pd.DataFrame]], policy: str | None = None) -> list[dict]:
+def medians(runs: dict[str, list[pd.DataFrame]], policy: str | None = None,
+            column: str = "ratio") -> list[dict]:  # fmt: skip
     """Per metric and condition: the median ratio over the runs' points below saturation
-    (of one policy's points where policy is given)."""
+    (of one policy's points where policy is given; column "ratio_at_speed": each point
+    priced at the speed its steps ran, known only after the run)."""
     rows = []
     for metric in METRICS:
         lo, hi = TARGETS[metric]
@@ -102,7 +104,7 @@ def medians(runs: dict[str, list[pd.DataFrame]], policy: str | None = None) -> l
             df = df[(df["metric"] == metric) & df["below_saturation"].astype(bool)]
             if policy is not None:
                 df = df[df["policy"] == policy]
-            ratios = [r for r in df["ratio"] if math.isfinite(r)]
+            ratios = [r for r in df.get(column, ()) if math.isfinite(r)]
             med = statistics.median(ratios) if ratios else math.nan
             row[condition] = med
             row[f"{condition} points"] = len(ratios)
@@ -156,8 +158,20 @@ def main() -> None:
     for p, prow in by_policy.items():
         print(f"\n{p} alone:")
         show(prow, ("as is", *cores))
+    # What stays off once each point is priced at the speed its steps ran (prediction.csv's
+    # ratio_at_speed): the scheduling's and the queue's error without the step costs'.
+    at_speed = medians(runs, column="ratio_at_speed")
+    if any(r["as is points"] for r in at_speed):
+        print("\npriced at each point's own speed (ratio_at_speed, known only after the run):")
+        show(at_speed, ("as is", *cores))
+        speeds = pd.concat([t for tables in runs.values() for t in tables])
+        if "steps_over_price" in speeds:
+            per_point = speeds.drop_duplicates(["condition", "round", "point"])
+            per_point = per_point["steps_over_price"].dropna()
+            print(f"the points' steps took x{per_point.min():.2f}-x{per_point.max():.2f} of "
+                  f"their price (median x{per_point.median():.2f}, {len(per_point)} points)")
     print(json.dumps({"bench": "sim_error", "rounds": args.rounds, "rows": rows,
-                      "by_policy": by_policy}))  # fmt: skip
+                      "by_policy": by_policy, "at_speed": at_speed}))  # fmt: skip
 
 
 if __name__ == "__main__":

@@ -174,6 +174,25 @@ def test_serve_sweep_writes_prediction_from_the_sim_vs_real_pairs(runner, tmp_pa
         assert (at_max[bound] / at_max["simulated"]).to_numpy() == pytest.approx(factor,
                                                                                  rel=1e-9)
     assert "with every step up to 10% slower or faster" in said
+    # Each point's speed, from real_steps.csv by hand: its steps' CPU time (with the gap
+    # before each) over their CPU-clock price, summed over the point's non-idle steps. At
+    # max every time is the steps' own, so the simulation at that speed is the matched one
+    # scaled by it, and the ratio at speed the ratio over it.
+    steps = pd.read_csv(out / "real_steps.csv", dtype={"rate": str})
+    work = steps[(steps["decode_tokens"] + steps["prefill_tokens"]) > 0]
+    spent = work["cpu_ms"] + work["gap_cpu_ms"].fillna(0).clip(lower=0)
+    by_hand = (spent.groupby(work["rate"]).sum()
+               / work["priced_cpu_ms"].groupby(work["rate"]).sum())  # fmt: skip
+    for rate, group in table.groupby("rate"):
+        assert group["steps_over_price"].to_numpy() == pytest.approx(by_hand[rate], rel=1e-9)
+    assert (at_max["simulated_at_speed"] / at_max["simulated"]).to_numpy() == pytest.approx(
+        at_max["steps_over_price"].to_numpy(), rel=1e-9)
+    assert (at_max["ratio_at_speed"] * at_max["steps_over_price"]).to_numpy() == pytest.approx(
+        at_max["ratio"].to_numpy(), rel=1e-9)
+    served = pd.read_csv(out / "serve.csv", dtype={"rate": str})
+    served = served[served["source"] == "real"].set_index("rate")["steps_over_price"]
+    assert served.to_dict() == pytest.approx(by_hand.to_dict(), rel=1e-9)
+    assert meta["prediction"]["at_speed"] in said and "priced at its own speed" in said
 
 
 def test_a_ratio_interval_resamples_requests_in_pairs():
@@ -359,3 +378,39 @@ def test_a_queue_amplifies_a_step_cost_error_as_worked_by_hand():
     assert band["tpot_p50_s"] == pytest.approx((0.9 * c, 1.1 * c), rel=1e-9)
     assert math.log(band["ttft_p50_s"][1] / band["ttft_p50_s"][0]) > pr.AMPLIFIED * math.log(
         1.1 / 0.9)
+
+
+def test_a_points_speed_sums_its_steps_time_over_their_price():
+    """pricing.speed: the steps' time (with the gap before each) over their price, summed:
+    nine steps at their price of 10 ms and one at three times it make x1.2 (their median is
+    x1.0); idle steps and steps without a price are left out; the CPU clock reads cpu_ms
+    and gap_cpu_ms against priced_cpu_ms."""
+    from benchbatch.core.pricing import speed
+
+    rows = _steps("c", 9, 9.8, 10.0) + _steps("c", 1, 29.8, 10.0)
+    rows += [{"active": 0, "decode_tokens": 0, "prefill_tokens": 0, "padded": 0,
+              "step_ms": 50.0, "gap_ms": 0.0, "priced_ms": 1.0},  # idle
+             _steps("c", 1, 40.0, math.nan)[0]]  # fmt: skip
+    assert speed(rows) == pytest.approx(120.0 / 100.0, rel=1e-12)
+    cpu = [r | {"cpu_ms": r["step_ms"] / 2, "gap_cpu_ms": 0.1, "priced_cpu_ms": 5.0}
+           for r in _steps("c", 4, 10.0, 10.0)]  # fmt: skip
+    assert speed(cpu, clock="cpu") == pytest.approx(5.1 / 5.0, rel=1e-12)
+    assert speed(cpu) == pytest.approx(10.2 / 10.0, rel=1e-12)
+    assert math.isnan(speed(_steps("c", 3, 10.0, math.nan))) and math.isnan(speed([]))
+
+
+def test_the_at_speed_line_counts_values_within_at_each_points_own_speed():
+    row = lambda point, ratio, at, speed, within: {  # noqa: E731
+        "point": point, "metric": "ttft_p50_s", "ratio": ratio, "ratio_at_speed": at,
+        "steps_over_price": speed, "target_low": 0.9, "target_high": 1.1, "within": within}
+    rows = [row("s @ 4 req/s", 1.30, 1.04, 1.25, False),  # the speed accounts for it
+            row("c @ 4 req/s", 0.80, 0.85, 0.94, False),  # stays off: the scheduling's
+            row("k @ 4 req/s", 1.05, 1.20, 0.875, True),  # within only by chance
+            row("x @ 4 req/s", 1.00, math.nan, math.nan, True),  # no speed: left out
+            {"point": "y", "metric": "ttft_p50_s", "within": None}]  # fmt: skip
+    line = pr.at_speed(rows)
+    assert line.startswith("each point's steps took x0.88-x1.25 of the calibration's price; "
+                           "outside x0.9-x1.1 at 2 of 3 points (s @ 4 req/s x1.25, "
+                           "k @ 4 req/s x0.88)")  # fmt: skip
+    assert "1 of 3 values are within their target, against 1 as calibrated" in line
+    assert pr.at_speed(rows[3:]) is None

@@ -142,6 +142,35 @@ def amplified(rows: Sequence[dict], spread: float = STEP_COST_SPREAD) -> str | N
             "simulated_low and simulated_high), " + "; ".join(parts))
 
 
+def at_speed(rows: Sequence[dict], within: tuple[float, float] = P50_TARGET) -> str | None:
+    """One line on the rows priced again at the speed each point's steps ran (serve-sweep's
+    real points: steps_over_price, the steps' time over the calibration's price of them;
+    ratio_at_speed, measured over that simulation): the points' speeds, those outside
+    `within`, and how many judged values fall within their target so, beside how many as
+    calibrated. Known only after the run, so no prediction: it tells the step costs' error
+    (the device's speed moved since the calibration) from the scheduling's and the queue's
+    (what stays off at the point's own speed). None without it."""
+    judged = [r for r in rows if r["within"] is not None
+              and r.get("ratio_at_speed", math.nan) == r.get("ratio_at_speed")]  # fmt: skip
+    if not judged:
+        return None
+    speeds = {r["point"]: r["steps_over_price"] for r in judged}
+    hit = sum(r["target_low"] <= r["ratio_at_speed"] <= r["target_high"] for r in judged)
+    before = sum(r["within"] for r in judged)
+    moved = {p: v for p, v in speeds.items() if not within[0] <= v <= within[1]}
+    shown = ", ".join(f"{p} x{v:.2f}" for p, v in sorted(
+        moved.items(), key=lambda kv: -abs(math.log(kv[1])))[:3])  # fmt: skip
+    more = f" and {len(moved) - 3} more" if len(moved) > 3 else ""
+    where = (f"; outside x{within[0]:g}-x{within[1]:g} at {len(moved)} of {len(speeds)} "
+             f"points ({shown}{more})") if moved else ""  # fmt: skip
+    low, high = min(speeds.values()), max(speeds.values())
+    return (f"each point's steps took x{low:.2f}-x{high:.2f} of the calibration's price{where}; "
+            f"priced at its own speed (prediction.csv's ratio_at_speed, known only after the "
+            f"run) {hit} of {len(judged)} values are within their target, against {before} "
+            "as calibrated: what stays outside is the scheduling's or the queue's error, not "
+            "the step costs'")
+
+
 def ratio_interval(measured: Sequence[float], simulated: Sequence[float], q: float,
                    draws: int = DRAWS, level: float = INTERVAL_LEVEL,
                    seed: int = 0) -> tuple[float, float]:  # fmt: skip

@@ -67,6 +67,21 @@ def price_errors(rows: Sequence[dict], key: str = "policy", clock: str = "wall")
     ]
 
 
+def speed(rows: Sequence[dict], clock: str = "wall") -> float:
+    """How fast the device ran a run's steps against the calibration's price of them: their
+    summed time (loop_ms; clock "cpu": loop_cpu_ms, the device's speed whatever share of the
+    core the engine had) over their summed price (priced_ms; priced_cpu_ms). Summed, not a
+    median: a latency adds its steps' times, so a few dear steps count as much as they cost.
+    Idle steps and rows without either are left out; NaN where none is left."""
+    spent = priced = 0.0
+    for r in rows:
+        price = r.get("priced_ms" if clock == "wall" else "priced_cpu_ms")
+        took = loop_ms(r) if clock == "wall" else loop_cpu_ms(r)
+        if step_kind(r) != "idle" and price and price == price and r["step_ms"] > 0 and took > 0:
+            spent, priced = spent + took, priced + price
+    return spent / priced if priced > 0 else math.nan
+
+
 DRIFT_RULE = "each calibration's own fit of a decode step of one sequence, over the pooled fit's"
 
 

@@ -348,16 +348,18 @@ def spread_rows(w: ServeWorkload, policy: str, rate: float, setup: Setup, cost: 
             for f in spread_factors() if f != 1.0]  # fmt: skip
 
 
-def prediction_pairs(real: dict, matched: dict, span_s: float,
-                     spread: Sequence[dict] = ()) -> list[dict]:  # fmt: skip
+def prediction_pairs(real: dict, matched: dict, span_s: float, spread: Sequence[dict] = (),
+                     at_speed: dict | None = None) -> list[dict]:  # fmt: skip
     """prediction.csv's pairs of one real point and its simulation (sim_vs_real's pair),
     each marked below saturation or not (below_saturation), and with spread_rows' rows
     each metric's lowest and highest prediction (simulated_low, simulated_high: the
     matched simulation's own value among them). A point whose client kept at most as many
     requests in flight as the server has slots (--max-concurrency, real's max_concurrency)
     is below saturation however its arrivals came: the client sends as fast as the server
-    serves, and the server queues none of them."""
-    from benchbatch.core.prediction import below_saturation, pairs_of, step_cost_band
+    serves, and the server queues none of them. With at_speed (the point simulated again at
+    the speed its steps ran, real's steps_over_price), each pair's steps_over_price,
+    simulated_at_speed and ratio_at_speed: the error left once the device's speed is known."""
+    from benchbatch.core.prediction import below_saturation, pairs_of, ratio, step_cost_band
 
     cap = real.get("max_concurrency")
     label = f"{real['policy']} @ {rate_label(real['rate_rps'])} req/s{cap_label(cap)}"
@@ -370,6 +372,11 @@ def prediction_pairs(real: dict, matched: dict, span_s: float,
             low, high = step_cost_band([matched[pair["metric"]], *(r[pair["metric"]]
                                                                    for r in spread)])
             pair |= {"simulated_low": low, "simulated_high": high}
+    if at_speed is not None:
+        for pair in pairs:
+            again = at_speed[pair["metric"]]
+            pair |= {"steps_over_price": real["steps_over_price"], "simulated_at_speed": again,
+                     "ratio_at_speed": ratio(again, pair["measured"])}  # fmt: skip
     return pairs
 
 

@@ -26,6 +26,7 @@ class Served:
     n: int
     points: list = field(default_factory=list)
     spread: dict = field(default_factory=dict)  # by policy and spot: probe.spread_rows'
+    at_speed: dict = field(default_factory=dict)  # by policy and spot: at_speed's row
 
 
 def spot_of(row: dict) -> tuple[float, int | None]:
@@ -40,6 +41,7 @@ def serve(rec, net, opts: ServeOptions, w, setup, cost, rates, seed: int, cpu_co
     `beside`) and sim_vs_real.csv. Returns the points (Served; None where none fits
     --real-time)."""
     from benchbatch.core.cpu_clock import core_share
+    from benchbatch.core.pricing import speed
     from benchbatch.experiments.serve import probe
     from benchbatch.runtime import energy_meter
     from benchbatch.runtime.runs import engine_events
@@ -56,8 +58,10 @@ def serve(rec, net, opts: ServeOptions, w, setup, cost, rates, seed: int, cpu_co
     total = sum(run.sim_steps for run in runs)
     meter = energy_meter.EnergyMeter(net.embed.weight.device)
     meter.start()
+    seen, clock = 0, "wall" if cpu_cost is None else "cpu"
     for done in rec.engine_rows("real_steps", events, total=total, label="real engine"):
         reading = meter.lap()
+        steps, seen = rec.rows("real_steps")[seen:], len(rec.rows("real_steps"))  # the point's
         spot = by_label[(done.run.columns["rate"], done.run.columns.get("max_concurrency"))]
         (rate, cap), key = spot, (done.run.name, spot)
         capped, columns = probe.at_cap(setup, cap), probe.cap_columns(cap)
@@ -65,10 +69,15 @@ def serve(rec, net, opts: ServeOptions, w, setup, cost, rates, seed: int, cpu_co
         row = probe.point_row(point, capped) | columns
         row |= energy.serve_columns(row, reading, opts.price_per_hour)
         row["core_share"] = core_share([s.row() for s in done.result.steps])
+        row["steps_over_price"] = speed(steps, clock)
         model = beside_cost(cost, cpu_cost, row["core_share"])
         sim = beside(matched[key], w, capped, cost, cpu_cost, row["core_share"], n)
         served.spread[key] = probe.spread_rows(w, done.run.name, rate, capped, model, n)
         row |= whole_core(matched[key], w, capped, cost, cpu_cost, n)
+        if row["steps_over_price"] == row["steps_over_price"]:
+            served.at_speed[key] = probe.point_row(probe.simulate_point(
+                w, done.run.name, rate, capped, model.scaled(row["steps_over_price"]), n,
+                probe.MATCHED), capped)  # fmt: skip
         sim_row = probe.point_row(sim, capped) | columns | {
             "step_costs": "wall clock" if model is cost else "cpu clock / core share",
             "core_share": row["core_share"]}  # fmt: skip
@@ -134,7 +143,8 @@ def compare(rec, served: Served) -> None:
     pairs = []
     for row, span in served.points:
         key = (row["policy"], spot_of(row))
-        pairs += probe.prediction_pairs(row, served.matched[key], span, served.spread.get(key, ()))
+        pairs += probe.prediction_pairs(row, served.matched[key], span, served.spread.get(key, ()),
+                                        served.at_speed.get(key))  # fmt: skip
     pairs = with_intervals(pairs, probe.point_requests(rec.rows("requests")))
     say_prices(rec)
     say_core_shares(rec)

@@ -106,6 +106,10 @@ def record(rec, pairs: list[dict], title: str) -> dict:
     if near:
         out["amplified"] = near
         rec.note(near)
+    speed = prediction.at_speed(below or rows)
+    if speed:
+        out["at_speed"] = speed
+        rec.note(speed)
     rec.meta["prediction"] = out
     if any(_ok(r) for r in rows):
         prediction_figure(rows, rec.folder / "prediction.png", title)
