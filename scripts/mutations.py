@@ -921,6 +921,38 @@ BREAKS = [
         tests("tests/test_server_chat.py",
               "test_chat_prompts_are_transformers_and_tokens_the_engines"),
     ),
+    Break(
+        "at speed: every point's speed taken as the calibration's",
+        "benchbatch/core/pricing.py",
+        "    return spent / priced if priced > 0 else math.nan",
+        "    return 1.0 if priced > 0 else math.nan",
+        tests("tests/test_prediction.py",
+              "test_a_points_speed_sums_its_steps_time_over_their_price"),
+    ),
+    Break(
+        "at speed: the point simulated again at the calibration's speed",
+        "benchbatch/experiments/serve/real.py",
+        'model.scaled(row["steps_over_price"]), n,',
+        "model, n,",
+        tests("tests/test_prediction.py",
+              "test_serve_sweep_writes_prediction_from_the_sim_vs_real_pairs"),
+    ),
+    Break(
+        "at speed: the wall clock's speed read where the CPU clock's is priced",
+        "benchbatch/experiments/serve/real.py",
+        "    seen, clock = 0, \"wall\" if cpu_cost is None else \"cpu\"",
+        "    seen, clock = 0, \"wall\"",
+        tests("tests/test_prediction.py",
+              "test_serve_sweep_writes_prediction_from_the_sim_vs_real_pairs"),
+    ),
+    Break(
+        "at speed: values within counted as calibrated",
+        "benchbatch/core/prediction.py",
+        '<= r["ratio_at_speed"] <= r["target_high"] for r in judged)',
+        '<= r["ratio"] <= r["target_high"] for r in judged)',
+        tests("tests/test_prediction.py",
+              "test_the_at_speed_line_counts_values_within_at_each_points_own_speed"),
+    ),
 ]
 
 

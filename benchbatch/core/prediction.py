@@ -147,9 +147,10 @@ def at_speed(rows: Sequence[dict], within: tuple[float, float] = P50_TARGET) -> 
     real points: steps_over_price, the steps' time over the calibration's price of them;
     ratio_at_speed, measured over that simulation): the points' speeds, those outside
     `within`, and how many judged values fall within their target so, beside how many as
-    calibrated. Known only after the run, so no prediction: it tells the step costs' error
-    (the device's speed moved since the calibration) from the scheduling's and the queue's
-    (what stays off at the point's own speed). None without it."""
+    calibrated. Known only after the run, so no prediction: it tells the device's speed
+    moving since the calibration (what comes within at the point's own speed) from the rest
+    (the scheduling, a queue or a static group's edge, single steps priced off: what stays
+    outside). None without it."""
     judged = [r for r in rows if r["within"] is not None
               and r.get("ratio_at_speed", math.nan) == r.get("ratio_at_speed")]  # fmt: skip
     if not judged:
@@ -167,8 +168,8 @@ def at_speed(rows: Sequence[dict], within: tuple[float, float] = P50_TARGET) -> 
     return (f"each point's steps took x{low:.2f}-x{high:.2f} of the calibration's price{where}; "
             f"priced at its own speed (prediction.csv's ratio_at_speed, known only after the "
             f"run) {hit} of {len(judged)} values are within their target, against {before} "
-            "as calibrated: what stays outside is the scheduling's or the queue's error, not "
-            "the step costs'")
+            "as calibrated: what stays outside is not the device's speed over the point but "
+            "the scheduling, a queue or single steps' prices")
 
 
 def ratio_interval(measured: Sequence[float], simulated: Sequence[float], q: float,
