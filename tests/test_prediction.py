@@ -406,11 +406,12 @@ def test_the_at_speed_line_counts_values_within_at_each_points_own_speed():
     rows = [row("s @ 4 req/s", 1.30, 1.04, 1.25, False),  # the speed accounts for it
             row("c @ 4 req/s", 0.80, 0.85, 0.94, False),  # stays off: the scheduling's
             row("k @ 4 req/s", 1.05, 1.20, 0.875, True),  # within only by chance
+            row("t @ 4 req/s", 0.88, 0.92, 0.96, False),  # comes within at its speed
             row("x @ 4 req/s", 1.00, math.nan, math.nan, True),  # no speed: left out
             {"point": "y", "metric": "ttft_p50_s", "within": None}]  # fmt: skip
     line = pr.at_speed(rows)
     assert line.startswith("each point's steps took x0.88-x1.25 of the calibration's price; "
-                           "outside x0.9-x1.1 at 2 of 3 points (s @ 4 req/s x1.25, "
+                           "outside x0.9-x1.1 at 2 of 4 points (s @ 4 req/s x1.25, "
                            "k @ 4 req/s x0.88)")  # fmt: skip
-    assert "1 of 3 values are within their target, against 1 as calibrated" in line
-    assert pr.at_speed(rows[3:]) is None
+    assert "2 of 4 values are within their target, against 1 as calibrated" in line
+    assert pr.at_speed(rows[4:]) is None
