@@ -26,7 +26,7 @@ class Served:
     n: int
     points: list = field(default_factory=list)
     spread: dict = field(default_factory=dict)  # by policy and spot: probe.spread_rows'
-    at_speed: dict = field(default_factory=dict)  # by policy and spot: at_speed's row
+    at_speed: dict = field(default_factory=dict)  # by policy and spot: at its steps' speed
 
 
 def spot_of(row: dict) -> tuple[float, int | None]:
