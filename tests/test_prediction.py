@@ -415,3 +415,36 @@ def test_the_at_speed_line_counts_values_within_at_each_points_own_speed():
                            "k @ 4 req/s x0.88)")  # fmt: skip
     assert "2 of 4 values are within their target, against 1 as calibrated" in line
     assert pr.at_speed(rows[4:]) is None
+
+
+class _ServeRec(_PricesRec):
+    def rows(self, name):
+        assert name == "serve"
+        return self._rows
+
+
+def test_points_run_far_off_their_price_are_a_warning_naming_them():
+    """A run whose device slowed at its first points and sped up at its last, while its
+    medians per step kind sat near 1 (round1-as-is, results/sim-error-cpu-2core-amd-epyc):
+    the points outside x0.8-1.25 are named in one warning, the farthest first; a run
+    within, a simulated row, or a point without a speed says nothing."""
+    from benchbatch.experiments.serve import real
+
+    row = lambda policy, rate, speed, source="real", **extra: {  # noqa: E731
+        "policy": policy, "rate": rate, "source": source, "steps_over_price": speed, **extra}
+    moved = _ServeRec([row("static", "3.7", 1.27), row("continuous", "3.7", 1.37),
+                       row("chunked", "3.7", 1.202), row("static", "max", 0.79,
+                                                         max_concurrency=4),
+                       row("continuous", "max", 0.80), row("chunked", "max", 1.25),
+                       row("static", "3.7", 3.0, "sim-matched"),
+                       row("chunked", "5.1", math.nan)])  # fmt: skip
+    real.say_speeds(moved)
+    assert len(moved.warnings) == 1 and moved.notes == []
+    line = moved.warnings[0]
+    assert ("at 3 of 7 points the steps took outside x0.8-x1.25 of their price (continuous @ "
+            "3.7 req/s x1.37, static @ 3.7 req/s x1.27, static @ max req/s, 4 in flight "
+            "x0.79)") in line  # fmt: skip
+    assert "ratio_at_speed" in line and "quieter machine" in line
+    fine = _ServeRec([row("static", "3.7", 1.2), row("continuous", "max", 0.85)])
+    real.say_speeds(fine)
+    assert fine.warnings == [] and fine.notes == []

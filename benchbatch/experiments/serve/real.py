@@ -147,6 +147,7 @@ def compare(rec, served: Served) -> None:
                                         served.at_speed.get(key))  # fmt: skip
     pairs = with_intervals(pairs, probe.point_requests(rec.rows("requests")))
     say_prices(rec)
+    say_speeds(rec)
     say_core_shares(rec)
     record(rec, pairs, f"serve-sweep: the real engine beside its simulation; {c.title(rec)}")
 
@@ -215,6 +216,33 @@ def say_prices(rec) -> None:
             "by about as much: run again on a quieter machine, or reuse a calibration made "
             "under the run's conditions with --step-costs"
         )
+
+
+# A point whose steps took outside this of their price (steps_over_price) ran at another
+# speed than the calibration's by more than a p99's band: a warning, where the run's medians
+# per step kind (say_prices) can sit near 1 while its first points ran slow and its last fast.
+SPEED_MOVED = (0.8, 1.25)
+
+
+def say_speeds(rec) -> None:
+    """A warning naming the real points whose steps took outside SPEED_MOVED of the
+    calibration's price (serve.csv's steps_over_price), the farthest first: the device's
+    speed moved during the run, and those points' errors are mostly its."""
+    real = [r for r in rec.rows("serve") if r["source"] == "real"]
+    moved = [(f"{r['policy']} @ {r['rate']} req/s{_cap_words(r)}", r["steps_over_price"])
+             for r in real if r.get("steps_over_price", math.nan) == r.get("steps_over_price")
+             and not SPEED_MOVED[0] <= r["steps_over_price"] <= SPEED_MOVED[1]]  # fmt: skip
+    if not moved:
+        return
+    moved.sort(key=lambda m: -abs(math.log(m[1])))
+    shown = ", ".join(f"{p} x{v:.2f}" for p, v in moved[:3])
+    more = f" and {len(moved) - 3} more" if len(moved) > 3 else ""
+    rec.warning(
+        f"the device's speed moved during the run: at {len(moved)} of {len(real)} points the "
+        f"steps took outside x{SPEED_MOVED[0]:g}-x{SPEED_MOVED[1]:g} of their price ({shown}"
+        f"{more}), so their simulation is off by about as much (prediction.csv's "
+        "ratio_at_speed prices each point at its own speed): run again on a quieter machine"
+    )
 
 
 def say_core_shares(rec) -> None:
