@@ -159,7 +159,7 @@ def main() -> None:
         print(f"\n{p} alone:")
         show(prow, ("as is", *cores))
     # What stays off once each point is priced at the speed its steps ran (prediction.csv's
-    # ratio_at_speed): the scheduling's and the queue's error without the step costs'.
+    # ratio_at_speed): the error left once the device's speed over each point is known.
     at_speed = medians(runs, column="ratio_at_speed")
     if any(r["as is points"] for r in at_speed):
         print("\npriced at each point's own speed (ratio_at_speed, known only after the run):")
