@@ -932,8 +932,8 @@ BREAKS = [
     Break(
         "at speed: the point simulated again at the calibration's speed",
         "benchbatch/experiments/serve/real.py",
-        'model.scaled(row["steps_over_price"]), n,',
-        "model, n,",
+        "    again = model.scaled(speed)",
+        "    again = model",
         tests("tests/test_prediction.py",
               "test_serve_sweep_writes_prediction_from_the_sim_vs_real_pairs"),
     ),

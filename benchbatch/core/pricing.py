@@ -49,11 +49,9 @@ def price_errors(rows: Sequence[dict], key: str = "policy", clock: str = "wall")
     engine had; rows without either are left out."""
     groups: dict[tuple, list[float]] = {}
     for r in rows:
-        kind = step_kind(r)
-        priced = r.get("priced_ms" if clock == "wall" else "priced_cpu_ms")
-        measured = loop_ms(r) if clock == "wall" else loop_cpu_ms(r)
-        if kind != "idle" and priced and priced == priced and r["step_ms"] > 0 and measured > 0:
-            groups.setdefault((r[key], kind), []).append(measured / priced)
+        pair = priced_step(r, clock)
+        if pair is not None:
+            groups.setdefault((r[key], step_kind(r)), []).append(pair[0] / pair[1])
     return [
         {
             key: name,
@@ -73,13 +71,19 @@ def speed(rows: Sequence[dict], clock: str = "wall") -> float:
     core the engine had) over their summed price (priced_ms; priced_cpu_ms). Summed, not a
     median: a latency adds its steps' times, so a few dear steps count as much as they cost.
     Idle steps and rows without either are left out; NaN where none is left."""
-    spent = priced = 0.0
-    for r in rows:
-        price = r.get("priced_ms" if clock == "wall" else "priced_cpu_ms")
-        took = loop_ms(r) if clock == "wall" else loop_cpu_ms(r)
-        if step_kind(r) != "idle" and price and price == price and r["step_ms"] > 0 and took > 0:
-            spent, priced = spent + took, priced + price
+    pairs = [p for r in rows if (p := priced_step(r, clock)) is not None]
+    spent, priced = sum(p[0] for p in pairs), sum(p[1] for p in pairs)
     return spent / priced if priced > 0 else math.nan
+
+
+def priced_step(row: dict, clock: str = "wall") -> tuple[float, float] | None:
+    """A step's time and the calibration's price of it, (loop_ms, priced_ms), or on the
+    CPU clock (loop_cpu_ms, priced_cpu_ms); None for an idle step or one without either."""
+    price = row.get("priced_ms" if clock == "wall" else "priced_cpu_ms")
+    took = loop_ms(row) if clock == "wall" else loop_cpu_ms(row)
+    if step_kind(row) != "idle" and price and price == price and row["step_ms"] > 0 and took > 0:
+        return took, price
+    return None
 
 
 DRIFT_RULE = "each calibration's own fit of a decode step of one sequence, over the pooled fit's"

@@ -74,10 +74,7 @@ def serve(rec, net, opts: ServeOptions, w, setup, cost, rates, seed: int, cpu_co
         sim = beside(matched[key], w, capped, cost, cpu_cost, row["core_share"], n)
         served.spread[key] = probe.spread_rows(w, done.run.name, rate, capped, model, n)
         row |= whole_core(matched[key], w, capped, cost, cpu_cost, n)
-        if row["steps_over_price"] == row["steps_over_price"]:
-            served.at_speed[key] = probe.point_row(probe.simulate_point(
-                w, done.run.name, rate, capped, model.scaled(row["steps_over_price"]), n,
-                probe.MATCHED), capped)  # fmt: skip
+        served.at_speed[key] = at_speed(matched[key], w, capped, model, row["steps_over_price"], n)
         sim_row = probe.point_row(sim, capped) | columns | {
             "step_costs": "wall clock" if model is cost else "cpu clock / core share",
             "core_share": row["core_share"]}  # fmt: skip
@@ -119,6 +116,19 @@ def beside(point, w, setup, cost, cpu_cost, share: float, n: int):
     if model is cost:
         return point
     return probe.simulate_point(w, point.policy, point.rate, setup, model, n, probe.MATCHED)
+
+
+def at_speed(point, w, setup, model, speed: float, n: int) -> dict | None:
+    """The serve.csv row of a real point's requests simulated again on its beside_cost step
+    costs (`model`) times the speed its steps ran at (steps_over_price): known only after
+    the run, the error left once the device's speed is known. None without a speed."""
+    from benchbatch.experiments.serve import probe
+
+    if not speed == speed:
+        return None
+    again = model.scaled(speed)
+    return probe.point_row(probe.simulate_point(w, point.policy, point.rate, setup, again, n,
+                                                probe.MATCHED), setup)  # fmt: skip
 
 
 def whole_core(point, w, setup, cost, cpu_cost, n: int) -> dict:
