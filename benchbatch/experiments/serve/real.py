@@ -300,7 +300,7 @@ def _matched(rec, opts: ServeOptions, w, setup, cost, rates, n: int):
     """The simulation of the real engine's n requests at every candidate spot (rate, client
     cap), and the spots to serve: --real-rates, or those that fit --real-time by these
     simulations' durations (a concurrency sweep's: its caps that fit, at its one rate)."""
-    from benchbatch.experiments.serve import probe, rate_choice
+    from benchbatch.experiments.serve import probe
 
     candidates = [(r, cap) for r in opts.real_rate_values or rates for cap in opts.caps]
     matched = {
@@ -310,26 +310,7 @@ def _matched(rec, opts: ServeOptions, w, setup, cost, rates, n: int):
         for p in opts.policies
     }  # fmt: skip
     cost_s = {s: sum(matched[(p, s)].step_ends[-1] for p in opts.policies) for s in candidates}
-    if opts.concurrency_sweep:
-        rows = [probe.point_row(v, probe.at_cap(setup, spot[1])) | {"max_concurrency": spot[1]}
-                for (_, spot), v in matched.items()]  # fmt: skip
-        chosen, spent = rate_choice.choose_real_caps(rows, cost_s, opts.real_time)
-    elif opts.real_rates is None:
-        rows = [probe.point_row(v, setup) for v in matched.values()]
-        dear = _dearer(opts, w, setup, cost, [r for r, _ in candidates], n)
-        by_rate = {r: spent for (r, _), spent in cost_s.items()}
-        chosen, spent = rate_choice.choose_real_rates(rows, by_rate, opts.real_time, dear)
-        chosen = [(r, setup.client_limit) for r in chosen]
-    else:
-        chosen, spent = list(candidates), sum(cost_s.values())
-        if spent > opts.real_time:  # explicit rates: the fitted model's estimate, all points
-            raise UserError(
-                "real_rates",
-                f"{', '.join(probe.rate_label(r) for r, _ in chosen)} req/s: the fitted cost "
-                f"model expects about {_seconds(spent)} on the model, more than "
-                f"--real-time {opts.real_time:g} s (higher or fewer --real-rates, fewer "
-                "--real-requests, or a larger --real-time)",
-            )
+    chosen, spent = _choose(opts, w, setup, cost, matched, cost_s, n)
     if opts.real_rates is None:
         fewer = n // 2
         if len(chosen) < min(2, len(candidates)) and fewer >= MIN_REAL_REQUESTS:
@@ -360,6 +341,36 @@ def _matched(rec, opts: ServeOptions, w, setup, cost, rates, n: int):
             "--real-time, or give --real-rates"
         )
     return matched, chosen, n
+
+
+def _choose(opts: ServeOptions, w, setup, cost, matched, cost_s, n: int):
+    """The spots to serve and the fitted model's seconds for them, from the simulations
+    `matched` and each spot's cost_s: a concurrency sweep's caps that fit --real-time, the
+    rates that fit it, or --real-rates as given (refused where they do not fit)."""
+    from benchbatch.experiments.serve import probe, rate_choice
+
+    candidates = list(cost_s)
+    if opts.concurrency_sweep:
+        rows = [probe.point_row(v, probe.at_cap(setup, spot[1])) | {"max_concurrency": spot[1]}
+                for (_, spot), v in matched.items()]  # fmt: skip
+        chosen, spent = rate_choice.choose_real_caps(rows, cost_s, opts.real_time)
+    elif opts.real_rates is None:
+        rows = [probe.point_row(v, setup) for v in matched.values()]
+        dear = _dearer(opts, w, setup, cost, [r for r, _ in candidates], n)
+        by_rate = {r: spent for (r, _), spent in cost_s.items()}
+        chosen, spent = rate_choice.choose_real_rates(rows, by_rate, opts.real_time, dear)
+        chosen = [(r, setup.client_limit) for r in chosen]
+    else:
+        chosen, spent = list(candidates), sum(cost_s.values())
+        if spent > opts.real_time:  # explicit rates: the fitted model's estimate, all points
+            raise UserError(
+                "real_rates",
+                f"{', '.join(probe.rate_label(r) for r, _ in chosen)} req/s: the fitted cost "
+                f"model expects about {_seconds(spent)} on the model, more than "
+                f"--real-time {opts.real_time:g} s (higher or fewer --real-rates, fewer "
+                "--real-requests, or a larger --real-time)",
+            )
+    return chosen, spent
 
 
 # The fewest requests a real point is cut to when the default ones do not fit --real-time.
