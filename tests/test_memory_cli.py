@@ -162,6 +162,25 @@ def test_sweep_refuses_an_unknown_gpu_and_a_bad_block_size(runner, tmp_path):
         assert len(result.stderr.strip().splitlines()) == 1 and message in result.stderr
 
 
+@pytest.mark.parametrize("command", ["sweep", "phases"])
+def test_a_paged_block_longer_than_the_context_is_refused(runner, tmp_path, command):
+    # A 100,000-token block on the tiny preset's context: a pool no sequence reaches, read
+    # whole by every gather (decode b=1 took 16x its time at 16 before it was refused).
+    args = [command, "--preset", "tiny", "--device", "cpu", "--out", str(tmp_path / "run")]
+    result = runner.invoke(app, [*args, "--kv-layout", "paged", "--block-size", "100000"])
+    assert result.exit_code == 2, result.output
+    lines = result.stderr.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith("Error: --block-size: 100,000 tokens a "
+                                                  "block is more than --max-context "), lines
+    assert not (tmp_path / "run").exists()
+    # The same block with the contiguous cache is not read: no refusal for it.
+    from benchbatch.experiments.fields import check_block_fits
+    from benchbatch.core.config import PRESETS
+
+    check_block_fits(PRESETS["tiny"], "contiguous", 100_000)
+    check_block_fits(PRESETS["tiny"], "paged", PRESETS["tiny"].max_context)
+
+
 # --- sweep and phases ------------------------------------------------------------------------
 
 

@@ -144,3 +144,13 @@ def block_size_field() -> Any:
 
 def check_block_size(value: int) -> None:
     check_count("block_size", value, 1, MAX_BLOCK_SIZE)
+
+
+def check_block_fits(cfg, kv_layout: str, block_size: int) -> None:
+    """A paged cache's block no longer than the model's context: a longer one is a pool of
+    tokens no sequence reaches, read whole by every gather."""
+    require(
+        kv_layout != "paged" or block_size <= cfg.max_context,
+        "block_size",
+        f"{block_size:,} tokens a block is more than --max-context {cfg.max_context:,}",
+    )

@@ -7,6 +7,7 @@ from dataclasses import dataclass
 from benchbatch.core.optkit import opt
 from benchbatch.experiments.fields import (
     block_size_field,
+    check_block_fits,
     check_block_size,
     check_context,
     check_lengths,
@@ -32,4 +33,5 @@ class PhasesOptions:
 
     def check(self, cfg) -> None:
         check_context(cfg, self.context)
+        check_block_fits(cfg, self.kv_layout, self.block_size)
         check_lengths(cfg, "prefill", self.prefill)

@@ -7,6 +7,7 @@ from dataclasses import dataclass
 from benchbatch.core.optkit import KV, check_number, opt, require
 from benchbatch.experiments.fields import (
     block_size_field,
+    check_block_fits,
     check_block_size,
     check_context,
     check_price_per_hour,
@@ -80,3 +81,4 @@ class SweepOptions:
 
     def check(self, cfg) -> None:
         check_context(cfg, self.context)
+        check_block_fits(cfg, self.kv_layout, self.block_size)
