@@ -174,8 +174,8 @@ def test_a_paged_block_longer_than_the_context_is_refused(runner, tmp_path, comm
                                                   "block is more than --max-context "), lines
     assert not (tmp_path / "run").exists()
     # The same block with the contiguous cache is not read: no refusal for it.
-    from benchbatch.experiments.fields import check_block_fits
     from benchbatch.core.config import PRESETS
+    from benchbatch.experiments.fields import check_block_fits
 
     check_block_fits(PRESETS["tiny"], "contiguous", 100_000)
     check_block_fits(PRESETS["tiny"], "paged", PRESETS["tiny"].max_context)

@@ -531,10 +531,10 @@ def test_a_stream_table_appends_its_new_rows_and_ends_whole(tmp_path, monkeypatc
     steps), a row with a new column rewrites it whole, and the file read mid-run and after
     the run's end is every row, numbers exact."""
     whole = []
-    write_csv = results.write_csv
-    monkeypatch.setattr(
-        results, "write_csv", lambda path, rows: (whole.append(len(rows)), write_csv(path, rows))
-    )
+    plain = results.write_csv_plain
+    monkeypatch.setattr(results, "write_csv_plain", lambda path, rows, columns: (
+        whole.append(len(rows)), plain(path, rows, columns)))  # fmt: skip
+    monkeypatch.setattr(results, "write_csv", lambda *a: pytest.fail("pandas mid-stream"))
     monkeypatch.setattr(Run, "STREAM_INTERVAL_S", 0.0)  # every row written: no clock read
     run = Run(tmp_path, "test", {})
     rows = [{"step": i, "step_ms": 10.0 + i / 3, "kind": "decode"} for i in range(5)]
@@ -549,8 +549,33 @@ def test_a_stream_table_appends_its_new_rows_and_ends_whole(tmp_path, monkeypatc
     back = pd.read_csv(tmp_path / "steps.csv")
     assert back["step_ms"].tolist() == [r["step_ms"] for r in rows] + [0.5, 1e-7]
     assert back["gathered"].isna().tolist() == [True] * 5 + [False, True]
+    monkeypatch.undo()
     run.flush()
     assert pd.read_csv(tmp_path / "steps.csv").equals(back)
+
+
+def test_streaming_rows_never_imports_pandas(tmp_path):
+    """A streamed table's writes land mid-run, while serve-sweep's client thread stamps
+    chunks: pandas' first import there held the interpreter's lock ~280 ms (an audit saw
+    chunks sent 10 ms apart read 104-108 ms apart). In a fresh interpreter, a run that
+    streams rows, a new column among them, has not imported pandas, and its file is whole."""
+    code = f"""
+import sys
+from pathlib import Path
+from benchbatch.output.run_folder import Run
+Run.STREAM_INTERVAL_S = 0.0
+run = Run(Path({str(tmp_path)!r}), "test", {{}})
+for i in range(3):
+    run.add("requests", {{"request_id": i, "ttft_s": 0.05 + i / 7}}, stream=True)
+run.add("requests", {{"request_id": 3, "error": "refused, x"}}, stream=True)
+assert "pandas" not in sys.modules, "pandas imported"
+"""
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
+    assert done.returncode == 0, done.stderr
+    back = pd.read_csv(tmp_path / "requests.csv")
+    assert back["request_id"].tolist() == [0, 1, 2, 3]
+    assert back["ttft_s"].tolist()[:3] == [0.05 + i / 7 for i in range(3)]
+    assert back["error"].tolist()[3] == "refused, x"
 
 
 def test_an_appended_rows_cells_are_written_as_a_whole_writes_them(tmp_path):
@@ -569,6 +594,8 @@ def test_an_appended_rows_cells_are_written_as_a_whole_writes_them(tmp_path):
     path.write_text(",".join(columns) + "\n")
     results.append_csv(path, rows, columns)
     assert path.read_text() == results.csv_text(rows)
+    results.write_csv_plain(whole := tmp_path / "w.csv", rows, columns)  # header and rows
+    assert whole.read_text() == results.csv_text(rows)
 
 
 def test_an_interrupted_run_ends_marked_even_when_its_last_write_breaks(tmp_path, monkeypatch):

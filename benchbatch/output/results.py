@@ -220,6 +220,24 @@ def write_csv(path: Path, rows) -> None:
     atomic_write_text(path, csv_text(rows))
 
 
+def write_csv_plain(path: Path, rows: list[dict], columns: list[str]) -> None:
+    """Rows under these columns written whole (a header, then each cell as append_csv writes
+    it) without pandas, under a temporary name: a streamed table's first write and its
+    rewrite when its columns grow land mid-run, while a client thread times chunks; pandas'
+    import took ~280 ms there the first time, holding the interpreter's lock, and its frame
+    some milliseconds each time after."""
+    atomic_write_text(path, _plain_csv(rows, columns, header=True))
+
+
+def _plain_csv(rows: list[dict], columns: list[str], header: bool) -> str:
+    out = io.StringIO()
+    writer = csv.writer(out, lineterminator="\n")
+    if header:
+        writer.writerow(columns)
+    writer.writerows([_cell(r.get(c)) for c in columns] for r in rows)
+    return out.getvalue()
+
+
 def append_csv(path: Path, rows: list[dict], columns: list[str]) -> None:
     """Rows added to the end of a CSV that write_csv wrote with these columns (no header
     again; a column a row lacks left empty), each cell as csv_text writes it (full
@@ -229,10 +247,7 @@ def append_csv(path: Path, rows: list[dict], columns: list[str]) -> None:
     Under torchrun rank 0 alone writes."""
     if not is_writer() or not rows:
         return
-    out = io.StringIO()
-    writer = csv.writer(out, lineterminator="\n")
-    writer.writerows([_cell(r.get(c)) for c in columns] for r in rows)
-    text = out.getvalue()
+    text = _plain_csv(rows, columns, header=False)
     try:
         with open(path, "a", encoding="utf-8") as f:
             f.write(text)
