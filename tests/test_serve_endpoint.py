@@ -164,6 +164,41 @@ def test_the_rows_count_what_the_server_did(runner, tmp_path, scripted):
     assert json.loads(meta)["endpoint"]["served_model"] == MODEL
 
 
+def test_a_server_that_fails_every_request_is_counted_and_drawn(runner, tmp_path, scripted):
+    """Every request a 500 (no point with a latency, the figure's TPOT axis had NaN for its
+    top and the run ended in a traceback): exit 0, every request counted failed with its
+    reason, the figure drawn, and one line saying the requests failed, not the latencies."""
+    url, server = scripted
+    server.fail_every = 1
+    out = tmp_path / "run"
+    args = ["serve-sweep", "--endpoint", url, *ARGS, "--rates", "50", "--out", str(out)]
+    result = runner.invoke(app, args)
+    assert result.exit_code == 0, result.output
+    serve = pd.read_csv(out / "serve.csv")
+    assert list(serve["sent"]) == [6] and list(serve["failed"]) == [6]
+    assert list(serve["requests"]) == [0]
+    assert pd.read_csv(out / "requests.csv")["error"].str.contains("HTTP 500").all()
+    assert (out / "serve.png").stat().st_size > 0
+    assert "misses the SLO at 50 req/s: 6 of 6 requests failed (requests.csv's error" in (
+        result.output)  # fmt: skip
+    assert "points of 0 requests" not in result.output and "No artists" not in result.output
+    assert json.loads((out / "metadata.json").read_text())["status"] == "complete"
+
+
+def test_one_token_outputs_have_no_tpot_and_are_drawn(runner, tmp_path, scripted):
+    """Outputs of one token have no time per output token: the figure is still drawn."""
+    url, server = scripted
+    server.fail_every = 0
+    out = tmp_path / "run"
+    one = [a if a != "5" else "1" for a in ARGS]
+    args = ["serve-sweep", "--endpoint", url, *one, "--rates", "50", "--out", str(out)]
+    result = runner.invoke(app, args)
+    assert result.exit_code == 0, result.output
+    serve = pd.read_csv(out / "serve.csv")
+    assert list(serve["requests"]) == [6] and serve["tpot_p99_s"].isna().all()
+    assert (out / "serve.png").stat().st_size > 0
+
+
 def test_step_costs_put_the_simulation_beside_the_server(runner, tmp_path, scripted):
     url, server = scripted
     server.fail_every = 0

@@ -279,10 +279,17 @@ def what_moves_it(slo: list[dict], rows: list[dict], limits: dict) -> list[str]:
             broke.append(f"p99 TTFT {render.fmt(low['ttft_p99_s'])} s over --slo-ttft")
         if low["tpot_p99_s"] > limits.get("slo_tpot", float("inf")):
             broke.append(f"p99 TPOT {render.fmt(1e3 * low['tpot_p99_s'])} ms over --slo-tpot")
-        if low.get("failed") or low.get("timed_out"):
+        lost = (low.get("failed") or 0) + (low.get("timed_out") or 0)
+        at = f"{low['rate']} req/s{_cap(low)}"
+        if lost and not broke:  # the latencies were within: the server's answers were not
+            lines.append(
+                f"{r['policy']} ({r['source']}) misses the SLO at {at}: {lost:,} of "
+                f"{low.get('sent') or lost:,} requests failed (requests.csv's error says why)"
+            )
+            continue
+        if lost:
             broke.append("failed requests")
         why = " and ".join(broke) or "outside the SLO"
-        at = f"{low['rate']} req/s{_cap(low)}"
         lower = "--max-concurrency" if "sustained_concurrency" in r else "--rates"
         lines.append(
             f"{r['policy']} ({r['source']}) misses the SLO even at {at} ({why}): sweep "
@@ -310,7 +317,7 @@ def _sustains(r: dict) -> str:
 def _warn_uncertain(rows: list[dict]) -> None:
     from benchbatch.core.serving import P99_MIN_REQUESTS
 
-    few = sorted({r["requests"] for r in rows if r["p99_uncertain"]})
+    few = sorted({r["requests"] for r in rows if r["p99_uncertain"] and r["requests"]})
     if few:
         render.warning(
             f"points of {', '.join(f'{n:,}' for n in few)} requests: a p99 over fewer than "

@@ -137,7 +137,9 @@ def serve_figure(rows: list[dict], path: Path, title: str, slo_ttft: float, slo_
         ax.set_ylim(bottom=0)
     _fit_log(axes[0, 0], df["ttft_p50_s"])
     _fit_log(axes[0, 1], pd.concat([df["ttft_p99_s"], pd.Series([slo_ttft])]))
-    top = max(np.nanmax(df["tpot_p99_s"].to_numpy(dtype=float)), slo_tpot) * 1e3
+    # the SLO's own height where no point has a TPOT (every request failed, or one token each)
+    tpots = pd.to_numeric(df["tpot_p99_s"], errors="coerce").to_numpy(dtype=float)
+    top = float(np.nanmax(np.append(tpots, slo_tpot))) * 1e3
     axes[1, 1].set_ylim(0, top * 1.12)
     for ax in axes.flat:  # after the limits: the ticks are those of the final range
         axis.apply(ax)
@@ -214,7 +216,8 @@ def pareto_figure(rows: list[dict], path: Path, title: str) -> None:
     ax.set_xlabel("tokens/s per user (output throughput / requests in the system)")
     ax.set_ylabel("tokens/s per device (output throughput)")
     ax.grid(True, alpha=0.3)
-    ax.legend(fontsize=9, loc="upper right")
+    if ax.get_legend_handles_labels()[0]:  # no point has a throughput when every one failed
+        ax.legend(fontsize=9, loc="upper right")
     caps = isinstance(x_axis(df), CapAxis) if len(df) else False
     shown = "requests in flight" if caps else "request rate (req/s)"
     ax.set_title(f"{title}\nnumbers: each point's {shown}", fontsize=9)
