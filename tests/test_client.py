@@ -124,6 +124,7 @@ class Scripted:
         self.on_all_hanging = None
         self.metrics_page: str | None = None  # GET /metrics (None: 404, as most servers)
         self.hanging = 0
+        self.hang_probes = False  # the one-token probe taken and never answered
         self.loop = asyncio.new_event_loop()
         self.thread = threading.Thread(target=self.loop.run_forever, daemon=True)
         self.thread.start()
@@ -189,6 +190,8 @@ class Scripted:
         if self.reject_text and isinstance(body["prompt"], str):
             message = "this server takes token ids only: start it with --tokenizer"
             return web.json_response({"error": {"message": message}}, status=400)
+        if body["max_tokens"] == 1 and self.hang_probes:
+            return await self.hang(request)
         if body["max_tokens"] == 1:  # the length-field probe
             resp = await self.open(request)
             await resp.write(sse(chunk("x", "length")) + sse(usage(1)) + sse("[DONE]"))
@@ -240,6 +243,14 @@ class Scripted:
         self.clock.now[rid] = 1.0
         await resp.write(line)  # read only at the end of the stream: no stamp to wait for
         request.transport.close()
+        return resp
+
+    async def huge(self, request):
+        """A data line longer than the client reads whole (READ_BUFFER_BYTES), then [DONE]:
+        read, if ever, as an error, so no stamp is waited for."""
+        resp = await self.open(request)
+        await resp.write(sse({"choices": [{"index": 0, "text": "x" * (3 << 20)}]}))
+        await resp.write(sse("[DONE]"))
         return resp
 
     async def gate(self, request):
@@ -383,6 +394,9 @@ def test_every_failure_is_counted_in_its_kind_and_the_served_are_kept(clock, ser
             8,
             [(0.5, sse(chunk("a"))), (0.6, sse({"object": "error", "message": "oom"}))],
         ),
+        "dict": ("stream", 9, [(0.5, sse({"choices": {"text": "x"}}))]),
+        "seven": ("stream", 10, [(0.5, sse(chunk("a"))), (0.6, sse({"choices": 7}))]),
+        "huge": ("huge",),
     }
     names = list(server.scripts)
     prompts = [Prompt(i, name, 3, 2) for i, name in enumerate(names)]
@@ -417,6 +431,9 @@ def test_every_failure_is_counted_in_its_kind_and_the_served_are_kept(clock, ser
         "hang": "timeout",
         "none": "stream",
         "midway": "stream",
+        "dict": "stream",
+        "seven": "stream",
+        "huge": "stream",
     }
     errors = {names[r.request_id]: r.error for r in records}
     assert errors["500"] == "HTTP 500: engine died"
@@ -424,10 +441,12 @@ def test_every_failure_is_counted_in_its_kind_and_the_served_are_kept(clock, ser
     assert "before [DONE] after 2 chunks" in errors["stops"]
     assert "malformed" in errors["bad"] and "oom" in errors["midway"]
     assert "not done within 1 s" in errors["hang"]
+    assert "choices is no list" in errors["dict"] and "choices is no list" in errors["seven"]
+    assert errors["huge"].startswith("LineTooLong after 0 chunks")
     assert all("\n" not in e for e in errors.values() if e)
     assert gone[0].error_kind == "refused" and "cannot connect" in gone[0].error
     counts = failure_counts([*records, *gone])
-    assert counts == {"refused": 1, "http": 2, "timeout": 1, "stream": 5, "cancelled": 0}
+    assert counts == {"refused": 1, "http": 2, "timeout": 1, "stream": 8, "cancelled": 0}
     run = run_metrics(records)  # the served one alone, its numbers intact
     assert [(m.request_id, m.ttft, m.e2e, m.num_tokens) for m in run.requests] == [
         (0, 0.5, 0.75, 2)
@@ -513,6 +532,35 @@ def test_one_conclusive_probe_per_endpoint_and_an_inconclusive_one_keeps_the_fie
         assert run.length_probe == "served" and server.bodies[-2]["prompt"] == [1, 2]
     finally:
         server.close()
+
+
+def test_a_probe_taken_and_never_answered_is_one_line_before_the_run(clock, server):
+    """A server that takes requests and never answers: server_info refuses the endpoint
+    after one probe's timeout (it waited out five before a point, then failed every request
+    at the same cost); a run that probes for itself keeps every field and counts its
+    requests."""
+    server.hang_probes = True
+    with pytest.raises(UserError) as e:
+        server_info(Endpoint(server.url, "tiny", 1.0))
+    assert e.value.option == "endpoint"
+    assert "a one-token completion got no answer within --request-timeout 1 s" in e.value.message
+    assert sum(b["max_tokens"] == 1 for b in server.bodies) == 1
+    lines = [(0.5, sse(chunk("a"))), (0.75, sse(chunk("b"))), (0.75, sse(usage(2)))]
+    server.scripts = {"ok": ("stream", 0, lines)}
+    run = stream_requests(Endpoint(server.url, "other", 1.0), [Prompt(0, "ok", 3, 2)], [0.0],
+                          clock=clock)  # fmt: skip
+    assert [r.error for r in run] == [None]
+    assert run.length_fields == LENGTH_FIELDS
+    assert run.length_probe == "inconclusive: no answer within 1 s"
+
+
+def test_usage_counts_are_whole_numbers_not_booleans():
+    from benchbatch.net.events import apply_event
+
+    rec = Streamed(0, 3, 2, 0.0, [], None, None)
+    body = {"choices": [], "usage": {"completion_tokens": True, "prompt_tokens": 3}}
+    assert apply_event(rec, json.dumps(body), 0.5) is False
+    assert rec.output_tokens is None and rec.server_prompt_tokens == 3
 
 
 def test_closing_early_cancels_the_rest_promptly(clock, server):

@@ -31,6 +31,7 @@ from collections.abc import Callable, Coroutine, Iterator, Sequence
 from dataclasses import dataclass
 
 import aiohttp
+from aiohttp.http_exceptions import HttpProcessingError
 
 from benchbatch.core.streamed import Streamed, error_line
 from benchbatch.errors import UserError
@@ -320,7 +321,8 @@ class StreamRun(Iterator[Streamed]):
             _fail(rec, "refused", f"cannot connect to {self.endpoint.public}: {failure_reason(e)}")
         except Broke as e:
             _fail(rec, "stream", str(e))
-        except (aiohttp.ClientError, ValueError) as e:  # payload errors, disconnects, bad bytes
+        except (aiohttp.ClientError, HttpProcessingError, ValueError) as e:
+            # payload errors, disconnects, bad bytes, a line longer than the read buffer
             why = failure_reason(e)
             _fail(rec, "stream", f"{type(e).__name__} after {len(rec.chunk_s)} chunks: {why}")
 

@@ -67,7 +67,15 @@ async def _server_info(endpoint: Endpoint, probe_fields: bool) -> dict:
         }
         if probe_fields:  # a text, then token ids (for a server without a tokenizer)
             for prompt in ("Hello",) if endpoint.chat else ("Hello", [1]):
-                found = await probe_length_fields(session, endpoint, model, prompt)
+                try:
+                    found = await probe_length_fields(session, endpoint, model, prompt)
+                except NoAnswer:  # every request would wait out its timeout: nothing to time
+                    raise UserError(
+                        "endpoint",
+                        f"{endpoint.public}: a one-token completion got no answer within "
+                        f"--request-timeout {endpoint.timeout_s:g} s (the server takes "
+                        "requests but does not answer them)",
+                    ) from None
                 if found["length_probe"] == "served":
                     break
             info |= found
@@ -181,8 +189,10 @@ async def probe_length_fields(session, endpoint: Endpoint, model: str | None, pr
     all; a 400 or 422 naming some drops those; one naming none is tried once without all
     (dropped if that is served). A probe with no served answer (a refused connection, a 5xx,
     a prompt the server refuses) is inconclusive: what was not named stays, and the run's own
-    requests, if they fail, are counted. The answer is kept for the endpoint when conclusive
-    (stream_requests then sends no probe of its own).
+    requests, if they fail, are counted. One taken and not answered within the request
+    timeout raises NoAnswer (server_info: the endpoint refused; length_fields:
+    inconclusive). The answer is kept for the endpoint when conclusive (stream_requests then
+    sends no probe of its own).
     Returns {"length_fields": [sent], "dropped_fields": [...], "dropped_because": message,
     "length_probe": "served" or "inconclusive: message"}."""
     fields, dropped, because, served = list(LENGTH_FIELDS), [], None, False
@@ -223,9 +233,14 @@ def _probe_key(endpoint: Endpoint, model: str | None) -> tuple[str, str | None, 
 async def length_fields(session, endpoint: Endpoint, model: str | None, prompt) -> dict:
     """probe_length_fields' answer for this endpoint and model: the one kept from a
     conclusive probe (server_info's), else a probe with `prompt` now."""
-    return _PROBED.get(_probe_key(endpoint, model)) or await probe_length_fields(
-        session, endpoint, model, prompt
-    )
+    kept = _PROBED.get(_probe_key(endpoint, model))
+    if kept:
+        return kept
+    try:
+        return await probe_length_fields(session, endpoint, model, prompt)
+    except NoAnswer as e:  # inconclusive: every field kept, the run's requests counted
+        return {"length_fields": list(LENGTH_FIELDS), "dropped_fields": [],
+                "dropped_because": None, "length_probe": f"inconclusive: {e}"}  # fmt: skip
 
 
 async def _one_token(session, endpoint, model, prompt, fields) -> tuple[int | None, str]:
@@ -238,5 +253,11 @@ async def _one_token(session, endpoint, model, prompt, fields) -> tuple[int | No
         ) as resp:
             body = await resp.text(errors="replace")
             return resp.status, error_message(resp.status, body) if resp.status != 200 else ""
-    except (aiohttp.ClientError, asyncio.TimeoutError) as e:
+    except asyncio.TimeoutError:
+        raise NoAnswer(f"no answer within {endpoint.timeout_s:g} s") from None
+    except aiohttp.ClientError as e:
         return None, failure_reason(e)
+
+
+class NoAnswer(Exception):
+    """A one-token probe the server took but did not answer within the request timeout."""

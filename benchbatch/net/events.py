@@ -41,6 +41,8 @@ def apply_event(rec: Streamed, data: str, stamp: float) -> bool:
     if chunk.get("error") or chunk.get("object") == "error":
         raise Broke(f"the server sent an error mid-stream: {body_message(data)}")
     choices = chunk.get("choices")
+    if choices is not None and not isinstance(choices, list):
+        raise Broke(f"a chunk whose choices is no list: {error_line(data, 80)!r}")
     if choices:
         first = choices[0] if isinstance(choices[0], dict) else {}
         delta = first.get("delta")
@@ -55,9 +57,9 @@ def apply_event(rec: Streamed, data: str, stamp: float) -> bool:
         rec.finish_reason = first.get("finish_reason") or rec.finish_reason
     usage = chunk.get("usage")
     if isinstance(usage, dict):
-        if isinstance(usage.get("completion_tokens"), int):
+        if _count(usage.get("completion_tokens")):
             rec.output_tokens = usage["completion_tokens"]
-        if isinstance(usage.get("prompt_tokens"), int):
+        if _count(usage.get("prompt_tokens")):
             rec.server_prompt_tokens = usage["prompt_tokens"]
     return False
 
@@ -72,3 +74,8 @@ def role_only(delta: dict, choice: dict) -> bool:
         and not rest
         and not choice.get("finish_reason")
     )
+
+
+def _count(value) -> bool:
+    """A usage count: an int, not a bool (JSON's true is an int to Python)."""
+    return isinstance(value, int) and not isinstance(value, bool)
