@@ -117,3 +117,33 @@ def test_the_slowest_link_taken_is_priced_finite(tmp_path):
                                     str(tmp_path / "p")])  # fmt: skip
     assert done.exit_code == 0, done.output
     assert (tmp_path / "p" / "project.png").stat().st_size > 10_000
+
+
+@pytest.mark.parametrize(
+    ("args", "shape"),
+    [(["project"], "llama3-70b"), (["phases", "--preset", "llama3-8b"], "llama3-8b")],
+)
+def test_heads_that_the_shapes_kv_heads_do_not_divide_name_the_shape(tmp_path, args, shape):
+    """--heads 4 over a shape with 8 KV heads blamed --kv-heads, which the user never gave
+    (project starts from llama3-70b without saying so): the error names --heads, the shape
+    its KV heads came from, and the way out."""
+    done = CliRunner().invoke(app, [*args, "--heads", "4", "--out", str(tmp_path / "p")])
+    assert done.exit_code == 2, done.output
+    assert done.stderr.strip() == (
+        f"Error: --heads: 4 query heads cannot share the {shape} shape's 8 KV heads evenly: "
+        "give --kv-heads too (a divisor of --heads)"
+    )
+    assert not (tmp_path / "p").exists()
+
+
+def test_project_names_the_shape_it_projects_and_where_it_started(tmp_path):
+    args = ["project", "--hidden", "1024", "--heads", "16", "--kv-heads", "4", "--tp", "1,2",
+            "--out", str(tmp_path / "p")]  # fmt: skip
+    done = CliRunner().invoke(app, args)
+    assert done.exit_code == 0, done.output
+    name = "llama3-70b with hidden 1024, heads 16, kv heads 4"
+    assert f"note: projecting {name}: sizes given without --preset or --config start from the " \
+        "llama3-70b preset, project's default" in " ".join(done.stderr.split())
+    meta = json.loads((tmp_path / "p" / "metadata.json").read_text())
+    assert meta["config"]["name"] == name
+    assert meta["config"]["kv_heads"] == 4 and meta["config"]["layers"] == 80

@@ -120,6 +120,13 @@ class ModelOptions:
             else configs.preset(self.preset or default_preset)
         )
         changes = self.overrides()
+        heads = changes.get("heads")
+        require(
+            heads is None or "kv_heads" in changes or heads % base.kv_heads == 0,
+            "heads",
+            f"{heads} query heads cannot share the {base.name} shape's {base.kv_heads} KV "
+            "heads evenly: give --kv-heads too (a divisor of --heads)",
+        )
         return base.replace(**changes) if changes else base
 
     def _checkpoint_shape(self):

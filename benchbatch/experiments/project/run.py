@@ -3,6 +3,9 @@ you do not have (no torch, nothing measured)."""
 
 from __future__ import annotations
 
+from dataclasses import replace
+
+from benchbatch.core.config import named_shape
 from benchbatch.core.options import ModelOptions, RunOptions
 from benchbatch.core.optkit import record
 from benchbatch.experiments.project.options import ProjectOptions
@@ -25,6 +28,11 @@ def measure_run(rec, opts: ProjectOptions, model: ModelOptions, run: RunOptions)
     from benchbatch.output.plots.project import project_figure
 
     cfg, machine, rows = _projected(opts, model)  # arithmetic: as open_run made it
+    if not model.chosen():
+        rec.note(f"projecting {cfg.name}: sizes given without --preset or --config start from "
+                 f"the {DEFAULT_PRESET} preset, project's default" if model.overrides() else
+                 f"projecting the {DEFAULT_PRESET} preset, project's default; pass --preset or "
+                 "--config to change it")  # fmt: skip
     rec.put("project", rows)
     rec.meta["machine"] = machine.to_dict()
     rec.meta["assumptions"] = projection.assumptions(cfg, opts.dtype, machine)
@@ -39,6 +47,9 @@ def _projected(opts: ProjectOptions, model: ModelOptions):
     from benchbatch.core import projection, sharding
 
     cfg = model.shape(DEFAULT_PRESET)
+    if model.model is None and model.overrides():  # "llama3-70b with hidden 64, heads 4"
+        bare = replace(model, **{k: None for k in ModelOptions.SIZES})
+        cfg = named_shape(bare.shape(DEFAULT_PRESET), cfg, model.overrides())
     for tp in opts.tp:
         sharding.check(cfg, tp)
     machine = opts.machine()
