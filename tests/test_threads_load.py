@@ -135,6 +135,20 @@ def test_a_cpu_run_says_its_threads_and_warns_on_a_busy_machine(runner, tmp_path
         assert os.sched_getaffinity(0) == before  # given back when the run ends
 
 
+def test_threads_past_the_cores_are_warned_about(runner, tmp_path, monkeypatch):
+    """--threads past the physical cores the process may use: a warning naming both (the
+    audit's --threads 1000 on 2 cores ran a 16-token prefill ~300x slower, unsaid)."""
+    monkeypatch.setattr(machine, "load_average", lambda: [0.0, 0.0, 0.0])
+    monkeypatch.setattr(machine, "physical_cores", lambda: {0: [0]})  # one core
+    result = _phases(runner, tmp_path / "over", "--threads", "2")
+    assert result.exit_code == 0, result.output
+    err = " ".join(result.stderr.split())
+    assert "warning: --threads 2 is more than the 1 physical core this process may use" in err
+    assert "(at most 1 measures it)" in err
+    result = _phases(runner, tmp_path / "within", "--threads", "1")
+    assert result.exit_code == 0 and "is more than the" not in result.stderr
+
+
 def test_a_load_that_rises_during_the_run_is_warned_about(runner, tmp_path, monkeypatch):
     out = tmp_path / "rise"
     # Quiet until the run has written its first rows, busy from then on.

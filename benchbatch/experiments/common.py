@@ -45,6 +45,20 @@ def open_model_run(
     return rec
 
 
+def over_cores(threads) -> str | None:
+    """--threads past the physical cores the process may use: the threads take turns, and
+    each step waits for the last of them (the audit's 1,000 on 2 cores: a 16-token prefill
+    ~300x its time)."""
+    if threads.chosen != "--threads" or threads.threads <= threads.cores:
+        return None
+    cores = f"{threads.cores} physical core{'s' if threads.cores > 1 else ''}"
+    return (
+        f"--threads {threads.threads} is more than the {cores} this process may use: the "
+        f"threads take turns on them and each step waits for the last, so its times measure "
+        f"the crowding, not the device (at most {threads.cores} measures it)"
+    )
+
+
 def use_threads(rec: Recorder, run: RunOptions) -> None:
     """The run's compute threads (--threads, else one per free physical core: one on a
     small or busy machine) and its pinned compute thread, said in a note and in metadata's
@@ -66,6 +80,7 @@ def use_threads(rec: Recorder, run: RunOptions) -> None:
         rec.write_meta()
         rec.note(threads.reason + where + CLOCK_NOTE[clock])
         rec.warning(machine.busy_warning(threads.load_average, threads.cores, threads.threads))
+        rec.warning(over_cores(threads))
 
     def at_end() -> None:
         threads.restore()
