@@ -301,6 +301,26 @@ def test_bad_options_are_one_line_and_exit_2(runner, tmp_path, args, option):
     assert len(lines) == 1 and lines[0].startswith(f"Error: {option}:"), result.stderr
 
 
+@pytest.mark.parametrize(
+    ("args", "line"),
+    [
+        # the long prompts alone outgrow the context: that option, not --max-output
+        (["--long-prompt-len", "100000"], "Error: --long-prompt-len: a 100,000-token prompt "
+         "and its first output token exceed the model's --max-context"),
+        (["--prompt-len", "100000", "--long-prompt-fraction", "0"], "Error: --prompt-len: a "
+         "100,000-token prompt"),
+        # the budget below the sequences names --slots, as the help spells it
+        (["--max-num-batched-tokens", "4", "--slots", "8"], "Error: --max-num-batched-tokens: "
+         "4 is less than --slots 8 (vLLM's max_num_seqs): running decodes would starve"),
+    ],
+)
+def test_an_error_names_the_option_the_help_lists(runner, tmp_path, args, line):
+    result = ablation(runner, tmp_path / "x", *TINY, *args)
+    assert result.exit_code == 2, result.output
+    lines = result.stderr.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith(line), lines
+
+
 def test_wide_step_spread_against_the_cost_model_is_flagged():
     steady = [{"scheme": "both", "step_ms": 10.0 + i % 3, "sim_step_ms": 10.0} for i in range(50)]
     spiky = [{"scheme": "mixed-only", "step_ms": 10.0, "sim_step_ms": 10.0} for _ in range(50)]

@@ -377,6 +377,22 @@ class WorkloadOptions:
             long_prompt_len=self.long_prompt_len,
         )
 
+    def length_options(self, requests) -> tuple[str, str]:
+        """The options that made the longest prompt of `requests` (drawn from these options)
+        and the longest output, for an error about a length: --prompts, --trace,
+        --long-prompt-len or --prompt-len; --trace or --max-output."""
+        from benchbatch.core.workload import Workload
+
+        longest = int(Workload.of(requests).prompt_tokens.max())
+        prompt = "prompt_len"
+        if self.prompts is not None:  # the prompts' lengths are the file's lines
+            prompt = "prompts"
+        elif self.trace is not None:
+            prompt = "trace"
+        elif self.long_prompt_fraction > 0 and longest == self.long_prompt_len:
+            prompt = "long_prompt_len"
+        return prompt, "trace" if self.trace is not None else "max_output"
+
     def _checked_trace(self, requests):
         """A trace's size, lengths and arrivals within the same limits as generated ones."""
         where = str(self.trace)

@@ -49,7 +49,8 @@ class SchedulerConfig:
         require(
             budget >= self.seqs,
             "max_num_batched_tokens",
-            f"{budget} is less than --max-num-seqs {self.seqs}: running decodes would starve",
+            f"{budget} is less than --slots {self.seqs} (vLLM's max_num_seqs): running "
+            "decodes would starve",
         )
 
     def _check_chunk(self) -> None:

@@ -77,9 +77,9 @@ def _open(opts, workload, model, run, requests, need_model: bool) -> Recorder:
     from benchbatch.experiments import common as c
 
     real = opts.engine == "real"
-    what = "trace" if workload.trace is not None else "max_output"
+    prompt, output = workload.length_options(requests)
     # The cost fit times steps on the model too: the workload must fit its context.
-    check = lambda cfg: _named(what, check_fits, cfg.max_context, requests)  # noqa: E731
+    check = lambda cfg: check_fits(cfg.max_context, requests, prompt=prompt, output=output)  # noqa: E731
     cache = (lambda cfg: c.engine_cache(workload.slots, requests)) if real else None
     return c.open_model_run("ablation", model, run, opts, workload, check=check, cache=cache)
 

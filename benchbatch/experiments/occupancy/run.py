@@ -146,18 +146,8 @@ def _check_real(cfg, requests, workload: WorkloadOptions) -> None:
     """A prompt alone longer than the model's context is the fault of the option that made
     it (--prompts, --trace, --long-prompt-len, --prompt-len), a prompt plus its output the
     output's."""
-    from benchbatch.core.workload import Workload
-
     check_prompt_ids(cfg.vocab, requests)
-    longest = int(Workload.of(requests).prompt_tokens.max())
-    prompt = "prompt_len"
-    if workload.prompts is not None:  # the prompts' lengths are the file's lines
-        prompt = "prompts"
-    elif workload.trace is not None:
-        prompt = "trace"
-    elif workload.long_prompt_fraction > 0 and longest == workload.long_prompt_len:
-        prompt = "long_prompt_len"
-    output = "trace" if workload.trace is not None else "max_output"
+    prompt, output = workload.length_options(requests)
     check_fits(cfg.max_context, requests, prompt=prompt, output=output)
 
 
