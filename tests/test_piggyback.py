@@ -304,3 +304,18 @@ def test_a_slow_reference_step_flags_every_row_computed_from_it():
     assert [r["throttled"] for r in probe.chunk_rows(chunked, preset("tiny"), "fp32")] == [True] * 3
     tiles = [raw(probe.MixedStep(0, 0, t), 1.0, "tile", t == 8) for t in (8, 9, 10)]
     assert [r["throttled"] for r in probe.tile_rows(tiles)] == [True, True, False]
+
+
+def test_chunks_not_shorter_than_the_prompt_are_said_to_be_the_whole_prefill():
+    """--chunk-prompt 64 --chunks 128 measured one whole prefill in place of 128, unsaid."""
+    from benchbatch.experiments.piggyback.options import PiggybackOptions
+
+    assert PiggybackOptions().whole_chunks() is None  # 2048 is the default prompt: the whole
+    assert PiggybackOptions(chunk_prompt=96, chunks=(32, 96)).whole_chunks() is None
+    assert PiggybackOptions(chunk_prompt=64, chunks=(32, 128)).whole_chunks() == (
+        "--chunks 128: not shorter than the 64-token --chunk-prompt, so one whole prefill, "
+        "measured once (a longer --chunk-prompt chunks it)"
+    )
+    assert PiggybackOptions(chunk_prompt=64, chunks=(64, 128)).whole_chunks().startswith(
+        "--chunks 64, 128: not shorter"
+    )

@@ -43,6 +43,18 @@ class PiggybackOptions:
         check_number("threshold", self.threshold)
         check_count("chunk_prompt", self.chunk_prompt, 1)
 
+    def whole_chunks(self) -> str | None:
+        """A note where some --chunks are not shorter than --chunk-prompt: each is the one
+        whole prefill (measured once), not a chunk size of its own."""
+        whole = [c for c in self.chunks if c >= self.chunk_prompt]
+        if not whole or whole == [self.chunk_prompt]:  # the default's 2048: the whole, as said
+            return None
+        sizes = ", ".join(map(str, whole))
+        return (
+            f"--chunks {sizes}: not shorter than the {self.chunk_prompt}-token --chunk-prompt, "
+            "so one whole prefill, measured once (a longer --chunk-prompt chunks it)"
+        )
+
     def check(self, cfg) -> None:
         check_context(cfg, self.context)
         check_lengths(cfg, "piggyback_tokens", self.piggyback_tokens)

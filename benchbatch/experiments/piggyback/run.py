@@ -21,6 +21,7 @@ def measure_run(rec, opts: PiggybackOptions, model: ModelOptions, run: RunOption
     from benchbatch.experiments.piggyback import probe
     from benchbatch.output.plots.piggyback import piggyback_figure
 
+    rec.note(opts.whole_chunks())
     roofs.use_ceilings(rec, run)
     net, cfg = c.build_model(rec, model, run)
     steps = probe.rows(net, opts, run.timing(), run.cuda_graphs)
