@@ -86,6 +86,24 @@ def test_a_run_whose_metrics_fail_still_writes_result_json(runner, tmp_path, mon
     assert doc["metrics_error"] == "KeyError: 'summary'"
 
 
+def test_every_commands_metrics_are_made_from_a_run_cut_before_its_end():
+    """A run interrupted before its end-of-run metadata (reproduce's claims, a summary):
+    result.json's metrics are made of what was measured, never a KeyError in place of them
+    (an interrupted reproduce wrote "metrics_error": "KeyError: 'claims'")."""
+    from benchbatch.app import registry
+
+    class Cut:  # a run's recorder with no row kept and none of its end-of-run metadata
+        meta, ceilings, quiet = {}, None, True
+
+        def rows(self, table):
+            return []
+
+    for experiment, view in registry.registered():
+        doc = view.document(Cut())
+        assert isinstance(doc, dict), experiment.name
+        results.json_text(doc)  # as result.json writes it
+
+
 def test_result_json_is_never_overwritten_without_force(runner, tmp_path):
     out = tmp_path / "run"
     assert runner.invoke(app, [*OCCUPANCY, "--out", str(out)]).exit_code == 0

@@ -40,7 +40,7 @@ def _tables(rec) -> dict:
 
 def document(rec) -> dict:
     rows = {t: df.to_dict(orient="records") for t, df in _tables(rec).items()}
-    doc = {"runs": rec.meta["runs"], "rows": rows}
+    doc = {"runs": rec.meta.get("runs"), "rows": rows}
     if rec.meta.get("serve_rates") is not None:
         doc["serve_rates"] = rec.meta["serve_rates"]
     if rec.meta.get("conclusions"):

@@ -33,7 +33,7 @@ TILE_COLUMNS = {
 
 def document(rec) -> dict:
     return {
-        "summary": rec.meta["summary"],
+        "summary": rec.meta.get("summary"),  # None: interrupted before it
         "piggyback": rec.rows("piggyback"),
         "chunks": rec.rows("chunks"),
     }

@@ -28,7 +28,7 @@ LINK_COLUMNS = {
 
 
 def document(rec) -> dict:
-    return {"summary": rec.meta["summary"], "rows": rec.rows("probe")}
+    return {"summary": rec.meta.get("summary"), "rows": rec.rows("probe")}
 
 
 def show(rec) -> None:

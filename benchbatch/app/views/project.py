@@ -20,7 +20,7 @@ COLUMNS = {  # short headers: eleven columns in 80 (project.csv has every column
 
 
 def document(rec) -> dict:
-    return {"assumptions": rec.meta["assumptions"], "rows": rec.rows("project")}
+    return {"assumptions": rec.meta.get("assumptions"), "rows": rec.rows("project")}
 
 
 def show(rec) -> None:

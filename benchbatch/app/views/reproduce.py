@@ -62,8 +62,8 @@ def _list(values) -> str:
 
 def document(rec) -> dict:
     return {
-        "cpu_sized": rec.meta["cpu_sized"],
-        "claims": rec.meta["claims"],
+        "cpu_sized": rec.meta.get("cpu_sized"),
+        "claims": rec.meta.get("claims"),  # None: interrupted before the verdicts
         "summary": {k: rec.meta.get(k) for k in SUMMARIES if k in rec.meta},
         "rows": {t: rec.rows(t) for t in TABLES if rec.rows(t)},
     }
