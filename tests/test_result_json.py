@@ -93,7 +93,7 @@ def test_every_commands_metrics_are_made_from_a_run_cut_before_its_end():
     from benchbatch.app import registry
 
     class Cut:  # a run's recorder with no row kept and none of its end-of-run metadata
-        meta, ceilings, quiet = {}, None, True
+        meta, tables, ceilings, quiet = {}, {}, None, True
 
         def rows(self, table):
             return []
