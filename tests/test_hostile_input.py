@@ -615,3 +615,27 @@ def test_a_byte_order_mark_is_accepted_everywhere(runner, tmp_path, where):
 
         path.write_text(bom + "hello\nworld\n")
         assert read_prompts(path) == ["hello", "world"]
+
+
+@pytest.mark.parametrize(
+    ("command", "args", "line"),
+    [
+        # the options as typed, not their field names
+        ("serve-sweep", ["--prompt-dist", "lognormal", "--prompt-len", "128", "--max-prompt",
+                         "32"], "Error: --prompt-len: 128 lies outside [1, 32] (--min-prompt, "
+         "--max-prompt)"),
+        ("serve-sweep", ["--min-prompt", "64", "--max-prompt", "32"],
+         "Error: --min-prompt: 64 is more than --max-prompt 32"),
+        # a count past a trillion in e-notation, not 300 digits
+        ("occupancy", ["--arrivals-per-step", "1e-300"], "Error: --arrivals-per-step: 1e-300 "
+         "spreads 20 arrivals over about 2e+301 steps (at most 10,000,000); raise it"),
+        # a missing tokenizer before the workload is drawn (no warning about it before)
+        ("serve-sweep", ["--endpoint", "http://127.0.0.1:9", "--tokenizer", "/nonexistent"],
+         "Error: --tokenizer: /nonexistent is not a file (a tokenizer.json or a folder with "
+         "one)"),
+    ],
+)  # fmt: skip
+def test_an_error_reads_as_the_user_typed_it(runner, tmp_path, command, args, line):
+    result = invoke(runner, command, args, tmp_path)
+    assert result.exit_code == 2, result.output
+    assert result.stderr.strip().splitlines() == [line]

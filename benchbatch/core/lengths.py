@@ -35,8 +35,9 @@ class LengthDist:
         'low', 'high' to the option (field) names that set them."""
         if self.kind not in KINDS:  # choices are checked on the command line: a bug here
             raise ValueError(f"unknown length distribution {self.kind!r}")
+        low, high = (f"--{options[k].replace('_', '-')}" for k in ("low", "high"))  # as typed
         if self.low > self.high:
-            high = f"{options['high']} {self.high:,}"
+            high = f"{high} {self.high:,}"
             raise UserError(options["low"], f"{self.low:,} is more than {high}")
         if self.kind == "fixed" and round(self.center) < 1:
             message = f"a fixed length must be at least 1, got {self.center:g}"
@@ -44,8 +45,7 @@ class LengthDist:
         if self.kind != "uniform" and not (self.low <= round(self.center) <= self.high):
             raise UserError(
                 options["center"],
-                f"{self.center:g} lies outside [{self.low:,}, {self.high:,}] "
-                f"({options['low']}, {options['high']})",
+                f"{self.center:g} lies outside [{self.low:,}, {self.high:,}] ({low}, {high})",
             )
 
     def draw(self, n: int, rng: np.random.Generator) -> np.ndarray:

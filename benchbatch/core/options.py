@@ -353,7 +353,7 @@ class WorkloadOptions:
         if self.trace is None and span > self.MAX_ARRIVAL_SPAN:
             raise UserError(
                 "arrival_rate",
-                f"{rate:g} spreads {self.requests:,} arrivals over about {figure(span)} steps "
+                f"{rate:g} spreads {self.requests:,} arrivals over about {_steps(span)} steps "
                 f"(at most {self.MAX_ARRIVAL_SPAN:,}); raise it",
             )
 
@@ -416,3 +416,8 @@ class WorkloadOptions:
             f"{self.MAX_ARRIVAL_SPAN:,} steps a run may span",
         )
         return requests
+
+
+def _steps(n: float) -> str:
+    """A count of steps for an error: whole with separators, or 6e+302 past a trillion."""
+    return figure(n) if n < 1e12 else f"{n:.0e}"

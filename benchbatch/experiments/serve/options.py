@@ -325,6 +325,10 @@ class ServeOptions:
         from benchbatch.net.endpoint import check_url
 
         check_url(self.endpoint, "endpoint")
+        if self.tokenizer is not None:  # before the workload is drawn and warned about
+            file = self.tokenizer / "tokenizer.json" if self.tokenizer.is_dir() else self.tokenizer
+            require(file.is_file(), "tokenizer",
+                    f"{file} is not a file (a tokenizer.json or a folder with one)")  # fmt: skip
         if self.served_model is not None:
             require(bool(self.served_model.strip()), "served_model", "give a model name")
         if self.real_rates is not None:
