@@ -257,6 +257,17 @@ def test_bad_requests_get_openai_errors(tiny_model):
             (dict(frequency_penalty=0.5), openai.BadRequestError, 400, "frequency_penalty"),
             (dict(stop=["x"]), openai.BadRequestError, 400, "stop"),
             (dict(n=2), openai.BadRequestError, 400, "n"),
+            # fields that change the output: refused, never left out (200 with other tokens)
+            (dict(best_of=3), openai.BadRequestError, 400, "best_of"),
+            (dict(logit_bias={"5": 100}), openai.BadRequestError, 400, "logit_bias"),
+            (dict(suffix="x"), openai.BadRequestError, 400, "suffix"),
+            (dict(extra_body={"stop_token_ids": [3]}), openai.BadRequestError, 400,
+             "stop_token_ids"),
+            (dict(extra_body={"guided_choice": ["a"]}), openai.BadRequestError, 400,
+             "guided_choice"),
+            (dict(extra_body={"min_tokens": 5}), openai.BadRequestError, 400, "min_tokens"),
+            (dict(stream_options={"include_usage": True}), openai.BadRequestError, 400,
+             "stream_options"),
         ]
         for change, kind, status, param in cases:
             ask = {"model": "tiny", "prompt": [1, 2, 3, 4, 5], "max_tokens": 4} | change
@@ -271,6 +282,10 @@ def test_bad_requests_get_openai_errors(tiny_model):
             c.completions.create(model="tiny", prompt="hello", max_tokens=2)
         status, body = _post(url + "/v1/completions", b'{"model": "tiny", "prompt": [1, ')
         assert status == 400 and "not JSON" in body["error"]["message"]
+        for bad in (b'{"prompt": ' + b"[" * 100_000 + b"]" * 100_000 + b"}",  # too deep
+                    b'{"prompt": [1, ' + b"9" * 5000 + b"]}"):  # a number past Python's digits
+            status, body = _post(url + "/v1/completions", bad)
+            assert status == 400 and "not JSON" in body["error"]["message"], body
         status, body = _post(url + "/v1/completions", b"[1, 2]")
         assert status == 400 and body["error"]["type"] == "BadRequestError"
         status, body = _post(url + "/tokenize", b'{"prompt": "hi"}')
@@ -286,8 +301,9 @@ def test_bad_requests_get_openai_errors(tiny_model):
             prompt=[1, 2, 3],
             max_tokens=3,
             temperature=0,
-            extra_body={"repetition_penalty": 1.0},
-        )  # as vLLM's client
+            best_of=1,
+            extra_body={"repetition_penalty": 1.0, "stop_token_ids": [], "min_tokens": 3},
+        )  # as vLLM's client, with the neutral values of fields not served
         assert ids_of(ok.choices[0].text) == alone(tiny_model, [1, 2, 3], 3)
         assert ok.usage.completion_tokens == 3 and ok.choices[0].finish_reason == "length"
     assert len(engine.requests) == 1  # no bad request reached the engine

@@ -164,12 +164,21 @@ def test_bad_chat_requests_get_openai_errors(tiny_model, words):
         ({"messages": CHATS[0], "tools": [{"type": "function"}]}, "tools"),
         ({"messages": CHATS[0], "max_completion_tokens": 0}, "max_completion_tokens"),
         ({"messages": CHATS[0], "max_tokens": 10**6}, "max_tokens"),
+        ({"messages": CHATS[0], "top_logprobs": 3}, "top_logprobs is not served"),
+        ({"messages": CHATS[0], "max_completion_tokens": 2, "max_tokens": "zz"},
+         "max_tokens must be an integer"),
     ]  # fmt: skip
     with serving(tiny_model, tokenizer=words, chat_template=template) as (url, _):
         c = client(url)
         for body, said in bad:
             with pytest.raises(openai.BadRequestError, match=said):
                 c.post("/chat/completions", body={"model": "tiny", **body}, cast_to=object)
+        # a prompt past the context names the field it came in (a chat has no "prompt")
+        long = [{"role": "user", "content": "hello " * 2000}]
+        with pytest.raises(openai.BadRequestError, match="maximum context length") as e:
+            c.post("/chat/completions", body={"model": "tiny", "messages": long,
+                                              "max_tokens": 2}, cast_to=object)  # fmt: skip
+        assert e.value.body["param"] == "messages"
 
 
 @pytest.mark.parametrize(

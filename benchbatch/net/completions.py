@@ -12,6 +12,7 @@ from dataclasses import dataclass
 from aiohttp import web
 
 from benchbatch.runtime.live import LiveEngine
+from benchbatch.runtime.live_request import Refused
 
 PLACEHOLDER = "<{}>"  # a token's text without a tokenizer: its id, stable and parseable
 DEFAULT_MAX_TOKENS = 16  # OpenAI's default for completions
@@ -23,6 +24,14 @@ ERROR_TYPES = {400: "BadRequestError", 404: "NotFoundError", 405: "MethodNotAllo
 # Sampling fields that greedy decoding takes only at their neutral value (vLLM's clients
 # send some: repetition_penalty 1.0).
 NEUTRAL = {"presence_penalty": 0, "frequency_penalty": 0, "repetition_penalty": 1}
+# Fields of OpenAI's and vLLM's requests that change what is generated or returned, which
+# greedy decoding of one completion does not serve: refused where given (not left out, so
+# the tokens a benchmark gets are never other than it asked for). Absent, null, false, 0,
+# an empty list or object pass; so do best_of 1 and response_format {"type": "text"}.
+UNSERVED = ("stop_token_ids", "logit_bias", "allowed_token_ids", "bad_words", "best_of",
+            "use_beam_search", "guided_json", "guided_regex", "guided_choice", "guided_grammar",
+            "structured_outputs", "response_format", "truncate_prompt_tokens",
+            "prompt_logprobs", "suffix", "top_logprobs")  # fmt: skip
 
 
 class ApiError(Exception):
@@ -150,7 +159,9 @@ def parse_chat(body, served: Served) -> Ask:
     given = body.get("max_completion_tokens") is not None
     name = "max_completion_tokens" if given else "max_tokens"
     left = max(1, served.max_model_len - len(ids))
-    return ask_for(body, served, ids, int_field(body, name, left, 1))
+    if given:  # the other checked all the same
+        int_field(body, "max_tokens", left, 1)
+    return ask_for(body, served, ids, int_field(body, name, left, 1), "messages")
 
 
 def chat_messages(messages) -> list[dict]:
@@ -190,22 +201,41 @@ def check_greedy(body: dict) -> None:
                        "the checkpoint's end-of-sequence token)", "stop")  # fmt: skip
     if int_field(body, "n", 1, 1) != 1:
         raise ApiError(400, "n must be 1 (one completion per request)", "n")
+    for name in UNSERVED:
+        value = body.get(name)
+        if value in (None, False, 0, [], {}, "") or (name == "best_of" and value == 1) or (
+                name == "response_format" and value == {"type": "text"}):  # fmt: skip
+            continue
+        raise ApiError(400, f"{name} is not served (greedy decoding of one completion, "
+                       "to max_tokens or end-of-sequence)", name)  # fmt: skip
 
 
-def ask_for(body: dict, served: Served, ids: tuple[int, ...], max_tokens: int) -> Ask:
+def ask_for(body: dict, served: Served, ids: tuple[int, ...], max_tokens: int,
+            prompt: str = "prompt") -> Ask:  # fmt: skip
     """The Ask of a request whose prompt ids and max_tokens are known: checked by the
-    engine (Refused: a 400 naming the field), with the stream's and the length's fields."""
-    options = body.get("stream_options") or {}
-    if not isinstance(options, dict):
+    engine (Refused: a 400 naming the field; `prompt` the field the prompt came in), with
+    the stream's and the length's fields."""
+    options = body.get("stream_options")
+    stream = bool_field(body, "stream", False)
+    if options is not None and not isinstance(options, dict):
         raise ApiError(400, "stream_options must be an object", "stream_options")
-    served.engine.check(ids, max_tokens)  # Refused: a 400 naming the field
+    if options and not stream:  # as vLLM
+        raise ApiError(400, "stream_options can only be given with stream true", "stream_options")
+    least = int_field(body, "min_tokens", 0, 0)
+    if least > max_tokens:
+        raise ApiError(400, f"min_tokens {least} is more than max_tokens {max_tokens}",
+                       "min_tokens")  # fmt: skip
+    try:
+        served.engine.check(ids, max_tokens)
+    except Refused as e:
+        raise Refused(str(e), prompt if e.param == "prompt" else e.param, e.status) from None
     return Ask(
         ids,
         max_tokens,
-        bool_field(body, "stream", False),
-        bool_field(options, "include_usage", False),
+        stream,
+        bool_field(options or {}, "include_usage", False),
         not bool_field(body, "ignore_eos", False),
-        int_field(body, "min_tokens", 0, 0),
+        least,
         bool_field(body, "return_token_ids", False),
     )
 

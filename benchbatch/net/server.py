@@ -89,7 +89,7 @@ async def _errors(request: web.Request, handler):
 async def _body(request: web.Request):
     try:
         return json.loads(await request.read())
-    except (json.JSONDecodeError, UnicodeDecodeError) as e:
+    except (ValueError, RecursionError) as e:  # a malformed, too deep or too long number
         raise ApiError(400, f"the request body is not JSON: {e}") from None
 
 
