@@ -413,6 +413,9 @@ def test_the_command_says_its_url_when_ready_and_keeps_its_rows_at_sigterm(tmp_p
             model, http = meta["server"]["model_cores"], meta["server"]["http_cores"]
             assert model and http and not set(model) & set(http)
         tokens, _, chunks = streamed(client(url), [10, 20, 30], 5)
+        for bad in (b'{"prompt": [1, ', b'{"prompt": [1], "temperature": 1}'):
+            assert _post(url + "/v1/completions", bad)[0] == 400
+        assert _post(url + "/v1/nothing", b"{}")[0] == 404
         proc.send_signal(signal.SIGTERM)
         assert proc.wait(timeout=HANG_S) == 0
     finally:
@@ -427,6 +430,7 @@ def test_the_command_says_its_url_when_ready_and_keeps_its_rows_at_sigterm(tmp_p
     steps = pd.read_csv(out / "steps.csv")
     assert len(steps) == 5 and steps["prefill_tokens"].tolist()[0] == 3
     assert meta["summary"]["output_tokens"] == 5
+    assert meta["summary"]["error_responses"] == {"400": 2, "404": 1}  # none reached the engine
 
 
 def test_duration_ends_the_server(runner, tmp_path):

@@ -6,8 +6,9 @@ detokenized incrementally as vLLM does. net/server.py serves them."""
 from __future__ import annotations
 
 import time
+from collections import Counter
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from aiohttp import web
 
@@ -58,6 +59,11 @@ class Served:
     tokenizer: object | None = None
     created: int = 0  # when it started serving (the model's "created")
     chat_template: object | None = None  # net/chat.ChatTemplate (None: no chat completions)
+    # Every answer with an HTTP error status, by status ("400": 3): bad requests, unknown
+    # paths, and the 503s of requests aborted when the server stopped (requests.csv has
+    # those as aborted). The server's summary holds them, so a client's failures can be
+    # matched against them.
+    error_responses: Counter = field(default_factory=Counter)
 
     def __post_init__(self) -> None:
         self.created = self.created or int(time.time())

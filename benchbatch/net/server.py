@@ -69,7 +69,15 @@ def make_app(served: Served) -> web.Application:
 
 @web.middleware
 async def _errors(request: web.Request, handler):
-    """Every error as OpenAI's JSON: ours, aiohttp's (404, 405, 413), a bug's (500)."""
+    """Every error as OpenAI's JSON: ours, aiohttp's (404, 405, 413), a bug's (500),
+    counted by status in the app's Served.error_responses."""
+    response = await _answer(request, handler)
+    if response.status >= 400:
+        request.app[SERVED].error_responses[str(response.status)] += 1
+    return response
+
+
+async def _answer(request: web.Request, handler):
     try:
         return await handler(request)
     except ApiError as e:

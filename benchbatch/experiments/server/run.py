@@ -174,6 +174,7 @@ def measure_run(
     finally:
         with signals_held():
             _shut(rec, engine, server, stopped_by)
+            rec.meta["summary"]["error_responses"] = dict(sorted(served.error_responses.items()))
     if engine.error is not None:
         raise RuntimeError(f"the model thread failed: {engine.error}") from engine.error
 
