@@ -136,6 +136,17 @@ def test_heads_that_the_shapes_kv_heads_do_not_divide_name_the_shape(tmp_path, a
     assert not (tmp_path / "p").exists()
 
 
+def test_heads_over_a_shape_whose_kv_heads_follow_its_heads_are_taken():
+    """The article's shape has as many KV heads as heads (no grouping): --heads 4 alone
+    takes 4 of each, as before the check above."""
+    from benchbatch.core.options import ModelOptions
+
+    cfg = ModelOptions(hidden=64, layers=2, heads=4, vocab=256).shape("article")
+    assert (cfg.heads, cfg.kv_heads, cfg.head_dim) == (4, 4, 16)
+    cfg = ModelOptions(preset="llama3-8b", heads=16).shape()  # 8 KV heads divide 16
+    assert (cfg.heads, cfg.kv_heads) == (16, 8)
+
+
 def test_project_names_the_shape_it_projects_and_where_it_started(tmp_path):
     args = ["project", "--hidden", "1024", "--heads", "16", "--kv-heads", "4", "--tp", "1,2",
             "--out", str(tmp_path / "p")]  # fmt: skip

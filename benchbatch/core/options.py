@@ -121,8 +121,9 @@ class ModelOptions:
         )
         changes = self.overrides()
         heads = changes.get("heads")
+        mha = base.kv_heads == base.heads  # its KV heads follow the new --heads
         require(
-            heads is None or "kv_heads" in changes or heads % base.kv_heads == 0,
+            heads is None or "kv_heads" in changes or mha or heads % base.kv_heads == 0,
             "heads",
             f"{heads} query heads cannot share the {base.name} shape's {base.kv_heads} KV "
             "heads evenly: give --kv-heads too (a divisor of --heads)",
