@@ -46,13 +46,16 @@ def environment(extra: dict | None = None) -> dict:
     return env | (extra or {})
 
 
-def launch(args: list[str], cwd: Path, ranks: int = 2, timeout: float = 120) -> list[Rank]:
-    """`python ARGS` on `ranks` ranks; every rank's exit code and output."""
+def launch(args: list[str], cwd: Path, ranks: int = 2, timeout: float = 120,
+           env: dict | None = None) -> list[Rank]:  # fmt: skip
+    """`python ARGS` on `ranks` ranks; every rank's exit code and output (env: more of the
+    environment, for every rank)."""
     port = free_port()
     procs = []
+    extra = env or {}
     for r in range(ranks):
         env = environment(
-            {
+            extra | {
                 "RANK": str(r),
                 "LOCAL_RANK": str(r),
                 "WORLD_SIZE": str(ranks),

@@ -104,6 +104,25 @@ def test_sweep_on_two_ranks_holds_a_bigger_batch(tmp_path):
     assert limit > accounting.max_batch(cfg, "fp32", 17, free)
 
 
+def test_cpu_ranks_on_one_machine_share_its_ram(monkeypatch):
+    """Each CPU rank's free memory is its share of the machine's available RAM (two ranks
+    had each counted all 22 GiB, and their ceilings doubled); a GPU's is its own."""
+    import torch
+
+    from benchbatch.runtime import backend, device
+
+    monkeypatch.setattr(backend.of(torch.device("cpu")).__class__, "free_memory",
+                        lambda self: 22 * 2**30)  # fmt: skip
+    cpu = torch.device("cpu")
+    assert device.free_memory_bytes(cpu) == 22 * 2**30  # one process
+    for name, value in (("RANK", "1"), ("WORLD_SIZE", "4"), ("LOCAL_RANK", "1")):
+        monkeypatch.setenv(name, value)
+    monkeypatch.setenv("LOCAL_WORLD_SIZE", "2")  # 4 ranks, 2 on this machine
+    assert device.free_memory_bytes(cpu) == 11 * 2**30
+    monkeypatch.delenv("LOCAL_WORLD_SIZE")  # unset: every rank here
+    assert device.free_memory_bytes(cpu) == 22 * 2**30 // 4
+
+
 def test_real_engine_on_two_ranks_gives_the_tokens_of_one(tmp_path, runner):
     args = ["occupancy", "--engine", "real", "--preset", "tiny", "--requests", "10",
             "--slots", "4", "--median", "6", "--max-output", "16", "--prompt-len", "6"]  # fmt: skip
@@ -131,13 +150,60 @@ def test_real_engine_on_two_ranks_gives_the_tokens_of_one(tmp_path, runner):
     ],
 )
 def test_bad_combinations_stop_both_ranks_with_one_line(tmp_path, args, message):
+    """Rank 0 says the error; a rank started by hand (no torchrun to end it) says its own
+    after its grace (0 here), marked with its rank."""
+    now = {"BENCHBATCH_RANK_ERROR_GRACE_S": "0"}
     ranks = launch(bb("phases", "--preset", "tiny", "--context", "32", "--prefill", "16", *args),
-                   tmp_path, timeout=TIMEOUT)  # fmt: skip
-    for r in ranks:
+                   tmp_path, timeout=TIMEOUT, env=now)  # fmt: skip
+    for r, start in zip(ranks, ("Error: ", "Error (rank 1): "), strict=True):
         assert r.returncode == 2
         lines = [line for line in r.stderr.splitlines() if line.strip()]
-        assert len(lines) == 1 and lines[0].startswith("Error: ") and message in lines[0]
+        assert len(lines) == 1 and lines[0].startswith(start) and message in lines[0], lines
     assert not (tmp_path / "results").exists()
+
+
+def test_a_bad_option_under_torchrun_is_said_once(tmp_path):
+    """Under torchrun the ranks' output is one stream: the error once (rank 0's), not once a
+    rank, and no "interrupted" line from a rank torchrun ended first."""
+    args = ["--nproc-per-node", "2", "--master-port", str(free_port()), "-m", "benchbatch",
+            "phases", "--preset", "tiny", "--tp", "3", "--out", str(tmp_path / "run")]  # fmt: skip
+    done = subprocess.run([sys.executable, "-m", "torch.distributed.run", *args], cwd=tmp_path,
+                          env=environment(), capture_output=True, text=True,
+                          timeout=TIMEOUT)  # fmt: skip
+    said = (done.stdout + done.stderr).splitlines()
+    errors = [line for line in said if line.startswith("Error")]
+    assert done.returncode != 0 and len(errors) == 1, said
+    assert errors[0].startswith("Error: --tp: 3 is more than the 2 rank(s) torchrun started")
+    assert not any(line.startswith("interrupted") for line in said)
+    assert not (tmp_path / "run").exists()
+
+
+def test_a_lost_rank_is_one_line_naming_where_the_rows_are(monkeypatch, capsys, tmp_path):
+    """A collective that failed because another rank left (gloo's RuntimeError): one line,
+    the run marked failed with its rows, not a traceback from the surviving rank."""
+    from benchbatch.app import cli
+    from benchbatch.core import ranks
+    from benchbatch.output.run_folder import Run
+
+    lost = RuntimeError("[../third_party/gloo/gloo/transport/tcp/pair.cc:534] Read error "
+                        "[127.0.0.1]:4242: Connection reset by peer")  # fmt: skip
+    monkeypatch.setenv("RANK", "0")
+    monkeypatch.setenv("WORLD_SIZE", "2")
+    monkeypatch.setenv("LOCAL_RANK", "0")
+    assert ranks.peer_lost(lost) and not ranks.peer_lost(RuntimeError("a bug"))
+    assert not ranks.peer_lost(ValueError("Connection reset by peer, gloo"))
+    (tmp_path / "run").mkdir()
+    run = Run(tmp_path / "run", "phases", {})
+    run.add("phases", {"x": 1})
+    assert cli._peer_lost(lost) == 1
+    line = capsys.readouterr().err.strip()
+    assert line == ("Error: another rank left the run ([../third_party/gloo/gloo/transport/"
+                    "tcp/pair.cc:534] Read error [127.0.0.1]:4242: Connection reset by peer): "
+                    f"rows measured so far are in {tmp_path / 'run'}")  # fmt: skip
+    meta = json.loads((tmp_path / "run" / "metadata.json").read_text())
+    assert meta["status"] == "failed" and "Connection reset by peer" in meta["error"]
+    monkeypatch.delenv("RANK")
+    assert not ranks.peer_lost(lost)  # one process: not another rank's doing
 
 
 def test_tp_without_torchrun_is_one_line(runner, tmp_path):

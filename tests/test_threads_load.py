@@ -78,7 +78,7 @@ def test_the_noisy_warning_takes_the_runs_own_threads(monkeypatch):
     for threads in (1, 2):
         meta = {"threads": {"threads": threads}}
         render.warn_untrusted({"noisy": ["decode b=1"]}, render.run_threads(meta))
-    assert "--threads 1" not in said[0] and "already computes on one pinned thread" in said[0]
+    assert "--threads 1" not in said[0] and "already computes on one thread" in said[0]
     assert "run with --threads 1" in said[1]
     assert render.run_threads({}) is None
 
@@ -133,6 +133,16 @@ def test_a_cpu_run_says_its_threads_and_warns_on_a_busy_machine(runner, tmp_path
     if AFFINITY:
         assert len(t["pinned_cpus"]) == 1 and "pinned to CPU" in err
         assert os.sched_getaffinity(0) == before  # given back when the run ends
+
+
+def test_the_busy_warning_says_the_clock_the_steps_are_timed_on():
+    """Under torchrun (several ranks, none pinned) the steps are on the wall clock: the
+    warning said they count the thread's own CPU time, which the run's note contradicted."""
+    cpu = machine.busy_warning(5.0, 2, 1)
+    wall = machine.busy_warning(5.0, 2, 1, cpu_clock=False)
+    assert "timed steps count the compute thread's own CPU time" in cpu
+    assert "timed on the wall clock" in wall and "own CPU time" not in wall
+    assert machine.busy_warning(0.1, 2, 1, cpu_clock=False) is None  # quiet: nothing
 
 
 def test_threads_past_the_cores_are_warned_about(runner, tmp_path, monkeypatch):

@@ -10,6 +10,7 @@ import signal
 import sys
 import tempfile
 import threading
+import time
 import types
 from pathlib import Path
 
@@ -211,6 +212,8 @@ class BenchGroup(HelpIsAFlag, TyperGroup):
             # typer wrote --help (or click a usage line) straight to a stream that refused it
             return _failed(f"cannot write the output: {e.strerror or e}", 1, e)
         except Exception as e:  # a bug: its traceback, and no run left marked running
+            if ranks.peer_lost(e):  # under torchrun: another rank is gone, not a bug here
+                return _peer_lost(e)
             abandon("failed", e)
             raise
 
@@ -334,8 +337,27 @@ def _shown(param) -> str:
     return next((o for o in param.opts if o.startswith("--")), param.opts[0])
 
 
+def _peer_lost(error: BaseException) -> int:
+    """A collective failed because another rank left: one line, the run marked failed with
+    its rows kept."""
+    folders = abandon("failed", error)
+    kept = f": rows measured so far are in {folders[0]}" if folders else ""
+    first = str(error).strip().splitlines()[0] if str(error).strip() else type(error).__name__
+    return _fail(f"another rank left the run ({first[:160]}){kept}", 1)
+
+
 def _fail(message: str, code: int) -> int:
-    _echo(f"Error: {message}")
+    """One error line: rank 0's under torchrun; another rank's only after its grace
+    (ranks.error_grace_s: rank 0, failing alike meanwhile, says it, and torchrun ends this
+    rank unsaid)."""
+    if ranks.is_writer():
+        _echo(f"Error: {message}")
+        return code
+    try:
+        time.sleep(ranks.error_grace_s())
+    except KeyboardInterrupt:  # torchrun ending this rank: rank 0 has said it
+        return code
+    _echo(f"Error (rank {ranks.rank()}): {message}")
     return code
 
 

@@ -135,18 +135,26 @@ def choose_threads(cores: int, load: float | None) -> tuple[int, str]:
     return free, f"threads: {free} ({why}: one per physical core the load leaves free; {tail})"
 
 
-def busy_warning(load: float | None, cores: int, threads: int, own_threads: int = 0):
+def busy_warning(load: float | None, cores: int, threads: int, own_threads: int = 0,
+                 cpu_clock: bool = True):  # fmt: skip
     """A warning when other processes compete for the cores (None when they do not), with
     what helps. With one compute thread the probes time it on its own CPU clock
     (runtime/backend.py, HostTimer), which the other processes' turns on its core do not
     stretch (their use of the caches and memory bus can); the real engine's steps and
-    latencies are wall-clock and do slow down."""
+    latencies are wall-clock and do slow down. cpu_clock False: the run's steps are on the
+    wall clock all the same (several ranks on one machine)."""
     if load_class(load, cores, own_threads) != "busy":
         return None
     head = (
         f"the machine is busy: load average {load:.1f} on {cores} physical cores ("
         f"{max(0.0, load - own_threads) / cores:.1f} per core from other processes): "
     )
+    if threads == 1 and not cpu_clock:
+        return head + (
+            "this run's steps are timed on the wall clock (several ranks share the machine, "
+            "none pinned), so other processes' turns on the cores stretch them; close other "
+            "work, and read each row's noise (cv, p10-p90) before trusting a difference"
+        )
     if threads == 1:
         return head + (
             "timed steps count the compute thread's own CPU time, which other processes' "

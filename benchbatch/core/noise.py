@@ -33,7 +33,7 @@ def noisy_hint(load: float | None, cores: int, threads: int | None = None) -> st
     if threads == 1:  # the run already measures as well as a shared machine allows
         return (
             f"the load average is {load:.1f} on {cores} physical cores, so other processes "
-            "compete: close other work (this run already computes on one pinned thread, "
+            "compete: close other work (this run already computes on one thread, "
             f"what measures best on a shared machine), then {REPEATS_HINT}"
         )
     return (

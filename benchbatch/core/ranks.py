@@ -30,8 +30,45 @@ def rank() -> int:
     return env_int("RANK") if launched() else 0
 
 
+# A rank whose error is not rank 0's waits this long before saying it: every rank checks
+# the same options, so rank 0 most often fails the same way meanwhile, says it once, and
+# torchrun ends this rank silently; an error rank 0 does not share is said after it.
+ERROR_GRACE_S = 10.0
+
+
+def error_grace_s() -> float:
+    """ERROR_GRACE_S, or BENCHBATCH_RANK_ERROR_GRACE_S where set (ranks started by hand,
+    with no torchrun to end them, need not wait)."""
+    try:
+        return max(0.0, float(os.environ["BENCHBATCH_RANK_ERROR_GRACE_S"]))
+    except (KeyError, ValueError):
+        return ERROR_GRACE_S
+# What torch.distributed raises on a rank whose peer left (gloo's errors are RuntimeErrors).
+PEER_LOST = ("connection reset by peer", "connection closed by peer", "broken pipe",
+             "socket closed", "connection refused")  # fmt: skip
+
+
+def peer_lost(error: BaseException) -> bool:
+    """Under torchrun, a collective that failed because another rank is gone (killed, out of
+    memory, exited): torch.distributed's errors, or gloo's RuntimeError naming the lost
+    connection."""
+    if not launched() or not isinstance(error, RuntimeError):
+        return False
+    if type(error).__name__ in ("DistBackendError", "DistNetworkError", "DistError"):
+        return True
+    text = str(error).lower()
+    return "gloo" in text and any(p in text for p in PEER_LOST)
+
+
 def world_size() -> int:
     return max(1, env_int("WORLD_SIZE")) if launched() else 1
+
+
+def local_world_size() -> int:
+    """The ranks on this machine (torchrun's LOCAL_WORLD_SIZE; the world where unset)."""
+    if not launched():
+        return 1
+    return max(1, env_int("LOCAL_WORLD_SIZE") or world_size())
 
 
 def is_writer() -> bool:

@@ -79,7 +79,8 @@ def use_threads(rec: Recorder, run: RunOptions) -> None:
         rec.meta["threads"]["clock"] = clock = backend.host_clock(threads.threads, alone)
         rec.write_meta()
         rec.note(threads.reason + where + CLOCK_NOTE[clock])
-        rec.warning(machine.busy_warning(threads.load_average, threads.cores, threads.threads))
+        rec.warning(machine.busy_warning(threads.load_average, threads.cores, threads.threads,
+                                         cpu_clock=clock == "cpu"))  # fmt: skip
         rec.warning(over_cores(threads))
 
     def at_end() -> None:

@@ -94,8 +94,15 @@ def cpu_info() -> dict:
 
 
 def free_memory_bytes(dev: torch.device) -> int:
-    """Memory a run could still take: free GPU memory, or available RAM on the CPU."""
-    return backend.of(dev).free_memory()
+    """Memory a run could still take: free GPU memory, or on the CPU this process's share
+    of the available RAM (the ranks torchrun started on this machine share it: it was
+    counted once per rank, each rank's ceiling as if it had the machine's RAM alone)."""
+    free = backend.of(dev).free_memory()
+    if dev.type == "cpu":
+        from benchbatch.core import ranks
+
+        free //= ranks.local_world_size()
+    return free
 
 
 def measured_or_oom(measure, dev: torch.device):

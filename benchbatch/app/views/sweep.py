@@ -82,7 +82,8 @@ def _print_ceiling(rec) -> None:
     over = "tried anyway (--try-oom)" if rec.meta["options"]["try_oom"] else "skipped"
     held = "weights, KV cache and workspace"
     if target.tp > 1:
-        where += f" on each of {target.tp} ranks"
+        where += (f" on each of {target.tp} ranks" if target.device.type == "cuda" else
+                  f" for each of {target.tp} ranks (their share of the machine's)")  # fmt: skip
         held = "each rank's shard of the weights and KV cache, and workspace"
     render.out_console.print(
         f"memory ceiling from {fmt(free_bytes / 2**30)} GiB {where} ({held}, 10% held "
