@@ -94,7 +94,7 @@ def test_project_command_prints_the_table_and_its_assumptions(runner, tmp_path):
     assert result.exit_code == 0, result.output
     assert "assumptions:" in result.output and "H100 SXM" in result.output
     rows = json.loads(runner.invoke(app, ["project", "--json", "--tp", "1,8", "--out",
-                                          str(tmp_path / "j")]).output)["rows"]  # fmt: skip
+                                          str(tmp_path / "j")]).stdout)["rows"]  # fmt: skip
     assert [r["tp"] for r in rows] == [1, 8, 1, 8]  # decode batch 1 and 32
     meta = json.loads((out / "metadata.json").read_text())
     assert meta["machine"]["busbw_gbps"] == 450 and len(meta["assumptions"]) == 4
