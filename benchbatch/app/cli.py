@@ -350,7 +350,7 @@ def _fail(message: str, code: int) -> int:
     """One error line: rank 0's under torchrun; another rank's only after its grace
     (ranks.error_grace_s: rank 0, failing alike meanwhile, says it, and torchrun ends this
     rank unsaid)."""
-    if ranks.is_writer():
+    if ranks.is_writer() or not ranks.sensible():  # no rank 0 to say it for a bad RANK
         _echo(f"Error: {message}")
         return code
     try:

@@ -76,6 +76,15 @@ def is_writer() -> bool:
     return rank() == 0
 
 
+def sensible() -> bool:
+    """torchrun's variables, where set, make sense together (check_environment passes)."""
+    try:
+        check_environment()
+    except UserError:
+        return False
+    return True
+
+
 def check_environment() -> None:
     """torchrun's variables, when all three are set, are whole numbers that make sense
     together (torch.distributed would raise a ValueError from deep inside otherwise)."""
