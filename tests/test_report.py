@@ -446,6 +446,18 @@ def test_the_serving_claim_judges_the_knees_ranges():
     assert serve_claim(swept).verdict == report.PARTLY
     swept[1]["sustained_rps"] = 1.0
     assert serve_claim(swept).verdict == report.FAILS
+    # static saturated within the sweep (knee 164, 149-182), continuous never did and kept
+    # within the SLO to the last rate, 280: holds (both "within up to 280" read partly)
+    late = rows((164.0, 149.0, 182.0), (None,) * 3)
+    late[0]["sustained_rps"] = late[1]["sustained_rps"] = 280.0
+    claim = serve_claim(late)
+    assert claim.verdict == report.HOLDS
+    assert claim.measured.startswith("continuous within the SLO up to 280 req/s with no knee "
+                                     "below it, static's knee 164 req/s (149-182)")  # fmt: skip
+    late[1]["sustained_rps"] = 170.0  # above the knee, within its range: partly
+    assert serve_claim(late).verdict == report.PARTLY
+    late[1]["sustained_rps"] = 120.0
+    assert serve_claim(late).verdict == report.FAILS
 
 
 def _pred(ratio: float, within: bool | None) -> dict:

@@ -321,6 +321,17 @@ def serve_claim(slo: list[dict]) -> Claim:
                 "step 10% slower-faster)"
             )
             verdict = HOLDS if c_slow > s_fast else (PARTLY if ck > sk else FAILS)
+        elif all(v is not None for v in knees[0]) and knees[1][0] is None and (
+                number(cont, "sustained_rps") is not None):  # fmt: skip
+            # static saturated within the sweep, continuous never did: it kept up (and
+            # within the SLO) to its largest rate, which is what it sustains at least
+            (sk, s_slow, s_fast), cr = knees[0], number(cont, "sustained_rps")
+            measured = (
+                f"continuous within the SLO up to {fmt(cr)} req/s with no knee below it, "
+                f"static's knee {fmt(sk)} req/s ({fmt(s_slow)}-{fmt(s_fast)}) (simulated; in "
+                "parentheses every step 10% slower-faster)"
+            )
+            verdict = HOLDS if cr > s_fast else (PARTLY if cr > sk else FAILS)
         else:
             sr, cr = (number(r, "sustained_rps") or 0.0 for r in (s, cont))
             measured = (
@@ -334,8 +345,9 @@ def serve_claim(slo: list[dict]) -> Claim:
         measured,
         verdict,
         "holds when continuous's knee, every step 10% slower, is above static's every step 10% "
-        "faster; partly when its knee is higher but the ranges overlap (on the swept rates "
-        "where no knee was bisected: higher, or the same)",
+        "faster (where continuous never saturates on the swept rates, its largest rate within "
+        "the SLO stands for its knee); partly when its knee is higher but the ranges overlap "
+        "(on the swept rates where no knee was bisected: higher, or the same)",
     )
 
 
