@@ -18,6 +18,7 @@ from benchbatch.core.calibration_text import line
 from benchbatch.core.scheduler import make_scheduler
 from benchbatch.core.simulate import simulate_timed
 from benchbatch.core.step_model import StepCostModel
+from benchbatch.core.units import significant
 from benchbatch.core.workload import Request
 from benchbatch.errors import UserError
 
@@ -712,6 +713,15 @@ def test_on_a_steady_share_the_wall_fit_is_the_cpu_fit_over_it():
         assert wall[term] == pytest.approx(2 * cpu[term], rel=1e-9), term
     assert out["summary"]["cpu_clock"]["core_share"] == pytest.approx(0.5)
     assert "the core held 50% of the time" in line(out["summary"])
+    # The fit serve-sweep simulates its sweep on, said as such: the CPU clock's terms (half
+    # the wall fit's here), the wall clock's error beside.
+    said = line(out["summary"], "cpu")
+    base = cpu["base_s"] * 1e3
+    assert said.startswith(f"engine calibration on the CPU clock ({len(rows)} steps): "
+                           f"{significant(base, 3)}±")  # fmt: skip
+    assert said.endswith(f"; the core held 50% of the time; the wall clock's fit |error| "
+                         f"median {out['summary']['median_abs_error']:.0%})")  # fmt: skip
+    assert line(cal.fit(rows)["summary"], "cpu") == line(cal.fit(rows)["summary"])  # no CPU fit
 
 
 def test_steps_without_cpu_times_have_no_cpu_clock_fit():

@@ -149,7 +149,9 @@ def test_serve_sweep_writes_prediction_from_the_sim_vs_real_pairs(runner, tmp_pa
     assert cost["source"] == "calibration" and set(cost["kinds"]) == {"decode", "prefill",
                                                                       "mixed"}  # fmt: skip
     assert cost["conditions"]["device_type"] == "cpu" and "threads" in cost["conditions"]
-    assert "engine calibration (" in result.stdout
+    # the fit the sweep is simulated on: the CPU clock's (one thread, a CPU)
+    assert meta["sweep_step_costs"] == "cpu clock"
+    assert "engine calibration on the CPU clock (" in result.stdout
     # Each ratio's interval, recomputed from requests.csv (the point's own requests, paired
     # by id, the real rows against their sim-matched twins), is prediction.csv's.
     reqs = pd.read_csv(out / "requests.csv", dtype={"rate": str})

@@ -9,8 +9,16 @@ import math
 from benchbatch.core.units import significant
 
 
-def line(s: dict) -> str:
-    """The calibration in one line, with each term's standard error and the kinds' errors."""
+def line(s: dict, clock: str = "wall") -> str:
+    """The calibration in one line, with each term's standard error and the kinds' errors.
+    clock "cpu": its fit on the compute thread's CPU clock (s["cpu_clock"], what
+    serve-sweep simulates its sweep on), the wall clock's error beside; "wall" where it
+    has none."""
+    on_cpu = clock == "cpu" and bool((s.get("cpu_clock") or {}).get("coefficients_s"))
+    wall = s
+    if on_cpu:
+        fitted = ("coefficients_s", "std_errors_s", "kinds", "host_gap_ms", "row_block")
+        s = s | {k: s["cpu_clock"][k] for k in fitted if k in s["cpu_clock"]}
     # NaN (no error: a term at its bound) is null once written to step_cost.json.
     se = {k: math.nan if v is None else v for k, v in s["std_errors_s"].items()}
     decay = s.get("settle_decay") or 0
@@ -43,14 +51,19 @@ def line(s: dict) -> str:
     )
     gap = s.get("host_gap_ms") or 0.0
     host = f"; {gap * 1e3:.0f} us between steps in base" if gap > 0 else ""
-    clock = s.get("cpu_clock") or {}
-    if clock.get("core_share") is not None and clock["core_share"] == clock["core_share"]:
+    held = s.get("cpu_clock") or {}
+    share = held.get("core_share")
+    if on_cpu:
+        host += (f"; the core held {share:.0%} of the time" if share == share else "") + (
+            f"; the wall clock's fit |error| median {wall['median_abs_error']:.0%}")  # fmt: skip
+    elif share is not None and share == share:
         host += (
-            f"; the core held {clock['core_share']:.0%} of the time, the CPU clock's fit "
-            f"|error| median {clock['median_abs_error']:.0%}"
+            f"; the core held {share:.0%} of the time, the CPU clock's fit "
+            f"|error| median {held['median_abs_error']:.0%}"
         )
+    where = " on the CPU clock" if on_cpu else ""
     return (
-        f"{s.get('calibrated', 'engine')} calibration ({s['samples']} steps): "
+        f"{s.get('calibrated', 'engine')} calibration{where} ({s['samples']} steps): "
         + " + ".join(parts)
         + f" (|error| median/p90: {kinds}{host})"
     )  # fmt: skip
@@ -69,7 +82,7 @@ def cost_line(s: dict) -> str:
     )
 
 
-def step_cost_line(s: dict) -> str:
+def step_cost_line(s: dict, clock: str = "wall") -> str:
     """Whichever fit s summarizes, in one line: the engine's calibration has standard
-    errors, an isolated-step fit does not."""
-    return line(s) if "std_errors_s" in s else cost_line(s)
+    errors (clock: which of its fits, line's), an isolated-step fit does not."""
+    return line(s, clock) if "std_errors_s" in s else cost_line(s)

@@ -84,8 +84,9 @@ def show(rec) -> None:
     from benchbatch.core.calibration_text import step_cost_line
 
     rows, slo, versus = rec.rows("serve"), rec.rows("slo"), rec.rows("sim_vs_real")
-    if rec.meta.get("step_cost"):
-        render.out_console.print(step_cost_line(rec.meta["step_cost"]), highlight=False)
+    if rec.meta.get("step_cost"):  # the fit the sweep was simulated on
+        clock = "cpu" if rec.meta.get("sweep_step_costs") == "cpu clock" else "wall"
+        render.out_console.print(step_cost_line(rec.meta["step_cost"], clock), highlight=False)
     for source, name in (("sim", "simulated"), ("real", "real engine")):
         mine = [_shown(r) for r in rows if r["source"] == source]
         if mine:
