@@ -92,6 +92,12 @@ def test_the_memory_claim_and_section_appear_only_with_a_ceiling():
     memory = claims[-1]
     assert memory.key == "memory" and memory.verdict == report.HOLDS
     assert memory.measured.startswith("200 sequences reserving 2,064 tokens vs 2,350 paged")
+    from benchbatch.core.kvceiling import reservation_text
+
+    # a reservation is held in whole blocks: said where that is more than its length
+    assert reservation_text({"reserved_tokens": 2064, "block_size": 16}) == "2,064 tokens"
+    assert reservation_text({"reserved_tokens": 84, "block_size": 16}) == (
+        "84 tokens (96 in blocks of 16)")  # fmt: skip
     assert "compute knee at batch 256" in memory.measured
     assert memory.rule == report.MEMORY_RULE_TEXT
     assert len(report.claims(None, sweep, None)) == 4

@@ -44,6 +44,15 @@ class Ceiling:
         return {**asdict(self), "paging_gain": self.paging_gain}
 
 
+def reservation_text(row: dict) -> str:
+    """"84 tokens (96 in blocks of 16)": a Ceiling row's reservation as it is held, in whole
+    blocks (the count of sequences is of those), the nominal length alone where it fills
+    its blocks."""
+    tokens, block = int(row["reserved_tokens"]), row.get("block_size")  # older rows: none
+    held = in_blocks(tokens, int(block)) if block else tokens
+    return f"{tokens:,} tokens" + (f" ({held:,} in blocks of {block})" if held != tokens else "")
+
+
 def kv_room(cfg: ModelConfig, dtype: str, memory_bytes: int) -> int:
     """Bytes left for KV caches beside the weights, a tenth of the memory held back."""
     usable = int(memory_bytes * (1 - RESERVE_FRACTION)) - accounting.weight_bytes(cfg, dtype)

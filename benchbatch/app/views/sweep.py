@@ -60,13 +60,15 @@ def show(rec) -> None:
 
 def ceiling_lines(rows: list[dict]) -> list[str]:
     """One line per memory: sequences reserved at the maximum length against paged."""
+    from benchbatch.core.kvceiling import reservation_text
+
     lines = []
     for r in rows:
         gain = f" (x{figure(r['paging_gain'])})" if r["paging_gain"] else ""
         lines.append(
             f"memory ceiling for the workload's lengths on {r['where']}, "
             f"{fmt(r['memory_bytes'] / 2**30)} GiB: {r['reserved_sequences']:,} sequences "
-            f"reserving {r['reserved_tokens']:,} tokens each, {r['paged_sequences']:,} paged "
+            f"reserving {reservation_text(r)} each, {r['paged_sequences']:,} paged "
             f"in blocks of {r['block_size']} at the {fmt(r['paged_mean_tokens'])} tokens they "
             f"reach on average{gain}."
         )

@@ -7,6 +7,7 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass, replace
 
+from benchbatch.core.kvceiling import reservation_text
 from benchbatch.core.noise import summary_span
 from benchbatch.core.units import figure, significant
 from benchbatch.output.render import fmt
@@ -129,7 +130,7 @@ def _memory_claim(c: dict, sweep: dict) -> Claim:
     if not knee and largest:
         compute += f" up to batch {largest:,}"
     measured = (
-        f"{reserved:,} sequences reserving {int(c['reserved_tokens']):,} tokens vs "
+        f"{reserved:,} sequences reserving {reservation_text(c)} vs "
         f"{paged:,} paged on {c['where']} ({fmt(c['memory_bytes'] / 2**30)} GiB); {compute}"
     )
     return Claim(
