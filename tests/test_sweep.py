@@ -188,6 +188,9 @@ def test_roofline_knee_is_the_first_batch_reaching_the_ridge():
     assert knee.fits and knee.batch > 1
     assert _intensity(cfg, knee.batch, 128) >= ridge > _intensity(cfg, knee.batch - 1, 128)
     assert f"batch {knee.batch:,}" in knee.note
+    # a CPU's ridge of 3.37 FLOP/B said as 3.37, not rounded to 3
+    small = probe.predicted_knee(cfg, "fp32", 128, 3.37, ceiling=10**6)
+    assert small.note.endswith("(intensity reaches the ridge, 3.37 FLOP/B)"), small.note
     low = probe.predicted_knee(cfg, "fp16", 128, ridge, ceiling=knee.batch - 1)
     assert low.batch == knee.batch and not low.fits and "memory" in low.note
 

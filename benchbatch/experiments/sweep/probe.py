@@ -19,6 +19,7 @@ from dataclasses import dataclass
 from benchbatch.core import accounting, energy
 from benchbatch.core.config import DTYPE_BYTES, ModelConfig
 from benchbatch.core.noise import time_ratio_range
+from benchbatch.core.units import figure
 from benchbatch.experiments.sweep.options import SweepOptions as Options
 from benchbatch.runtime import energy_meter, steps
 from benchbatch.runtime.tensor_parallel import tp_of
@@ -143,13 +144,14 @@ def predicted_knee(
         return RooflineKnee(None, None, limit, False, "no prediction (unknown device)")
     if limit <= ridge:
         note = (
-            f"never: intensity tends to {limit:.0f} FLOP/B, not above the ridge {ridge:.0f} "
+            f"never: intensity tends to {figure(limit)} FLOP/B, not above the ridge "
+            f"{figure(ridge)} "
             "(KV-cache reads grow with batch)"
         )
         return RooflineKnee(None, ridge, limit, False, note)
     batch = _first_batch_reaching(cfg, dtype, context, ridge, tp)
     fits = ceiling is None or batch <= ceiling
-    note = f"batch {batch:,} (intensity reaches the ridge, {ridge:.0f} FLOP/B)"
+    note = f"batch {batch:,} (intensity reaches the ridge, {figure(ridge)} FLOP/B)"
     if not fits:
         note = f"batch {batch:,}, above the memory ceiling {ceiling:,}: memory runs out first"
     return RooflineKnee(batch, ridge, limit, fits, note)
