@@ -351,3 +351,13 @@ def test_same_folder_names_get_their_parents():
 
     names = merging.labels([Path("/a/x/run"), Path("/a/y/run")], None)
     assert names == ["x/run", "y/run"]
+
+
+def test_the_max_point_is_said_max_as_the_runs_said_it():
+    """A sustained rate at the max point (every request queued) is inf in slo.csv: compare's
+    tables said "inf" where each run had printed "max"."""
+    from benchbatch.app.views.compare import _cell
+
+    assert _cell(math.inf, "slo") == "max" and _cell(math.inf, "serve") == "max"
+    assert _cell(3.9, "slo") == "3.9" and _cell(math.nan, "slo") == "-"
+    assert _cell(0.25, "occupancy") == "25.0%"

@@ -199,6 +199,8 @@ def _cell(value, table: str) -> str:
     value = _plain(value)
     if value is None or (isinstance(value, float) and math.isnan(value)):
         return "-"
+    if isinstance(value, float) and math.isinf(value) and table in ("serve", "slo"):
+        return "max"  # the max point (every request queued), as the runs printed it
     return f"{value:.1%}" if table == "occupancy" else fmt(value)
 
 
