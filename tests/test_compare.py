@@ -361,3 +361,32 @@ def test_the_max_point_is_said_max_as_the_runs_said_it():
     assert _cell(math.inf, "slo") == "max" and _cell(math.inf, "serve") == "max"
     assert _cell(3.9, "slo") == "3.9" and _cell(math.nan, "slo") == "-"
     assert _cell(0.25, "occupancy") == "25.0%"
+
+
+def test_what_the_runs_measured_differently_is_said():
+    """Two runs of other models or workloads compared as if alike: compare names each size
+    and option whose values differ (not where they went, --out, --json), a size once (the
+    config's value, not the option's null where it was not given), and a run without a
+    model by its name alone."""
+    from pathlib import Path
+
+    from benchbatch.app.views.compare import differences_line
+
+    def run(label, config, options):
+        return merging.RunData(label, Path(label), "phases", {"config": config,
+                                                              "options": options}, {})  # fmt: skip
+
+    a = run("a", {"name": "tiny", "hidden": 64, "layers": 2},
+            {"hidden": None, "repeats": 2, "out": "/x/a", "json_out": False})
+    b = run("b", {"name": "tiny with hidden 128", "hidden": 128, "layers": 2},
+            {"hidden": 128, "repeats": 5, "out": "/x/b", "json_out": True})
+    found = merging.differences([a, b])
+    assert found == {"hidden": ["64", "128"], "repeats": ["2", "5"]}
+    assert differences_line(found) == ("the runs differ in hidden (64, 128); repeats (2, 5): "
+                                       "each ratio below compares these too")  # fmt: skip
+    assert merging.differences([a, a]) == {} and differences_line({}) is None
+    sim = run("s", {}, {"hidden": None, "repeats": 2, "out": "/x/s"})
+    assert merging.differences([sim, a]) == {"model": ["none", "tiny"]}
+    many = {f"k{i}": ["1", "2"] for i in range(10)}
+    assert differences_line(many).endswith("k7 (1, 2) and 2 more (metadata.json's differences): "
+                                           "each ratio below compares these too")  # fmt: skip

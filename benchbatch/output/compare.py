@@ -82,6 +82,31 @@ class RunData:
         }
 
 
+# Options that say where a run went or how it printed, not what it measured.
+NOT_MEASURED = frozenset({"out", "force", "json_out", "label", "quiet"})
+
+
+def differences(runs: list[RunData]) -> dict[str, list[str]]:
+    """What the runs measured differently: each model size (metadata's config) and each
+    option whose values are not all alike, its values in the runs' order (as text). A ratio
+    between runs then compares these too; the device is the runs table's own column."""
+    found: dict[str, list[str]] = {}
+    models = [_object(r.meta.get("config")) for r in runs]
+    parts = (("config", frozenset({"name"})), ("options", NOT_MEASURED))
+    if not all(models) and any(models):  # a run without a model (simulated): its name alone
+        found["model"] = [_text(m.get("name", "none")) for m in models]
+        parts = parts[1:]
+    for part, skip in parts:
+        given = [_object(r.meta.get(part)) for r in runs]
+        for key in dict.fromkeys(k for g in given for k in g):
+            if key in skip or key in found:  # a size given: the config's value says it
+                continue
+            values = [_text(g.get(key, "-")) for g in given]
+            if len(set(values)) > 1:
+                found[key] = values
+    return found
+
+
 def _object(value) -> dict:
     """A part of a hand-edited metadata.json that should be an object: {} if it is not."""
     return value if isinstance(value, dict) else {}

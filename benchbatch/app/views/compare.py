@@ -58,6 +58,9 @@ def show(rec) -> None:
     for d in runs:
         who.add_row(*(fmt(d[k]) if d[k] is not None else "-" for k in RUN_COLUMNS))
     render.out_console.print(who)
+    said = differences_line(rec.meta.get("differences") or {})
+    if said:
+        render.note(said)
     for table, df in _tables(rec).items():
         if table == "occupancy":
             df = merging.first_seed(df)
@@ -193,6 +196,18 @@ def _matched(rates: dict) -> str:
 def _plain(value):
     """numpy scalars to Python's, so fmt formats them."""
     return value.item() if hasattr(value, "item") else value
+
+
+def differences_line(found: dict[str, list[str]], most: int = 8) -> str | None:
+    """The sizes and options the runs measured with differently, in one line: each ratio
+    below compares them too (a seed apart draws other requests)."""
+    if not found:
+        return None
+    shown = [f"{k.replace('_', '-')} ({', '.join(v)})" for k, v in list(found.items())[:most]]
+    more = f" and {len(found) - most} more (metadata.json's differences)" if len(found) > most \
+        else ""  # fmt: skip
+    return (f"the runs differ in {'; '.join(shown)}{more}: each ratio below compares these "
+            "too")  # fmt: skip
 
 
 def _cell(value, table: str) -> str:
