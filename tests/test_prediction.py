@@ -412,7 +412,8 @@ def test_the_at_speed_line_counts_values_within_at_each_points_own_speed():
             row("x @ 4 req/s", 1.00, math.nan, math.nan, True),  # no speed: left out
             {"point": "y", "metric": "ttft_p50_s", "within": None}]  # fmt: skip
     line = pr.at_speed(rows)
-    assert line.startswith("each point's steps took x0.88-x1.25 of the calibration's price; "
+    assert line.startswith("the points below saturation ran their steps at x0.88-x1.25 of "
+                           "the calibration's price; "
                            "outside x0.9-x1.1 at 2 of 4 points (s @ 4 req/s x1.25, "
                            "k @ 4 req/s x0.88)")  # fmt: skip
     assert "2 of 4 values are within their target, against 1 as calibrated" in line

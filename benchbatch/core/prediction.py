@@ -165,7 +165,8 @@ def at_speed(rows: Sequence[dict], within: tuple[float, float] = P50_TARGET) -> 
     where = (f"; outside x{within[0]:g}-x{within[1]:g} at {len(moved)} of {len(speeds)} "
              f"points ({shown}{more})") if moved else ""  # fmt: skip
     low, high = min(speeds.values()), max(speeds.values())
-    return (f"each point's steps took x{low:.2f}-x{high:.2f} of the calibration's price{where}; "
+    return (f"the points below saturation ran their steps at x{low:.2f}-x{high:.2f} of the "
+            f"calibration's price{where}; "
             f"priced at its own speed (prediction.csv's ratio_at_speed, known only after the "
             f"run) {hit} of {len(judged)} values are within their target, against {before} "
             "as calibrated: what stays outside is not the device's speed over the point but "
