@@ -376,10 +376,13 @@ def test_real_engine_rows_add_a_claim_of_their_own():
         {"policy": "static", "total_steps": 900, "occupancy": 0.3, "wall_s": 9.0,
          "tokens_per_s": 30.0, "speedup_vs_static": 1.0},
         {"policy": "continuous", "total_steps": 300, "occupancy": 0.9, "wall_s": 3.6,
-         "tokens_per_s": 75.0, "speedup_vs_static": 2.5},
+         "tokens_per_s": 75.0, "speedup_vs_static": 2.5, "requests": 128, "slots": 32},
     ]  # fmt: skip
     rep = build(real=real)
     assert rep.claims[-1].key == "C, real engine" and rep.claims[-1].verdict == report.HOLDS
+    # its own sizes beside it (on a CPU not the simulated C's: 128 requests, 32 slots)
+    assert rep.claims[-1].measured.endswith("2.5x faster (measured wall time; 128 requests on "
+                                            "32 slots)")  # fmt: skip
     real_section = rep.sections[3]
     assert real_section.title == "C on the real engine"
     assert real_section.rows[1] == ["continuous", "300", "90.0%", "3.6", "75", "2.5x"]

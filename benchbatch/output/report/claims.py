@@ -289,9 +289,11 @@ def _occupancy_claim(key: str, how: str, rows: list[dict]) -> Claim:
     speedup = number(cont, "speedup_vs_static")
     measured = "not measured"
     if static and cont and speedup is not None:
+        n, slots = number(cont, "requests"), number(cont, "slots")
+        sizes = f"; {n:,.0f} requests on {slots:,.0f} slots" if n and slots else ""
         measured = (
             f"occupancy {percent(number(static, 'occupancy'))} vs "
-            f"{percent(number(cont, 'occupancy'))}, {figure(speedup)}x faster ({how})"
+            f"{percent(number(cont, 'occupancy'))}, {figure(speedup)}x faster ({how}{sizes})"
         )
     return Claim(
         key,
