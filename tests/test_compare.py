@@ -390,3 +390,12 @@ def test_what_the_runs_measured_differently_is_said():
     many = {f"k{i}": ["1", "2"] for i in range(10)}
     assert differences_line(many).endswith("k7 (1, 2) and 2 more (metadata.json's differences): "
                                            "each ratio below compares these too")  # fmt: skip
+
+
+def test_a_cpu_run_has_no_cuda_graphs_in_the_runs_table():
+    from pathlib import Path
+
+    meta = {"environment": {"device": "cpu"}, "options": {"cuda_graphs": True}}
+    assert merging.RunData("a", Path("a"), "phases", meta, {}).describe()["cuda_graphs"] is None
+    meta["environment"]["device"] = "cuda:0"
+    assert merging.RunData("a", Path("a"), "phases", meta, {}).describe()["cuda_graphs"] is True

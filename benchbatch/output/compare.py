@@ -70,6 +70,8 @@ class RunData:
         if cfg.get("hidden"):
             model += f" ({_text(cfg['hidden'])} x {_text(cfg.get('layers', '?'))})"
         graphs = _object(self.meta.get("options")).get("cuda_graphs")
+        if not str(env.get("device", "")).startswith("cuda"):  # a CPU's run has no graphs
+            graphs = None
         return {
             "run": self.label,
             "kind": self.kind,

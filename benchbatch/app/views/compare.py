@@ -63,7 +63,11 @@ def show(rec) -> None:
         render.note(said)
     for table, df in _tables(rec).items():
         if table == "occupancy":
+            seeds = df["seed"].nunique() if "seed" in df.columns else 1
             df = merging.first_seed(df)
+            if seeds > 1:  # the table below is each run's first seed
+                render.note("occupancy: each run's first seed (compare-occupancy.csv has "
+                            "every seed)")  # fmt: skip
         if table == "peer_check":
             render.out_console.print(_peer_check(df), highlight=False)
             continue
