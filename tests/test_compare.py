@@ -399,3 +399,18 @@ def test_a_cpu_run_has_no_cuda_graphs_in_the_runs_table():
     assert merging.RunData("a", Path("a"), "phases", meta, {}).describe()["cuda_graphs"] is None
     meta["environment"]["device"] = "cuda:0"
     assert merging.RunData("a", Path("a"), "phases", meta, {}).describe()["cuda_graphs"] is True
+
+
+def test_occupancy_runs_of_several_seeds_are_compared_by_their_first_said(tmp_path):
+    runner = CliRunner()
+    for name, seeds in (("a", "2"), ("b", "3")):
+        done = runner.invoke(app, ["occupancy", "--requests", "20", "--slots", "4", "--seeds",
+                                   seeds, "--out", str(tmp_path / name)])  # fmt: skip
+        assert done.exit_code == 0, done.output
+    done = runner.invoke(app, ["compare", str(tmp_path / "a"), str(tmp_path / "b"), "--out",
+                               str(tmp_path / "c")])  # fmt: skip
+    assert done.exit_code == 0, done.output
+    said = " ".join(done.stderr.split())
+    assert "note: occupancy: each run's first seed (compare-occupancy.csv has every seed)" in said
+    assert "the runs differ in seeds (2, 3)" in said
+    assert set(pd.read_csv(tmp_path / "c" / "compare-occupancy.csv")["seed"]) == {0, 1, 2}
