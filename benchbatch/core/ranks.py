@@ -43,6 +43,8 @@ def error_grace_s() -> float:
         return max(0.0, float(os.environ["BENCHBATCH_RANK_ERROR_GRACE_S"]))
     except (KeyError, ValueError):
         return ERROR_GRACE_S
+
+
 # What torch.distributed raises on a rank whose peer left (gloo's errors are RuntimeErrors).
 PEER_LOST = ("connection reset by peer", "connection closed by peer", "broken pipe",
              "socket closed", "connection refused")  # fmt: skip
