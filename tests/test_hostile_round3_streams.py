@@ -349,10 +349,10 @@ def test_an_unknown_mplbackend_falls_back_to_agg_and_says_so(tmp_path):
 
 @pytest.mark.parametrize("given", ["agg", "TkAgg", "module://my.backend", ""])
 def test_a_known_mplbackend_is_left_alone(monkeypatch, given):
-    from benchbatch.app import cli
+    from benchbatch.app import plotting_env
 
     monkeypatch.setenv("MPLBACKEND", given)
-    assert cli._matplotlib_backend() is None
+    assert plotting_env.matplotlib_backend() is None
     assert os.environ["MPLBACKEND"] == given
 
 

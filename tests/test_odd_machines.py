@@ -137,21 +137,21 @@ def no_mplconfigdir(monkeypatch):
 
 
 def test_an_unwritable_home_gets_a_stable_matplotlib_folder(tmp_path, monkeypatch, no_mplconfigdir):
-    from benchbatch.app import cli
+    from benchbatch.app import plotting_env
 
     (tmp_path / "file").write_text("")
     monkeypatch.setenv("HOME", str(tmp_path / "file" / "home"))  # cannot exist, even for root
-    cli._matplotlib_config_dir()
+    plotting_env.matplotlib_config_dir()
     folder = Path(os.environ["MPLCONFIGDIR"])
     assert folder.is_dir() and os.access(folder, os.W_OK)
     assert folder.parent == Path(__import__("tempfile").gettempdir())
 
 
 def test_a_writable_home_is_left_to_matplotlib(tmp_path, monkeypatch, no_mplconfigdir):
-    from benchbatch.app import cli
+    from benchbatch.app import plotting_env
 
     monkeypatch.setenv("HOME", str(tmp_path))
-    cli._matplotlib_config_dir()
+    plotting_env.matplotlib_config_dir()
     assert "MPLCONFIGDIR" not in os.environ
 
 

@@ -18,8 +18,8 @@ import pytest
 
 from benchbatch.app.cli import app
 from benchbatch.errors import UserError
+from benchbatch.output import csv_rows, results
 from benchbatch.output import recorder as runs
-from benchbatch.output import results
 from benchbatch.output.run_folder import Run
 from benchbatch.runtime import steps, telemetry
 
@@ -531,8 +531,8 @@ def test_a_stream_table_appends_its_new_rows_and_ends_whole(tmp_path, monkeypatc
     steps), a row with a new column rewrites it whole, and the file read mid-run and after
     the run's end is every row, numbers exact."""
     whole = []
-    plain = results.write_csv_plain
-    monkeypatch.setattr(results, "write_csv_plain", lambda path, rows, columns: (
+    plain = csv_rows.write_csv_plain
+    monkeypatch.setattr(csv_rows, "write_csv_plain", lambda path, rows, columns: (
         whole.append(len(rows)), plain(path, rows, columns)))  # fmt: skip
     monkeypatch.setattr(results, "write_csv", lambda *a: pytest.fail("pandas mid-stream"))
     monkeypatch.setattr(Run, "STREAM_INTERVAL_S", 0.0)  # every row written: no clock read
@@ -579,7 +579,7 @@ assert "pandas" not in sys.modules, "pandas imported"
 
 
 def test_an_appended_rows_cells_are_written_as_a_whole_writes_them(tmp_path):
-    """results.append_csv formats each cell without pandas as csv_text does with it: full
+    """csv_rows.append_csv formats each cell without pandas as csv_text does with it: full
     precision, whole floats as integers, empty NaN and None, inf, booleans, text quoted."""
     import math
 
@@ -592,9 +592,9 @@ def test_an_appended_rows_cells_are_written_as_a_whole_writes_them(tmp_path):
     columns = list(rows[0])
     path = tmp_path / "t.csv"
     path.write_text(",".join(columns) + "\n")
-    results.append_csv(path, rows, columns)
+    csv_rows.append_csv(path, rows, columns)
     assert path.read_text() == results.csv_text(rows)
-    results.write_csv_plain(whole := tmp_path / "w.csv", rows, columns)  # header and rows
+    csv_rows.write_csv_plain(whole := tmp_path / "w.csv", rows, columns)  # header and rows
     assert whole.read_text() == results.csv_text(rows)
 
 

@@ -56,3 +56,18 @@ def check_fits(max_context: int, requests: Sequence[Request], *, prompt: str | N
             f"the longest prompt plus the longest output is {need:,} tokens, more than the "
             f"model's --max-context {max_context:,}",
         )
+
+
+def length_options(workload, requests) -> tuple[str, str]:
+    """The options that made the longest prompt of `requests` (drawn from `workload`, a
+    WorkloadOptions) and the longest output, for an error about a length: --prompts,
+    --trace, --long-prompt-len or --prompt-len; --trace or --max-output."""
+    longest = int(Workload.of(requests).prompt_tokens.max())
+    prompt = "prompt_len"
+    if workload.prompts is not None:  # the prompts' lengths are the file's lines
+        prompt = "prompts"
+    elif workload.trace is not None:
+        prompt = "trace"
+    elif workload.long_prompt_fraction > 0 and longest == workload.long_prompt_len:
+        prompt = "long_prompt_len"
+    return prompt, "trace" if workload.trace is not None else "max_output"

@@ -354,18 +354,21 @@ class WorkloadOptions:
         if self.trace is None and span > self.MAX_ARRIVAL_SPAN:
             raise UserError(
                 "arrival_rate",
-                f"{rate:g} spreads {self.requests:,} arrivals over about {_steps(span)} steps "
+                f"{rate:g} spreads {self.requests:,} arrivals over about "
+                f"{figure(span) if span < 1e12 else f'{span:.0e}'} steps "
                 f"(at most {self.MAX_ARRIVAL_SPAN:,}); raise it",
             )
 
     def draw(self, seed: int = 0):
         """The requests of one run (a Workload: columns that read as a list of Requests):
         the trace when given, else the seeded generator."""
-        from benchbatch.core.trace import read_trace_columns
+        from benchbatch.core.trace import read_trace_columns, within_limits
         from benchbatch.core.workload import lognormal_columns
 
         if self.trace is not None:
-            return self._checked_trace(read_trace_columns(self.trace, self.prompt_len))
+            requests = read_trace_columns(self.trace, self.prompt_len)
+            return within_limits(requests, str(self.trace), self.MAX_REQUESTS, self.MAX_TOKENS,
+                                 self.MAX_ARRIVAL_SPAN)  # fmt: skip
         return lognormal_columns(
             self.requests,
             median=self.median,
@@ -377,48 +380,3 @@ class WorkloadOptions:
             long_prompt_fraction=self.long_prompt_fraction,
             long_prompt_len=self.long_prompt_len,
         )
-
-    def length_options(self, requests) -> tuple[str, str]:
-        """The options that made the longest prompt of `requests` (drawn from these options)
-        and the longest output, for an error about a length: --prompts, --trace,
-        --long-prompt-len or --prompt-len; --trace or --max-output."""
-        from benchbatch.core.workload import Workload
-
-        longest = int(Workload.of(requests).prompt_tokens.max())
-        prompt = "prompt_len"
-        if self.prompts is not None:  # the prompts' lengths are the file's lines
-            prompt = "prompts"
-        elif self.trace is not None:
-            prompt = "trace"
-        elif self.long_prompt_fraction > 0 and longest == self.long_prompt_len:
-            prompt = "long_prompt_len"
-        return prompt, "trace" if self.trace is not None else "max_output"
-
-    def _checked_trace(self, requests):
-        """A trace's size, lengths and arrivals within the same limits as generated ones."""
-        where = str(self.trace)
-        require(
-            len(requests) <= self.MAX_REQUESTS,
-            "trace",
-            f"{where}: {len(requests):,} requests (at most {self.MAX_REQUESTS:,})",
-        )
-        longest = int(max(requests.prompt_tokens.max(), requests.output_tokens.max()))
-        require(
-            longest <= self.MAX_TOKENS,
-            "trace",
-            f"{where}: a request of {longest:,} tokens (at most {self.MAX_TOKENS:,} a prompt "
-            "or an output)",
-        )
-        last = int(requests.arrival_step.max())
-        require(
-            last <= self.MAX_ARRIVAL_SPAN,
-            "trace",
-            f"{where}: a request arrives at step {last:,}, beyond the "
-            f"{self.MAX_ARRIVAL_SPAN:,} steps a run may span",
-        )
-        return requests
-
-
-def _steps(n: float) -> str:
-    """A count of steps for an error: whole with separators, or 6e+302 past a trillion."""
-    return figure(n) if n < 1e12 else f"{n:.0e}"

@@ -236,3 +236,29 @@ def trace_text(requests: Sequence[Request]) -> str:
     writer.writeheader()
     writer.writerows(trace_rows(requests))
     return text.getvalue()
+
+
+def within_limits(requests, where: str, most_requests: int, most_tokens: int,
+                  most_span: int):  # fmt: skip
+    """A trace's requests (read_trace_columns'), its size, lengths and arrivals checked
+    within the limits generated workloads have (WorkloadOptions'); `where` names it."""
+    require(
+        len(requests) <= most_requests,
+        "trace",
+        f"{where}: {len(requests):,} requests (at most {most_requests:,})",
+    )
+    longest = int(max(requests.prompt_tokens.max(), requests.output_tokens.max()))
+    require(
+        longest <= most_tokens,
+        "trace",
+        f"{where}: a request of {longest:,} tokens (at most {most_tokens:,} a prompt or an "
+        "output)",
+    )
+    last = int(requests.arrival_step.max())
+    require(
+        last <= most_span,
+        "trace",
+        f"{where}: a request arrives at step {last:,}, beyond the {most_span:,} steps a run "
+        "may span",
+    )
+    return requests

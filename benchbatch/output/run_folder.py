@@ -13,7 +13,7 @@ from pathlib import Path
 
 from benchbatch.core import machine
 from benchbatch.errors import UserError, WriteFailed
-from benchbatch.output import results
+from benchbatch.output import csv_rows, results
 from benchbatch.signals import signals_held
 
 
@@ -75,7 +75,7 @@ class Run:
         its columns grew. Rewriting the whole file every half second cost the engine 3-9 ms
         between two steps, more as the table grew, paid by the requests a serving run was
         timing (20 pauses in 337 steps at 5 req/s); an append costs what its rows do, and
-        neither touches pandas (results.write_csv_plain). The run's end (flush) writes the
+        neither touches pandas (output/csv_rows.py). The run's end (flush) writes the
         table whole again."""
         rows = self.tables[table]
         done, columns = self._appended.get(table, (0, None))
@@ -83,9 +83,9 @@ class Run:
         path = self.folder / f"{table}.csv"
         if columns is None or not {k for r in new for k in r} <= set(columns):
             columns = list(dict.fromkeys(k for r in rows for k in r))
-            results.write_csv_plain(path, rows, columns)
+            csv_rows.write_csv_plain(path, rows, columns)
         else:
-            results.append_csv(path, new, columns)
+            csv_rows.append_csv(path, new, columns)
         self._appended[table] = (len(rows), columns)
 
     def put(self, table: str, rows) -> None:

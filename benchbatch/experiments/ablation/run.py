@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from benchbatch.core.fits import check_fits
+from benchbatch.core.fits import check_fits, length_options
 from benchbatch.core.options import ModelOptions, RunOptions, WorkloadOptions
 from benchbatch.core.optkit import record
 from benchbatch.core.prediction import pairs_of
@@ -77,7 +77,7 @@ def _open(opts, workload, model, run, requests, need_model: bool) -> Recorder:
     from benchbatch.experiments import common as c
 
     real = opts.engine == "real"
-    prompt, output = workload.length_options(requests)
+    prompt, output = length_options(workload, requests)
     # The cost fit times steps on the model too: the workload must fit its context.
     check = lambda cfg: check_fits(cfg.max_context, requests, prompt=prompt, output=output)  # noqa: E731
     cache = (lambda cfg: c.engine_cache(workload.slots, requests)) if real else None

@@ -6,7 +6,7 @@ from __future__ import annotations
 import dataclasses
 from dataclasses import dataclass
 
-from benchbatch.core.fits import check_fits, check_prompt_ids
+from benchbatch.core.fits import check_fits, check_prompt_ids, length_options
 from benchbatch.core.options import ModelOptions, RunOptions, WorkloadOptions
 from benchbatch.core.optkit import record
 from benchbatch.core.units import figure
@@ -147,7 +147,7 @@ def _check_real(cfg, requests, workload: WorkloadOptions) -> None:
     it (--prompts, --trace, --long-prompt-len, --prompt-len), a prompt plus its output the
     output's."""
     check_prompt_ids(cfg.vocab, requests)
-    prompt, output = workload.length_options(requests)
+    prompt, output = length_options(workload, requests)
     check_fits(cfg.max_context, requests, prompt=prompt, output=output)
 
 
