@@ -202,6 +202,14 @@ def test_a_lost_rank_is_one_line_naming_where_the_rows_are(monkeypatch, capsys, 
                     f"rows measured so far are in {tmp_path / 'run'}")  # fmt: skip
     meta = json.loads((tmp_path / "run" / "metadata.json").read_text())
     assert meta["status"] == "failed" and "Connection reset by peer" in meta["error"]
+    from types import SimpleNamespace
+
+    from benchbatch.runtime import distributed
+
+    monkeypatch.setattr(distributed, "current", lambda: SimpleNamespace(distributed=True))
+    assert cli._rank_left(lost)
+    monkeypatch.setattr(distributed, "current", lambda: SimpleNamespace(distributed=False))
+    assert not cli._rank_left(lost)  # the ranks never joined: a rendezvous, not a rank leaving
     monkeypatch.delenv("RANK")
     assert not ranks.peer_lost(lost)  # one process: not another rank's doing
 

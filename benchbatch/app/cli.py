@@ -168,7 +168,7 @@ class BenchGroup(HelpIsAFlag, TyperGroup):
             # typer wrote --help (or click a usage line) straight to a stream that refused it
             return _failed(f"cannot write the output: {e.strerror or e}", 1, e)
         except Exception as e:  # a bug: its traceback, and no run left marked running
-            if ranks.peer_lost(e):  # under torchrun: another rank is gone, not a bug here
+            if _rank_left(e):  # under torchrun: another rank is gone, not a bug here
                 return _peer_lost(e)
             abandon("failed", e)
             raise
@@ -291,6 +291,12 @@ def _shown(param) -> str:
     if getattr(param, "param_type_name", "") == "argument":
         return param.metavar or (param.name or "argument").upper()
     return next((o for o in param.opts if o.startswith("--")), param.opts[0])
+
+
+def _rank_left(error: BaseException) -> bool:
+    """A lost connection once the ranks had joined (a rendezvous that failed before is not
+    another rank leaving: its traceback says what it is)."""
+    return ranks.peer_lost(error) and distributed.current().distributed
 
 
 def _peer_lost(error: BaseException) -> int:
