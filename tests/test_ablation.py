@@ -221,6 +221,8 @@ def test_real_engine_run_writes_every_file(runner, tmp_path, linear_step_costs):
     result = ablation(runner, out, *TINY, *SMALL, *slo, "--engine", "real")
     assert result.exit_code == 0, result.output
     assert "engine calibration (" in result.stdout and "real engine:" in result.stdout
+    # the fit said once, with the result (it was said on stderr as well)
+    assert (result.stdout + result.stderr).count("engine calibration (") == 1
     df = pd.read_csv(out / "ablation.csv")
     assert sorted(zip(df["source"], df["scheme"], strict=True)) == sorted(
         (src, s) for src in ("sim", "real") for s in probe.SCHEMES

@@ -155,6 +155,9 @@ def test_real_engine_measures_both_policies(runner, tmp_path):
     calibrated = len(pd.read_csv(run / "calibration_steps.csv"))
     assert meta["estimate"]["calibration_steps"] == calibrated > 0
     assert f"then {calibrated:,} to calibrate its simulation" in " ".join(result.stderr.split())
+    # its fit, once, with the result (the policies' simulation is priced by it)
+    assert (result.stdout + result.stderr).count("engine calibration (") == 1
+    assert "engine calibration (" in result.stdout
     # The simulation beside each run (issue 27): every policy's wall time and latencies,
     # measured as engine.csv has them, judged against the documented bands, and its verdict
     # printed and kept.

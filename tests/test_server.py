@@ -286,6 +286,16 @@ def test_bad_requests_get_openai_errors(tiny_model):
                     b'{"prompt": [1, ' + b"9" * 5000 + b"]}"):  # a number past Python's digits
             status, body = _post(url + "/v1/completions", bad)
             assert status == 400 and "not JSON" in body["error"]["message"], body
+        # a body past what a prompt within the context takes (1 MiB here): refused as it
+        # comes (413), never parsed on the loop; a prompt of the whole context, indented, is
+        # well within
+        too_big = b'{"prompt": [' + b"1, " * 400_000 + b'1], "max_tokens": 2}'
+        status, body = _post(url + "/v1/completions", too_big)
+        assert status == 413 and body["error"]["type"] == "RequestTooLarge", body
+        assert "over 1,048,576 bytes" in body["error"]["message"]
+        assert "context of 64 tokens" in body["error"]["message"]
+        whole = b'{"prompt": [' + b"1,\n            " * 62 + b'1], "max_tokens": 1}'
+        assert _post(url + "/v1/completions", whole)[0] == 200
         status, body = _post(url + "/v1/completions", b"[1, 2]")
         assert status == 400 and body["error"]["type"] == "BadRequestError"
         status, body = _post(url + "/tokenize", b'{"prompt": "hi"}')
@@ -306,7 +316,7 @@ def test_bad_requests_get_openai_errors(tiny_model):
         )  # as vLLM's client, with the neutral values of fields not served
         assert ids_of(ok.choices[0].text) == alone(tiny_model, [1, 2, 3], 3)
         assert ok.usage.completion_tokens == 3 and ok.choices[0].finish_reason == "length"
-    assert len(engine.requests) == 1  # no bad request reached the engine
+    assert len(engine.requests) == 2  # only the two good requests reached the engine
 
 
 def _post(url: str, data: bytes) -> tuple[int, dict]:

@@ -50,14 +50,25 @@ from benchbatch.net.completions import (
 from benchbatch.runtime.cores import pin_this_thread
 from benchbatch.runtime.live_request import ABORT, Refused
 
-MAX_BODY_BYTES = 64 * 2**20
+# A request's body is parsed on the event loop (json holds the interpreter's lock while it
+# parses: a thread would not free the loop), so it is capped by what a prompt within the
+# context can take: BODY_BYTES_PER_TOKEN a token (a token id with its comma is at most a
+# dozen bytes; a text token escaped as JSON rarely past 50), at least MIN_BODY_BYTES, at
+# most MAX_BODY_BYTES. A larger body is refused (413) as it arrives, before it is read whole.
+MIN_BODY_BYTES, MAX_BODY_BYTES, BODY_BYTES_PER_TOKEN = 2**20, 64 * 2**20, 256
+
+
+def body_limit(max_model_len: int) -> int:
+    """The largest body (bytes) the app reads for a context of max_model_len tokens."""
+    return min(MAX_BODY_BYTES, max(MIN_BODY_BYTES, BODY_BYTES_PER_TOKEN * max_model_len))
 SERVED = web.AppKey("served", object)  # the app's Served
 
 # --- the app ------------------------------------------------------------------------------
 
 
 def make_app(served: Served) -> web.Application:
-    app = web.Application(client_max_size=MAX_BODY_BYTES, middlewares=[_errors])
+    limit = body_limit(served.max_model_len)
+    app = web.Application(client_max_size=limit, middlewares=[_errors])
     app[SERVED] = served
     app.router.add_get("/health", _health)
     app.router.add_get("/v1/models", _models)
@@ -96,7 +107,14 @@ async def _answer(request: web.Request, handler):
 
 async def _body(request: web.Request):
     try:
-        return json.loads(await request.read())
+        raw = await request.read()
+    except web.HTTPRequestEntityTooLarge:
+        s: Served = request.app[SERVED]
+        raise ApiError(413, f"the request body is over {request.client_max_size:,} bytes, the "
+                       f"most this server reads for its context of {s.max_model_len:,} "
+                       "tokens") from None  # fmt: skip
+    try:
+        return json.loads(raw)
     except (ValueError, RecursionError) as e:  # a malformed, too deep or too long number
         raise ApiError(400, f"the request body is not JSON: {e}") from None
 

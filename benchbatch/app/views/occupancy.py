@@ -99,6 +99,10 @@ def show(rec) -> None:
         if line:
             render.out_console.print(line)
         _collectives_line(rec.meta.get("collectives"))
+        if rec.meta.get("step_cost"):  # the fit the policies were simulated on
+            from benchbatch.core.calibration_text import step_cost_line
+
+            render.out_console.print(step_cost_line(rec.meta["step_cost"]), highlight=False)
         if (rec.meta.get("prediction") or {}).get("verdict"):
             render.out_console.print(rec.meta["prediction"]["verdict"], highlight=False)
         _warn_noisy(engine)

@@ -144,9 +144,9 @@ def calibration_runs(net, budgets, requests) -> list:
 def engine_calibration(rec, net, budgets, requests, seed: int) -> dict:
     """The real engine run on runtime/calibrate.py's workload at these budgets and the
     requests' prompt lengths (calibration_steps.csv as its steps end), fitted by
-    core/calibration.py; its conditions (read before it ran) in the summary."""
+    core/calibration.py; its conditions (read before it ran) in the summary. The fit is
+    said once, with the result (each command's view: calibration_text.step_cost_line)."""
     from benchbatch.core import calibration as cal
-    from benchbatch.core.calibration_text import line
     from benchbatch.core.cpu_clock import with_cpu_clock
     from benchbatch.runtime import calibrate as cb
 
@@ -161,7 +161,6 @@ def engine_calibration(rec, net, budgets, requests, seed: int) -> dict:
     if (rec.meta.get("threads") or {}).get("clock") == "cpu":  # one thread, one rank, a CPU
         out = with_cpu_clock(out, rows, "calibration")
     out["summary"]["conditions"] = conditions
-    rec.say(line(out["summary"]))
     return out | {"conditions": conditions, "source": "calibration"}
 
 
