@@ -461,6 +461,18 @@ def test_the_serving_claim_judges_the_knees_ranges():
     assert serve_claim(late).verdict == report.PARTLY
     late[1]["sustained_rps"] = 120.0
     assert serve_claim(late).verdict == report.FAILS
+    # continuous within the SLO at the max point (every request at once): past any knee,
+    # said as such (it read "within up to 0 req/s" and failed)
+    for top in (float("inf"), "inf", "max"):
+        late[1]["sustained_rps"] = top
+        claim = serve_claim(late)
+        assert claim.verdict == report.HOLDS, top
+        assert "up to max (every request at once) with no knee" in claim.measured
+    swept[0]["sustained_rps"], swept[1]["sustained_rps"] = 2.0, float("inf")
+    assert serve_claim(swept).verdict == report.HOLDS
+    assert "continuous within up to max (every request at once), static up to 2 req/s" in (
+        serve_claim(swept).measured
+    )
 
 
 def _pred(ratio: float, within: bool | None) -> dict:

@@ -305,6 +305,19 @@ def _occupancy_claim(key: str, how: str, rows: list[dict]) -> Claim:
     )
 
 
+def _sustained(row: dict) -> float | None:
+    """The largest rate a policy kept within the SLO: a number, infinite for the max point
+    (every request at once, serve-sweep's `max`), else None."""
+    value = row.get("sustained_rps")
+    if value == "max" or (isinstance(value, str | float) and str(value).lower() == "inf"):
+        return math.inf
+    return number(row, "sustained_rps")
+
+
+def _rate(rate: float) -> str:
+    return "max (every request at once)" if math.isinf(rate) else f"{fmt(rate)} req/s"
+
+
 def serve_claim(slo: list[dict]) -> Claim:
     """Claim S on the simulated rows. With both knees bisected (and their ranges with every
     step 10% slower and faster): holds when continuous's whole range lies above static's,
@@ -325,21 +338,19 @@ def serve_claim(slo: list[dict]) -> Claim:
             )
             verdict = HOLDS if c_slow > s_fast else (PARTLY if ck > sk else FAILS)
         elif all(v is not None for v in knees[0]) and knees[1][0] is None and (
-                number(cont, "sustained_rps") is not None):  # fmt: skip
+                _sustained(cont) is not None):  # fmt: skip
             # static saturated within the sweep, continuous never did: it kept up (and
             # within the SLO) to its largest rate, which is what it sustains at least
-            (sk, s_slow, s_fast), cr = knees[0], number(cont, "sustained_rps")
+            (sk, s_slow, s_fast), cr = knees[0], _sustained(cont)
             measured = (
-                f"continuous within the SLO up to {fmt(cr)} req/s with no knee below it, "
+                f"continuous within the SLO up to {_rate(cr)} with no knee below it, "
                 f"static's knee {fmt(sk)} req/s ({fmt(s_slow)}-{fmt(s_fast)}) (simulated; in "
                 "parentheses every step 10% slower-faster)"
             )
             verdict = HOLDS if cr > s_fast else (PARTLY if cr > sk else FAILS)
         else:
-            sr, cr = (number(r, "sustained_rps") or 0.0 for r in (s, cont))
-            measured = (
-                f"continuous within up to {fmt(cr)} req/s, static up to {fmt(sr)} (simulated)"
-            )
+            sr, cr = (_sustained(r) or 0.0 for r in (s, cont))
+            measured = f"continuous within up to {_rate(cr)}, static up to {_rate(sr)} (simulated)"
             verdict = HOLDS if cr > sr else (PARTLY if cr == sr else FAILS)
     return Claim(
         "S",
