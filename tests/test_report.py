@@ -426,7 +426,7 @@ def test_the_serving_claim_judges_the_knees_ranges():
     is above static's with every step 10% faster, partly when only the knees themselves
     are in that order (ranges overlapping), fails otherwise; without knees, on the swept
     rates (higher holds, equal partly)."""
-    from benchbatch.output.report.claims import serve_claim
+    from benchbatch.output.report.beyond_claims import serve_claim
 
     def rows(static, cont):
         keys = ("knee_rps", "knee_rps_slow", "knee_rps_fast")

@@ -24,6 +24,7 @@ from benchbatch.output.report.beyond import (
     section_roofline,
     section_serve,
 )
+from benchbatch.output.report.beyond_claims import prediction_claim, serve_claim
 from benchbatch.output.report.claims import (
     BATCHING_FRACTION,
     BATCHING_MIN_HOLDS,
@@ -47,8 +48,6 @@ from benchbatch.output.report.claims import (
     claims,
     latency_verdict,
     memory_verdict,
-    prediction_claim,
-    serve_claim,
 )
 from benchbatch.output.report.pages import VERDICT_CLASS, to_html, to_markdown
 from benchbatch.output.report.sections import (

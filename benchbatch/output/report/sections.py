@@ -24,6 +24,7 @@ from benchbatch.output.report.beyond import (
     section_roofline,
     section_serve,
 )
+from benchbatch.output.report.beyond_claims import prediction_claim, serve_claim
 from benchbatch.output.report.cells import (
     measured_cell,
     number,
@@ -34,12 +35,7 @@ from benchbatch.output.report.cells import (
     status_of,
     times,
 )
-from benchbatch.output.report.claims import (
-    UNEVEN_STEPS,
-    claims,
-    prediction_claim,
-    serve_claim,
-)
+from benchbatch.output.report.claims import UNEVEN_STEPS, claims
 from benchbatch.output.report.shapes import Report, Section
 
 # --- table B: prefill vs decode ------------------------------------------------------------
