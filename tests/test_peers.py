@@ -196,3 +196,34 @@ def test_other_files_are_refused_in_one_line(tmp_path):
     doc["ttfts"][0] = "soon"
     with pytest.raises(UserError, match="not a number"):
         peers.read_vllm(doc)
+
+
+def test_total_token_throughput_counts_the_servers_prompt_tokens_as_vllm():
+    """vLLM's client takes the server's usage.prompt_tokens as each request's input length
+    (128-130 here, its tokenizer's BOS and merges against a workload of 128): benchbatch's
+    total-token throughput of the same 20 requests, streamed as vLLM's run saw them, counts
+    the same tokens (it counted the workload's 128 each)."""
+    from benchbatch.core.serving import ServingSLO
+    from benchbatch.core.streamed import Streamed
+    from benchbatch.core.workload import Request
+    from benchbatch.experiments.serve import endpoint_rows, probe
+
+    doc = _vllm_doc()
+    t0 = min(doc["start_times"])
+    records, requests = [], []
+    for i, (start, ttft, itls, lat, n_in, n_out) in enumerate(zip(
+            doc["start_times"], doc["ttfts"], doc["itls"], doc["latencies"], doc["input_lens"],
+            doc["output_lens"], strict=True)):  # fmt: skip
+        first = start - t0 + ttft
+        chunks = [float(t) for t in first + np.cumsum([0.0, *itls])]
+        assert chunks[-1] == pytest.approx(start - t0 + lat)
+        records.append(Streamed(i, 128, n_out, start - t0, chunks, n_out, n_in))
+        requests.append(Request(i, 128, n_out))
+    setup = probe.Setup(4, 256, 128, ServingSLO(2.0, 0.2))
+    p = endpoint_rows.point(records, 4.0, requests, [r.sent_s for r in records])
+    row = endpoint_rows.point_row(records, p, setup, "vllm")
+    total = doc["total_input_tokens"] + doc["total_output_tokens"]
+    assert doc["total_input_tokens"] == sum(doc["input_lens"]) != 128 * 20
+    assert row["total_token_throughput_tps"] * row["duration_s"] == pytest.approx(total)
+    assert row["output_throughput_tps"] * row["duration_s"] == pytest.approx(
+        doc["total_output_tokens"])

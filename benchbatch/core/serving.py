@@ -98,8 +98,10 @@ def throughput_columns(
 ) -> dict[str, float]:
     """Duration (first arrival to last token), request, output-token and total-token
     throughput over it, the mean number of requests in the system (Little's law: the sum
-    of E2E over the duration), tokens/s per user (output throughput over that concurrency,
-    vLLM's sweep's Pareto axis), and with an SLO the requests meeting it and the goodput."""
+    of E2E over the duration), tokens/s per user (output throughput over that measured
+    concurrency; vLLM's sweep plots its Pareto axis over the concurrency it was given), and
+    with an SLO the requests meeting it and the goodput. prompt_tokens: each served
+    request's prompt length, as the total-token throughput counts it."""
     ms = run.requests
     duration = duration_s(ms)
     output = sum(m.num_tokens for m in ms)

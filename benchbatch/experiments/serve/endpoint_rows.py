@@ -45,7 +45,11 @@ def point_row(records: Sequence, p: probe.Point, setup: probe.Setup, label: str)
     is not within the SLO (that request missed it)."""
     from benchbatch.core.streamed import failure_counts, token_mismatches
 
-    row = probe.point_row(p, setup)
+    # the prompt tokens the server counted (its usage: a BOS, a chat template's tokens
+    # more), else the workload's: vLLM's client takes the server's for its total throughput
+    prompts = {r.request_id: r.prompt_tokens if r.server_prompt_tokens is None
+               else r.server_prompt_tokens for r in records}  # fmt: skip
+    row = probe.point_row(p, setup, prompts)
     row["label"] = label
     for key in UNSEEN:
         row[key] = math.nan

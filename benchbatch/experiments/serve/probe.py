@@ -181,9 +181,11 @@ def real_point(result, policy: str, rate: float, requests, arrivals) -> Point:
     )
 
 
-def point_row(p: Point, setup: Setup) -> dict:
-    """serve.csv's row: every metric of one (policy, rate, source)."""
-    prompts = {r.id: r.prompt_tokens for r in p.requests}
+def point_row(p: Point, setup: Setup, prompts: dict[int, int] | None = None) -> dict:
+    """serve.csv's row: every metric of one (policy, rate, source). prompts: each request's
+    prompt tokens as counted for the total-token throughput (default: the workload's; a
+    measured server's own count where it gave one, as vLLM's client takes it)."""
+    prompts = prompts or {r.id: r.prompt_tokens for r in p.requests}
     row = {
         "policy": p.policy,
         "label": LABELS[p.policy],
