@@ -289,6 +289,73 @@ def test_end_of_sequence_ids(tmp_path, saved):
         checkpoint.eos_token_ids(saved)
 
 
+def test_a_checkpoint_with_no_eos_the_model_makes_is_served_without_one(tmp_path, saved):
+    """benchbatch serve (required=False): no eos_token_id, or one outside the vocabulary
+    (transformers 5 writes null for Qwen3), serves to max_tokens; --stop-at-eos refuses."""
+    (saved / "generation_config.json").write_text('{"eos_token_id": [5, 900]}')
+    assert checkpoint.eos_token_ids(saved, 128, required=False) == {5}
+    with pytest.raises(UserError, match="outside the model's vocabulary"):
+        checkpoint.eos_token_ids(saved, 128)
+    (saved / "generation_config.json").write_text('{"eos_token_id": 900}')
+    assert checkpoint.eos_token_ids(saved, 128, required=False) == frozenset()
+    (saved / "generation_config.json").write_text('{"eos_token_id": null}')
+    raw = json.loads((saved / "config.json").read_text())
+    (saved / "config.json").write_text(json.dumps(raw | {"eos_token_id": None}))
+    assert checkpoint.eos_token_ids(saved, 128, required=False) == frozenset()
+    with pytest.raises(UserError, match="no eos_token_id"):
+        checkpoint.eos_token_ids(saved, 128)
+    from benchbatch.core.options import ModelOptions
+    from benchbatch.experiments.server.run import _stop_tokens
+
+    said = []
+    rec = type("Rec", (), {"warning": lambda self, text: said.append(text)})()
+    assert _stop_tokens(rec, ModelOptions(model=str(saved)), 128) == frozenset()
+    assert len(said) == 1 and "every request runs to its max_tokens" in said[0]
+
+
+def test_a_single_file_beside_an_index_is_refused(tmp_path):
+    """A sharded save over a single one leaves both: transformers loads model.safetensors,
+    vLLM the index's shards (benchbatch served the shards: other weights than transformers',
+    unsaid)."""
+    folder = save(hf_model("llama3", seed=1), tmp_path / "m")
+    save(hf_model("llama3", seed=0), folder, max_shard_size="40KB")
+    assert (folder / "model.safetensors").is_file()
+    assert (folder / "model.safetensors.index.json").is_file()
+    refused(folder, "holds both model.safetensors and model.safetensors.index.json")
+
+
+@pytest.mark.parametrize("change", [
+    {"sliding_window": 8},
+    {"attention_chunk_size": 8},
+    {"layer_types": ["full_attention", "sliding_attention"], "sliding_window": 8},
+])  # fmt: skip
+def test_a_llama_config_with_a_window_is_refused(saved, change):
+    """Llama with a window's fields: transformers' cache windows its decodes while its
+    prefill stays causal (its generate() with and without the cache disagree); benchbatch
+    ran it unwindowed, unsaid."""
+    raw = json.loads((saved / "config.json").read_text())
+    (saved / "config.json").write_text(json.dumps(raw | change))
+    refused(saved, "sliding window or chunked attention is not modelled")
+    plain = raw | {"sliding_window": None, "layer_types": ["full_attention"] * 2}
+    (saved / "config.json").write_text(json.dumps(plain))
+    checkpoint.load(saved, "cpu", torch.float32)
+
+
+def test_a_context_capped_by_the_sliding_window_says_so(tmp_path):
+    """Mistral with a window under max_position_embeddings: the context is the window's,
+    and the refusal of a longer one names it (it said "the checkpoint's 8 positions" of a
+    config that says 256)."""
+    from benchbatch.experiments.fields import check_context
+
+    folder = save(hf_model("mistral", sliding_window=8), tmp_path / "m")
+    cfg = checkpoint.read_config(folder)
+    assert cfg.max_context == 8 and cfg.windowed()
+    with pytest.raises(UserError, match="more than the checkpoint's 8 positions .its sliding_"):
+        checkpoint.load(folder, "cpu", torch.float32, max_context=100)
+    with pytest.raises(UserError, match="12 \\+ 1 new token exceeds the sliding window's 8"):
+        check_context(cfg, (12,))
+
+
 def test_stored_dtype(saved):
     assert checkpoint.stored_dtype(saved) == "fp32"
 

@@ -81,10 +81,12 @@ def stored_dtype(path: str | Path) -> str | None:
     return CONFIG_DTYPES.get(stored) if isinstance(stored, str) else None
 
 
-def eos_token_ids(path: str | Path, vocab: int | None = None) -> frozenset[int]:
+def eos_token_ids(path: str | Path, vocab: int | None = None, required: bool = True
+                  ) -> frozenset[int]:  # fmt: skip
     """The ids that end a generation: generation_config.json's, else config.json's. With the
     model's vocab, each must be a token the model can generate (else --stop-at-eos never
-    stops)."""
+    stops). required False (a server, whose clients may ask for ignore_eos): none, or none
+    the model can generate, is the empty set, not an error."""
     p = folder(path)
     for name in ("generation_config.json", "config.json"):
         file = p / name
@@ -103,6 +105,8 @@ def eos_token_ids(path: str | Path, vocab: int | None = None) -> frozenset[int]:
             shown = hfconfig._short(value)
             hfconfig.Fields(raw, file, OPTION).fail("eos_token_id", f"not token ids: {shown}")
         outside = [i for i in ids if vocab is not None and i >= vocab]
+        if outside and not required:
+            return frozenset(i for i in ids if i not in outside)
         if outside:
             raise UserError(
                 "--stop-at-eos",
@@ -111,6 +115,8 @@ def eos_token_ids(path: str | Path, vocab: int | None = None) -> frozenset[int]:
                 "at it",
             )
         return frozenset(ids)
+    if not required:
+        return frozenset()
     raise UserError(
         "--stop-at-eos",
         f"{p}: no eos_token_id in generation_config.json or "

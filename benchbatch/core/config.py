@@ -123,6 +123,19 @@ class ModelConfig:
     def kv_dim(self) -> int:
         return self.kv_heads * self.head_dim
 
+    def windowed(self) -> bool:
+        """The context is the sliding window's (a checkpoint's max_context capped by it)."""
+        return self.sliding_window is not None and self.max_context == self.sliding_window
+
+    def context_limit(self) -> str:
+        """What caps the context, as an error line says it."""
+        if self.windowed():
+            return (
+                f"the sliding window's {self.max_context:,} tokens (config.json's "
+                "sliding_window: benchbatch runs windowed attention only within it)"
+            )
+        return f"--max-context {self.max_context:,}"
+
     def replace(self, **changes) -> ModelConfig:
         """A copy with some fields changed; derived sizes are derived again unless given."""
         base = dataclasses.asdict(self)

@@ -298,7 +298,18 @@ def _llama3(f: Fields, p: Fields, factor: float, max_position: int | None) -> Ro
 
 
 def _window(f: Fields, family: Family, layers: int) -> int | None:
-    """The sliding window some layer attends through, or None."""
+    """The sliding window some layer attends through, or None. A family without one (Llama)
+    given a window's fields is refused: transformers' own cache windows its decodes then,
+    while its prefill stays causal, so no one computation is transformers'."""
+    if family.window is None and family is not SHAPE_ONLY:
+        types = f.raw.get("layer_types")
+        windowed = [k for k in ("sliding_window", "attention_chunk_size")
+                    if f.raw.get(k) is not None]  # fmt: skip
+        if isinstance(types, list) and any(t != "full_attention" for t in types):
+            windowed.append("layer_types")
+        if windowed:
+            f.fail(windowed[0], "a sliding window or chunked attention is not modelled for "
+                   "this model_type")  # fmt: skip
     if family.window == "all":
         return f.integer("sliding_window")
     if family.window != "layers" or not f.flag("use_sliding_window"):

@@ -139,7 +139,9 @@ class ModelOptions:
         require(
             self.max_context < cfg.max_context,
             "max_context",
-            f"{self.max_context:,} is more than the checkpoint's {cfg.max_context:,} positions",
+            f"{self.max_context:,} is more than the checkpoint's {cfg.max_context:,} positions"
+            + (" (its sliding_window: benchbatch runs windowed attention only within it)"
+               if cfg.windowed() else ""),
         )
         return cfg.replace(max_context=self.max_context)
 

@@ -7,7 +7,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
-from benchbatch.core.options import WorkloadOptions
+from benchbatch.core.options import ModelOptions, RunOptions, WorkloadOptions
 from benchbatch.core.optkit import BATCHING, KV, check_count, check_number, opt, require
 
 LENGTH_KINDS = ("fixed", "uniform", "lognormal")  # core/lengths.py's KINDS (no numpy here)
@@ -46,14 +46,14 @@ def check_context(cfg, contexts: tuple[int, ...], option: str = "context") -> No
     require(
         longest + 1 <= cfg.max_context,
         option,
-        f"{longest} + 1 new token exceeds --max-context {cfg.max_context}",
+        f"{longest} + 1 new token exceeds {cfg.context_limit()}",
     )
 
 
 def check_lengths(cfg, option: str, lengths: tuple[int, ...]) -> None:
     longest = max(lengths)
     require(
-        longest <= cfg.max_context, option, f"{longest} exceeds --max-context {cfg.max_context}"
+        longest <= cfg.max_context, option, f"{longest} exceeds {cfg.context_limit()}"
     )
 
 
@@ -154,3 +154,19 @@ def check_block_fits(cfg, kv_layout: str, block_size: int) -> None:
         "block_size",
         f"{block_size:,} tokens a block is more than --max-context {cfg.max_context:,}",
     )
+
+
+def ignored_options(model: ModelOptions, run: RunOptions, why: str) -> str | None:
+    """The model's and the device's options given to a run that builds no model (a
+    simulation on --step-costs, a server measured from outside), in one line: they change
+    nothing it does, and metadata.json's options still hold them as typed."""
+    given = [f"--{k.replace('_', '-')}" for k in model.overrides()]
+    given += [f"--{k}" for k in ("model", "preset", "config") if getattr(model, k) is not None]
+    given += ["--dtype"] if run.dtype is not None else []
+    given += ["--threads"] if run.threads is not None else []
+    given += ["--compile"] if run.compile else []
+    given += ["--tp"] if run.tp is not None else []
+    if not given:
+        return None
+    verb = "do not apply" if why.startswith("with --endpoint") else "only apply"
+    return f"{', '.join(given)} {verb} {why}; ignored"

@@ -59,7 +59,9 @@ def load(
         if max_context > cfg.max_context:
             raise UserError(
                 "--max-context",
-                f"{max_context:,} is more than the checkpoint's {cfg.max_context:,} positions",
+                f"{max_context:,} is more than the checkpoint's {cfg.max_context:,} positions"
+                + (" (its sliding_window: benchbatch runs windowed attention only within it)"
+                   if cfg.windowed() else ""),  # fmt: skip
             )
         cfg = cfg.replace(max_context=max_context)
     shards, tensors = _checked(path, device, dtype, cfg)
@@ -101,8 +103,16 @@ def _check_device_dtype(device: torch.device, dtype: torch.dtype) -> None:
 
 
 def _shards(p: Path) -> list[Path]:
-    """The safetensors files: the index's shards, or the single model.safetensors."""
+    """The safetensors files: the index's shards, or the single model.safetensors; a folder
+    with both (a sharded save over a single one: save_pretrained leaves the old file) is
+    refused, as transformers loads the single file and vLLM the index's shards."""
     index = p / "model.safetensors.index.json"
+    if index.is_file() and (p / "model.safetensors").is_file():
+        fail(
+            f"{p} holds both model.safetensors and model.safetensors.index.json (two saves "
+            "into one folder?): transformers would load the first, vLLM the shards the index "
+            "names; remove the one that is not the model"
+        )
     if index.is_file():
         raw = hfconfig.load_json(index, OPTION)
         weight_map = raw.get("weight_map")

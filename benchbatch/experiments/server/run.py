@@ -152,7 +152,7 @@ def measure_run(
     inputs = rec.inputs
     policy, settings = opts.settings()
     engine = LiveEngine(net, policy, workload.slots, inputs.max_model_len, settings,
-                        _stop_tokens(model, cfg.vocab), name=opts.policy)  # fmt: skip
+                        _stop_tokens(rec, model, cfg.vocab), name=opts.policy)  # fmt: skip
     busy = cpu_busy(inputs.cpus) if opts.pin else None  # other processes' cores
     cores = plan_cores(_threads(rec, run), opts.pin, inputs.cpus, busy)
     name = served_name(opts, model, cfg)
@@ -195,13 +195,22 @@ def _listen(server, opts: ServerOptions) -> str:
         raise UserError("port", f"cannot listen on {opts.host}:{opts.port}: {e.strerror}") from None
 
 
-def _stop_tokens(model: ModelOptions, vocab: int) -> frozenset[int]:
-    """A checkpoint's end-of-sequence ids (a request without ignore_eos stops at one)."""
+def _stop_tokens(rec, model: ModelOptions, vocab: int) -> frozenset[int]:
+    """A checkpoint's end-of-sequence ids (a request without ignore_eos stops at one); a
+    checkpoint that names none the model can generate is served all the same, each request
+    to its max_tokens, said."""
     if model.model is None:
         return frozenset()
     from benchbatch.core.checkpoint_config import eos_token_ids
 
-    return eos_token_ids(model.model, vocab)
+    ids = eos_token_ids(model.model, vocab, required=False)
+    if not ids:
+        rec.warning(
+            f"{model.model} names no end-of-sequence token the model can generate "
+            f"(eos_token_id in generation_config.json or config.json, below its {vocab:,} "
+            "tokens): every request runs to its max_tokens, as with ignore_eos"
+        )
+    return ids
 
 
 def _announce(rec, opts: ServerOptions, url: str, name: str, cores, engine, inputs) -> None:
