@@ -223,6 +223,9 @@ def test_real_engine_run_writes_every_file(runner, tmp_path, linear_step_costs):
     assert "engine calibration (" in result.stdout and "real engine:" in result.stdout
     # the fit said once, with the result (it was said on stderr as well)
     assert (result.stdout + result.stderr).count("engine calibration (") == 1
+    saved = json.loads((out / "step_cost.json").read_text())  # what a reuse checks against
+    assert saved["largest_batch"] >= 3 and saved["conditions"]["kv_layout"] == "contiguous"
+    assert "reused_from" not in saved and saved["source"] == "calibration"
     df = pd.read_csv(out / "ablation.csv")
     assert sorted(zip(df["source"], df["scheme"], strict=True)) == sorted(
         (src, s) for src in ("sim", "real") for s in probe.SCHEMES

@@ -85,4 +85,6 @@ def cost_line(s: dict) -> str:
 def step_cost_line(s: dict, clock: str = "wall") -> str:
     """Whichever fit s summarizes, in one line: the engine's calibration has standard
     errors (clock: which of its fits, line's), an isolated-step fit does not."""
-    return line(s, clock) if "std_errors_s" in s else cost_line(s)
+    said = line(s, clock) if "std_errors_s" in s else cost_line(s)
+    reused = s.get("reused_from")
+    return said if not reused else f"{said}; reused from {', '.join(map(str, reused))}"

@@ -12,7 +12,7 @@ from benchbatch.runtime import distributed
 
 def use_ceilings(rec: Recorder, run: RunOptions):
     """The run's one set of ceilings: given with --ceilings, else the latest probe of this
-    device, dtype, torch, thread count and load class when recent and steady
+    device, dtype, torch, benchbatch, host, thread count and load level when recent and steady
     (ceilings_cache.py; written to probe.csv and said), else measured now into probe.csv
     and kept as the latest (unless --no-roofline or noisy). Every row recorded afterwards
     is placed against them; where they came from is metadata's "ceilings_source" (and
@@ -100,9 +100,14 @@ def measure_probe(rec: Recorder, run: RunOptions, plan=None, timing=None) -> lis
 
 
 def cache_key(rec: Recorder) -> str:
-    """The cache's key of this run: device, dtype, torch, compute threads, load class and
-    a CPU's clock."""
+    """The cache's key of this run: device, dtype, torch, benchbatch's version, the host's
+    fingerprint, compute threads, load level (quiet, busy or saturated: a probe measured
+    on a quiet machine is not a saturated one's) and a CPU's clock."""
+    import platform
+
+    from benchbatch import __version__
     from benchbatch.core import machine
+    from benchbatch.core.saved_calibration import host_id
     from benchbatch.output import ceilings_cache
     from benchbatch.runtime import device
 
@@ -110,9 +115,13 @@ def cache_key(rec: Recorder) -> str:
     threads = rec.meta.get("threads") or {}
     name = device.device_name(t.device)
     load = threads.get("load_class", "unknown")
+    load_1min, cores = threads.get("load_average"), threads.get("physical_cores")
+    if isinstance(load_1min, (int, float)) and isinstance(cores, int):  # busy or saturated
+        load = machine.load_level(load_1min, max(1, cores))
     version = machine.version("torch")
     return ceilings_cache.key(name, t.dtype_name, version, threads.get("threads"), load,
-                              threads.get("clock"))  # fmt: skip
+                              threads.get("clock"), __version__,
+                              host_id(platform.node()))  # fmt: skip
 
 
 def _cached_probe(rec: Recorder):

@@ -122,12 +122,16 @@ SHARED_CORE = 0.9
 
 def say_core_share(rec: Recorder) -> None:
     """How much of their wall time the timed steps' thread held its core (the median of
-    every row's core_share), in metadata's threads.core_share; a note when other processes
-    took it often enough to matter (below SHARED_CORE)."""
+    the core_share of every row this run measured), in metadata's threads.core_share; a
+    note when other processes took it often enough to matter (below SHARED_CORE). A probe
+    reused from the ceilings cache (metadata's "ceilings_from") is another run's: its
+    rows' core_share is not this run's."""
+    reused = {"probe"} if rec.meta.get("ceilings_from") else set()
     shares = sorted(
         r["core_share"]
-        for rows in list(rec.tables.values())
+        for name, rows in list(rec.tables.items())
         if isinstance(rows, list)  # timed rows; a DataFrame (a simulation's requests) has none
+        and name not in reused
         for r in rows
         if isinstance(r.get("core_share"), float) and r["core_share"] == r["core_share"]
     )

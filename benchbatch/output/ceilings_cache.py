@@ -12,9 +12,10 @@ day, stated in the output with its age. `--reprobe` measures again; `benchbatch 
 Only a probe worth reusing is kept: one measured whole (not interrupted) with no noisy row
 (core/noise.py's rule), since a bad probe reused for a day misplaces every later row (issue
 28: an interrupted probe with three noisy rows of four made decode "compute"-bound). The key
-holds what changes the ceilings: the device, the dtype, the torch build, the compute
-threads, the load class (core/machine.py) and, on a CPU, the clock its steps were timed on:
-a probe from another load, version, thread count or clock is measured again.
+holds what changes the ceilings: the device, the dtype, the torch build, the benchbatch
+version, the host (a fingerprint of its name), the compute threads, the load level (quiet,
+busy or saturated: core/machine.py's load_level) and, on a CPU, the clock its steps were
+timed on: a probe from another load, version, host, thread count or clock is measured again.
 
 A cache that cannot be read or written is no cache: the command measures, as without one.
 """
@@ -43,11 +44,20 @@ def folder() -> Path:
 
 
 def key(device_name: str, dtype: str, torch_version: str | None, threads: int | None = None,
-        load: str = "unknown", clock: str | None = None) -> str:  # fmt: skip
-    """The cache's key: a probe is reused only under every one of these alike (clock: a CPU
-    probe's, "cpu" or "wall": runtime/backend.py's HostTimer)."""
+        load: str = "unknown", clock: str | None = None, benchbatch: str | None = None,
+        host: str | None = None) -> str:  # fmt: skip
+    """The cache's key: a probe is reused only under every one of these alike (load: the
+    load level, quiet, busy, saturated or unknown; clock: a CPU probe's, "cpu" or "wall":
+    runtime/backend.py's HostTimer; benchbatch: its version, whose probe may measure
+    otherwise; host: saved_calibration.host_id's fingerprint, as another machine of the
+    same device has other ceilings). A key without a field another holds never matches
+    it: entries kept before benchbatch and host were in the key are never reused."""
     tail = "" if clock is None else f" | clock {clock}"
     head = f"{device_name} | {dtype} | torch {torch_version}"
+    if benchbatch is not None:
+        head += f" | benchbatch {benchbatch}"
+    if host is not None:
+        head += f" | host {host}"
     return f"{head} | threads {threads} | load {load}{tail}"
 
 

@@ -188,8 +188,13 @@ class Recorder(Run):
             render.note(text)
 
     def warning(self, text: str | None) -> None:
+        """A warning on stderr now, and kept (metadata.json's and result.json's "warnings"):
+        what makes a number less sure outlives the terminal it was said on."""
         if text:
             render.warning(text)
+            kept = self.meta.setdefault("warnings", [])
+            if text not in kept:
+                kept.append(text)
 
     def say(self, text: str | None) -> None:
         """A line for the user on stderr now, exactly as given, unlabelled (rank 0 only):

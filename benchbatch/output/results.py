@@ -297,6 +297,8 @@ def result_document(meta: dict, metrics: dict | None, error: str | None, files) 
         "metrics": metrics,
         "files": sorted(files),
     }
+    if meta.get("warnings"):  # every warning the run said (output/recorder.py)
+        doc["warnings"] = list(meta["warnings"])
     if error is not None:
         doc["metrics_error"] = error  # the run ended before its metrics could be made
     if meta.get("error"):

@@ -27,6 +27,9 @@ from benchbatch.core.simulate import simulate
 from benchbatch.core.workload import Request
 from benchbatch.runtime.runs import EngineRun, Finished, engine_events
 
+# An engine run's settings the scheduler does not take (the cache's layout: the engine's).
+ENGINE_ONLY = ("kv_layout", "block_size")
+
 # Steps of the first run taken once, unrecorded, before the calibration records: its
 # prefill of every slot and decodes at the largest batch.
 WARM_UP_STEPS = 8
@@ -64,7 +67,7 @@ def plan_for(slots: int, prompts: Sequence[int], chunk: int, budget: int, max_co
                 max_context)  # fmt: skip
 
 
-def runs(p: Plan) -> list[CalibrationRun]:
+def runs(p: Plan, layout: dict | None = None) -> list[CalibrationRun]:
     """Four engine runs, each on the continuous scheduler:
 
     decode: `slots` requests admitted at once (one prefill of `slots` prompts), their
@@ -79,7 +82,9 @@ def runs(p: Plan) -> list[CalibrationRun]:
       arriving one step apart, alone and in twos and fours, each generating one token:
       prefill-only steps of one to four sequences;
     chunked: slots - 1 long decodes with long prompts prefilled in chunks of `chunk` beside
-      them (mixed steps, each chunk re-reading the earlier ones' KV)."""
+      them (mixed steps, each chunk re-reading the earlier ones' KV).
+    layout: the engine's kv_layout and block_size in every run (the runs it prices use them:
+    a paged cache's steps cost what a contiguous one's do not)."""
     s, k = p.slots, p.decode_steps
     room = p.max_context - 1
     short = min(p.prompt, room - s * k)
@@ -107,12 +112,14 @@ def runs(p: Plan) -> list[CalibrationRun]:
                 for i in range(2)]  # fmt: skip
     chunk_settings = {"chunked_prefill": True, "chunk_size": p.chunk, "mixed": True,
                       "max_num_batched_tokens": max(p.budget, p.chunk + decodes)}  # fmt: skip
+    kv = dict(layout or {})
     return [
-        CalibrationRun(EngineRun("decode", s, key="calibration"), decode),
-        CalibrationRun(EngineRun("scattered", max(3, s), key="calibration"), scattered),
-        CalibrationRun(EngineRun("prefill", max(4, s), key="calibration"), prefill),
+        CalibrationRun(EngineRun("decode", s, settings=kv, key="calibration"), decode),
+        CalibrationRun(EngineRun("scattered", max(3, s), settings=kv, key="calibration"),
+                       scattered),  # fmt: skip
+        CalibrationRun(EngineRun("prefill", max(4, s), settings=kv, key="calibration"), prefill),
         CalibrationRun(
-            EngineRun("chunked", s, settings=chunk_settings, key="calibration"), chunked
+            EngineRun("chunked", s, settings=chunk_settings | kv, key="calibration"), chunked
         ),  # fmt: skip
     ]
 
@@ -127,7 +134,8 @@ def plans(run: EngineRun, requests: Sequence[Request]) -> list[StepPlan]:
         out.append(plan)
         return 0.0
 
-    sched = make_scheduler(run.policy, run.slots, **run.settings)
+    scheduled = {k: v for k, v in run.settings.items() if k not in ENGINE_ONLY}
+    sched = make_scheduler(run.policy, run.slots, **scheduled)
     simulate(list(requests), sched, keep, fast=False, with_metrics=False)
     return out
 
@@ -173,25 +181,42 @@ def fit_rows(rows: Sequence[dict]) -> list[dict]:
     return [{k: r[k] for k in keys if k in r} for r in rows]
 
 
-def conditions(model) -> dict:
-    """What the calibration was measured under: read again when it is used."""
+def conditions(model, layout: dict | None = None, cores: int | None = None) -> dict:
+    """What the calibration was measured under: read again when it is used. layout: the
+    engine's kv_layout and block_size (contiguous by default); cores: the physical cores
+    the run's load class counts (its metadata's, taken before its compute thread was
+    pinned: pinned, this thread sees one)."""
     from benchbatch import __version__
     from benchbatch.runtime.device import device_name
 
     param = model.embed.weight
-    cores = os.cpu_count() or 1
+    n = os.cpu_count() or 1
     load = os.getloadavg()[0] if hasattr(os, "getloadavg") else float("nan")
     pinned = sorted(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else None
+    state = getattr(model, "compiled", None)
+    kv = dict(layout or {})
     return {
         "device": device_name(param.device),
         "device_type": param.device.type,
         "torch": torch.__version__,
         "dtype": str(param.dtype).removeprefix("torch."),
         "threads": torch.get_num_threads(),
-        "pinned_cores": "all" if pinned is None or len(pinned) == cores else pinned,
-        "cores": cores,
+        "pinned_cores": "all" if pinned is None or len(pinned) == n else pinned,
+        "cores": n,
         "load_1min": load,
-        "load_class": load_class(load, core_count()),  # on physical cores, as the run's
+        "load_class": load_class(load, cores or core_count()),  # on physical cores, as the run's
         "benchbatch": __version__,
         "host_id": host_id(platform.node()),
+        "model": model_shape(model.cfg),
+        "weight_layout": getattr(getattr(model, "layout", None), "name", None),
+        "compiled": state.mode if state is not None and state.applied else "eager",
+        "kv_layout": kv.get("kv_layout", "contiguous")
+        + (f", blocks of {kv.get('block_size', 16)}" if kv.get("kv_layout") == "paged" else ""),
     }
+
+
+def model_shape(cfg) -> str:
+    """A model's shape in one comparable line: what its steps' costs scale with."""
+    return (f"hidden {cfg.hidden}, {cfg.layers} layers, {cfg.heads} heads "
+            f"({cfg.kv_heads or cfg.heads} KV), intermediate {cfg.intermediate}, "
+            f"vocab {cfg.vocab}")  # fmt: skip

@@ -73,7 +73,11 @@ def _open(opts, workload, model, run, requests, need_model: bool) -> Recorder:
     """A run on the model (the cost fit times steps, --engine real runs them), or, with
     --step-costs and no real engine, a simulation that touches no device."""
     if not need_model:
-        return Recorder.open("ablation", run, None, None, record(opts, workload, run))
+        from benchbatch.experiments.fields import ignored_options
+
+        rec = Recorder.open("ablation", run, None, None, record(opts, workload, run))
+        rec.note(ignored_options(model, run, "with --engine real or without --step-costs"))
+        return rec
     from benchbatch.experiments import common as c
 
     real = opts.engine == "real"
@@ -97,51 +101,92 @@ def _named(option: str, check, *args):
 # --- the step-cost model ------------------------------------------------------------------------
 
 
-def cost_model(rec, net, budgets, requests, given, run: RunOptions, cpu_clock: bool = False):
+def cost_model(rec, net, budgets, requests, given, run: RunOptions, cpu_clock: bool = False,
+               layout: dict | None = None):  # fmt: skip
     """The step-cost model: with a model, the engine calibrated as it runs (the real engine's
-    own steps, engine_calibration); or the one read from --step-costs (given: a calibration,
-    its conditions checked against this run's, or isolated steps' times): step_cost.csv,
-    step_cost.json and the metadata (ablation, serve-sweep and occupancy). cpu_clock: also
-    the calibration's fit on the CPU clock (None where it has none): (model, cpu model)."""
-    from benchbatch.core import saved_calibration
+    own steps, engine_calibration, in the cache layout the runs it prices use); or the one
+    read from --step-costs (given: a calibration, its conditions checked against this
+    run's, or isolated steps' times): step_cost.csv, step_cost.json and the metadata
+    (ablation, serve-sweep and occupancy); a reused one's differences from this run, and
+    where it came from, kept with them. cpu_clock: also the calibration's fit on the CPU
+    clock where this run is on that clock (one thread, a CPU) and the calibration has it,
+    else None: (model, cpu model)."""
     from benchbatch.output import results
 
-    if given is None:
-        given = engine_calibration(rec, net, budgets, requests, run.seed)
-    elif given.get("conditions"):
-        if net is not None:
-            from benchbatch.runtime.calibrate import conditions
-
-            for line in saved_calibration.compare(given["conditions"], conditions(net)):
-                rec.warning(line)
-        else:
-            was = given["conditions"]
-            rec.note(
-                f"step costs calibrated on {was.get('device')} ({was.get('threads')} threads, "
-                f"torch {was.get('torch')}, load {was.get('load_class')}): simulated as that"
-            )
+    fresh = given is None
+    if fresh:
+        given = engine_calibration(rec, net, budgets, requests, run.seed, layout)
+    differences = [] if fresh else _reused(rec, net, given, layout)
+    if not fresh:
+        _beyond(rec, given["summary"], budgets.max_num_seqs)
     summary = given["summary"] | {"source": given.get("source", "calibration")}
+    if not fresh:  # reused: from where, and what differs from this run
+        summary |= {"reused_from": given.get("paths"), "differences": differences}
     if given["rows"]:
         rec.put("step_cost", given["rows"])
     results.write_json(rec.folder / "step_cost.json", summary)
     rec.meta["step_cost"] = summary
     if cpu_clock:  # and the steps' work on the CPU clock, where the calibration has it
-        return given["model"], given.get("cpu_model")
+        # (a simulation with no model is of the calibration's own run: its CPU clock's fit
+        # too; a real run on the wall clock, several threads, cannot be priced by it)
+        on_cpu = net is None or (rec.meta.get("threads") or {}).get("clock") == "cpu"
+        return given["model"], given.get("cpu_model") if on_cpu else None
     return given["model"]
 
 
-def calibration_runs(net, budgets, requests) -> list:
+def _beyond(rec, summary: dict, slots: int) -> None:
+    """A reused calibration's largest batch against this run's slots: batches past it are
+    priced by extrapolation, said."""
+    largest = summary.get("largest_batch")
+    if isinstance(largest, int) and 0 < largest < slots:
+        rec.warning(
+            f"the step-cost calibration ran batches of up to {largest} sequences; this run's "
+            f"{slots} slots make larger ones, priced by extrapolating its fit (calibrate "
+            "again, dropping --step-costs, to measure them)"
+        )
+
+
+def _reused(rec, net, given: dict, layout: dict | None) -> list[str]:
+    """A reused calibration's conditions against this run's: another device refused, every
+    other difference a warning (kept in metadata.json's warnings); without a model (--engine
+    sim) what it was measured under, said. The notes of its reading (unknown conditions, ...)
+    as warnings. Returns the differences."""
+    from benchbatch.core import saved_calibration
+
+    for line in given.get("notes") or []:
+        rec.warning(line)
+    was = given.get("conditions")
+    if not was:  # unknown (its notes say so)
+        return []
+    if net is None:
+        rec.note(
+            f"step costs calibrated on {was.get('device')} ({was.get('threads')} threads, "
+            f"torch {was.get('torch')}, benchbatch {was.get('benchbatch')}, load "
+            f"{was.get('load_class')}): simulated as that"
+        )
+        return []
+    from benchbatch.runtime.calibrate import conditions
+
+    cores = (rec.meta.get("threads") or {}).get("physical_cores")
+    lines = saved_calibration.compare(was, conditions(net, layout, cores))
+    for line in lines:
+        rec.warning(line)
+    return lines
+
+
+def calibration_runs(net, budgets, requests, layout: dict | None = None) -> list:
     """runtime/calibrate.py's runs at these budgets and the requests' prompt lengths (what
-    engine_calibration serves; their steps counted beforehand: calibrate.total_steps)."""
+    engine_calibration serves; their steps counted beforehand: calibrate.total_steps), in
+    the engine's cache layout (default contiguous)."""
     from benchbatch.runtime import calibrate as cb
 
     prompts = [r.prompt_tokens for r in requests]
     plan = cb.plan_for(budgets.max_num_seqs, prompts, budgets.chunk_size,
                        budgets.max_num_batched_tokens, net.cfg.max_context)  # fmt: skip
-    return cb.runs(plan)
+    return cb.runs(plan, layout)
 
 
-def engine_calibration(rec, net, budgets, requests, seed: int) -> dict:
+def engine_calibration(rec, net, budgets, requests, seed: int, layout: dict | None = None) -> dict:
     """The real engine run on runtime/calibrate.py's workload at these budgets and the
     requests' prompt lengths (calibration_steps.csv as its steps end), fitted by
     core/calibration.py; its conditions (read before it ran) in the summary. The fit is
@@ -150,8 +195,9 @@ def engine_calibration(rec, net, budgets, requests, seed: int) -> dict:
     from benchbatch.core.cpu_clock import with_cpu_clock
     from benchbatch.runtime import calibrate as cb
 
-    runs = calibration_runs(net, budgets, requests)
-    conditions = cb.conditions(net)
+    runs = calibration_runs(net, budgets, requests, layout)
+    cores = (rec.meta.get("threads") or {}).get("physical_cores")
+    conditions = cb.conditions(net, layout, cores)
     events = cb.events(net, runs, seed)
     label = "calibrating the engine"
     for _ in rec.engine_rows("calibration_steps", events, total=cb.total_steps(runs), label=label):
@@ -161,6 +207,7 @@ def engine_calibration(rec, net, budgets, requests, seed: int) -> dict:
     if (rec.meta.get("threads") or {}).get("clock") == "cpu":  # one thread, one rank, a CPU
         out = with_cpu_clock(out, rows, "calibration")
     out["summary"]["conditions"] = conditions
+    out["summary"]["largest_batch"] = max((r["sequences"] for r in rows), default=0)
     return out | {"conditions": conditions, "source": "calibration"}
 
 

@@ -31,7 +31,7 @@ def run_real(rec, model: ModelOptions, run: RunOptions, requests, slots: int, si
         _collectives(rec, net, estimate["decode_context"], slots, run)
     engine_runs(rec, net, requests, slots, sims, run.seed, stop, layout)
     if not stop:  # with stop tokens each run is set beside its own lengths' simulation
-        prediction_part(rec, net, requests, slots, run, rec.inputs.given)
+        prediction_part(rec, net, requests, slots, run, rec.inputs.given, layout)
     rows = rec.rows("engine")
     rec.meta["engine_summary"] = probe.engine_summary(rows, sims)
     title = c.title(rec, f"{slots} slots: real engine", noise=c.engine_noise(rows))
@@ -42,17 +42,20 @@ def run_real(rec, model: ModelOptions, run: RunOptions, requests, slots: int, si
 PREDICTED = ("wall_s", "ttft_p50_s", "ttft_p99_s", "e2e_p50_s", "e2e_p99_s")
 
 
-def prediction_part(rec, net, requests, slots: int, run: RunOptions, given=None) -> None:
+def prediction_part(rec, net, requests, slots: int, run: RunOptions, given=None,
+                    layout: dict | None = None) -> None:  # fmt: skip
     """Each policy simulated in seconds with the engine's calibration (or --step-costs) and
     set beside its real run (engine.csv): prediction.csv, prediction.png and the verdict
-    (occupancy and reproduce)."""
+    (occupancy and reproduce). layout: the runs' kv_layout and block_size, which the
+    calibration runs in too."""
     from benchbatch.core.prediction import pairs_of
     from benchbatch.core.scheduler import make_scheduler
     from benchbatch.core.simulate import simulate
     from benchbatch.experiments.ablation.run import cost_model
     from benchbatch.output.plots.prediction import record
 
-    cost = cost_model(rec, net, calibration_budgets(requests, slots), requests, given, run)
+    budgets = calibration_budgets(requests, slots)
+    cost = cost_model(rec, net, budgets, requests, given, run, layout=layout)
     pairs = []
     for real in rec.rows("engine"):
         policy = real["policy"]

@@ -139,14 +139,9 @@ def _check_real(cfg, requests, prompt: str = "max_prompt", output: str = "max_ou
 def _ignored(
     model: ModelOptions, run: RunOptions, why: str = "with --engine real or without --step-costs"
 ) -> str | None:
-    given = [f"--{k.replace('_', '-')}" for k in model.overrides()]
-    given += [f"--{k}" for k in ("model", "preset", "config") if getattr(model, k) is not None]
-    given += ["--dtype"] if run.dtype is not None else []
-    if not given:
-        return None
-    if why.startswith("with --endpoint"):
-        return f"{', '.join(given)} do not apply {why}; ignored"
-    return f"{', '.join(given)} only apply {why}; ignored"
+    from benchbatch.experiments.fields import ignored_options
+
+    return ignored_options(model, run, why)
 
 
 def _cost_model(rec, net, setup, w, given, run):
