@@ -245,3 +245,40 @@ def test_force_refuses_a_run_that_did_not_list_its_files(runner, tmp_path):
     assert done.exit_code == 2
     assert "does not list the files its run wrote" in done.output
     assert (out / "occupancy.csv").exists()
+
+
+# The disk full as a run ends, as seen on a 200 kB tmpfs: (a) result.json never fits, nor
+# a metadata.json grown by its error; (b) result.json (complete) fits, then nothing more.
+FULL_AT_THE_END = {
+    "result": lambda name, obj, written: name == "result.json" or (
+        name == "metadata.json" and "error" in obj),
+    "metadata": lambda name, obj, written: "result.json" in written and (
+        name == "metadata.json" or obj.get("status") != "complete"),
+}  # fmt: skip
+
+
+@pytest.mark.parametrize("case", list(FULL_AT_THE_END))
+def test_a_disk_full_at_the_end_never_leaves_a_complete_marker(runner, tmp_path, monkeypatch,
+                                                               case):  # fmt: skip
+    """(a) left metadata.json "complete" of a run that exited 1 (compare then took it
+    whole); (b) left result.json "complete" beside a metadata.json "running"."""
+    real, full, written = results.write_json, FULL_AT_THE_END[case], []
+
+    def write_json(path, obj):
+        if full(path.name, obj, written):
+            raise WriteFailed(path, 4508, OSError(28, "No space left on device"))
+        written.append(path.name)
+        return real(path, obj)
+
+    monkeypatch.setattr(results, "write_json", write_json)
+    out = tmp_path / "run"
+    args = ["phases", "--preset", "tiny", "--device", "cpu", "--no-roofline", "--repeats", "1",
+            "--min-time", "0", "--prefill", "8", "--decode-batch", "1", "--context", "8",
+            "--dtype", "fp32", "--out", str(out)]  # fmt: skip
+    result = runner.invoke(app, args)
+    assert result.exit_code == 1, result.output
+    assert "No space left on device" in result.stderr and "Traceback" not in result.stderr
+    assert meta_of(out)["status"] != "complete"
+    if (out / "result.json").exists():
+        doc = json.loads((out / "result.json").read_text())
+        assert doc["complete"] is False and doc["status"] != "complete"

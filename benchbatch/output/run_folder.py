@@ -120,8 +120,24 @@ class Run:
         self.meta["load_average_after"] = machine.load_average()
         try:
             self.write_result()
+        except BaseException as e:  # a run whose result.json failed did not complete
+            if status == "complete":
+                self.meta.update(status="failed", error=f"{type(e).__name__}: {e}")
+            raise
         finally:  # a result.json that cannot be written never leaves the run marked running
+            self._write_meta_after_result()
+
+    def _write_meta_after_result(self) -> None:
+        """metadata.json's last write; where it fails (a full disk), a result.json that says
+        the run completed is taken back (its space freed for end()'s "failed" to be written):
+        no marker says complete of a run that ended in an error."""
+        try:
             self.write_meta()
+        except BaseException:
+            if self.meta.get("status") == "complete":
+                (self.folder / results.RESULT_FILE).unlink(missing_ok=True)
+                self.meta.update(status="failed")
+            raise
 
     def write_result(self) -> None:
         """result.json (results.write_result) at the run's end, whatever the end: before
