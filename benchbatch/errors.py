@@ -24,10 +24,10 @@ _BREAKS = frozenset("\x85\u2028\u2029")
 
 class Interrupted(Exception):
     """Ctrl-C or SIGTERM during a run: every measured row is on disk and metadata.json says
-    'interrupted'; the command line exits with code 130."""
+    'interrupted'; the command line exits with code 130 (its line says what was kept)."""
 
     def __init__(self, folder):
-        super().__init__(f"interrupted: rows measured so far are in {folder}")
+        super().__init__(f"interrupted: the run's folder is {folder}")
         self.folder = folder
 
 

@@ -282,3 +282,17 @@ def test_a_disk_full_at_the_end_never_leaves_a_complete_marker(runner, tmp_path,
     if (out / "result.json").exists():
         doc = json.loads((out / "result.json").read_text())
         assert doc["complete"] is False and doc["status"] != "complete"
+
+
+def test_an_interrupted_runs_line_says_what_it_kept(tmp_path):
+    """phases stopped before its group of steps ended said "rows measured so far are in"
+    a folder that held none: the line counts each table's rows, or says none was."""
+    from benchbatch.output.run_folder import kept
+
+    (tmp_path / "metadata.json").write_text("{}")
+    (tmp_path / "phases.csv").write_text("step,ms\n")  # a header, no row
+    assert kept(tmp_path) == f"no row was measured yet: {tmp_path} holds the run's metadata only"
+    (tmp_path / "probe.csv").write_text("kind,gflops\nmatmul,1\ncopy,2\n")
+    (tmp_path / "phases.csv").write_text("step,ms\nprefill,3\n")
+    assert kept(tmp_path) == (f"rows measured so far are in {tmp_path} (phases.csv 1, "
+                              "probe.csv 2)")  # fmt: skip

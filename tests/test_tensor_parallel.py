@@ -199,7 +199,7 @@ def test_a_lost_rank_is_one_line_naming_where_the_rows_are(monkeypatch, capsys, 
     line = capsys.readouterr().err.strip()
     assert line == ("Error: another rank left the run ([../third_party/gloo/gloo/transport/"
                     "tcp/pair.cc:534] Read error [127.0.0.1]:4242: Connection reset by peer): "
-                    f"rows measured so far are in {tmp_path / 'run'}")  # fmt: skip
+                    f"rows measured so far are in {tmp_path / 'run'} (phases.csv 1)")  # fmt: skip
     meta = json.loads((tmp_path / "run" / "metadata.json").read_text())
     assert meta["status"] == "failed" and "Connection reset by peer" in meta["error"]
     from types import SimpleNamespace

@@ -35,7 +35,7 @@ from benchbatch.errors import (  # noqa: E402
 )
 from benchbatch.output import run_folder as runs  # noqa: E402
 from benchbatch.output.recorder import interrupts_raise  # noqa: E402
-from benchbatch.output.run_folder import abandon  # noqa: E402
+from benchbatch.output.run_folder import abandon, kept  # noqa: E402
 from benchbatch.runtime import distributed  # noqa: E402
 
 try:  # recent typer vendors its own click; older ones use click itself
@@ -216,9 +216,9 @@ def interrupted(folder) -> int:
     folders = abandon("interrupted")
     if folder is not None or folders:
         where = folder if folder is not None else folders[0]
-        line = f"interrupted: rows measured so far are in {where}"
+        line = f"interrupted: {kept(where)}"
     elif runs.last_run is not None and runs.last_run.meta.get("status") != "complete":
-        line = f"interrupted: rows measured so far are in {runs.last_run.folder}"
+        line = f"interrupted: {kept(runs.last_run.folder)}"
     elif runs.last_run is not None:
         line = f"interrupted after the run was written: its results are in {runs.last_run.folder}"
     else:
@@ -303,9 +303,9 @@ def _peer_lost(error: BaseException) -> int:
     """A collective failed because another rank left: one line, the run marked failed with
     its rows kept."""
     folders = abandon("failed", error)
-    kept = f": rows measured so far are in {folders[0]}" if folders else ""
+    left = f": {kept(folders[0])}" if folders else ""
     first = str(error).strip().splitlines()[0] if str(error).strip() else type(error).__name__
-    return _fail(f"another rank left the run ({first[:160]}){kept}", 1)
+    return _fail(f"another rank left the run ({first[:160]}){left}", 1)
 
 
 def _fail(message: str, code: int) -> int:

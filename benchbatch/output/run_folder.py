@@ -173,6 +173,24 @@ class Run:
             results.remove_temporaries(self.folder)
 
 
+def kept(folder: Path) -> str:
+    """What an unfinished run left, as its last line says it: its tables' rows, or that
+    none was measured (a command that times its steps as one group of interleaved
+    repeats, phases or sweep, writes its rows when the group ends)."""
+    counts = []
+    for path in sorted(Path(folder).glob("*.csv")):
+        try:
+            with path.open("rb") as f:
+                n = max(0, sum(1 for line in f if line.strip()) - 1)
+        except OSError:
+            continue
+        if n:
+            counts.append(f"{path.name} {n:,}")
+    if not counts:
+        return f"no row was measured yet: {folder} holds the run's metadata only"
+    return f"rows measured so far are in {folder} ({', '.join(counts)})"
+
+
 def abandon(status: str, error: BaseException | None = None) -> list[Path]:
     """End every run still open (a signal or an error outside its `with` block); returns
     their folders."""
