@@ -293,6 +293,35 @@ def test_missing_metadata_is_refused(runs, tmp_path):
     refused(invoke("compare", runs / "fp32", bad), str(bad / "metadata.json"), "does not exist")
 
 
+def test_an_interrupted_run_compares_by_the_tables_it_wrote(runs, tmp_path):
+    """reproduce stopped after phases (no sweep.csv, occupancy.csv header only): compare
+    refused the folder whole; the tables it wrote are compared now, the others each run's
+    own, with the warning that some runs did not complete. A run cut before any row is
+    refused in one line."""
+    cut = broken_copy(runs, tmp_path, "repro-a")
+    meta = json.loads((cut / "metadata.json").read_text())
+    (cut / "metadata.json").write_text(json.dumps(meta | {"status": "interrupted"}))
+    (cut / "sweep.csv").unlink()
+    header = (cut / "occupancy.csv").read_text().splitlines()[0]
+    (cut / "occupancy.csv").write_text(header + "\n")
+    result = invoke("compare", runs / "repro-a", cut, "--out", tmp_path / "c")
+    assert result.exit_code == 0, result.output
+    assert "some runs did not complete" in " ".join(result.stderr.split())
+    phases = pd.read_csv(tmp_path / "c" / "compare-phases.csv")
+    assert list(phases["run"].unique()) == ["repro-a", "broken"]
+    for table in ("sweep", "occupancy"):
+        merged = pd.read_csv(tmp_path / "c" / f"compare-{table}.csv")
+        assert list(merged["run"].unique()) == ["repro-a"], table
+    for table in ("probe", "phases", "occupancy", "engine", "serve", "slo"):
+        (cut / f"{table}.csv").unlink(missing_ok=True)
+    refused(invoke("compare", runs / "repro-a", cut), str(cut), "holds no rows to compare")
+    # a complete run without a table it always writes is still refused as corrupt
+    whole = tmp_path / "whole"
+    shutil.copytree(runs / "repro-a", whole)
+    (whole / "sweep.csv").unlink()
+    refused(invoke("compare", runs / "repro-a", whole), str(whole / "sweep.csv"), "does not")
+
+
 def test_a_missing_csv_is_refused(runs, tmp_path):
     bad = broken_copy(runs, tmp_path)
     (bad / "phases.csv").unlink()

@@ -216,9 +216,24 @@ def load(folder: Path, label: str) -> RunData:
     meta = read_metadata(folder)
     kind = meta["command"]
     required, optional = KINDS[kind]
+    if meta.get("status") != "complete":  # cut short: the tables it wrote, however few
+        tables = {t: read_table(folder, t) for t in (*required, *optional) if _rows_in(folder, t)}
+        if not tables:
+            raise fail(f"{folder} holds no rows to compare (the run was {meta.get('status')} "
+                       "before its first)")  # fmt: skip
+        return RunData(label, folder, kind, meta, tables)
     tables = {t: read_table(folder, t) for t in required}
     tables |= {t: read_table(folder, t) for t in optional if (folder / f"{t}.csv").exists()}
     return RunData(label, folder, kind, meta, tables)
+
+
+def _rows_in(folder: Path, table: str) -> bool:
+    """The table's CSV is there with a row past its header (an unfinished run's may not)."""
+    try:
+        with (folder / f"{table}.csv").open("rb") as f:
+            return sum(1 for line in f if line.strip()) > 1
+    except OSError:
+        return False
 
 
 def load_peer(path: Path, label: str) -> RunData:
