@@ -295,3 +295,32 @@ def test_endpoint_options_are_checked(runner, tmp_path, extra, flag):
     result = runner.invoke(app, ["serve-sweep", *extra, "--out", str(tmp_path)])
     assert result.exit_code == 2, result.output
     assert flag in result.output and "Traceback" not in result.output
+
+
+def test_a_server_gone_mid_sweep_stops_it_in_one_line(tmp_path, scripted):
+    """The server stopped between points: the rest of the sweep counted every request
+    failed ("cannot connect") and read as the server missing its SLO, status complete.
+    After a point whose requests could not connect the server is asked again: still there,
+    the sweep goes on; gone, one line naming --endpoint and where the points are."""
+    from types import SimpleNamespace
+
+    from benchbatch.core.streamed import Streamed
+    from benchbatch.errors import UserError
+    from benchbatch.experiments.serve.endpoint import _still_there
+    from benchbatch.net.endpoint import make_endpoint
+
+    url, _ = scripted
+    refused = [Streamed(i, 8, 5, 0.0, [], None, None, error="cannot connect",
+                        error_kind="refused") for i in range(3)]  # fmt: skip
+    served = [Streamed(3, 8, 5, 0.0, [0.1], 5, 8)]
+    here = SimpleNamespace(inputs=(make_endpoint(url, MODEL, 30.0), {}), folder=tmp_path)
+    _still_there(here, refused + served, 4.0, None)  # a refusal, the server still there
+    gone = SimpleNamespace(inputs=(make_endpoint(f"http://127.0.0.1:{_free_port()}", MODEL,
+                                                 30.0), {}), folder=tmp_path)  # fmt: skip
+    _still_there(gone, served, 4.0, None)  # nothing refused: not asked
+    with pytest.raises(UserError) as e:
+        _still_there(gone, refused + served, 4.0, 2)
+    assert e.value.option == "endpoint" and "\n" not in e.value.message
+    assert e.value.message.startswith("the server stopped answering during the point at 4 "
+                                      "req/s, 2 in flight (3 of 4 requests could not connect")
+    assert f"the points measured so far are in {tmp_path}" in e.value.message

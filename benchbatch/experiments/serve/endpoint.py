@@ -354,4 +354,26 @@ def _point(rec, opts, w, setup, sent, rate: float, cap: int | None, n: int, labe
     elif row["client_wait_share"] > lateness.CLIENT_WAIT_WARN:
         rec.warning(lateness.point_waits(row, rate))
     rec.add("serve", row)
+    _still_there(rec, records, rate, cap)
     return row
+
+
+def _still_there(rec, records: list, rate: float, cap: int | None) -> None:
+    """After a point whose requests could not connect: the server asked again (GET
+    /v1/models); gone, the sweep stops in one line, the points measured so far kept (each
+    later point would only count its requests failed, and read as the server missing its
+    SLO)."""
+    from benchbatch.net.discovery import server_info
+
+    refused = sum(r.error_kind == "refused" for r in records)
+    if not refused:
+        return
+    try:
+        server_info(rec.inputs[0], probe_fields=False)
+    except UserError as e:
+        raise UserError(
+            "endpoint",
+            f"the server stopped answering during the point at {probe.rate_label(rate)} "
+            f"req/s{cap_label(cap)} ({refused:,} of {len(records):,} requests could not "
+            f"connect; {e.message}): the points measured so far are in {rec.folder}",
+        ) from None
