@@ -94,13 +94,14 @@ def test_before_the_first_item_the_runs_estimate_counts_down():
     now[0] = 60.0
     assert pg.LeftColumn().render(task).plain == "~0:04:00 left"
     assert pg.RateColumn().render(task).plain == "~60.0 s/it"
-    now[0] = 400.0  # past the estimate, still nothing done: no negative time
-    assert pg.LeftColumn().render(task).plain == "~0:00:00 left"
+    now[0] = 400.0  # past the estimate, still nothing done: no time left said (it read
+    assert pg.LeftColumn().render(task).plain == "past its estimate"  # 0:00:00 for minutes)
     live.advance(task_id)  # one item in 400 s: 1,600 s for the four left
     assert pg.LeftColumn().render(task).plain == "0:26:40 left"
     assert pg.RateColumn().render(task).plain == "400.0 s/it"
     log = pg._Log("phases", 5, expected_s=300.0)
     assert log.text(60.0) == "phases: 0/5 done, 60 s, about 4 min left (estimated)"
+    assert log.text(400.0) == "phases: 0/5 done, 400 s, past the 5 min estimated"
     log.done = 1
     assert log.text(400.0) == "phases: 1/5 done, 400 s, 400.0 s/it, about 27 min left"
 
@@ -168,3 +169,32 @@ def test_a_task_logged_to_a_file_keeps_its_heartbeat_open_while_it_runs():
         assert any(t.name == "progress-log" for t in threading.enumerate())
         task.advance()
     assert not any(t.name == "progress-log" for t in threading.enumerate())
+
+
+@pytest.mark.parametrize("terminal", [True, False])
+def test_json_keeps_the_progress_for_a_terminal(monkeypatch, tmp_path, terminal):
+    """--json turned the progress and the estimate off even with a person at the terminal
+    (30 s of nothing): they stay on stderr there, apart from stdout's JSON; a script's
+    stderr (no terminal) gets neither."""
+    from typer.testing import CliRunner
+
+    from benchbatch.app.cli import app
+    from benchbatch.output import render
+
+    monkeypatch.setattr(type(render.err_console), "is_terminal",
+                        property(lambda self: terminal))  # fmt: skip
+    seen = []
+    real = pg.Progress.task.__func__
+
+    def spy(cls, label, total, quiet=False, expected_s=None):
+        seen.append(quiet)
+        return real(cls, label, total, True, expected_s)  # drawn nowhere in the test
+
+    monkeypatch.setattr(pg.Progress, "task", classmethod(spy))
+    args = ["phases", "--preset", "tiny", "--device", "cpu", "--repeats", "1", "--min-time",
+            "0", "--prefill", "16", "--decode-batch", "1", "--context", "8", "--no-roofline",
+            "--json", "--out", str(tmp_path / "p")]  # fmt: skip
+    result = CliRunner().invoke(app, args)
+    assert result.exit_code == 0, result.output
+    assert json.loads(result.stdout)["rows"]
+    assert seen and all(q is (not terminal) for q in seen)

@@ -57,6 +57,12 @@ def left_s(done: float, total: float | None, elapsed: float | None,
     return max(total - done, 0) / rate
 
 
+def overdue(done: float, elapsed: float | None, expected_s: float | None) -> bool:
+    """Before the first item, past the run's estimate of it: a time left would read 0 s
+    while the work goes on (phases at 0:00:00 left for 11 s), so none is said."""
+    return not done and expected_s is not None and elapsed is not None and elapsed > expected_s
+
+
 def _expected(task: rp.Task) -> float | None:
     return task.fields.get("expected_s")
 
@@ -79,6 +85,8 @@ class LeftColumn(rp.TimeRemainingColumn):
     def render(self, task: rp.Task) -> Text:
         if task.total is None:
             return Text("")
+        if not task.finished and overdue(task.completed, task.elapsed, _expected(task)):
+            return Text("past its estimate", style="progress.remaining")
         left = left_s(task.completed, task.total, task.elapsed, _expected(task))
         if task.finished or left is None:
             return Text("-:--:-- left" if not task.finished else "", style="progress.remaining")
@@ -187,7 +195,9 @@ class _Log:
         left = None if end else left_s(self.done, self.total, elapsed, self.expected_s)
         if rate:
             line += f", {rate}"
-        if left is not None:
+        if not end and overdue(self.done, elapsed, self.expected_s):
+            line += f", past the {duration(self.expected_s)} estimated"
+        elif left is not None:
             line += f", about {duration(left)} left"
             if not self.done:
                 line += " (estimated)"

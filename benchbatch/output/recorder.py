@@ -98,7 +98,10 @@ class Recorder(Run):
             from benchbatch.runtime import telemetry
 
             meta["telemetry_before"] = telemetry.snapshot(target.device)
-        return create(cls, run.out, run.force, command, meta, target, quiet=run.json_out,
+        # --json for a script: no progress or estimate on stderr; a person at a terminal
+        # (stdout piped to a file, say) still sees them, on stderr, apart from the JSON
+        quiet = run.json_out and not render.err_console.is_terminal
+        return create(cls, run.out, run.force, command, meta, target, quiet=quiet,
                       cfg=cfg, given_ceilings=given_ceilings)  # fmt: skip
 
     def use_ceilings(self, ceilings) -> None:
