@@ -578,6 +578,7 @@ def test_the_real_engine_refuses_another_devices_calibration(runner, tmp_path):
     result = runner.invoke(app, args)
     assert result.exit_code == 2, result.output
     assert "--step-costs" in result.output and "NVIDIA H100" in result.output
+    assert not (tmp_path / "run").exists()  # refused before the folder (it was left failed)
 
 
 def test_the_real_engine_flags_a_calibration_made_with_other_threads(runner, tmp_path):

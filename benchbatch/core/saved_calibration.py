@@ -41,6 +41,19 @@ FLAGGED = ("host_id", "benchbatch", "threads", "torch", "dtype", "load_class", "
            "model", "weight_layout", "compiled", "kv_layout")  # fmt: skip
 
 
+def refuse_device(saved: dict | None, device: str | None, option: str = "--step-costs") -> None:
+    """A UserError where a calibration's device is known and is not this run's: its costs
+    are another machine's (checked as the run opens, before its folder, and again when
+    its conditions are compared)."""
+    was = (saved or {}).get("device")
+    if was is not None and device is not None and was != device:
+        raise UserError(
+            option,
+            f"the calibration was measured on {was!r}, this run is on {device!r}: its step "
+            "costs are another device's (calibrate here: drop --step-costs)",
+        )
+
+
 def compare(saved: dict, current: dict, option: str = "--step-costs") -> list[str]:
     """The differences between a calibration's conditions and this run's: a UserError for
     another device, a warning line for each other difference (host, benchbatch version,
@@ -48,14 +61,7 @@ def compare(saved: dict, current: dict, option: str = "--step-costs") -> list[st
     compile, KV layout), and one naming the conditions the calibration does not say (an
     older benchbatch's, or edited), which are not compared. Values compare as text (a
     threads of "1" is 1)."""
-    for key in REFUSED:
-        if key in saved and key in current and saved[key] != current[key]:
-            raise UserError(
-                option,
-                f"the calibration was measured on {saved[key]!r}, this run is on "
-                f"{current[key]!r}: its step costs are another device's (calibrate here: "
-                "drop --step-costs)",
-            )
+    refuse_device(saved, current.get("device"), option)
     out = []
     for key in FLAGGED:
         if key in saved and key in current and str(saved[key]) != str(current[key]):

@@ -29,12 +29,19 @@ def open_model_run(
     check: Callable | None = None,
     before: Callable | None = None,
     cache: Callable | None = None,
+    given: dict | None = None,
 ) -> Recorder:
     """A run that times the model: device, shape and options checked, the folder made and
     metadata.json written (before the model is built), then before(cfg) (a header) and the
     notes printed. cache(cfg) -> (slots, tokens per slot, option): a real engine's KV cache,
-    checked to fit beside the model."""
+    checked to fit beside the model. given: a --step-costs calibration, refused here if it
+    is another device's."""
     target = session.target_of(run)
+    if given is not None and given.get("conditions"):
+        from benchbatch.core.saved_calibration import refuse_device
+        from benchbatch.runtime.device import device_name
+
+        refuse_device(given["conditions"], device_name(target.device))
     rec = distributed.together(lambda: _open(command, model, run, target, options, check, cache))
     join(rec)
     if before is not None:

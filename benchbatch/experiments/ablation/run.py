@@ -42,7 +42,7 @@ def open_run(
     what = "trace" if workload.trace is not None else "requests"
     work = _named(what, probe.check_work, requests, opts.schemes, budgets, opts.slo, real)
     given = saved_calibration.given(opts.step_costs) if opts.step_costs else None
-    rec = _open(opts, workload, model, run, requests, real or given is None)
+    rec = _open(opts, workload, model, run, requests, real or given is None, given)
     rec.meta["work"] = work
     rec.inputs = Inputs(requests, budgets, given)
     return rec
@@ -69,7 +69,7 @@ def measure_run(
     _figures(rec, budgets)
 
 
-def _open(opts, workload, model, run, requests, need_model: bool) -> Recorder:
+def _open(opts, workload, model, run, requests, need_model: bool, given=None) -> Recorder:
     """A run on the model (the cost fit times steps, --engine real runs them), or, with
     --step-costs and no real engine, a simulation that touches no device."""
     if not need_model:
@@ -85,7 +85,8 @@ def _open(opts, workload, model, run, requests, need_model: bool) -> Recorder:
     # The cost fit times steps on the model too: the workload must fit its context.
     check = lambda cfg: check_fits(cfg.max_context, requests, prompt=prompt, output=output)  # noqa: E731
     cache = (lambda cfg: c.engine_cache(workload.slots, requests)) if real else None
-    return c.open_model_run("ablation", model, run, opts, workload, check=check, cache=cache)
+    return c.open_model_run("ablation", model, run, opts, workload, check=check, cache=cache,
+                            given=given)  # fmt: skip
 
 
 def _named(option: str, check, *args):

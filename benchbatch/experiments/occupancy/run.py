@@ -64,7 +64,8 @@ def open_run(
                 session.check_pool_fits(cfg, target, m.blocks, m.block_size, "kv_memory")
 
         cache = lambda cfg: c.engine_cache(workload.slots, requests)  # noqa: E731
-        rec = c.open_model_run("occupancy", model, run, opts, workload, check=check, cache=cache)
+        rec = c.open_model_run("occupancy", model, run, opts, workload, check=check, cache=cache,
+                               given=given)  # fmt: skip
     else:
         shape = model.shape("article")
         inputs.memory = _memory_setup(opts, workload, requests, shape, run.dtype or "fp16")

@@ -29,7 +29,7 @@ def open_run(
     _, w, given = _plan(opts, workload, run)
     checks.check_work(opts, workload, w)
     checks.check_real_rates(opts, w)
-    rec = _open(opts, workload, model, run, w, opts.engine == "real" or given is None)
+    rec = _open(opts, workload, model, run, w, opts.engine == "real" or given is None, given)
     _record_workload(rec, w)
     return rec
 
@@ -109,7 +109,7 @@ def _given_costs(opts: ServeOptions):
     return saved_calibration.given(opts.step_costs)
 
 
-def _open(opts, workload, model, run, w, need_model: bool) -> Recorder:
+def _open(opts, workload, model, run, w, need_model: bool, given=None) -> Recorder:
     """A run on the model (the cost fit times steps, --engine real serves), or, with
     --step-costs and --engine sim, a simulation that touches no device."""
     if not need_model:
@@ -120,7 +120,7 @@ def _open(opts, workload, model, run, w, need_model: bool) -> Recorder:
     names = _length_options(opts, workload)
     serving = opts.engine == "real"
     check = (lambda cfg: _check_real(cfg, w.requests[:n], *names)) if serving else None
-    return c.open_model_run("serve-sweep", model, run, opts, workload, check=check)
+    return c.open_model_run("serve-sweep", model, run, opts, workload, check=check, given=given)
 
 
 def _length_options(opts: ServeOptions, workload) -> tuple[str, str]:
