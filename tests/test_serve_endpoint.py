@@ -324,3 +324,27 @@ def test_a_server_gone_mid_sweep_stops_it_in_one_line(tmp_path, scripted):
     assert e.value.message.startswith("the server stopped answering during the point at 4 "
                                       "req/s, 2 in flight (3 of 4 requests could not connect")
     assert f"the points measured so far are in {tmp_path}" in e.value.message
+
+
+def test_the_pooled_itl_recomputes_from_requests_csv(runner, tmp_path, scripted):
+    """Every number a point prints recomputes from its files: the pooled ITL from each
+    served request's chunk gaps (requests.csv's itls_s), as vLLM's --save-detailed keeps
+    them (it could not be: requests.csv held only each request's longest gap)."""
+    import numpy as np
+
+    url, server = scripted
+    server.fail_every = 3
+    out = tmp_path / "run"
+    args = ["serve-sweep", "--endpoint", url, *ARGS, "--rates", "50", "--out", str(out)]
+    result = runner.invoke(app, args)
+    assert result.exit_code == 0, result.output
+    requests = pd.read_csv(out / "requests.csv", keep_default_na=False)
+    served = requests[requests["error"] == ""]
+    gaps = [float(g) for cell in served["itls_s"] for g in str(cell).split()]
+    assert len(gaps) == int((served["chunks"] - 1).sum()) > 0
+    assert max(gaps) == pytest.approx(pd.to_numeric(served["itl_max_s"]).max(), rel=1e-12)
+    (row,) = pd.read_csv(out / "serve.csv").to_dict("records")
+    for q in (50, 90, 99):
+        assert row[f"itl_p{q}_s"] == pytest.approx(np.percentile(gaps, q), rel=1e-9, abs=1e-12)
+    assert row["itl_mean_s"] == pytest.approx(np.mean(gaps), rel=1e-9)
+    assert (requests[requests["error"] != ""]["itls_s"] == "").all()

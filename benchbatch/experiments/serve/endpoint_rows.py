@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Sequence
+from itertools import pairwise
 
 import numpy as np
 
@@ -106,4 +107,7 @@ def request_row(s, rate: float, slo: ServingSLO) -> dict:
         "in_burst": ec.stalled(s),
         "read_late": ec.read_late(s),
         "error": "",
+        # every gap between its chunks (vLLM's --save-detailed "itls"), space-separated, at
+        # full precision: the point's pooled ITL recomputes from requests.csv
+        "itls_s": " ".join(repr(b - a) for a, b in pairwise(s.chunk_s)),
     }
