@@ -9,7 +9,6 @@ import re
 import shlex
 from pathlib import Path
 
-import click
 import pytest
 import typer
 
@@ -58,9 +57,9 @@ def test_each_documented_command_line_parses(where, line, args):
     group = typer.main.get_command(app)
     command = group.commands.get(args[0])
     assert command is not None, f"{where}: {line!r} names no command {args[0]!r}"
-    try:
+    try:  # typer's own click (typer._click) raises its own classes: told apart by name
         command.make_context(args[0], args[1:])
-    except click.exceptions.Exit:  # --help, --version
-        pass
-    except click.ClickException as e:
-        pytest.fail(f"{where}: {line!r}: {e.format_message()}")
+    except Exception as e:  # noqa: BLE001
+        if type(e).__name__ != "Exit":  # --help, --version
+            said = e.format_message() if hasattr(e, "format_message") else repr(e)
+            pytest.fail(f"{where}: {line!r}: {said}")
