@@ -256,3 +256,25 @@ def test_default_run_measures_the_ceilings(runner, tmp_path, monkeypatch):
     assert set(probe["kind"]) == {"matmul", "copy", "read"}
     df = pd.read_csv(tmp_path / "run" / "phases.csv")
     assert (df["mfu"] > 0).all() and (df["mbu"] > 0).all()
+
+
+def test_several_contexts_say_each_rows_context(runner, tmp_path):
+    """Two contexts made two rows each labelled "decode b=1" in the table, and the ratios
+    did not say which context they were at: the table shows each row's context, and the
+    ratios theirs (the first); one context shows neither."""
+    out = tmp_path / "run"
+    args = ["phases", "--preset", "tiny", "--device", "cpu", "--repeats", "1", "--min-time",
+            "0", "--prefill", "16", "--decode-batch", "1,4", "--context", "8,24",
+            "--no-roofline", "--out", str(out)]  # fmt: skip
+    result = runner.invoke(app, args)
+    assert result.exit_code == 0, result.output
+    meta = json.loads((out / "metadata.json").read_text())
+    assert meta["summary"]["decode_context"] == 8
+    lines = [" ".join(line.split()) for line in result.stdout.splitlines()]
+    assert any(line.startswith("decode b=1 8 ") for line in lines), result.stdout
+    assert any(line.startswith("decode b=1 24 ") for line in lines), result.stdout
+    assert "of decode b=1 at context 8" in " ".join(lines)
+    assert "than batch 1 at context 8" in " ".join(lines)
+    single = [a if a != "8,24" else "8" for a in args[:-1]] + [str(tmp_path / "one")]
+    one = runner.invoke(app, single)
+    assert one.exit_code == 0 and "at context" not in one.stdout

@@ -117,7 +117,7 @@ def table(
 def assumptions(cfg: ModelConfig, dtype: str, m: Machine) -> list[str]:
     """The table's assumptions, one line each, as printed beside it."""
     src = dict(m.sources)
-    memory = f"{m.memory_bytes / GB:,.0f} GB" if m.memory_bytes else "memory unknown"
+    memory = f"{m.memory_bytes / GiB:,.0f} GiB" if m.memory_bytes else "memory unknown"
     return [
         f"model: {cfg.name} (hidden {cfg.hidden}, {cfg.layers} layers, {cfg.heads} heads, "
         f"{cfg.kv_heads} KV heads, vocabulary {cfg.vocab:,}), {dtype}",

@@ -32,16 +32,19 @@ def show(rec) -> None:
     failed = [f"{r['label']}: {r['status']}" for r in rows if r["status"] != "ok"]
     if failed:
         render.labelled("not measured:", ", ".join(failed))
+    # several decode contexts: each row says its own, and the ratios which they are at
+    at = f" at context {s['decode_context']:,}" if _contexts(rows) > 1 and s.get(
+        "decode_context") is not None else ""  # fmt: skip
     if "prefill_over_decode_tflops" in s:
         render.out_console.print(
             f"{s['prefill_label']} ran at {s['prefill_over_decode_tflops']:.1f}x the FLOP/s "
-            f"of {s['decode_label']}{summary_range(s, 'prefill_over_decode_tflops')}."
+            f"of {s['decode_label']}{at}{summary_range(s, 'prefill_over_decode_tflops')}."
         )
     if "decode_token_cost_ratio" in s:
         b0, b1 = s["decode_batches"]
         render.out_console.print(
             f"Batching {b1} decodes made each token {s['decode_token_cost_ratio']:.1f}x cheaper "
-            f"than batch {b0}{summary_range(s, 'decode_token_cost_ratio')}."
+            f"than batch {b0}{at}{summary_range(s, 'decode_token_cost_ratio')}."
         )
     render.warn_untrusted(rec.meta["untrusted"], render.run_threads(rec.meta))
     if rec.meta.get("ceilings_source"):
@@ -62,8 +65,16 @@ def _shown(rows: list[dict]) -> list[dict]:
     ]
 
 
+def _contexts(rows: list[dict]) -> int:
+    return len({r.get("context") for r in rows if r.get("phase") == "decode"})
+
+
 def _columns(rows: list[dict]) -> dict:
-    """Under tensor parallelism the all-reduces' share of the step too."""
+    """Under tensor parallelism the all-reduces' share of the step too; with several decode
+    contexts each row's (their labels, decode b=1, alike)."""
+    columns = dict(COLUMNS)
+    if _contexts(rows) > 1:
+        columns = {"label": "step", "context": "context", **COLUMNS}
     if any(r.get("tp", 1) > 1 for r in rows):
-        return {**COLUMNS, "allreduce_pct": "AR%"}
-    return COLUMNS
+        columns["allreduce_pct"] = "AR%"
+    return columns
