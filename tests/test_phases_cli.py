@@ -60,6 +60,8 @@ def test_phases_writes_rows_metadata_and_plot(runner, tmp_path):
     assert meta["environment"]["dtype"] == "fp32"
     assert meta["environment"]["torch_version"] == torch.__version__
     assert meta["telemetry_before"]["available"] is False
+    # one thread count in one file (the environment's was read before the run set its own)
+    assert meta["environment"]["cpu"]["torch_threads"] == meta["threads"]["threads"]
     assert (tmp_path / "run" / "phases.png").stat().st_size > 1000
     assert "ran at" in result.stdout
 

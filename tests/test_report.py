@@ -158,15 +158,16 @@ def test_a_verdict_resting_on_noisy_rows_says_so_beside_it():
     sweep = [{**r, "noisy": r["batch"] == 256, "cv": 0.3} for r in sweep_rows(ARTICLE_A_MS)]
     rep = build(phases=rows, sweep=sweep)
     prefill, batching, latency, occupancy = rep.claims
-    assert prefill.caveat == "rests on noisy decode b=1 (CV 14%)"
-    assert batching.caveat == "rests on noisy decode b=1 (CV 14%)"
-    assert latency.caveat == "rests on noisy decode b=256 (CV 30%)"
+    # each row named with its table: phases' decode b=1 and sweep's are two rows
+    assert prefill.caveat == "rests on noisy phases decode b=1 (CV 14%)"
+    assert batching.caveat == "rests on noisy phases decode b=1 (CV 14%)"
+    assert latency.caveat == "rests on noisy sweep decode b=256 (CV 30%)"
     assert occupancy.caveat == ""  # a simulation
     assert prefill.verdict == report.HOLDS  # the verdict itself still follows the numbers
     text = report.to_markdown(rep)
-    assert "| holds (rests on noisy decode b=1 (CV 14%)) |" in text
+    assert "| holds (rests on noisy phases decode b=1 (CV 14%)) |" in text
     rows[3] = {**rows[3], "throttled": True}
-    assert "throttled decode b=32" in build(phases=rows).claims[1].caveat
+    assert "throttled phases decode b=32" in build(phases=rows).claims[1].caveat
     assert all(not c.caveat for c in build().claims)
 
 
@@ -396,8 +397,11 @@ def test_real_engine_rows_add_a_claim_of_their_own():
 
 def test_markdown_sets_every_article_number_beside_a_measured_one():
     text = report.to_markdown(build())
-    for number in ("0.664", "1.96", "0.319", "0.257", "77.6", "106", "318.9", "12.6"):
+    # the article's numbers as it gives them (fmt's 1.96, 106 and 319 disagreed with the
+    # claims quoting 1.955, 105.5 and 318.9)
+    for number in ("0.664", "1.955", "0.319", "0.257", "77.6", "105.5", "318.9", "12.6"):
         assert number in text, number
+    assert "| 1.955 / " in text and "| 318.9 / " in text and "| 105.5 / " in text
     for number in ("3,120", "32,971", "130,006", "561,933", "696,195", "9,602", "2,445"):
         assert number in text, number
     assert "20.3%" in text and "79.9%" in text and "3.93x" in text
@@ -501,3 +505,23 @@ def test_claim_p_holds_when_every_pair_is_within_and_partly_at_half(withins, ver
     judged = [w for w in withins if w is not None]
     if judged:
         assert claim.measured.startswith(f"{sum(judged)} of {len(judged)} within target")
+
+
+def test_a_ratio_rounded_across_its_threshold_is_said_with_more_digits():
+    """9.996 read "10x" beside "partly" under "holds at 10x or more", and throughput x4 with
+    step time x2 beside "does not hold": a verdict and the number it is judged on agree as
+    printed (more digits where three would cross a threshold; three otherwise)."""
+    from benchbatch.output.report.claims import _latency_claim, _prefill_claim, said
+
+    assert said(9.996, 10, 2) == "9.996" and said(10.004, 10, 2) == "10"  # holds, as said
+    assert said(9.5, 10, 2) == "9.5" and said(350.2, 10, 2) == "350"
+    near = _prefill_claim({"prefill_over_decode_tflops": 9.996, "prefill_label": "prefill 512",
+                           "decode_label": "decode b=1"})  # fmt: skip
+    assert near.verdict == report.PARTLY and near.measured.startswith("9.996x")
+    lat = _latency_claim({"batch_from": 1, "batch_to": 256, "throughput_ratio": 3.9998,
+                          "step_latency_ratio": 2.0001})  # fmt: skip
+    assert lat.verdict == report.FAILS
+    assert lat.measured.startswith("throughput x3.9998, step time x2.0001")
+    far = _latency_claim({"batch_from": 1, "batch_to": 256, "throughput_ratio": 223.4,
+                          "step_latency_ratio": 1.104})  # fmt: skip
+    assert far.measured.startswith("throughput x223, step time x1.1")

@@ -78,6 +78,9 @@ def use_threads(rec: Recorder, run: RunOptions) -> None:
     alone = world is None or not world.distributed  # ranks of one machine: none pinned
     threads = device.apply_threads(rec.target.device, run.threads, pin=alone)
     rec.meta["threads"] = threads.to_dict()
+    cpu_env = (rec.meta.get("environment") or {}).get("cpu")
+    if isinstance(cpu_env, dict):  # read as the run opened, before its threads were set
+        cpu_env["torch_threads"] = threads.threads
     rec.write_meta()
     cpu = rec.target.device.type == "cpu"
     if cpu:

@@ -16,7 +16,8 @@ DTYPES = {"fp32": torch.float32, "fp16": torch.float16, "bf16": torch.bfloat16}
 
 CPU_DTYPE_NOTICE = (
     "running in fp32 on the CPU: CPUs without fp16 units run fp16 matmuls hundreds of times "
-    "slower (about 0.4 against 165 GFLOP/s measured on the 2-core machines here); "
+    "slower (about 0.4 against 165 GFLOP/s fp32 on the 2-core VMs benchbatch is built "
+    "on); "
     "pass --dtype to override"
 )
 

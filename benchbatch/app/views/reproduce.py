@@ -12,6 +12,7 @@ from rich.text import Text
 from benchbatch.core.units import figure, flop_unit
 from benchbatch.output import render, report
 from benchbatch.output.render import fmt
+from benchbatch.output.report.cells import article_number
 
 TABLES = ("probe", "phases", "sweep", "occupancy", "memory_ceiling", "memory", "engine",
           "prediction", "serve", "slo")  # fmt: skip
@@ -139,7 +140,8 @@ def _table_b(rows: list[dict]) -> Table:
     for e in report.table_b(rows):
         a, m = e["article"], e["measured"]
         table.add_row(
-            f"{a.label} (article)", fmt(a.step_ms), fmt(a.us_per_token), fmt(unit(a.tflops)),
+            f"{a.label} (article)", article_number(a.step_ms), article_number(a.us_per_token),
+            article_number(unit(a.tflops)),
             "", "", style="dim",
         )  # fmt: skip
         if m is None:
@@ -210,6 +212,7 @@ def _cell(row: dict | None, key: str) -> str:
 
 
 def _percent(value) -> str:
-    if value is None or (isinstance(value, float) and math.isnan(value)):
-        return "-"
-    return f"{value:.0%}" if value >= 0.1 else f"{value:.2%}"
+    """As report.md says it (report/cells.percent): one precision for both."""
+    from benchbatch.output.report.cells import percent
+
+    return percent(value)

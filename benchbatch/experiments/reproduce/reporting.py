@@ -22,12 +22,16 @@ def _list(values) -> str:
 
 
 FILE_ORDER = (
-    "report.md", "report.html", "metadata.json", "probe.csv", "phases.csv", "phases.png",
+    "report.md", "report.html", "result.json", "metadata.json", "probe.csv", "phases.csv",
+    "phases.png",
     "sweep.csv", "sweep.png", "roofline.png", "occupancy.csv", "timeline.csv",
     "occupancy.png", "memory_ceiling.csv", "memory.csv", "memory_timeline.csv", "memory.png",
     "engine.csv", "engine_steps.csv", "engine.png", "prediction.csv", "prediction.png",
     "serve.csv", "slo.csv", "serve.png",
 )  # fmt: skip
+
+
+WRITTEN_AFTER = ("report", "result")
 
 
 def build_report(run) -> report.Report:
@@ -36,7 +40,8 @@ def build_report(run) -> report.Report:
     from benchbatch.runtime.device import device_name
 
     folder, options = run.folder, run.meta["options"]
-    files = [f for f in FILE_ORDER if (folder / f).exists() or f.startswith("report.")]
+    # the report and result.json are written after this list is made, whatever the run
+    files = [f for f in FILE_ORDER if (folder / f).exists() or f.split(".")[0] in WRITTEN_AFTER]
     sweep = run.meta.get("sweep") or [{}]
     notice = cpu_notice(options, run.cfg, run.target.dtype_name)
     return report.build(
@@ -93,7 +98,7 @@ def noisy_steps(run) -> list[str]:
     """Steps whose repeats spread by more than the noise threshold: another process, most
     likely, shared the device; their medians are less sure."""
     return [
-        f"{r['label']} ({r['cv']:.0%})" if table == "phases" else f"b={r['batch']} ({r['cv']:.0%})"
+        f"{table} {r['label']} ({r['cv']:.0%})"  # as the verdicts' caveats name them
         for table in ("phases", "sweep")
         for r in run.rows(table)
         if r.get("noisy")

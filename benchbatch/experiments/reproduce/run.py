@@ -320,8 +320,11 @@ def _peak(target):
 
 
 def describe_workload(requests, slots: int) -> str:
-    outputs = sorted(r.output_tokens for r in requests)
+    import statistics
+
+    outputs = [r.output_tokens for r in requests]
+    median = statistics.median(outputs)  # of an even count, the two middle ones' mean
     return (
-        f"{len(requests):,} requests (output median {outputs[len(outputs) // 2]:,}, max "
-        f"{outputs[-1]:,} tokens), {slots} slots, all queued"
+        f"{len(requests):,} requests (output median {median:,g}, max "
+        f"{max(outputs):,} tokens), {slots} slots, all queued"
     )

@@ -40,8 +40,16 @@ def measured_cell(row: dict | None, key: str) -> str:
     return fmt(value) if value is not None else status_of(row)
 
 
+def article_number(value: float) -> str:
+    """An article's number as the article gives it (1.955, 318.9: fmt's three figures made
+    them 1.96 and 319 beside a claim quoting 318.9); one computed from them, as fmt."""
+    if value == float(f"{value:.4g}"):
+        return f"{value:,g}"
+    return fmt(value)
+
+
 def pair(article: float | None, measured: float | None, suffix: str = "") -> str:
-    a = f"{fmt(article)}{suffix}" if article is not None else "-"
+    a = f"{article_number(article)}{suffix}" if article is not None else "-"
     m = f"{fmt(measured)}{suffix}" if measured is not None else "-"
     return f"{a} / {m}"
 
@@ -55,4 +63,10 @@ def times(value: float | None) -> str:
 
 
 def percent(value: float | None) -> str:
-    return "-" if value is None else f"{value:.1%}"
+    """A fraction as the report and the terminal both say it: one decimal (7.3%, 79.2%),
+    two significant digits under 0.1% (0.042%), "-" for none."""
+    if value is None or value != value:
+        return "-"
+    if 0 < abs(value) < 0.001:
+        return f"{value * 100:.2g}%"
+    return f"{value:.1%}"

@@ -92,9 +92,9 @@ def claims(
     rests on noisy or slowed rows says which, beside it."""
     s, a = phases_summary or {}, sweep_claim or {}
     out = [
-        _prefill_claim(s).with_caveat(_caveat(_prefill_rows(phases_rows or [], s))),
-        _batching_claim(s).with_caveat(_caveat(_batching_rows(phases_rows or [], s))),
-        _latency_claim(a).with_caveat(_caveat(_latency_rows(sweep_rows or [], a))),
+        _prefill_claim(s).with_caveat(_caveat(_prefill_rows(phases_rows or [], s), "phases")),
+        _batching_claim(s).with_caveat(_caveat(_batching_rows(phases_rows or [], s), "phases")),
+        _latency_claim(a).with_caveat(_caveat(_latency_rows(sweep_rows or [], a), "sweep")),
         _occupancy_claim("C", "simulated", occupancy_rows or []),
     ]
     if real_rows:
@@ -177,10 +177,12 @@ def _flagged(row: dict, flag: str) -> bool:
     return row.get(flag) is True or str(row.get(flag)).lower() == "true"
 
 
-def _caveat(rows: list[dict]) -> str:
-    """Which of the rows a verdict rests on were noisy (their repeats spread) or slowed."""
-    noisy = [f"{r['label']} (CV {float(r['cv']):.0%})" for r in rows if _flagged(r, "noisy")]
-    slowed = [str(r["label"]) for r in rows if _flagged(r, "throttled")]
+def _caveat(rows: list[dict], table: str) -> str:
+    """Which of the rows a verdict rests on were noisy (their repeats spread) or slowed,
+    each named with its table (phases' decode b=1 and sweep's are two rows)."""
+    noisy = [f"{table} {r['label']} (CV {float(r['cv']):.0%})" for r in rows
+             if _flagged(r, "noisy")]  # fmt: skip
+    slowed = [f"{table} {r['label']}" for r in rows if _flagged(r, "throttled")]
     parts = ([f"noisy {', '.join(noisy)}"] if noisy else []) + (
         [f"throttled {', '.join(slowed)}"] if slowed else []
     )
@@ -202,6 +204,17 @@ def _real_caveat(rows: list[dict]) -> str:
     return f"rests on uneven steps: {', '.join(uneven)}" if uneven else ""
 
 
+def said(value: float, *thresholds: float) -> str:
+    """A ratio as its claim says it: figure()'s three digits, or six where those would put
+    it on the other side of a threshold its verdict is judged at (9.996 read "10x" beside
+    "partly" under "holds at 10x or more")."""
+    text = figure(value)
+    shown = float(text.replace(",", ""))
+    if any((shown >= t) != (value >= t) for t in thresholds):
+        return significant(value, 6)
+    return text
+
+
 def _p10_p90(s: dict, key: str) -> str:
     """'; x4.12-x9.2 across the steps' p10-p90' for a ratio's range, '' without one."""
     span = summary_span(s, key)
@@ -213,7 +226,8 @@ def _prefill_claim(s: dict) -> Claim:
     measured = "not measured"
     if ratio is not None:
         span = _p10_p90(s, "prefill_over_decode_tflops")
-        measured = f"{figure(ratio)}x ({s['prefill_label']} over {s['decode_label']}{span})"
+        shown = said(ratio, PREFILL_RULE.holds, PREFILL_RULE.partly)
+        measured = f"{shown}x ({s['prefill_label']} over {s['decode_label']}{span})"
     return Claim(
         "B",
         "prefill runs at far more FLOP/s than decode on the same device",
@@ -230,7 +244,9 @@ def _batching_claim(s: dict) -> Claim:
     if ratio is not None:
         b0, b1 = s["decode_batches"]
         span = _p10_p90(s, "decode_token_cost_ratio")
-        measured = f"{figure(ratio)}x cheaper (batch {b0:,} to {b1:,}{span})"
+        least = max(BATCHING_MIN_HOLDS, BATCHING_FRACTION * b1 / b0)
+        shown = said(ratio, least, BATCHING_MIN_PARTLY)
+        measured = f"{shown}x cheaper (batch {b0:,} to {b1:,}{span})"
         verdict = batching_verdict(ratio, b1 / b0)
     return Claim(
         "B",
@@ -259,8 +275,12 @@ def _latency_claim(c: dict) -> Claim:
             summary_span(c, "step_latency_ratio"),
         )
         spans = f"; {t_span} and {lat_span} across the steps' p10-p90" if t_span else ""
+        t_said, lat_said = figure(t), figure(lat)
+        shown_t, shown_lat = (float(x.replace(",", "")) for x in (t_said, lat_said))
+        if latency_verdict(shown_t, shown_lat) != latency_verdict(t, lat):  # rounded across
+            t_said, lat_said = significant(t, 6), significant(lat, 6)
         measured = (
-            f"throughput x{figure(t)}, step time x{figure(lat)} "
+            f"throughput x{t_said}, step time x{lat_said} "
             f"(batch {c['batch_from']:,} to {c['batch_to']:,}{spans})"
         )
         verdict = latency_verdict(t, lat)
@@ -293,7 +313,8 @@ def _occupancy_claim(key: str, how: str, rows: list[dict]) -> Claim:
         sizes = f"; {n:,.0f} requests on {slots:,.0f} slots" if n and slots else ""
         measured = (
             f"occupancy {percent(number(static, 'occupancy'))} vs "
-            f"{percent(number(cont, 'occupancy'))}, {figure(speedup)}x faster ({how}{sizes})"
+            f"{percent(number(cont, 'occupancy'))}, "
+            f"{said(speedup, SPEEDUP_RULE.holds, SPEEDUP_RULE.partly)}x faster ({how}{sizes})"
         )
     return Claim(
         key,

@@ -95,8 +95,10 @@ def _section_b(rows: list[dict], image: str | None) -> Section:
             ]
         )
     intro = [
-        "One step of each kind: prefill multiplies every weight by a whole prompt "
-        "(compute-bound), decode by one token per sequence (memory-bound). The steps were "
+        "One step of each kind: prefill multiplies every weight by a whole prompt (many "
+        "FLOPs for each byte read: compute-bound), decode by one token per sequence (few: "
+        "memory-bound at small batches; the bound column says where each step fell here). "
+        "The steps were "
         "timed together, their repeats interleaved, so a load that came and went slowed "
         "each of them alike.",
         "Cells read article / measured. us/token is the step's cost per token (step time "
