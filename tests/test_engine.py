@@ -171,3 +171,20 @@ def test_workload_longer_than_the_model_context_is_a_user_error(model):
     with pytest.raises(UserError) as e:
         Engine(model, "continuous", 2).run([Request(0, 4000, 100)])
     assert e.value.option == "max_output"
+
+
+def test_a_runs_time_holds_the_host_gaps_between_its_steps():
+    """wall_s and the steps' end times (the requests' latencies without arrivals) count
+    the host's gaps between steps, which the calibrated price holds in its base: the steps
+    alone left 1-2% of a CPU run out, measured over simulated biased low."""
+    from benchbatch.runtime.records import EngineResult, StepRecord
+
+    def step(i, step_s, model_s, gap_s):
+        return StepRecord("continuous", i, 1, 1, 0, 0, step_s, model_s, gap_s=gap_s)
+
+    result = EngineResult("continuous", 1, 1, [step(0, 0.010, 0.009, None),
+                                              step(1, 0.020, 0.018, 0.002),
+                                              step(2, 0.030, 0.027, 0.003)])  # fmt: skip
+    assert result.wall_s == pytest.approx(0.065)
+    assert result.step_end_times() == pytest.approx([0.010, 0.032, 0.065])
+    assert result.overhead == pytest.approx((0.065 - 0.054) / 0.065)
