@@ -173,6 +173,29 @@ def test_real_engine_measures_both_policies(runner, tmp_path):
         lo, hi = bands[r["metric"]]
         assert (r["target_low"], r["target_high"]) == (lo, hi)
         assert r["within"] == (lo <= r["measured"] / r["simulated"] <= hi)
+    # On the CPU clock (one thread), each policy is simulated at the share of the core its
+    # own run held (it was the calibration's wall clock, the calibration's share, for both:
+    # x0.6 off at 75% against 50%): the simulated wall time recomputes from step_cost.json's
+    # CPU-clock fit over engine_steps.csv's share, on the same requests.
+    if meta["threads"].get("clock") == "cpu":
+        from benchbatch.core import saved_calibration
+        from benchbatch.core.cpu_clock import core_share
+        from benchbatch.core.options import WorkloadOptions
+        from benchbatch.core.scheduler import make_scheduler
+        from benchbatch.core.simulate import simulate
+
+        cpu = saved_calibration.given([run / "step_cost.json"])["cpu_model"]
+        rows = pd.read_csv(run / "engine_steps.csv").to_dict("records")
+        requests = WorkloadOptions(requests=20, slots=4, median=8, max_output=40,
+                                   prompt_len=8).draw(0)  # fmt: skip
+        for policy in ("static", "continuous"):
+            share = core_share([r for r in rows if r["policy"] == policy])
+            assert meta["real"]["core_shares"][policy] == pytest.approx(share)
+            again = simulate(requests, make_scheduler(policy, 4), cpu.scaled(1 / share),
+                             fast=False).total_time  # fmt: skip
+            said = pred[(pred["point"] == policy) & (pred["metric"] == "wall_s")]
+            assert said["simulated"].iloc[0] == pytest.approx(again, rel=1e-5)
+        assert "at the share of the core its run held" in " ".join(result.stderr.split())
     hit = int(pred["within"].sum())
     assert meta["prediction"] == {"pairs": 10, "judged": 10, "within_target": hit,
                                   "verdict": meta["prediction"]["verdict"]}  # fmt: skip

@@ -53,3 +53,15 @@ def with_cpu_clock(out: dict, rows: Sequence[dict], option: str = "--step-costs"
             "p90_abs_error", "row_block")  # fmt: skip
     clock = {k: cpu["summary"][k] for k in keep} | {"core_share": core_share(steps)}
     return out | {"cpu_model": cpu["model"], "summary": out["summary"] | {"cpu_clock": clock}}
+
+
+def at_share(cost, cpu_cost, share: float):
+    """The step costs of a simulation beside a real run: the calibration's CPU-clock step
+    costs over the share of the core the engine held while it ran (its steps' CPU time over
+    their wall time): the device's work at the load the run had, which another process's
+    turns on the core change from run to run. `cost` (the wall-clock fit, the calibration's
+    load) where the calibration has no CPU clock or the run no core share (a GPU, several
+    threads)."""
+    if cpu_cost is None or not (share == share and share > 0):
+        return cost
+    return cpu_cost.scaled(1.0 / share)

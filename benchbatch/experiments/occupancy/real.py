@@ -6,6 +6,8 @@ model)."""
 
 from __future__ import annotations
 
+import math
+
 from benchbatch.core.options import ModelOptions, RunOptions
 from benchbatch.core.units import duration, figure
 from benchbatch.runtime.runs import EngineRun, engine_events
@@ -48,6 +50,7 @@ def prediction_part(rec, net, requests, slots: int, run: RunOptions, given=None,
     set beside its real run (engine.csv): prediction.csv, prediction.png and the verdict
     (occupancy and reproduce). layout: the runs' kv_layout and block_size, which the
     calibration runs in too."""
+    from benchbatch.core.cpu_clock import at_share, core_share
     from benchbatch.core.prediction import pairs_of
     from benchbatch.core.scheduler import make_scheduler
     from benchbatch.core.simulate import simulate
@@ -55,15 +58,35 @@ def prediction_part(rec, net, requests, slots: int, run: RunOptions, given=None,
     from benchbatch.output.plots.prediction import record
 
     budgets = calibration_budgets(requests, slots)
-    cost = cost_model(rec, net, budgets, requests, given, run, layout=layout)
-    pairs = []
+    cost, cpu_cost = cost_model(rec, net, budgets, requests, given, run, cpu_clock=True,
+                                layout=layout)  # fmt: skip
+    pairs, shares = [], {}
     for real in rec.rows("engine"):
         policy = real["policy"]
-        sim = simulate(requests, make_scheduler(policy, slots), cost, fast=False)
+        # on the CPU clock, each policy at the share of the core its own run held (the
+        # calibration's wall clock priced both at the calibration's: x0.6 at 75% against 50%)
+        steps = [s for s in rec.rows("engine_steps") if s.get("policy") == policy]
+        shares[policy] = core_share(steps) if cpu_cost is not None else math.nan
+        model = at_share(cost, cpu_cost, shares[policy])
+        sim = simulate(requests, make_scheduler(policy, slots), model, fast=False)
         m = sim.metrics.summary()
         row = {"wall_s": sim.total_time, **{f"{k}_s": v for k, v in m.items()}}
         pairs += pairs_of(policy, row, real, PREDICTED, policy=policy)
+    if cpu_cost is not None:
+        _say_shares(rec, shares)
     record(rec, pairs, f"occupancy: the real engine beside its simulation; {slots} slots")
+
+
+def _say_shares(rec, shares: dict) -> None:
+    """Each policy's share of the core beside the calibration's: metadata's
+    real.core_shares, and a note when one ran under another load than the calibration."""
+    calibrated = (rec.meta.get("step_cost") or {}).get("cpu_clock", {}).get("core_share")
+    rec.meta.setdefault("real", {})["core_shares"] = {"calibration": calibrated, **shares}
+    said = ", ".join(f"{p} {s:.0%}" for p, s in shares.items() if s == s)
+    if said:
+        base = f" (the calibration's {calibrated:.0%})" if isinstance(calibrated, float) else ""
+        rec.note(f"each policy simulated on the calibration's CPU clock at the share of the "
+                 f"core its run held: {said}{base}")  # fmt: skip
 
 
 def calibration_budgets(requests, slots: int):

@@ -95,15 +95,11 @@ def serve(rec, net, opts: ServeOptions, w, setup, cost, rates, seed: int, cpu_co
 
 
 def beside_cost(cost, cpu_cost, share: float):
-    """The step costs of the simulation beside a real point: the calibration's CPU-clock
-    step costs over the share of the core the engine held while it served the point (its
-    steps' CPU time over their wall time): the device's work at the load the point ran
-    under, which another process's turns on the core change from point to point. `cost`
-    (the wall-clock fit, the calibration's load) where the calibration has no CPU clock or
-    the point no core share (a GPU, several threads)."""
-    if cpu_cost is None or not (share == share and share > 0):
-        return cost
-    return cpu_cost.scaled(1.0 / share)
+    """The step costs of the simulation beside a real point (core/cpu_clock.at_share): the
+    CPU clock's at the point's own share of the core."""
+    from benchbatch.core.cpu_clock import at_share
+
+    return at_share(cost, cpu_cost, share)
 
 
 def beside(point, w, setup, cost, cpu_cost, share: float, n: int):
