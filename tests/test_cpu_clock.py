@@ -113,8 +113,15 @@ def test_a_run_says_when_other_processes_held_the_core():
     (note,) = shared.notes
     assert "ran 47% of the wall time (median of 3 rows)" in note and "wall_ms" in note
     quiet = _Run([{"core_share": 0.99}, {"core_share": 0.97}])
-    common.say_core_share(quiet)
-    assert quiet.meta["threads"]["core_share"] == 0.99 and quiet.notes == []
+    common.say_core_share(quiet)  # an even count: the middle of the two (0.99 was said)
+    assert quiet.meta["threads"]["core_share"] == pytest.approx(0.98) and quiet.notes == []
+    # a simulation's rows beside real ones copy their core_share: counted once, not twice
+    both = _Run([{"core_share": 0.5, "source": "real"},
+                 {"core_share": 0.5, "source": "sim-matched"},
+                 {"core_share": 0.9, "source": "real"}])  # fmt: skip
+    common.say_core_share(both)
+    assert both.meta["threads"]["core_share"] == pytest.approx(0.7)
+    assert "median of 2 rows" in both.notes[0]
 
 
 def test_rows_metadata_and_the_cache_key_name_the_clock(runner, tmp_path, threads):

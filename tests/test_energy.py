@@ -236,3 +236,16 @@ def test_sweep_csv_and_view_say_not_available_and_price_the_steps(runner, tmp_pa
         assert meta["energy"]["available"] is False
         assert "energy per token: not available" in result.output
     assert "cost per million tokens at $3.6/h" in result.output
+
+
+def test_a_serving_runs_energy_is_said_of_its_measured_points_in_both_places():
+    """serve-sweep's metadata said "simulated (no device ran)" while the terminal, from the
+    real points, said no RAPL counters: both now read the measured points (else the max)."""
+    from benchbatch.core import energy
+
+    rows = [{"source": "sim", "rate": "max", "energy_source": "not available: simulated"},
+            {"source": "sim", "rate": "2"},
+            {"source": "real", "rate": "2", "energy_source": "not available: no RAPL"}]  # fmt: skip
+    assert energy.measured_points(rows) == rows[2:]
+    assert energy.measured_points(rows[:2]) == rows[:1]
+    assert energy.summary(energy.measured_points(rows))["source"].endswith("no RAPL")

@@ -345,7 +345,7 @@ def test_the_step_cost_band_line_names_amplified_points_and_misses_it_accounts_f
     line = pr.amplified(rows)
     assert line.startswith("with every step up to 10% slower or faster")
     # (1.25 / 0.8) is 2.22 times the log width of (1.1 / 0.9); (1.1 / 0.9) 1 time.
-    assert ("at 1 point it moves by more than 2 times as much (TTFT p50 at s @ 4 req/s "
+    assert ("2 values at 1 point move by more than 2 times as much (TTFT p50 at s @ 4 req/s "
             "x0.60-x1.50, E2E p50 at s @ 4 req/s x0.80-x1.25)") in line
     assert "of the values outside their target, 2 of 3 lie within their band" in line
     assert "no point moves" in pr.amplified(rows[3:4]) and pr.amplified(rows[4:]) is None
@@ -418,6 +418,12 @@ def test_the_at_speed_line_counts_values_within_at_each_points_own_speed():
                            "k @ 4 req/s x0.88)")  # fmt: skip
     assert "2 of 4 values are within their target, against 1 as calibrated" in line
     assert pr.at_speed(rows[4:]) is None
+    # a speed just outside the band says the digits that show it outside (x1.104 read x1.10)
+    edge = [row("e @ 1 req/s", 1.2, 1.05, 1.1041, False), row("f @ 1 req/s", 1.0, 1.0, 0.8996,
+                                                             True)]  # fmt: skip
+    line = pr.at_speed(edge)
+    assert "(f @ 1 req/s x0.8996, e @ 1 req/s x1.104)" in line
+    assert line.startswith("the points below saturation ran their steps at x0.8996-x1.104 ")
 
 
 class _ServeRec(_PricesRec):
@@ -451,3 +457,13 @@ def test_points_run_far_off_their_price_are_a_warning_naming_them():
     fine = _ServeRec([row("static", "3.7", 1.2), row("continuous", "max", 0.85)])
     real.say_speeds(fine)
     assert fine.warnings == [] and fine.notes == []
+
+
+def test_how_sure_says_the_median_width_of_an_even_count():
+    """Two points: the median of their widths is the middle of the two (the upper one was
+    said: x1.73 where the two were 1.22 and 1.73)."""
+    rows = [{"point": p, "metric": "tpot_p99_s", "simulated": 1.0, "measured": 1.0,
+             "within": True, "ratio_low": lo, "ratio_high": hi, "target_low": 0.8,
+             "target_high": 1.25}
+            for p, lo, hi in (("a", 1.0, 1.22), ("b", 1.0, 1.73))]  # fmt: skip
+    assert "TPOT p99 x1.48 wide" in pr.how_sure(rows)

@@ -251,3 +251,10 @@ def rapl_joules(zones: list[RaplZone], before: list[int], after: list[int]) -> f
         counter_growth(b, a, z.max_range_uj) for z, b, a in zip(zones, before, after, strict=True)
     )
     return total_uj / 1e6
+
+
+def measured_points(rows: list[dict]) -> list[dict]:
+    """A serving curve's points whose energy is said: the measured ones (a real engine's,
+    a server's), else the simulated max points; the terminal and metadata say the same."""
+    shown = [r for r in rows if r.get("source") in ("real", "endpoint")]
+    return shown or [r for r in rows if r.get("rate") == "max"]

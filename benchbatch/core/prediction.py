@@ -11,6 +11,7 @@ Pure Python and numpy: no torch, no pandas.
 from __future__ import annotations
 
 import math
+import statistics
 from collections.abc import Iterable, Mapping, Sequence
 
 import numpy as np
@@ -125,11 +126,12 @@ def amplified(rows: Sequence[dict], spread: float = STEP_COST_SPREAD) -> str | N
                           f"x{r['simulated_low'] / r['simulated']:.2f}-"
                           f"x{r['simulated_high'] / r['simulated']:.2f}"
                           for r in wide[:3])  # fmt: skip
-        more = f" and {len(wide) - 3} more" if len(wide) > 3 else ""
-        parts.append(f"at {len(points)} point{'s' if len(points) > 1 else ''} it moves by more "
-                     f"than {AMPLIFIED:g} times as much ({shown}{more}): near a capacity or a "
-                     "static group's edge, where a small step-cost error is a large latency "
-                     "error")  # fmt: skip
+        more = f" and {len(wide) - 3} more values" if len(wide) > 3 else ""
+        parts.append(f"{len(wide)} value{'s' if len(wide) > 1 else ''} at {len(points)} "
+                     f"point{'s' if len(points) > 1 else ''} move by more than {AMPLIFIED:g} "
+                     f"times as much ({shown}{more}): where a small step-cost error is a large "
+                     "latency error (near a capacity, a static group's edge, or a p99 that "
+                     "rests on a few requests)")  # fmt: skip
     missed = [r for r in banded if r.get("within") is False]
     if missed:
         inside = sum(r["simulated_low"] <= r["measured"] <= r["simulated_high"] for r in missed)
@@ -140,6 +142,16 @@ def amplified(rows: Sequence[dict], spread: float = STEP_COST_SPREAD) -> str | N
         parts.append(f"no point moves by more than {AMPLIFIED:g} times as much")
     return (f"with every step up to {spread:.0%} slower or faster (prediction.csv's "
             "simulated_low and simulated_high), " + "; ".join(parts))
+
+
+def _outside(value: float, within: tuple[float, float]) -> str:
+    """A speed outside the band, said with the digits that show it outside (x1.104 read
+    "x1.10" under "outside x0.9-x1.1")."""
+    for digits in (2, 3, 4, 6):
+        text = f"{value:.{digits}f}"
+        if not within[0] <= float(text) <= within[1]:
+            return text
+    return f"{value:.6f}"
 
 
 def at_speed(rows: Sequence[dict], within: tuple[float, float] = P50_TARGET) -> str | None:
@@ -159,13 +171,15 @@ def at_speed(rows: Sequence[dict], within: tuple[float, float] = P50_TARGET) -> 
     hit = sum(r["target_low"] <= r["ratio_at_speed"] <= r["target_high"] for r in judged)
     before = sum(r["within"] for r in judged)
     moved = {p: v for p, v in speeds.items() if not within[0] <= v <= within[1]}
-    shown = ", ".join(f"{p} x{v:.2f}" for p, v in sorted(
+    shown = ", ".join(f"{p} x{_outside(v, within)}" for p, v in sorted(
         moved.items(), key=lambda kv: -abs(math.log(kv[1])))[:3])  # fmt: skip
     more = f" and {len(moved) - 3} more" if len(moved) > 3 else ""
     where = (f"; outside x{within[0]:g}-x{within[1]:g} at {len(moved)} of {len(speeds)} "
              f"points ({shown}{more})") if moved else ""  # fmt: skip
     low, high = min(speeds.values()), max(speeds.values())
-    return (f"the points below saturation ran their steps at x{low:.2f}-x{high:.2f} of the "
+    low_said, high_said = (_outside(v, within) if v in moved.values() else f"{v:.2f}"
+                           for v in (low, high))  # fmt: skip
+    return (f"the points below saturation ran their steps at x{low_said}-x{high_said} of the "
             f"calibration's price{where}; "
             f"priced at its own speed (prediction.csv's ratio_at_speed, known only after the "
             f"run) {hit} of {len(judged)} values are within their target, against {before} "
@@ -224,10 +238,10 @@ def how_sure(rows: Sequence[dict]) -> str | None:
                   and r.get("ratio_low", math.nan) > 0]  # fmt: skip (NaN: none; 0: no width)
         if not judged:
             continue
-        widths = sorted(r["ratio_high"] / r["ratio_low"] for r in judged)
+        widths = [r["ratio_high"] / r["ratio_low"] for r in judged]
         reach = sum(r["ratio_low"] <= r["target_high"] and r["ratio_high"] >= r["target_low"]
                     for r in judged)  # fmt: skip
-        parts.append(f"{NAMES.get(metric, metric)} x{widths[len(widths) // 2]:.2f} wide, "
+        parts.append(f"{NAMES.get(metric, metric)} x{statistics.median(widths):.2f} wide, "
                      f"reaching its band at {reach} of {len(judged)}")  # fmt: skip
     if not parts:
         return None

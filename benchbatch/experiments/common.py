@@ -136,18 +136,21 @@ def say_core_share(rec: Recorder) -> None:
     note when other processes took it often enough to matter (below SHARED_CORE). A probe
     reused from the ceilings cache (metadata's "ceilings_from") is another run's: its
     rows' core_share is not this run's."""
+    import statistics
+
     reused = {"probe"} if rec.meta.get("ceilings_from") else set()
-    shares = sorted(
+    shares = [
         r["core_share"]
         for name, rows in list(rec.tables.items())
         if isinstance(rows, list)  # timed rows; a DataFrame (a simulation's requests) has none
         and name not in reused
         for r in rows
         if isinstance(r.get("core_share"), float) and r["core_share"] == r["core_share"]
-    )
+        and not str(r.get("source", "")).startswith("sim")  # a simulation's copy of a real row's
+    ]
     if not shares:
         return
-    median = shares[len(shares) // 2]
+    median = statistics.median(shares)
     rec.meta["threads"]["core_share"] = median
     rec.write_meta()
     if median < SHARED_CORE:

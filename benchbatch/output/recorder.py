@@ -192,7 +192,8 @@ class Recorder(Run):
 
     def warning(self, text: str | None) -> None:
         """A warning on stderr now, and kept (metadata.json's and result.json's "warnings"):
-        what makes a number less sure outlives the terminal it was said on."""
+        what makes a number less sure outlives the terminal it was said on. (A view's lines
+        under a finished table are read from rows that keep what they rest on.)"""
         if text:
             render.warning(text)
             kept = self.meta.setdefault("warnings", [])

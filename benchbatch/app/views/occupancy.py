@@ -191,8 +191,9 @@ def _warn_noisy(engine: list[dict]) -> None:
         render.warning(
             f"step times of {', '.join(policies)} spread wide (p90 over "
             f"{NOISY_P90_OVER_MEDIAN:g}x the median): something else may have used the "
-            "device meanwhile, which inflates wall time and measured/simulated; see "
-            "engine_steps.csv"
+            "device meanwhile, which stretches the wall time against the steps' median (the "
+            "prediction, on the CPU clock at each run's own share of the core, is held "
+            "apart from it where there is one); see engine_steps.csv"
         )
 
 

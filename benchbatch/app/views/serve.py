@@ -331,8 +331,7 @@ def _energy(rows: list[dict]) -> None:
     """Energy and cost per output token of the measured points (else the max points)."""
     from benchbatch.core import energy
 
-    shown = [r for r in rows if r["source"] in ("real", "endpoint")]
-    shown = shown or [r for r in rows if r["rate"] == "max"]
+    shown = energy.measured_points(rows)
     lines = energy.summary_lines(
         shown,
         per_token="joules_per_output_token",

@@ -67,7 +67,8 @@ def measure_run(
 
         ep.serve(rec, opts, w, setup, *_endpoint_costs(rec, setup, w, given, run))
         rec.put("slo", probe.sustained(rec.rows("serve")))
-        rec.meta["energy"] = energy.summary(rec.rows("serve"), "joules_per_output_token")
+        rec.meta["energy"] = energy.summary(energy.measured_points(rec.rows("serve")),
+                                        "joules_per_output_token")  # as the terminal says
         _figures(rec)
         return
     net = c.build_model(rec, model, run)[0] if rec.target is not None else None
@@ -81,7 +82,8 @@ def measure_run(
             real.compare(rec, served)
     found = (rec.meta.get("knees") or {}).get("policies", [])
     rec.put("slo", knees.with_knees(probe.sustained(rec.rows("serve")), found))
-    rec.meta["energy"] = energy.summary(rec.rows("serve"), "joules_per_output_token")
+    rec.meta["energy"] = energy.summary(energy.measured_points(rec.rows("serve")),
+                                        "joules_per_output_token")  # as the terminal says
     _figures(rec)
 
 
