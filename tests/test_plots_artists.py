@@ -412,3 +412,35 @@ def test_project_png_is_written_and_listed(runner, tmp_path):
     assert runner.invoke(app, ["project", "--out", str(out)]).exit_code == 0
     meta = json.loads((out / "metadata.json").read_text())
     assert "project.png" in meta["written_files"] and (out / "project.png").stat().st_size > 0
+
+
+def test_a_pareto_front_of_one_point_is_drawn(serve_rows, captured, tmp_path):
+    """One point dominating the rest is the whole front: its legend entry had nothing drawn
+    (a line of one point); it is a ring around that point."""
+    rows = [dict(r) for r in serve_rows]
+    x, y = "tokens_per_s_per_user", "output_throughput_tps"
+    top = max(rows, key=lambda r: r[x])
+    top[y] = max(r[y] for r in rows) * 2  # the best on both axes
+    serve_plots.pareto_figure(rows, tmp_path / "pareto.png", "t")
+    ax = captured["pareto.png"].axes[0]
+    (front,) = [line for line in ax.lines if line.get_label().startswith("Pareto front")]
+    assert list(front.get_xdata()) == [top[x]] and front.get_marker() == "o"
+
+
+def test_prediction_axes_without_a_power_of_ten_are_labelled(captured, tmp_path):
+    """A panel spanning 0.18-0.84 s held no power of ten and so no tick label at all: its
+    minor ticks are labelled there; a panel with a decade keeps them blank."""
+    from benchbatch.output.plots import prediction as plots
+
+    def rows(metric, pairs):
+        return [{"point": f"p{i}", "metric": metric, "simulated": s, "measured": m,
+                 "within": True, "target_low": 0.9, "target_high": 1.1}
+                for i, (s, m) in enumerate(pairs)]  # fmt: skip
+
+    narrow = rows("e2e_p50_s", [(0.3, 0.32), (0.4, 0.41)])
+    wide = rows("ttft_p50_s", [(0.01, 0.011), (2.0, 2.2)])
+    fig = plots.prediction_figure(narrow + wide, None, "t")
+    fig.canvas.draw()
+    texts = {ax.get_title(): [t.get_text() for t in ax.xaxis.get_ticklabels(minor=True)
+                              if t.get_text()] for ax in fig.axes}  # fmt: skip
+    assert texts["E2E p50"] and texts["TTFT p50"] == []

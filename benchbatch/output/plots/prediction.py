@@ -8,6 +8,7 @@ import math
 from pathlib import Path
 
 from benchbatch.core.prediction import NAMES
+from benchbatch.core.units import figure
 from benchbatch.output.plots import plt, save, ticker, tight
 
 IDENTITY_LABEL = "identity (simulated = measured)"
@@ -71,15 +72,19 @@ def _panel(ax, rows: list[dict], metric: str) -> None:
                 )
     ax.set_xscale("log")
     ax.set_yscale("log")
+    # minor ticks unlabelled where a power of ten is in range; labelled where none is (an
+    # axis of 0.18-0.84 had no number on it)
+    decade = math.floor(math.log10(hi)) >= math.ceil(math.log10(lo))
+    minor = ticker.NullFormatter() if decade else ticker.FuncFormatter(lambda v, _: figure(v))
     for which in (ax.xaxis, ax.yaxis):
-        which.set_minor_formatter(ticker.NullFormatter())
+        which.set_minor_formatter(minor)
     ax.set_xlim(lo, hi)
     ax.set_ylim(lo, hi)
     ax.set_xlabel("simulated (s)")
     ax.set_ylabel("measured (s)")
     ax.set_title(NAMES.get(metric, metric), fontsize=10)
     ax.grid(True, which="both", alpha=0.3)
-    ax.legend(fontsize=7, loc="upper left")
+    ax.legend(fontsize=7, loc="best")  # where it hides the fewest points (upper left hid some)
 
 
 def record(rec, pairs: list[dict], title: str) -> dict:

@@ -210,8 +210,12 @@ def pareto_figure(rows: list[dict], path: Path, title: str) -> None:
         if len(mine):
             front = pareto_front(mine, x, y)
             fronts.append(front)
+            # a front of one point (it dominates the rest) is a ring: a line of one point
+            # is nothing drawn beside its legend entry
             ax.plot(front[x], front[y], ls=STYLES[source][0], color="black",
                     lw=1.2 if source in MEASURED else 0.8, zorder=1,
+                    marker="o" if len(front) == 1 else None, markersize=14,
+                    markerfacecolor="none",
                     label=f"Pareto front ({STYLES[source][4]})")  # fmt: skip
     ax.set_xlabel("tokens/s per user (output throughput / requests in the system)")
     ax.set_ylabel("tokens/s per device (output throughput)")
