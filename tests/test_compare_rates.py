@@ -222,3 +222,22 @@ def test_the_ratios_runs_conclude_with_are_set_side_by_side_with_their_ranges(tm
         assert cell in table  # never folded inside
     words = table.split()  # cells wrap across lines: count the words
     assert words.count("overlap") == 2 and words.count("apart") == 2
+
+
+def test_a_rate_that_never_left_the_slo_is_a_lower_bound_and_so_is_its_ratio(tmp_path):
+    """continuous within the SLO at every rate of run A (up to 2: it sustains 2 at least)
+    and leaving it at 1.5 in run B read "2, 1, x0.5", a halving it does not establish: A's
+    2 is said ">=2" and the ratio "<=x0.5"; both bounds, no ratio."""
+    a, b = tmp_path / "a", tmp_path / "b"
+    rates = [("1", 1.0), ("2", 2.0)]
+    write_sweep(a, rates, ttft_of(rates, 1.0), {"static": 1.0, "continuous": 2.0})
+    write_sweep(b, rates, ttft_of(rates, 1.0), {"static": 1.0, "continuous": 1.0})
+    for folder, leaves in ((a, {"static": 2.0, "continuous": None}),
+                           (b, {"static": None, "continuous": 2.0})):  # fmt: skip
+        slo = pd.read_csv(folder / "slo.csv")
+        slo["leaves_slo_rps"] = [leaves[p] for p in slo["policy"]]
+        slo.to_csv(folder / "slo.csv", index=False)
+    out = compare(tmp_path, a, b, "--label", "A,B").stdout
+    rows = {tuple(r[:2]): r[2:] for r in printed_rows(out, "slo:")}
+    assert rows[("continuous", "sim")] == [">=2", "1", "<=x0.5"]
+    assert rows[("static", "sim")] == ["1", ">=1", ">=x1"]

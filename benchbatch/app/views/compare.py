@@ -119,18 +119,45 @@ def _view(table: str, df, names: list[str]) -> Table:
             value, what = "sustained_concurrency", "most requests in flight within the SLO"
     # The SLO table: a run that has the row but never met the SLO says "none".
     wide = merging.pivot(df, index, value, names, missing="none" if table == "slo" else None)
+    bound = _lower_bounds(df, index, value, names) if table == "slo" else None
     first = names[0]
     others = [n for n in wide.columns if n != first]
     headers = [*index, *wide.columns, *(f"{n} / {first}" for n in others if first in wide)]
     view = _table(f"{table}: {what}", headers)
     for key, row in wide.iterrows():
         keys = key if isinstance(key, tuple) else (key,)
+        least = {n: bool(bound is not None and bound.at[key, n]) for n in wide.columns}
         cells = [fmt(_plain(k)) for k in keys]
-        cells += [_cell(row[n], table) for n in wide.columns]
+        cells += [(">=" if least[n] else "") + _cell(row[n], table) for n in wide.columns]
         if first in wide:
-            cells += [_ratio(row[first], row[n]) for n in others]
+            cells += [_bounded(_ratio(row[first], row[n]), least[first], least[n])
+                      for n in others]  # fmt: skip
         view.add_row(*cells)
     return view
+
+
+def _lower_bounds(df, index: list[str], value: str, names: list[str]):
+    """Per row and run, whether its sustained rate is only a lower bound: the policy never
+    left the SLO on the rates swept (leaves_slo_rps empty), so it sustains that at least."""
+    from benchbatch.output import compare as merging
+
+    if value != "sustained_rps" or "leaves_slo_rps" not in df.columns:
+        return None
+    import pandas as pd
+
+    flags = df.assign(least=pd.to_numeric(df["leaves_slo_rps"], errors="coerce").isna()
+                      & df["sustained_rps"].notna())  # fmt: skip
+    wide = merging.pivot(flags, index, "least", names)
+    return wide.reindex(columns=names).fillna(False).astype(bool)
+
+
+def _bounded(ratio: str, first: bool, other: bool) -> str:
+    """A ratio of rates one or both of which are lower bounds: said as a bound, or none."""
+    if ratio == "-" or not (first or other):
+        return ratio
+    if first and other:
+        return "- (both lower bounds)"
+    return (">=" if other else "<=") + ratio
 
 
 def _knees(found: list[dict], names: list[str]) -> Table:
