@@ -112,7 +112,9 @@ def show(rec) -> None:
 def _memory_report(rows: list[dict], meta: dict | None, how: str) -> None:
     gib = rows[0].get("kv_budget_gib") is not None
     unit = "GiB" if gib else "tokens"
-    title = f"memory policies ({how}): running sequences; mean KV memory reserved, used ({unit})"
+    title = (f"memory policies ({how}): running sequences; slots%: of the slots the KV "
+             f"budget reserves (longest prompt + maximum output each); mean KV memory "
+             f"reserved, used ({unit})")  # fmt: skip
     render.table([_memory_display(r, gib) for r in rows], MEMORY_COLUMNS, title)
     if rows[0]["time_unit"] == "s":  # priced by a fitted step cost, or measured
         times = ", ".join(f"{r['policy']} {render.fmt(r['total_time'])} s" for r in rows)
