@@ -179,6 +179,28 @@ def test_paper_ordering_in_simulation_on_the_default_workload(seed):
     assert probe.ordering(rows, "real") is None
 
 
+def test_an_order_within_a_percent_is_said_to_be_unsettled():
+    """Ablation's simulation read "NOT the paper's ordering" on a P99 TBT of 0.27771 against
+    0.27729 s (0.15%): the verdict stays the strict rule's, and the line names the tie."""
+    from benchbatch.app.views.ablation import _ordering_line
+
+    def row(scheme, tbt, ttft):
+        return {"scheme": scheme, "source": "sim", "tbt_p99_s": tbt, "ttft_p50_s": ttft,
+                "tbt_max_s": tbt * 2}  # fmt: skip
+
+    rows = [row("mixed-only", 0.5, 0.1), row("chunks-only", 0.27729, 0.3),
+            row("both", 0.27771, 0.2)]
+    v = probe.ordering(rows, "sim")
+    assert not v["tbt_p99_order"] and v["ttft_p50_order"] and v["ties"] == ["P99 TBT"]
+    line = _ordering_line("sim", v)
+    assert "NOT the paper's ordering" in line
+    assert "P99 TBT: two schemes within 1% of each other, an order the noise does not" in line
+    apart = probe.ordering([row("mixed-only", 0.5, 0.1), row("chunks-only", 0.3, 0.3),
+                            row("both", 0.2, 0.2)], "sim")  # fmt: skip
+    assert apart["as_paper"] and apart["ties"] == []
+    assert "within 1%" not in _ordering_line("sim", apart)
+
+
 # --- SLO -----------------------------------------------------------------------------------------
 
 

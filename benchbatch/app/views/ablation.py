@@ -86,12 +86,17 @@ def show(rec) -> None:
 
 
 def _ordering_line(source: str, v: dict) -> str:
+    from benchbatch.experiments.ablation.probe import TIE
+
     name = {"sim": "simulated", "real": "real engine"}[source]
     verdict = "same ordering as the paper" if v["as_paper"] else "NOT the paper's ordering"
+    ties = v.get("ties") or []
+    tied = (f"; {' and '.join(ties)}: two schemes within {TIE:.0%} of each other, an order "
+            "the noise does not settle") if ties else ""  # fmt: skip
     return (
         f"{name}: {verdict} (P99 TBT both < chunks-only < mixed-only: "
         f"{_yes(v['tbt_p99_order'])}; P50 TTFT mixed-only < both < chunks-only: "
-        f"{_yes(v['ttft_p50_order'])}); {_stall(v['stall_shrink'])}"
+        f"{_yes(v['ttft_p50_order'])}{tied}); {_stall(v['stall_shrink'])}"
     )
 
 

@@ -15,6 +15,7 @@ Everything here returns rows (dicts, the CSV's shape) or plain results; nothing 
 
 from __future__ import annotations
 
+import itertools
 import math
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -316,14 +317,26 @@ def ordering(rows: Sequence[dict], source: str) -> dict | None:
     if set(by) != set(SCHEMES):
         return None
     m, c, b = by["mixed-only"], by["chunks-only"], by["both"]
-    tbt = b["tbt_p99_s"] < c["tbt_p99_s"] < m["tbt_p99_s"]
-    ttft = m["ttft_p50_s"] < b["ttft_p50_s"] < c["ttft_p50_s"]
+    tbt_values = (b["tbt_p99_s"], c["tbt_p99_s"], m["tbt_p99_s"])
+    ttft_values = (m["ttft_p50_s"], b["ttft_p50_s"], c["ttft_p50_s"])
+    tbt = tbt_values[0] < tbt_values[1] < tbt_values[2]
+    ttft = ttft_values[0] < ttft_values[1] < ttft_values[2]
     return {
         "tbt_p99_order": tbt,
         "ttft_p50_order": ttft,
         "as_paper": tbt and ttft,
         "stall_shrink": ratio(m["tbt_max_s"], b["tbt_max_s"]),
+        # neighbours within TIE of each other: an order their noise does not settle
+        "ties": [name for name, values in (("P99 TBT", tbt_values), ("P50 TTFT", ttft_values))
+                 if _tied(values)],  # fmt: skip
     }
+
+
+TIE = 0.01  # two values within 1% of each other: their order is not the schemes'
+
+
+def _tied(values: Sequence[float]) -> bool:
+    return any(abs(a - b) <= TIE * max(abs(a), abs(b)) for a, b in itertools.pairwise(values))
 
 
 def ratio(a: float, b: float) -> float:
