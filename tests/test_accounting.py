@@ -208,3 +208,25 @@ def test_max_batch_by_hand():
     free = weights + 10 * per_seq + 123
     assert acc.max_batch(cfg, "fp16", 1000, free, reserve_fraction=0.0) == 10
     assert acc.max_batch(cfg, "fp16", 1000, weights // 2) == 0
+
+
+@pytest.mark.parametrize("context", [1, 16, 17, 65])
+def test_a_paged_caches_bytes_are_the_blocks_it_allocates(context):
+    """sweep --kv-layout paged counted the contiguous cache: 8,519,680 bytes where the paged
+    one allocated 10,747,904 (each sequence in whole blocks, and one scratch block), so its
+    memory ceiling let through batches that do not fit. The count is the tensors' own."""
+    from benchbatch.runtime.kvcache import PagedKVCache
+
+    cfg = preset("tiny")
+    cache = PagedKVCache.per_slot(cfg, 8, context, 16, torch.device("cpu"), torch.float32)
+    allocated = cache.k.nbytes + cache.v.nbytes
+    assert acc.kv_cache_bytes(cfg, "fp32", 8, context, block_size=16) == allocated
+    assert acc.kv_cache_bytes(cfg, "fp32", 8, context) <= allocated
+    big = 10 * 2**30
+    paged = acc.max_batch(cfg, "fp32", context, big, block_size=16)
+    assert paged <= acc.max_batch(cfg, "fp32", context, big)
+    # the batch it allows fits (weights, KV blocks, workspace) and one more does not
+    usable = int(big * 0.9) - acc.weight_bytes(cfg, "fp32")
+    need = lambda b: (acc.kv_cache_bytes(cfg, "fp32", b, context, block_size=16)  # noqa: E731
+                      + b * acc.step_workspace_bytes(cfg, "fp32", 1))
+    assert need(paged) <= usable < need(paged + 1)

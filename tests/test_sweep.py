@@ -295,3 +295,23 @@ def test_groups_hold_what_memory_allows_and_at_most_max_group_steps():
     assert need[3] + need[4] > sum(need[:3]) >= need[4]
     assert [len(g) for g in tight] == [3, 1, 1] and sum(tight, []) == plan[:5]
     assert [len(g) for g in steps.groups(plan[:3], cfg, "fp32", budget=0)] == [1, 1, 1]
+
+
+def test_a_paged_sweep_counts_whole_blocks_for_its_memory(runner, tmp_path):
+    """--kv-layout paged: the ceiling and each row's kv_cache_bytes are the paged cache's
+    (whole blocks, a scratch block), never the contiguous one's it does not allocate."""
+    from benchbatch.core import accounting
+    from benchbatch.core.config import preset
+
+    out = tmp_path / "run"
+    result = run_sweep(runner, out, "--batch", "1,2", "--context", "20", "--kv-layout", "paged",
+                       "--block-size", "16")  # fmt: skip
+    assert result.exit_code == 0, result.output
+    meta = json.loads((out / "metadata.json").read_text())
+    cfg, free = preset("tiny"), meta["free_memory_bytes_before_model"]
+    assert meta["predicted_max_batch"]["20"] == accounting.max_batch(cfg, "fp32", 21, free,
+                                                                      block_size=16)  # fmt: skip
+    rows = pd.read_csv(out / "sweep.csv")
+    for _, r in rows.iterrows():  # 21 tokens: two blocks of 16 a sequence, one scratch block
+        per_token = accounting.kv_bytes_per_token(cfg, "fp32")
+        assert r["kv_cache_bytes"] == (int(r["batch"]) * 2 + 1) * 16 * per_token

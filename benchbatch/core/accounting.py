@@ -89,8 +89,14 @@ def kv_bytes_per_token(cfg: ModelConfig, dtype: str, tp: int = 1) -> int:
     return cfg.layers * 2 * sharding.local_config(cfg, tp).kv_dim * DTYPE_BYTES[dtype]
 
 
-def kv_cache_bytes(cfg: ModelConfig, dtype: str, batch: int, context: int, tp: int = 1) -> int:
-    return batch * context * kv_bytes_per_token(cfg, dtype, tp)
+def kv_cache_bytes(cfg: ModelConfig, dtype: str, batch: int, context: int, tp: int = 1,
+                   block_size: int | None = None) -> int:  # fmt: skip
+    """The KV cache of `batch` sequences of `context` tokens; block_size: a paged cache's
+    (each sequence in whole blocks, and the pool's one scratch block beside them)."""
+    if block_size is None:
+        return batch * context * kv_bytes_per_token(cfg, dtype, tp)
+    blocks = batch * -(-context // block_size) + 1
+    return blocks * block_size * kv_bytes_per_token(cfg, dtype, tp)
 
 
 def causal_pairs(tokens: int, context: int) -> int:
@@ -268,13 +274,21 @@ def max_batch(
     free_bytes: int,
     reserve_fraction: float = 0.1,
     tp: int = 1,
+    block_size: int | None = None,
 ) -> int:
     """Sequences of `context` tokens that fit beside the weights (0 when even one does not);
     with tp, on each rank's `free_bytes` beside its shard: the batch grows with the ranks.
 
-    Each sequence needs its KV cache plus its share of a decode step's workspace; a fraction
+    Each sequence needs its KV cache (with block_size, a paged cache's: whole blocks, and
+    the pool's scratch block once) plus its share of a decode step's workspace; a fraction
     of the free memory is held back for the allocator's fragmentation and the runtime.
     """
     usable = int(free_bytes * (1 - reserve_fraction)) - weight_bytes(cfg, dtype, tp)
-    per_seq = kv_cache_bytes(cfg, dtype, 1, context, tp) + step_workspace_bytes(cfg, dtype, 1, tp)
-    return max(0, usable // per_seq)
+    scratch = 0
+    if block_size is not None:  # the pool's scratch block, once
+        scratch = block_size * kv_bytes_per_token(cfg, dtype, tp)
+        one = kv_cache_bytes(cfg, dtype, 1, context, tp, block_size) - scratch
+    else:
+        one = kv_cache_bytes(cfg, dtype, 1, context, tp)
+    per_seq = one + step_workspace_bytes(cfg, dtype, 1, tp)
+    return max(0, (usable - scratch) // per_seq)

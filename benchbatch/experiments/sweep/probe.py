@@ -34,15 +34,18 @@ def plan(contexts, batches) -> list[steps.Step]:
 
 
 def ceilings(
-    cfg: ModelConfig, dtype: str, contexts: list[int], free_bytes: int, tp: int = 1
+    cfg: ModelConfig, dtype: str, contexts: list[int], free_bytes: int, tp: int = 1,
+    block_size: int | None = None,
 ) -> dict[int, int]:
     """Largest batch that fits at each context, from memory free before the model is built
-    (with tp: on each rank, beside its shard, from the least free on any rank).
+    (with tp: on each rank, beside its shard, from the least free on any rank); block_size:
+    a paged cache's, whose sequences hold whole blocks.
 
     `max_batch` subtracts the weights itself, so `free_bytes` must be read before the model
     exists. A decode step at context c holds c + 1 tokens per sequence (the new one too).
     """
-    return {c: accounting.max_batch(cfg, dtype, c + 1, free_bytes, tp=tp) for c in contexts}
+    return {c: accounting.max_batch(cfg, dtype, c + 1, free_bytes, tp=tp, block_size=block_size)
+            for c in contexts}  # fmt: skip
 
 
 def rows(
@@ -62,6 +65,7 @@ def rows(
     of memory is recorded by run_step as status 'oom' and the sweep goes on)."""
     budget = steps.group_budget(model.embed.weight.device)
     layout = {"kv_layout": kv_layout, "block_size": block_size}
+    paged = block_size if kv_layout == "paged" else None  # whole blocks a sequence
     tp = tp_of(model)
     # joules per token: the energy counter around each group's measurement (core/energy.py)
     meter = energy_meter.EnergyMeter(model.embed.weight.device)
@@ -74,7 +78,7 @@ def rows(
                 measured = steps.run_group(model, dtype, group, timing, cuda_graphs, **layout)
             for step, row in zip(group, measured, strict=True):
                 row = energy.with_step_energy(row, span.reading)
-                yield _memory_columns(row, model.cfg, dtype, step, limit, tp)
+                yield _memory_columns(row, model.cfg, dtype, step, limit, tp, paged)
         for step in (s for s in mine if s.batch > limit):
             span = None
             if try_oom:
@@ -84,12 +88,13 @@ def rows(
                 row = {**steps.step_row(model, dtype, step, None), "status": "skipped",
                        "kv_layout": kv_layout}  # fmt: skip
             row = energy.with_step_energy(row, span.reading if span else None)
-            yield _memory_columns(row, model.cfg, dtype, step, limit, tp)
+            yield _memory_columns(row, model.cfg, dtype, step, limit, tp, paged)
     meter.close()
 
 
-def _memory_columns(row: dict, cfg, dtype: str, step: steps.Step, limit: int, tp: int) -> dict:
-    kv = accounting.kv_cache_bytes(cfg, dtype, step.batch, step.context + 1, tp)
+def _memory_columns(row: dict, cfg, dtype: str, step: steps.Step, limit: int, tp: int,
+                    block_size: int | None = None) -> dict:  # fmt: skip
+    kv = accounting.kv_cache_bytes(cfg, dtype, step.batch, step.context + 1, tp, block_size)
     return {**row, "kv_cache_bytes": kv, "predicted_max_batch": limit}
 
 

@@ -28,8 +28,9 @@ def measure_run(
     # Read before the model exists: max_batch subtracts the weights itself. Under
     # torchrun every rank holds a shard: the least free memory of any rank bounds it.
     free_bytes = distributed.least(devices.free_memory_bytes(rec.target.device))
+    paged = opts.block_size if opts.kv_layout == "paged" else None
     ceiling = probe.ceilings(rec.cfg, rec.target.dtype_name, opts.context, free_bytes,
-                             rec.target.tp)  # fmt: skip
+                             rec.target.tp, paged)  # fmt: skip
     memory_ceiling(rec, requests, workload, opts, free_bytes)
     roof = roofs.use_ceilings(rec, run)
     ridge, ridge_source = _ridge(rec.target, roof)
