@@ -541,7 +541,7 @@ BREAKS = [
     ),
     Break(
         "real points simulated at the core share's inverse",
-        "benchbatch/experiments/serve/real.py",
+        "benchbatch/core/cpu_clock.py",
         "    return cpu_cost.scaled(1.0 / share)",
         "    return cpu_cost.scaled(share)",
         tests("tests/test_calibration.py"),
