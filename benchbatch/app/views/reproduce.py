@@ -12,7 +12,7 @@ from rich.text import Text
 from benchbatch.core.units import figure, flop_unit
 from benchbatch.output import render, report
 from benchbatch.output.render import fmt
-from benchbatch.output.report.cells import article_number
+from benchbatch.output.report.cells import article_number, percent
 
 TABLES = ("probe", "phases", "sweep", "occupancy", "memory_ceiling", "memory", "engine",
           "prediction", "serve", "slo")  # fmt: skip
@@ -213,6 +213,4 @@ def _cell(row: dict | None, key: str) -> str:
 
 def _percent(value) -> str:
     """As report.md says it (report/cells.percent): one precision for both."""
-    from benchbatch.output.report.cells import percent
-
     return percent(value)

@@ -8,6 +8,7 @@ import math
 from dataclasses import dataclass, field
 
 from benchbatch.core import energy
+from benchbatch.core.cpu_clock import at_share
 from benchbatch.core.prediction import with_intervals
 from benchbatch.core.units import significant
 from benchbatch.errors import UserError
@@ -70,7 +71,7 @@ def serve(rec, net, opts: ServeOptions, w, setup, cost, rates, seed: int, cpu_co
         row |= energy.serve_columns(row, reading, opts.price_per_hour)
         row["core_share"] = core_share([s.row() for s in done.result.steps])
         row["steps_over_price"] = speed(steps, clock)
-        model = beside_cost(cost, cpu_cost, row["core_share"])
+        model = at_share(cost, cpu_cost, row["core_share"])
         sim = beside(matched[key], w, capped, cost, cpu_cost, row["core_share"], n)
         served.spread[key] = probe.spread_rows(w, done.run.name, rate, capped, model, n)
         row |= whole_core(matched[key], w, capped, cost, cpu_cost, n)
@@ -94,28 +95,21 @@ def serve(rec, net, opts: ServeOptions, w, setup, cost, rates, seed: int, cpu_co
     return served
 
 
-def beside_cost(cost, cpu_cost, share: float):
-    """The step costs of the simulation beside a real point (core/cpu_clock.at_share): the
-    CPU clock's at the point's own share of the core."""
-    from benchbatch.core.cpu_clock import at_share
-
-    return at_share(cost, cpu_cost, share)
-
-
 def beside(point, w, setup, cost, cpu_cost, share: float, n: int):
     """The simulation set beside a real point: its requests at their arrival times on
-    beside_cost's step costs; `point` itself (already simulated on the wall-clock fit)
-    where those are the wall-clock fit's."""
+    the step costs of core/cpu_clock.at_share (the CPU clock's at the point's share of the
+    core); `point` itself (already simulated on the wall-clock fit) where those are the
+    wall-clock fit's."""
     from benchbatch.experiments.serve import probe
 
-    model = beside_cost(cost, cpu_cost, share)
+    model = at_share(cost, cpu_cost, share)
     if model is cost:
         return point
     return probe.simulate_point(w, point.policy, point.rate, setup, model, n, probe.MATCHED)
 
 
 def at_speed(point, w, setup, model, speed: float, n: int) -> dict | None:
-    """The serve.csv row of a real point's requests simulated again on its beside_cost step
+    """The serve.csv row of a real point's requests simulated again on its at_share step
     costs (`model`) times the speed its steps ran at (steps_over_price): known only after
     the run, the error left once the device's speed is known. None without a speed."""
     from benchbatch.experiments.serve import probe
