@@ -13,8 +13,13 @@ rate or more, the drain counted as one median E2E), beside the target (0.9-1.1 f
 p50s, 0.8-1.25 for the p99s); then the same for each policy's points alone, and one JSON
 line.
 
-    python scripts/bench_sim_error.py [--rounds 2] [--busy-core any|N[,...]] [--keep DIR]
-        [-- extra serve-sweep args]
+--command occupancy does the same for `benchbatch occupancy --engine real --requests 64
+--slots 8 --max-output 200` (the run its CPU hint suggests): static and continuous batching
+on the model, every request at once, beside their simulation; its metrics are the wall time
+and TTFT and E2E p50/p99 (no TPOT), each policy's run one point.
+
+    python scripts/bench_sim_error.py [--command serve-sweep|occupancy] [--rounds 2]
+        [--busy-core any|N[,...]] [--keep DIR] [-- extra options for the command]
 """
 
 from __future__ import annotations
@@ -53,19 +58,35 @@ def busy_loop(core: int | None = None, nice: int = 0) -> subprocess.Popen:
     return loop
 
 
-def run_once(folder: Path, extra: list[str]) -> pd.DataFrame:
-    """One serve-sweep with its defaults into folder; its prediction.csv."""
-    cmd = [sys.executable, "-m", "benchbatch", "serve-sweep", "--preset", "cpu-small",
-           "--out", str(folder), *extra]  # fmt: skip
+# Each command as this benchmark runs it, and the metrics its prediction.csv judges.
+COMMANDS = {
+    "serve-sweep": (["serve-sweep", "--preset", "cpu-small"], METRICS),
+    "occupancy": (["occupancy", "--engine", "real", "--requests", "64", "--slots", "8",
+                   "--max-output", "200"],
+                  ("wall_s", "ttft_p50_s", "e2e_p50_s", "ttft_p99_s", "e2e_p99_s")),
+}  # fmt: skip
+
+
+def run_once(folder: Path, extra: list[str], command: str = "serve-sweep") -> pd.DataFrame:
+    """One run of the command with its defaults into folder; its prediction.csv (every
+    pair below saturation where the command has no arrivals to saturate)."""
+    cmd = [sys.executable, "-m", "benchbatch", *COMMANDS[command][0], "--out", str(folder),
+           *extra]  # fmt: skip
     root = str(Path(__file__).resolve().parents[1])  # this checkout, installed or not
     env = os.environ | {"PYTHONPATH": os.pathsep.join(filter(None, [root, os.environ.get(
         "PYTHONPATH")]))}  # fmt: skip
     subprocess.run(cmd, check=True, stdout=subprocess.DEVNULL, env=env)
-    return pd.read_csv(folder / "prediction.csv", dtype={"rate": str})
+    table = pd.read_csv(folder / "prediction.csv", dtype={"rate": str})
+    if "below_saturation" not in table:
+        table["below_saturation"] = True
+    if "policy" not in table:
+        table["policy"] = table["point"]
+    return table
 
 
 def measure(
-    rounds: int, keep: Path, extra: list[str], cores: dict[str, int | None]
+    rounds: int, keep: Path, extra: list[str], cores: dict[str, int | None],
+    command: str = "serve-sweep",
 ) -> dict[str, list[pd.DataFrame]]:
     """cores: each busy condition's core (None: unpinned)."""
     conditions = ("as is", *cores)
@@ -77,7 +98,7 @@ def measure(
             loop = busy_loop(cores[condition]) if condition in cores else None
             try:
                 load = os.getloadavg()[0]
-                table = run_once(folder, extra)
+                table = run_once(folder, extra, command)
             finally:
                 if loop is not None:
                     os.kill(loop.pid, 15)
@@ -89,12 +110,12 @@ def measure(
 
 
 def medians(runs: dict[str, list[pd.DataFrame]], policy: str | None = None,
-            column: str = "ratio") -> list[dict]:  # fmt: skip
+            column: str = "ratio", metrics=METRICS) -> list[dict]:  # fmt: skip
     """Per metric and condition: the median ratio over the runs' points below saturation
     (of one policy's points where policy is given; column "ratio_at_speed": each point
     priced at the speed its steps ran, known only after the run)."""
     rows = []
-    for metric in METRICS:
+    for metric in metrics:
         lo, hi = TARGETS[metric]
         row = {"metric": NAMES[metric], "target": f"{lo:g}-{hi:g}"}
         if policy is not None:
@@ -104,7 +125,7 @@ def medians(runs: dict[str, list[pd.DataFrame]], policy: str | None = None,
             df = df[(df["metric"] == metric) & df["below_saturation"].astype(bool)]
             if policy is not None:
                 df = df[df["policy"] == policy]
-            ratios = [r for r in df.get(column, ()) if math.isfinite(r)]
+            ratios = [r for r in df.get(column, ()) if math.isfinite(r)]  # an unjudged: NaN
             med = statistics.median(ratios) if ratios else math.nan
             row[condition] = med
             row[f"{condition} points"] = len(ratios)
@@ -119,13 +140,17 @@ def show(rows: list[dict], conditions: tuple[str, ...]) -> None:
     for r in rows:
         cells = "".join(
             f"{r[c]:>11.3f} ({r[f'{c} points']:>2}){'yes' if r[f'{c} within'] else 'no':>5}"
-            for c in conditions
+            if r[f"{c} points"] else f"{'-':>16}{'':>5}"  # no value judged (occupancy's wall
+            for c in conditions  # time at its own speed: x1 by the speed's definition)
         )
         print(f"{r['metric']:<10}{r['target']:>11}{cells}")
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--command", choices=tuple(COMMANDS), default="serve-sweep",
+                        help="what to run: serve-sweep's real points (default) or occupancy "
+                        "--engine real's two policies")  # fmt: skip
     parser.add_argument("--rounds", type=int, default=2, help="A B rounds (default 2)")
     parser.add_argument("--keep", type=Path, default=None,
                         help="folder for the runs (default: a temporary one, removed)")  # fmt: skip
@@ -146,31 +171,34 @@ def main() -> None:
     with tempfile.TemporaryDirectory() as tmp:
         keep = args.keep or Path(tmp)
         keep.mkdir(parents=True, exist_ok=True)
-        runs = measure(args.rounds, keep, args.extra, cores)
-    rows = medians(runs)
-    print(f"measured over simulated, median of {args.rounds} runs per condition and the "
-          f"points below saturation (in parentheses); {platform.processor() or platform.machine()}"
-          f", {os.cpu_count()} logical CPUs")  # fmt: skip
+        runs = measure(args.rounds, keep, args.extra, cores, args.command)
+    metrics = COMMANDS[args.command][1]
+    rows = medians(runs, metrics=metrics)
+    print(f"{args.command}: measured over simulated, median of {args.rounds} runs per "
+          "condition and the points below saturation (in parentheses); "
+          f"{platform.processor() or platform.machine()}, {os.cpu_count()} logical CPUs")
     show(rows, ("as is", *cores))
     # The goal holds for every policy: each one's points alone, the same way.
     policies = list(dict.fromkeys(p for t in runs["as is"] for p in t["policy"]))
-    by_policy = {p: medians(runs, p) for p in policies}
+    by_policy = {p: medians(runs, p, metrics=metrics) for p in policies}
     for p, prow in by_policy.items():
         print(f"\n{p} alone:")
         show(prow, ("as is", *cores))
     # What stays off once each point is priced at the speed its steps ran (prediction.csv's
     # ratio_at_speed): the error left once the device's speed over each point is known.
-    at_speed = medians(runs, column="ratio_at_speed")
+    at_speed = medians(runs, column="ratio_at_speed", metrics=metrics)
     if any(r["as is points"] for r in at_speed):
         print("\npriced at each point's own speed (ratio_at_speed, known only after the run):")
         show(at_speed, ("as is", *cores))
         speeds = pd.concat([t for tables in runs.values() for t in tables])
         if "steps_over_price" in speeds:
-            per_point = speeds.drop_duplicates(["condition", "round", "point"])
-            per_point = per_point["steps_over_price"].dropna()
+            per_point = speeds.dropna(subset=["steps_over_price"])  # a pair without: NaN
+            per_point = per_point.drop_duplicates(["condition", "round", "point"])
+            per_point = per_point["steps_over_price"]
             print(f"the points' steps took x{per_point.min():.2f}-x{per_point.max():.2f} of "
                   f"their price (median x{per_point.median():.2f}, {len(per_point)} points)")
-    print(json.dumps({"bench": "sim_error", "rounds": args.rounds, "rows": rows,
+    print(json.dumps({"bench": "sim_error", "command": args.command, "rounds": args.rounds,
+                      "rows": rows,
                       "by_policy": by_policy, "at_speed": at_speed}))  # fmt: skip
 
 

@@ -947,7 +947,7 @@ BREAKS = [
     ),
     Break(
         "at speed: points far off their price warned about only past x0.7-1.43",
-        "benchbatch/experiments/serve/real.py",
+        "benchbatch/experiments/step_prices.py",
         "SPEED_MOVED = (0.8, 1.25)",
         "SPEED_MOVED = (0.7, 1.43)",
         tests("tests/test_prediction.py",

@@ -4,6 +4,7 @@ engine on a tiny model (and interrupted), and one-line answers to bad input."""
 from __future__ import annotations
 
 import json
+import math
 
 import pandas as pd
 import pytest
@@ -196,9 +197,34 @@ def test_real_engine_measures_both_policies(runner, tmp_path):
             said = pred[(pred["point"] == policy) & (pred["metric"] == "wall_s")]
             assert said["simulated"].iloc[0] == pytest.approx(again, rel=1e-5)
         assert "at the share of the core its run held" in " ".join(result.stderr.split())
+        # Each run's steps priced by the calibration (as serve-sweep's points): its speed is
+        # its steps' CPU time (with the gap before each) over the CPU fit's price of them,
+        # and its simulation again at that speed is the same run with every time scaled
+        # (no arrivals), the error left once the device's speed is known.
+        from benchbatch.core.calibration import step_kind
+        from benchbatch.core.pricing import price_ms
+
+        for policy in ("static", "continuous"):
+            mine = [r for r in rows if r["policy"] == policy and step_kind(r) != "idle"]
+            took = sum(r["cpu_ms"] + max(0.0, r["gap_cpu_ms"] if r["gap_cpu_ms"] == r["gap_cpu_ms"]
+                                         else 0.0) for r in mine)  # fmt: skip
+            speed = took / sum(price_ms(cpu, r) for r in mine)
+            assert meta["real"]["steps_over_price"][policy] == pytest.approx(speed, rel=1e-9)
+            wall = pred[(pred["point"] == policy) & (pred["metric"] == "wall_s")].iloc[0]
+            assert math.isnan(wall["ratio_at_speed"])  # the speed's own definition: x1
+            for _, r in pred[(pred["point"] == policy) & (pred["metric"] != "wall_s")].iterrows():
+                assert r["steps_over_price"] == pytest.approx(speed, rel=1e-5)
+                assert r["simulated_at_speed"] == pytest.approx(r["simulated"] * speed, rel=1e-5)
+                assert r["ratio_at_speed"] == pytest.approx(r["measured"] / r["simulated_at_speed"],
+                                                            rel=1e-5)  # fmt: skip
+        kinds = {(e["policy"], e["kind"]) for e in meta["real"]["step_prices"]}
+        assert ("static", "decode") in kinds and meta["real"]["step_prices_clock"] == "cpu"
+        assert "the runs ran their steps at x" in meta["prediction"]["at_speed"]
+        assert "over the calibration's price of them" in " ".join(result.stderr.split())
     hit = int(pred["within"].sum())
-    assert meta["prediction"] == {"pairs": 10, "judged": 10, "within_target": hit,
-                                  "verdict": meta["prediction"]["verdict"]}  # fmt: skip
+    assert {k: v for k, v in meta["prediction"].items() if k != "at_speed"} == {
+        "pairs": 10, "judged": 10, "within_target": hit,
+        "verdict": meta["prediction"]["verdict"]}  # fmt: skip
     assert meta["prediction"]["verdict"] in " ".join(result.stdout.split())
     assert (run / "prediction.png").stat().st_size > 10_000
 

@@ -290,7 +290,7 @@ def test_a_point_is_below_saturation_when_it_keeps_up_with_its_arrivals():
 
 
 class _PricesRec:
-    """What serve/real.say_prices reads and writes of a recorder."""
+    """What step_prices.say_prices writes of a recorder."""
 
     def __init__(self, rows):
         self._rows, self.meta, self.notes, self.warnings = rows, {}, [], []
@@ -316,16 +316,16 @@ def test_steps_priced_off_by_the_calibration_are_a_warning_with_the_advice():
     """A run whose steps (with the host gap before each) took x0.80 of what the calibration
     priced them is warned about, with what to do; one within 0.9-1.1, or too few steps to
     judge, is only noted."""
-    from benchbatch.experiments.serve import real
+    from benchbatch.experiments.step_prices import say_prices
 
     off = _PricesRec(_steps("continuous", 40, 7.8, 10.0) + _steps("static", 40, 9.8, 10.0))
-    real.say_prices(off)
+    say_prices(off, off.rows("real_steps"))
     assert len(off.warnings) == 1 and "continuous decode steps took x0.80" in off.warnings[0]
     assert "--step-costs" in off.warnings[0] and "quieter" in off.warnings[0]
     steps = {e["policy"]: e["ratio_p50"] for e in off.meta["real"]["step_prices"]}
     assert steps["continuous"] == pytest.approx(0.8) and steps["static"] == pytest.approx(1.0)
     fine = _PricesRec(_steps("continuous", 40, 9.8, 10.0) + _steps("chunked", 5, 5.0, 10.0))
-    real.say_prices(fine)
+    say_prices(fine, fine.rows("real_steps"))
     assert fine.warnings == [] and len(fine.notes) == 1
 
 
@@ -404,7 +404,8 @@ def test_a_points_speed_sums_its_steps_time_over_their_price():
 def test_the_at_speed_line_counts_values_within_at_each_points_own_speed():
     row = lambda point, ratio, at, speed, within: {  # noqa: E731
         "point": point, "metric": "ttft_p50_s", "ratio": ratio, "ratio_at_speed": at,
-        "steps_over_price": speed, "target_low": 0.9, "target_high": 1.1, "within": within}
+        "steps_over_price": speed, "target_low": 0.9, "target_high": 1.1, "within": within,
+        "below_saturation": True}
     rows = [row("s @ 4 req/s", 1.30, 1.04, 1.25, False),  # the speed accounts for it
             row("c @ 4 req/s", 0.80, 0.85, 0.94, False),  # stays off: the scheduling's
             row("k @ 4 req/s", 1.05, 1.20, 0.875, True),  # within only by chance
@@ -424,6 +425,14 @@ def test_the_at_speed_line_counts_values_within_at_each_points_own_speed():
     line = pr.at_speed(edge)
     assert "(f @ 1 req/s x0.8996, e @ 1 req/s x1.104)" in line
     assert line.startswith("the points below saturation ran their steps at x0.8996-x1.104 ")
+    # occupancy's runs (no arrivals, so no saturation): said as runs, one speed as one
+    runs = [{k: v for k, v in row("static", 1.15, 1.02, 1.13, False).items()
+             if k != "below_saturation"}]  # fmt: skip
+    line = pr.at_speed(runs)
+    assert line.startswith("the runs ran their steps at x1.13 of the calibration's price; "
+                           "outside x0.9-x1.1 at 1 of 1 runs (static x1.13)")  # fmt: skip
+    assert "1 of 1 values are within their target, against 0 as calibrated" in line
+    assert "the device's speed over the run but" in line
 
 
 class _ServeRec(_PricesRec):
@@ -450,7 +459,7 @@ def test_points_run_far_off_their_price_are_a_warning_naming_them():
     real.say_speeds(moved)
     assert len(moved.warnings) == 1 and moved.notes == []
     line = moved.warnings[0]
-    assert ("at 3 of 7 points the steps took outside x0.8-x1.25 of their price (continuous @ "
+    assert ("at 3 of 6 points the steps took outside x0.8-x1.25 of their price (continuous @ "
             "3.7 req/s x1.37, static @ 3.7 req/s x1.27, static @ max req/s, 4 in flight "
             "x0.79)") in line  # fmt: skip
     assert "ratio_at_speed" in line and "quieter machine" in line

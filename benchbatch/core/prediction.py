@@ -156,8 +156,10 @@ def _outside(value: float, within: tuple[float, float]) -> str:
 
 def at_speed(rows: Sequence[dict], within: tuple[float, float] = P50_TARGET) -> str | None:
     """One line on the rows priced again at the speed each point's steps ran (serve-sweep's
-    real points: steps_over_price, the steps' time over the calibration's price of them;
-    ratio_at_speed, measured over that simulation): the points' speeds, those outside
+    real points, occupancy's runs: steps_over_price, the steps' time over the calibration's
+    price of them; ratio_at_speed, measured over that simulation): the points' speeds
+    (serving points are said as below saturation, a run without arrivals as a run), those
+    outside
     `within`, and how many judged values fall within their target so, beside how many as
     calibrated. Known only after the run, so no prediction: it tells the device's speed
     moving since the calibration (what comes within at the point's own speed) from the rest
@@ -174,17 +176,19 @@ def at_speed(rows: Sequence[dict], within: tuple[float, float] = P50_TARGET) -> 
     shown = ", ".join(f"{p} x{_outside(v, within)}" for p, v in sorted(
         moved.items(), key=lambda kv: -abs(math.log(kv[1])))[:3])  # fmt: skip
     more = f" and {len(moved) - 3} more" if len(moved) > 3 else ""
+    serving = any("below_saturation" in r for r in judged)
+    unit, who = ("points", "the points below saturation") if serving else ("runs", "the runs")
     where = (f"; outside x{within[0]:g}-x{within[1]:g} at {len(moved)} of {len(speeds)} "
-             f"points ({shown}{more})") if moved else ""  # fmt: skip
+             f"{unit} ({shown}{more})") if moved else ""  # fmt: skip
     low, high = min(speeds.values()), max(speeds.values())
     low_said, high_said = (_outside(v, within) if v in moved.values() else f"{v:.2f}"
                            for v in (low, high))  # fmt: skip
-    return (f"the points below saturation ran their steps at x{low_said}-x{high_said} of the "
-            f"calibration's price{where}; "
+    span = f"x{low_said}" if low == high else f"x{low_said}-x{high_said}"
+    return (f"{who} ran their steps at {span} of the calibration's price{where}; each "
             f"priced at its own speed (prediction.csv's ratio_at_speed, known only after the "
             f"run) {hit} of {len(judged)} values are within their target, against {before} "
-            "as calibrated: what stays outside is not the device's speed over the point but "
-            "the scheduling, a queue or single steps' prices")
+            f"as calibrated: what stays outside is not the device's speed over the {unit[:-1]} "
+            "but the scheduling, a queue or single steps' prices")
 
 
 def ratio_interval(measured: Sequence[float], simulated: Sequence[float], q: float,

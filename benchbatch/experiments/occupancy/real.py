@@ -9,6 +9,7 @@ from __future__ import annotations
 import math
 
 from benchbatch.core.options import ModelOptions, RunOptions
+from benchbatch.core.prediction import pairs_of, ratio
 from benchbatch.core.units import duration, figure
 from benchbatch.runtime.runs import EngineRun, engine_events
 
@@ -49,32 +50,59 @@ def prediction_part(rec, net, requests, slots: int, run: RunOptions, given=None,
     """Each policy simulated in seconds with the engine's calibration (or --step-costs) and
     set beside its real run (engine.csv): prediction.csv, prediction.png and the verdict
     (occupancy and reproduce). layout: the runs' kv_layout and block_size, which the
-    calibration runs in too."""
+    calibration runs in too. Each run's steps priced by the calibration (as serve-sweep's
+    points are): how far it priced them per step kind (metadata's real.step_prices), and
+    each policy simulated again at the speed its steps ran (prediction.csv's
+    steps_over_price, simulated_at_speed, ratio_at_speed: known only after the run; not for
+    the wall time, whose steps' time over their price is that speed, so x1 at it)."""
     from benchbatch.core.cpu_clock import at_share, core_share
-    from benchbatch.core.prediction import pairs_of
-    from benchbatch.core.scheduler import make_scheduler
-    from benchbatch.core.simulate import simulate
+    from benchbatch.core.pricing import speed
     from benchbatch.experiments.ablation.run import cost_model
+    from benchbatch.experiments.step_prices import priced, say_prices, say_speeds
     from benchbatch.output.plots.prediction import record
 
     budgets = calibration_budgets(requests, slots)
     cost, cpu_cost = cost_model(rec, net, budgets, requests, given, run, cpu_clock=True,
                                 layout=layout)  # fmt: skip
-    pairs, shares = [], {}
+    clock = "wall" if cpu_cost is None else "cpu"
+    pairs, shares, speeds, all_steps = [], {}, {}, []
     for real in rec.rows("engine"):
         policy = real["policy"]
         # on the CPU clock, each policy at the share of the core its own run held (the
         # calibration's wall clock priced both at the calibration's: x0.6 at 75% against 50%)
-        steps = [s for s in rec.rows("engine_steps") if s.get("policy") == policy]
+        steps = list(priced((s for s in rec.rows("engine_steps") if s.get("policy") == policy),
+                            cost, cpu_cost))  # fmt: skip
+        all_steps += steps
         shares[policy] = core_share(steps) if cpu_cost is not None else math.nan
+        speeds[policy] = speed(steps, clock)
         model = at_share(cost, cpu_cost, shares[policy])
-        sim = simulate(requests, make_scheduler(policy, slots), model, fast=False)
-        m = sim.metrics.summary()
-        row = {"wall_s": sim.total_time, **{f"{k}_s": v for k, v in m.items()}}
-        pairs += pairs_of(policy, row, real, PREDICTED, policy=policy)
+        row = _simulated(requests, policy, slots, model)
+        again = _simulated(requests, policy, slots, model.scaled(speeds[policy])) \
+            if speeds[policy] == speeds[policy] else None  # fmt: skip
+        these = pairs_of(policy, row, real, PREDICTED, policy=policy)
+        for pair in these if again is not None else ():
+            if pair["metric"] == "wall_s":  # the speed's own definition: x1 at it, unsaid
+                continue
+            pair |= {"steps_over_price": speeds[policy],
+                     "simulated_at_speed": again[pair["metric"]],
+                     "ratio_at_speed": ratio(again[pair["metric"]], pair["measured"])}  # fmt: skip
+        pairs += these
     if cpu_cost is not None:
         _say_shares(rec, shares)
+    say_prices(rec, all_steps)
+    rec.meta.setdefault("real", {})["steps_over_price"] = speeds
+    say_speeds(rec, list(speeds.items()), unit="runs")
     record(rec, pairs, f"occupancy: the real engine beside its simulation; {slots} slots")
+
+
+def _simulated(requests, policy: str, slots: int, model) -> dict:
+    """One policy's simulation of the requests on `model`: its wall time and latencies
+    (engine.csv's names), in seconds."""
+    from benchbatch.core.scheduler import make_scheduler
+    from benchbatch.core.simulate import simulate
+
+    sim = simulate(requests, make_scheduler(policy, slots), model, fast=False)
+    return {"wall_s": sim.total_time, **{f"{k}_s": v for k, v in sim.metrics.summary().items()}}
 
 
 def _say_shares(rec, shares: dict) -> None:

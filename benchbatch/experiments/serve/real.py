@@ -44,6 +44,7 @@ def serve(rec, net, opts: ServeOptions, w, setup, cost, rates, seed: int, cpu_co
     from benchbatch.core.cpu_clock import core_share
     from benchbatch.core.pricing import speed
     from benchbatch.experiments.serve import probe
+    from benchbatch.experiments.step_prices import priced
     from benchbatch.runtime import energy_meter
     from benchbatch.runtime.runs import engine_events
 
@@ -55,7 +56,7 @@ def serve(rec, net, opts: ServeOptions, w, setup, cost, rates, seed: int, cpu_co
     by_label = {(probe.rate_label(r), cap): (r, cap) for r, cap in chosen}
     requests, _ = w.at(math.inf, n)
     runs = probe.engine_runs(w, chosen, opts.policies, setup, n, matched)
-    events = _priced(engine_events(net, requests, runs, seed), cost, cpu_cost)
+    events = priced(engine_events(net, requests, runs, seed), cost, cpu_cost)
     total = sum(run.sim_steps for run in runs)
     meter = energy_meter.EnergyMeter(net.embed.weight.device)
     meter.start()
@@ -138,6 +139,7 @@ def compare(rec, served: Served) -> None:
     """The real points beside their simulation: prediction.csv/png and its verdict, and
     how the calibration priced the steps the engine took."""
     from benchbatch.experiments.serve import probe
+    from benchbatch.experiments.step_prices import say_prices
     from benchbatch.output.plots.prediction import record
 
     pairs = []
@@ -146,103 +148,21 @@ def compare(rec, served: Served) -> None:
         pairs += probe.prediction_pairs(row, served.matched[key], span, served.spread.get(key, ()),
                                         served.at_speed.get(key))  # fmt: skip
     pairs = with_intervals(pairs, probe.point_requests(rec.rows("requests")))
-    say_prices(rec)
+    say_prices(rec, rec.rows("real_steps"))
     say_speeds(rec)
     say_core_shares(rec)
     record(rec, pairs, f"serve-sweep: the real engine beside its simulation; {c.title(rec)}")
 
 
-def _priced(events, cost, cpu_cost=None):
-    """The engine's step rows, each with the cost model's price of the step it took
-    (priced_ms: what the wall-clock fit charges that plan; priced_cpu_ms: the CPU clock's,
-    where the calibration has one), the rest passed through."""
-    from benchbatch.core.pricing import price_ms
-
-    for event in events:
-        if isinstance(event, dict):
-            event = event | {"priced_ms": price_ms(cost, event)}
-            if cpu_cost is not None:
-                event["priced_cpu_ms"] = price_ms(cpu_cost, event)
-        yield event
-
-
-# A run's steps priced outside this (median, per policy and kind, of at least PRICED_STEPS
-# steps) mean the calibration was made at another speed than the run's: said as a warning.
-PRICED_WITHIN = (0.9, 1.1)
-PRICED_STEPS = 20
-
-
-def say_prices(rec) -> None:
-    """How far the calibration priced the steps the real engine took, per policy and step
-    kind (metadata's real.step_prices): on the CPU clock where the calibration has one (the
-    steps' CPU time over the CPU fit's price: the device's speed, which the simulations
-    beside the points assume; the core share is theirs), else on the wall clock. A ratio
-    far from 1 is the step-cost model's error (the device changed since the calibration),
-    one near 1 beside a latency far off is the scheduling's or the queue's."""
-    from benchbatch.core.pricing import price_errors
-
-    steps = rec.rows("real_steps")
-    clock = "cpu" if any(r.get("priced_cpu_ms") for r in steps) else "wall"
-    errors = price_errors(steps, clock=clock)
-    if not errors:
-        return
-    rec.meta.setdefault("real", {})["step_prices"] = errors
-    rec.meta["real"]["step_prices_clock"] = clock
-    by_policy: dict[str, list[str]] = {}
-    for e in errors:
-        by_policy.setdefault(e["policy"], []).append(
-            f"{e['kind']} x{e['ratio_p50']:.2f} ({e['steps']:,})"
-        )
-    what = "CPU time" if clock == "cpu" else "time"
-    rec.note(
-        f"the real engine's steps' {what} over the calibration's price of them (median, "
-        "steps): " + "; ".join(f"{p} {', '.join(v)}" for p, v in by_policy.items())
-    )
-    off = [e for e in errors if e["steps"] >= PRICED_STEPS and not
-           PRICED_WITHIN[0] <= e["ratio_p50"] <= PRICED_WITHIN[1]]  # fmt: skip
-    if off:
-        worst = max(off, key=lambda e: abs(math.log(e["ratio_p50"])))
-        why = (
-            "the device ran at another speed while it calibrated (a frequency change, "
-            "other processes' use of the caches and memory bus)"
-            if clock == "cpu"
-            else "the machine ran at another speed while it calibrated (another process, a "
-            "frequency change)"
-        )
-        rec.warning(
-            f"the calibration priced the real engine's steps off: {worst['policy']} "
-            f"{worst['kind']} steps took x{worst['ratio_p50']:.2f} of their price "
-            f"(median of {worst['steps']:,}); {why}, so the simulation beside them is off "
-            "by about as much: run again on a quieter machine, or reuse a calibration made "
-            "under the run's conditions with --step-costs"
-        )
-
-
-# A point whose steps took outside this of their price (steps_over_price) ran at another
-# speed than the calibration's by more than a p99's band: a warning, where the run's medians
-# per step kind (say_prices) can sit near 1 while its first points ran slow and its last fast.
-SPEED_MOVED = (0.8, 1.25)
-
-
 def say_speeds(rec) -> None:
-    """A warning naming the real points whose steps took outside SPEED_MOVED of the
-    calibration's price (serve.csv's steps_over_price), the farthest first: the device's
-    speed moved during the run, and those points' errors are mostly its."""
+    """A warning naming the real points whose steps took outside step_prices.SPEED_MOVED of
+    the calibration's price (serve.csv's steps_over_price), the farthest first: the
+    device's speed moved during the run, and those points' errors are mostly its."""
+    from benchbatch.experiments.step_prices import say_speeds as warn
+
     real = [r for r in rec.rows("serve") if r["source"] == "real"]
-    moved = [(f"{r['policy']} @ {r['rate']} req/s{_cap_words(r)}", r["steps_over_price"])
-             for r in real if r.get("steps_over_price", math.nan) == r.get("steps_over_price")
-             and not SPEED_MOVED[0] <= r["steps_over_price"] <= SPEED_MOVED[1]]  # fmt: skip
-    if not moved:
-        return
-    moved.sort(key=lambda m: -abs(math.log(m[1])))
-    shown = ", ".join(f"{p} x{v:.2f}" for p, v in moved[:3])
-    more = f" and {len(moved) - 3} more" if len(moved) > 3 else ""
-    rec.warning(
-        f"the device's speed moved during the run: at {len(moved)} of {len(real)} points the "
-        f"steps took outside x{SPEED_MOVED[0]:g}-x{SPEED_MOVED[1]:g} of their price ({shown}"
-        f"{more}), so their simulation is off by about as much (prediction.csv's "
-        "ratio_at_speed prices each point at its own speed): run again on a quieter machine"
-    )
+    warn(rec, [(f"{r['policy']} @ {r['rate']} req/s{_cap_words(r)}",
+                r.get("steps_over_price", math.nan)) for r in real])  # fmt: skip
 
 
 def say_core_shares(rec) -> None:
