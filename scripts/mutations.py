@@ -1070,6 +1070,41 @@ BREAKS = [
         "    if False:",
         tests("tests/test_checkpoint.py", "test_a_single_file_beside_an_index_is_refused"),
     ),
+    Break(
+        "audit 3: occupancy's run simulated again at the calibration's speed",
+        "benchbatch/experiments/occupancy/real.py",
+        "        again = _simulated(requests, policy, slots, model.scaled(speeds[policy])) \\",
+        "        again = _simulated(requests, policy, slots, model) \\",
+        tests("tests/test_occupancy_cli.py", "test_real_engine_measures_both_policies"),
+    ),
+    Break(
+        "audit 3: occupancy's runs' speed read on the wall clock where the CPU's prices",
+        "benchbatch/experiments/occupancy/real.py",
+        "    clock = \"wall\" if cpu_cost is None else \"cpu\"",
+        "    clock = \"wall\"",
+        tests("tests/test_occupancy_cli.py", "test_real_engine_measures_both_policies"),
+    ),
+    Break(
+        "audit 3: occupancy's wall time judged again at its own speed (x1 by definition)",
+        "benchbatch/experiments/occupancy/real.py",
+        "            if pair[\"metric\"] == \"wall_s\":",
+        "            if False:",
+        tests("tests/test_occupancy_cli.py", "test_real_engine_measures_both_policies"),
+    ),
+    Break(
+        "audit 3: ablation's scheme simulated again at the calibration's speed",
+        "benchbatch/experiments/ablation/run.py",
+        "        sim = probe.simulate_scheme(requests, scheme, budgets, cost.scaled(factor))",
+        "        sim = probe.simulate_scheme(requests, scheme, budgets, cost)",
+        tests("tests/test_ablation.py", "test_real_engine_run_writes_every_file"),
+    ),
+    Break(
+        "audit 3: ablation's steps priced by another scheme's",
+        "benchbatch/experiments/ablation/run.py",
+        "    speeds = {s: speed([r for r in steps if r[\"scheme\"] == s]) for s in schemes}",
+        "    speeds = {s: speed(steps) for s in schemes}",
+        tests("tests/test_ablation.py", "test_real_engine_run_writes_every_file"),
+    ),
 ]
 
 

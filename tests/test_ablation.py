@@ -269,11 +269,35 @@ def test_real_engine_run_writes_every_file(runner, tmp_path, linear_step_costs):
     fitted = pd.read_csv(out / "step_cost.csv")
     assert {"fitted_ms", "error", "kind"} <= set(fitted) and len(fitted) == cost["samples"]
     assert len(pd.read_csv(out / "prediction.csv")) == 7 * 3  # 7 metrics of 3 schemes
+    # Each scheme's run priced as serve-sweep's points: its speed is its steps' time (with
+    # the gap before each) over the cost model's price of them (step_cost.json's fit), and
+    # its simulation again at that speed is the same run with every time scaled (arrivals
+    # come at step numbers); the total time's is left out (about the speed itself).
+    from benchbatch.core import saved_calibration
+    from benchbatch.core.calibration import step_kind
+    from benchbatch.core.pricing import loop_ms, price_ms
+
+    model = saved_calibration.given([out / "step_cost.json"])["model"]
+    pred = pd.read_csv(out / "prediction.csv")
+    meta = json.loads((out / "metadata.json").read_text())
+    every = pd.read_csv(out / "steps.csv").to_dict("records")
+    for scheme in probe.SCHEMES:
+        mine = [r for r in every if r["scheme"] == scheme and step_kind(r) != "idle"]
+        speed = sum(loop_ms(r) for r in mine) / sum(price_ms(model, r) for r in mine)
+        assert meta["real"]["steps_over_price"][scheme] == pytest.approx(speed, rel=1e-9)
+        rows = pred[pred["point"] == scheme]
+        assert rows[rows["metric"] == "total_s"]["ratio_at_speed"].isna().all()
+        for _, r in rows[rows["metric"] != "total_s"].iterrows():
+            assert r["steps_over_price"] == pytest.approx(speed, rel=1e-5)
+            assert r["simulated_at_speed"] == pytest.approx(r["simulated"] * speed, rel=1e-5)
+            assert r["ratio_at_speed"] == pytest.approx(r["measured"] / r["simulated_at_speed"],
+                                                        rel=1e-5)  # fmt: skip
+    assert {e["scheme"] for e in meta["real"]["step_prices"]} == set(probe.SCHEMES)
+    assert "the runs ran their steps at x" in meta["prediction"]["at_speed"]
     assert "the simulation predicts" in result.stdout
     assert len(pd.read_csv(out / "slo.csv")) > 1
     for png in ("ablation_tbt.png", "ablation_latency.png", "slo.png"):
         assert (out / png).stat().st_size > 0, png
-    meta = json.loads((out / "metadata.json").read_text())
     assert meta["status"] == "complete" and set(meta["ordering"]) == {"sim", "real"}
     assert meta["slo"]["percentile"] == 99
 

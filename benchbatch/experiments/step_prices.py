@@ -34,9 +34,10 @@ def priced(rows: Iterable, cost, cpu_cost=None):
         yield row
 
 
-def say_prices(rec, steps: Sequence[dict]) -> None:
+def say_prices(rec, steps: Sequence[dict], key: str = "policy") -> None:
     """How far the calibration priced the steps the real engine took (priced's rows), per
-    policy and step kind (metadata's real.step_prices): on the CPU clock where the
+    run (key: the rows' policy, or ablation's scheme) and step kind (metadata's
+    real.step_prices): on the CPU clock where the
     calibration has one (the steps' CPU time over the CPU fit's price: the device's speed,
     which the simulations beside the runs assume; the core share is theirs), else on the
     wall clock. A ratio far from 1 is the step-cost model's error (the device changed since
@@ -45,14 +46,14 @@ def say_prices(rec, steps: Sequence[dict]) -> None:
     from benchbatch.core.pricing import price_errors
 
     clock = "cpu" if any(r.get("priced_cpu_ms") for r in steps) else "wall"
-    errors = price_errors(steps, clock=clock)
+    errors = price_errors(steps, key=key, clock=clock)
     if not errors:
         return
     rec.meta.setdefault("real", {})["step_prices"] = errors
     rec.meta["real"]["step_prices_clock"] = clock
     by_policy: dict[str, list[str]] = {}
     for e in errors:
-        by_policy.setdefault(e["policy"], []).append(
+        by_policy.setdefault(e[key], []).append(
             f"{e['kind']} x{e['ratio_p50']:.2f} ({e['steps']:,})"
         )
     what = "CPU time" if clock == "cpu" else "time"
@@ -72,7 +73,7 @@ def say_prices(rec, steps: Sequence[dict]) -> None:
             "frequency change)"
         )
         rec.warning(
-            f"the calibration priced the real engine's steps off: {worst['policy']} "
+            f"the calibration priced the real engine's steps off: {worst[key]} "
             f"{worst['kind']} steps took x{worst['ratio_p50']:.2f} of their price "
             f"(median of {worst['steps']:,}); {why}, so the simulation beside them is off "
             "by about as much: run again on a quieter machine, or reuse a calibration made "

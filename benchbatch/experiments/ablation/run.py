@@ -8,7 +8,7 @@ from dataclasses import dataclass
 from benchbatch.core.fits import check_fits, length_options
 from benchbatch.core.options import ModelOptions, RunOptions, WorkloadOptions
 from benchbatch.core.optkit import record
-from benchbatch.core.prediction import pairs_of
+from benchbatch.core.prediction import pairs_of, ratio
 from benchbatch.experiments.ablation import probe
 from benchbatch.experiments.ablation.options import AblationOptions
 from benchbatch.output.recorder import Recorder
@@ -63,7 +63,7 @@ def measure_run(
     cost = cost_model(rec, net, budgets, requests, inputs.given, run)
     sims = _simulate(rec, requests, opts.schemes, budgets, cost, opts.slo)
     if opts.engine == "real":
-        _run_real(rec, net, requests, budgets, sims, opts.slo, run)
+        _run_real(rec, net, requests, budgets, sims, opts.slo, run, cost)
     if opts.slo is not None:
         _slo_search(rec, requests, budgets, cost, opts.slo)
     _figures(rec, budgets)
@@ -224,10 +224,11 @@ def _simulate(rec, requests, schemes, budgets, cost, slo) -> dict:
     return sims
 
 
-def _run_real(rec, net, requests, budgets, sims, slo, run: RunOptions) -> None:
+def _run_real(rec, net, requests, budgets, sims, slo, run: RunOptions, cost) -> None:
     """Every scheme on the model, through the real engine's one loop: steps.csv as the steps
     end (beside the cost model's price of each), the real rows of ablation.csv, requests.csv
-    and tbt.csv as each scheme ends."""
+    and tbt.csv as each scheme ends; prediction.csv, each scheme's run priced as serve-sweep's
+    points are (_at_speed)."""
     estimate = sum(s.total_s for s in sims.values())
     rec.say(
         f"real engine: {len(sims)} schemes, {sum(s.steps for s in sims.values()):,} steps; "
@@ -258,8 +259,35 @@ def _run_real(rec, net, requests, budgets, sims, slo, run: RunOptions) -> None:
         pairs += pairs_of(scheme, sim_rows[scheme], row, PREDICTED, scheme=scheme)
     from benchbatch.output.plots.prediction import record as record_prediction
 
+    _at_speed(rec, requests, budgets, cost, pairs, slo)
     title = f"ablation: the real engine beside its simulation; {_title(rec, budgets)}"
     record_prediction(rec, pairs, title)
+
+
+def _at_speed(rec, requests, budgets, cost, pairs: list[dict], slo) -> None:
+    """Each scheme's real steps priced by the cost model (on its clock, the wall's): how far
+    it priced them per step kind (metadata's real.step_prices), each scheme's speed (its
+    steps' time over their price: real.steps_over_price, a warning past x0.8-1.25), and its
+    requests simulated again at that speed beside each pair (steps_over_price,
+    simulated_at_speed, ratio_at_speed: known only after the run; not for the total time,
+    whose steps' time over their price is about that speed)."""
+    from benchbatch.core.pricing import speed
+    from benchbatch.experiments.step_prices import priced, say_prices, say_speeds
+
+    steps = list(priced(rec.rows("steps"), cost))
+    schemes = list(dict.fromkeys(p["scheme"] for p in pairs))
+    speeds = {s: speed([r for r in steps if r["scheme"] == s]) for s in schemes}
+    for scheme, factor in speeds.items():
+        if not factor == factor:
+            continue
+        sim = probe.simulate_scheme(requests, scheme, budgets, cost.scaled(factor))
+        again = probe.summary_row(sim, budgets, slo)
+        for pair in (p for p in pairs if p["scheme"] == scheme and p["metric"] != "total_s"):
+            pair |= {"steps_over_price": factor, "simulated_at_speed": again[pair["metric"]],
+                     "ratio_at_speed": ratio(again[pair["metric"]], pair["measured"])}  # fmt: skip
+    say_prices(rec, steps, key="scheme")
+    rec.meta.setdefault("real", {})["steps_over_price"] = speeds
+    say_speeds(rec, list(speeds.items()), unit="runs")
 
 
 # What prediction.csv sets side by side for each scheme (all requests queued at once).
