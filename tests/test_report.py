@@ -525,3 +525,26 @@ def test_a_ratio_rounded_across_its_threshold_is_said_with_more_digits():
     far = _latency_claim({"batch_from": 1, "batch_to": 256, "throughput_ratio": 223.4,
                           "step_latency_ratio": 1.104})  # fmt: skip
     assert far.measured.startswith("throughput x223, step time x1.1")
+
+
+def test_the_prediction_section_sets_each_runs_own_speed_beside_its_ratio():
+    """reproduce --engine real: prediction.csv's ratio at each run's own speed (occupancy
+    prices its runs' steps after them) as a column, and its line under the verdict; a run
+    without (an older run's CSV) keeps the table as it was."""
+    from benchbatch.output.report.beyond import section_prediction
+
+    rows = [{"point": "static", "metric": "ttft_p50_s", "simulated": 2.0, "measured": 2.3,
+             "ratio": 1.15, "target_low": 0.9, "target_high": 1.1, "within": "False",
+             "ratio_at_speed": "1.02"},
+            {"point": "static", "metric": "wall_s", "simulated": 4.0, "measured": 4.6,
+             "ratio": 1.15, "target_low": 0.9, "target_high": 1.1, "within": "False",
+             "ratio_at_speed": math.nan}]  # fmt: skip
+    section = section_prediction(rows, "the verdict", None, "the runs ran their steps at x1.15")
+    assert section.headers[-1] == "at its run's speed"
+    assert [r[-1] for r in section.rows] == ["1.02x", "-"]
+    assert [r[4] for r in section.rows] == ["1.15x", "1.15x"]
+    assert section.notes == ["the verdict", "the runs ran their steps at x1.15"]
+    older = section_prediction([{k: v for k, v in r.items() if k != "ratio_at_speed"}
+                                for r in rows], "the verdict", None)  # fmt: skip
+    assert "at its run's speed" not in older.headers and len(older.rows[0]) == 7
+    assert older.notes == ["the verdict"]

@@ -66,6 +66,7 @@ def build_report(run) -> report.Report:
         ceilings_raised=run.meta.get("ceilings_raised"),
         prediction_rows=run.rows("prediction") or None,
         prediction_verdict=(run.meta.get("prediction") or {}).get("verdict"),
+        prediction_at_speed=(run.meta.get("prediction") or {}).get("at_speed"),
     )
 
 

@@ -16,18 +16,24 @@ MEMORY_TITLE = "Memory, not compute, limits the batch"
 PREDICTION_TITLE = "The simulation beside the real engine"
 
 
-def section_prediction(rows: list[dict], verdict: str | None, image: str | None) -> Section:
+def section_prediction(rows: list[dict], verdict: str | None, image: str | None,
+                       at_speed: str | None = None) -> Section:  # fmt: skip
     """prediction.csv: each policy's run on the model beside its simulation of the same
-    requests (the engine's calibration pricing the scheduler's steps), metric by metric."""
+    requests (the engine's calibration pricing the scheduler's steps), metric by metric;
+    where the runs' steps were priced after them (ratio_at_speed), the ratio at each run's
+    own speed beside it, and its line (at_speed) under the verdict."""
     from benchbatch.core.prediction import NAMES
 
+    speed = any(number(r, "ratio_at_speed") is not None for r in rows)
     headers = ["policy", "metric", "simulated s", "measured s", "measured / simulated",
                "target", "within"]  # fmt: skip
+    if speed:
+        headers.append("at its run's speed")
     body = []
     for r in rows:
         lo, hi = number(r, "target_low"), number(r, "target_high")
         within = str(r.get("within"))
-        body.append([
+        cells = [
             str(r["point"]),
             NAMES.get(str(r["metric"]), str(r["metric"])),
             fmt(number(r, "simulated")),
@@ -35,14 +41,19 @@ def section_prediction(rows: list[dict], verdict: str | None, image: str | None)
             times(number(r, "ratio")),
             "-" if lo is None or hi is None else f"x{lo:g}-x{hi:g}",
             {"True": "yes", "False": "no"}.get(within, "-"),
-        ])  # fmt: skip
+        ]  # fmt: skip
+        if speed:
+            again = number(r, "ratio_at_speed")
+            cells.append("-" if again is None else times(again))
+        body.append(cells)
     intro = [
         "The same requests simulated with the engine's own calibration (its timed steps "
         "after the runs, fitted per term; step_cost.json) and scheduled as the engine "
         "scheduled them: the error of the simulation that occupancy, ablation and "
         "serve-sweep put beside their measurements, on this device.",
     ]
-    return Section(PREDICTION_TITLE, intro, headers, body, image, [verdict] if verdict else [])
+    return Section(PREDICTION_TITLE, intro, headers, body, image,
+                   [line for line in (verdict, at_speed) if line])  # fmt: skip
 
 
 # --- the serving curve -------------------------------------------------------------------------

@@ -277,6 +277,7 @@ def build(
     ceilings_raised: list[dict] | None = None,
     prediction_rows: list[dict] | None = None,
     prediction_verdict: str | None = None,
+    prediction_at_speed: str | None = None,
 ) -> Report:
     """Every section of the report, from rows and summaries (see reproduce's metadata)."""
     images = set(files)
@@ -293,7 +294,8 @@ def build(
         sections.append(_section_real(real_rows, real_workload, image("engine.png")))
     if prediction_rows:
         sections.append(section_prediction(prediction_rows, prediction_verdict,
-                                           image("prediction.png")))  # fmt: skip
+                                           image("prediction.png"),
+                                           prediction_at_speed))  # fmt: skip
     if memory_ceiling:
         sections.append(section_memory(memory_ceiling, memory_rows, image("memory.png")))
     if serve_rows:
