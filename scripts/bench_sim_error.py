@@ -84,6 +84,30 @@ def run_once(folder: Path, extra: list[str], command: str = "serve-sweep") -> pd
     return table
 
 
+def speed_by_sixth(folder: Path, steps_file: str) -> list[float]:
+    """How fast the device ran a run's steps, sixth by sixth of them in order: each sixth's
+    CPU time (with the gap before each step) over the calibration's CPU-clock price of it
+    (step_cost.json), idle steps left out; [] without a CPU-clock fit. A run whose sixths
+    move as far as its ratios do met the device's drift, not the model's error."""
+    from benchbatch.core import saved_calibration
+    from benchbatch.core.calibration import step_kind
+    from benchbatch.core.pricing import loop_cpu_ms, price_ms
+
+    cpu = saved_calibration.given([folder / "step_cost.json"]).get("cpu_model")
+    if cpu is None or not (folder / steps_file).is_file():
+        return []
+    rows = [r for r in pd.read_csv(folder / steps_file).to_dict("records")
+            if step_kind(r) != "idle"]  # fmt: skip
+    took = [loop_cpu_ms(r) for r in rows]
+    price = [price_ms(cpu, r) for r in rows]
+    n = len(rows)
+    cuts = [(i * n // 6, (i + 1) * n // 6) for i in range(6)]
+    return [sum(took[a:b]) / sum(price[a:b]) for a, b in cuts if b > a and sum(price[a:b]) > 0]
+
+
+STEPS_FILE = {"serve-sweep": "real_steps.csv", "occupancy": "engine_steps.csv"}
+
+
 def measure(
     rounds: int, keep: Path, extra: list[str], cores: dict[str, int | None],
     command: str = "serve-sweep",
@@ -105,7 +129,10 @@ def measure(
                     loop.wait()
             table["round"], table["load_1min_before"], table["condition"] = i, load, condition
             out[condition].append(table)
-            print(f"round {i}, {condition}: {folder} (load {load:.1f} before)", file=sys.stderr)
+            sixths = speed_by_sixth(folder, STEPS_FILE[command])
+            said = " ".join(f"x{v:.2f}" for v in sixths)
+            print(f"round {i}, {condition}: {folder} (load {load:.1f} before); its steps over "
+                  f"their price, sixth by sixth: {said or 'no CPU clock'}", file=sys.stderr)
     return out
 
 
