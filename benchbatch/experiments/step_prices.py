@@ -1,8 +1,8 @@
 """How a calibration priced the steps a real engine took, said the same way wherever a real
-run stands beside its simulation (serve-sweep's real points, occupancy --engine real and
-reproduce's real part): each step's price (priced), the spread of measured over priced per
-run and step kind (say_prices: metadata's real.step_prices), and the runs whose steps ran
-far off their price (say_speeds: a warning)."""
+run stands beside its simulation (serve-sweep's real points, occupancy and ablation with
+--engine real, reproduce's real part): each step's price (priced), the spread of
+measured over priced per run and step kind (say_prices: metadata's real.step_prices),
+and the runs whose steps ran far off their price (say_speeds: a warning)."""
 
 from __future__ import annotations
 
@@ -13,10 +13,10 @@ from collections.abc import Iterable, Sequence
 # steps) mean the calibration was made at another speed than the run's: said as a warning.
 PRICED_WITHIN = (0.9, 1.1)
 PRICED_STEPS = 20
-# A run (a serving point, an occupancy policy) whose steps took outside this of their price
-# (steps_over_price) ran at another speed than the calibration's by more than a p99's band:
-# a warning, where the medians per step kind (say_prices) can sit near 1 while its first
-# points ran slow and its last fast.
+# A run (a serving point, an occupancy policy, an ablation scheme) whose steps took outside
+# this of their price (steps_over_price) ran at another speed than the calibration's by more
+# than a p99's band: a warning, where the medians per step kind (say_prices) can sit near 1
+# while its first points ran slow and its last fast.
 SPEED_MOVED = (0.8, 1.25)
 
 
@@ -37,12 +37,11 @@ def priced(rows: Iterable, cost, cpu_cost=None):
 def say_prices(rec, steps: Sequence[dict], key: str = "policy") -> None:
     """How far the calibration priced the steps the real engine took (priced's rows), per
     run (key: the rows' policy, or ablation's scheme) and step kind (metadata's
-    real.step_prices): on the CPU clock where the
-    calibration has one (the steps' CPU time over the CPU fit's price: the device's speed,
-    which the simulations beside the runs assume; the core share is theirs), else on the
-    wall clock. A ratio far from 1 is the step-cost model's error (the device changed since
-    the calibration), one near 1 beside a latency far off is the scheduling's or the
-    queue's."""
+    real.step_prices): on the CPU clock where the calibration has one (the steps' CPU
+    time over the CPU fit's price: the device's speed, which the simulations beside the
+    runs assume; the core share is theirs), else on the wall clock. A ratio far from 1
+    is the step-cost model's error (the device changed since the calibration), one near
+    1 beside a latency far off is the scheduling's or the queue's."""
     from benchbatch.core.pricing import price_errors
 
     clock = "cpu" if any(r.get("priced_cpu_ms") for r in steps) else "wall"
