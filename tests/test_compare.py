@@ -41,6 +41,7 @@ def invoke(*args):
 
 RUNS = {
     "fp32": PHASES,
+    "ctx16": [*PHASES[:-1], "16"],  # the same steps' decodes at context 16, not 8
     "bf16": [*PHASES, "--dtype", "bf16"],
     "sweep": SWEEP,
     "repro-a": REPRODUCE,
@@ -180,7 +181,7 @@ def test_the_printed_ratio_is_the_second_run_over_the_first(runs, tmp_path):
     df.to_csv(slow / "phases.csv", index=False)
     result = invoke("compare", runs / "fp32", slow, "--out", tmp_path / "c")
     assert result.exit_code == 0, result.output
-    assert printed_row(result.stdout, "phases: step ms", "label")[-1] == "slow / fp32"
+    assert printed_row(result.stdout, "phases: step ms", "step")[-1] == "slow / fp32"
     for label, factor in factors.items():
         assert printed_row(result.stdout, "phases: step ms", label)[-1] == f"x{factor}", label
     result = invoke("compare", slow, runs / "fp32", "--out", tmp_path / "d")
@@ -441,5 +442,72 @@ def test_occupancy_runs_of_several_seeds_are_compared_by_their_first_said(tmp_pa
     assert done.exit_code == 0, done.output
     said = " ".join(done.stderr.split())
     assert "note: occupancy: each run's first seed (compare-occupancy.csv has every seed)" in said
-    assert "the runs differ in seeds (2, 3)" in said
+    assert "the runs differ in --seeds (2, 3)" in said
     assert set(pd.read_csv(tmp_path / "c" / "compare-occupancy.csv")["seed"]) == {0, 1, 2}
+
+
+def test_decodes_at_other_contexts_are_never_one_row_or_one_ratio(runs):
+    """phases at context 8 and at context 16 measured other decode steps under the same
+    labels: compare set them in one row (and one bar), and matched a conclusion across
+    them. Each is its own row now, and each conclusion names its context."""
+    out = runs.root / "cmp-contexts"
+    result = invoke("compare", runs / "fp32", runs / "ctx16", "--out", out, "--json")
+    assert result.exit_code == 0, result.output
+    doc = json.loads(result.stdout)
+    said = {c["ratio"]: c for c in doc["conclusions"]}
+    assert "each token cheaper, batch 1 to 2 at context 8" in said
+    assert "each token cheaper, batch 1 to 2 at context 16" in said
+    for c in said.values():  # each measured by one run only: no ratio between the two
+        assert len(c["runs"]) == 1 and c["versus_first"] == {}
+    shown = invoke("compare", runs / "fp32", runs / "ctx16", "--out", runs.root / "cmp-ctx-2")
+    assert shown.exit_code == 0, shown.output
+    text = " ".join(shown.stdout.split())
+    assert "decode b=1, context 8" in text and "decode b=1, context 16" in text
+    steps = merging.phases_steps(pd.read_csv(out / "compare-phases.csv"))
+    shared = steps.groupby("step")["run"].nunique()
+    assert shared[[k for k in shared.index if k.startswith("decode")]].max() == 1
+    assert shared["prefill 8"] == 2  # a prefill is the same step in both: one row
+    same = merging.phases_steps(pd.read_csv(runs / "fp32" / "phases.csv"))
+    assert (same["step"] == same["label"]).all()  # one context: the labels as they are
+
+
+def test_a_table_cut_short_is_refused(runs, tmp_path):
+    """A phases.csv whose last row was cut mid-line read as a step with its last fields
+    empty (a ratio said "-", the run "complete"): refused in one line."""
+    cut = tmp_path / "cut"
+    shutil.copytree(runs / "fp32", cut)
+    data = (cut / "phases.csv").read_bytes()
+    (cut / "phases.csv").write_bytes(data[: len(data) - 40])
+    refused(invoke("compare", runs / "fp32", cut, "--out", tmp_path / "c"), "phases.csv",
+            "cut short")  # fmt: skip
+
+
+def test_runs_of_other_versions_are_named_with_the_options_as_typed(runs, tmp_path):
+    """Another benchbatch's or torch's run was compared with no word; the options the runs
+    differ in are named as the user types them (--output-median, not median), and an
+    option one run left unset and another does not have is no difference."""
+    from pathlib import Path
+
+    from benchbatch.app.views.compare import differences_line, option_names
+
+    other = tmp_path / "other"
+    shutil.copytree(runs / "fp32", other)
+    meta = json.loads((other / "metadata.json").read_text())
+    meta["environment"]["benchbatch_version"] = "9.9.9"
+    (other / "metadata.json").write_text(json.dumps(meta))
+    result = invoke("compare", runs / "fp32", other, "--out", tmp_path / "c", "--json")
+    assert result.exit_code == 0, result.output
+    was = json.loads((runs / "fp32" / "metadata.json").read_text())["environment"]
+    assert json.loads(result.stdout)["differences"] == {
+        "benchbatch version": [was["benchbatch_version"], "9.9.9"]}
+    names = option_names("occupancy")
+    assert names["median"] == "--output-median" and names["slots"] == "--slots"
+    assert option_names("no-such-command") == {}
+    line = differences_line({"median": ["70.0", "40.0"]}, kind="occupancy")
+    assert line.startswith("the runs differ in --output-median (70.0, 40.0)")
+
+    def run(label, options):
+        return merging.RunData(label, Path(label), "occupancy", {"options": options}, {})
+
+    assert merging.differences([run("a", {"hidden": None, "cuda_graphs": True}),
+                                run("b", {"cuda_graphs": False})]) == {}  # fmt: skip

@@ -209,3 +209,22 @@ def reason(e: BaseException) -> str:
 def first_line(e: BaseException) -> str:
     text = str(e).strip()
     return text.splitlines()[0] if text else type(e).__name__
+
+
+def cut_short(data: bytes) -> str | None:
+    """Whether a CSV's bytes end in a line cut short (a copy or a run stopped mid-write):
+    a last line with fewer fields than the header, or one cut just after its last comma
+    (no newline to end it, its last field empty). The reason ("line N has K of its
+    header's M fields: the file was cut short"), or None for a whole file."""
+    import csv
+
+    text = data.decode("utf-8", errors="replace")
+    lines = text.rstrip("\r\n").splitlines()
+    if len(lines) < 2:
+        return None
+    header, last = (next(csv.reader([line]), []) for line in (lines[0], lines[-1]))
+    unended = not text.endswith("\n") and lines[-1].endswith(",")
+    if len(last) < len(header) or (len(last) == len(header) and unended):
+        return (f"line {len(lines)} has {len(last) - unended} of its header's {len(header)} "
+                "fields: the file was cut short")  # fmt: skip
+    return None

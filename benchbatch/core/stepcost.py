@@ -87,23 +87,13 @@ def _read_costs_csv(path: Path) -> pd.DataFrame:
 
 
 def _check_last_line(path: Path, data: bytes) -> None:
-    """A last line with fewer fields than the header is a file cut short (a copy or a run
-    stopped mid-write): refused, never read as a step with its last fields empty. So is one
-    cut just after its last comma (no newline to end it, its last field empty)."""
-    import csv
+    """A file cut short (core/inputs.cut_short) is refused, never read as a step with its
+    last fields empty."""
+    from benchbatch.core.inputs import cut_short
 
-    text = data.decode("utf-8", errors="replace")
-    lines = text.rstrip("\r\n").splitlines()
-    if len(lines) < 2:
-        return
-    header, last = (next(csv.reader([line]), []) for line in (lines[0], lines[-1]))
-    unended = not text.endswith("\n") and lines[-1].endswith(",")
-    if len(last) < len(header) or (len(last) == len(header) and unended):
-        raise UserError(
-            STEP_COSTS_OPTION,
-            f"{path} line {len(lines)} has {len(last) - unended} of its header's "
-            f"{len(header)} fields: the file was cut short",
-        )
+    said = cut_short(data)
+    if said:
+        raise UserError(STEP_COSTS_OPTION, f"{path} {said}")
 
 
 def _check_numbers(path, df, columns, bounds=TOKENS_RANGE, missing_ok: bool = False) -> None:

@@ -88,22 +88,35 @@ class RunData:
 NOT_MEASURED = frozenset({"out", "force", "json_out", "label", "quiet"})
 
 
+# The environment's parts a comparison names where the runs differ (the device and dtype
+# are the runs table's own columns): another benchbatch or torch measures other code.
+VERSIONS = (("benchbatch_version", "benchbatch version"), ("torch_version", "torch version"))
+
+
 def differences(runs: list[RunData]) -> dict[str, list[str]]:
-    """What the runs measured differently: each model size (metadata's config) and each
-    option whose values are not all alike, its values in the runs' order (as text). A ratio
-    between runs then compares these too; the device is the runs table's own column."""
+    """What the runs measured differently: the benchbatch and torch versions, each model
+    size (metadata's config) and each option whose values are not all alike, its values in
+    the runs' order (as text; an option a run does not have and one it left unset both
+    "-"). A ratio between runs then compares these too; the device is the runs table's own
+    column. --cuda-graphs is left out where no run was on CUDA (a CPU has no graphs)."""
     found: dict[str, list[str]] = {}
+    envs = [_object(r.meta.get("environment")) for r in runs]
+    for key, name in VERSIONS:
+        values = [_text(e.get(key, "-")) for e in envs]
+        if len(set(values)) > 1:
+            found[name] = values
     models = [_object(r.meta.get("config")) for r in runs]
     parts = (("config", frozenset({"name"})), ("options", NOT_MEASURED))
     if not all(models) and any(models):  # a run without a model (simulated): its name alone
         found["model"] = [_text(m.get("name", "none")) for m in models]
         parts = parts[1:]
+    cuda = any(str(e.get("device", "")).startswith("cuda") for e in envs)
     for part, skip in parts:
         given = [_object(r.meta.get(part)) for r in runs]
         for key in dict.fromkeys(k for g in given for k in g):
-            if key in skip or key in found:  # a size given: the config's value says it
-                continue
-            values = [_text(g.get(key, "-")) for g in given]
+            if key in skip or key in found or (key == "cuda_graphs" and not cuda):
+                continue  # a size given: the config's value says it
+            values = [_text(g.get(key)) if g.get(key) is not None else "-" for g in given]
             if len(set(values)) > 1:
                 found[key] = values
     return found
@@ -156,7 +169,7 @@ def read_table(folder: Path, table: str) -> pd.DataFrame:
     """One CSV of a run folder, with the columns compare needs, numbers where numbers go."""
     import io
 
-    from benchbatch.core.inputs import read_bytes
+    from benchbatch.core.inputs import cut_short, read_bytes
 
     path = folder / f"{table}.csv"
     if not path.exists():
@@ -167,6 +180,9 @@ def read_table(folder: Path, table: str) -> pd.DataFrame:
         df = pd.read_csv(io.BytesIO(data), index_col=False, dtype=text)
     except (UnicodeDecodeError, ValueError) as e:  # pandas' parse errors are ValueErrors
         raise fail(f"{path} is corrupt: {_first_line(e)}") from None
+    cut = cut_short(data)
+    if cut:  # its last row's last fields would read as empty cells: a step not measured
+        raise fail(f"{path} is corrupt: {cut}")
     missing = [col for col in COLUMNS[table] if col not in df.columns]
     if missing:
         raise fail(f"{path} is corrupt: no column {', '.join(missing)}")
@@ -348,6 +364,22 @@ def pivot(
         ok = ok.assign(**{value: ok[value].astype(object).where(ok[value].notna(), missing)})
     table = ok.pivot_table(index=index, columns="run", values=value, aggfunc="first", sort=False)
     return table.reindex(columns=[r for r in runs if r in table.columns])
+
+
+def phases_steps(df: pd.DataFrame) -> pd.DataFrame:
+    """phases rows with a `step` column naming what was measured: the label, and for a
+    decode step its context where the runs decoded at more than one (decode b=1 at 32
+    and at 64 are different steps: never one row, one bar or one ratio). A table without
+    contexts (an older run's) keeps its labels."""
+    if "context" not in df.columns:
+        return df.assign(step=df["label"])
+    decode = df["phase"] == "decode"
+    contexts = numeric(df.loc[decode, "context"]).dropna().unique()
+    if len(contexts) <= 1:
+        return df.assign(step=df["label"])
+    named = df["label"] + ", context " + numeric(df["context"]).map(
+        lambda c: f"{int(c):,}" if c == c else "?")  # fmt: skip
+    return df.assign(step=named.where(decode, df["label"]))
 
 
 def ratio(a: float, b: float) -> float:

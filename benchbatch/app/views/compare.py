@@ -18,7 +18,7 @@ RUN_COLUMNS = ("run", "kind", "device", "dtype", "model", "cuda_graphs", "status
 # What the terminal shows of each table: rows (index) x runs, one value, and its name.
 VIEWS = {
     "probe": (["label"], "tflops", "TFLOP/s (matmul) and GB/s (copy, read)"),
-    "phases": (["label"], "step_ms", "step ms"),
+    "phases": (["step"], "step_ms", "step ms"),  # its label, with its context where several
     "sweep": (["context", "batch"], "tokens_per_s", "decode tokens/s"),
     "occupancy": (["policy"], "occupancy", "slot occupancy (simulated)"),
     "engine": (["policy"], "wall_s", "real engine wall s"),
@@ -39,8 +39,17 @@ def _tables(rec) -> dict:
 
 
 def document(rec) -> dict:
-    rows = {t: df.to_dict(orient="records") for t, df in _tables(rec).items()}
-    doc = {"runs": rec.meta.get("runs"), "rows": rows}
+    """--json: the runs, what they differ in, every merged table's rows, the serve points
+    matched, the knees and the conclusions side by side (what the terminal shows)."""
+    from benchbatch.output import compare_serve as serve_merging
+
+    tables = _tables(rec)
+    rows = {t: df.to_dict(orient="records") for t, df in tables.items()}
+    doc = {"runs": rec.meta.get("runs"), "differences": rec.meta.get("differences") or {},
+           "rows": rows}  # fmt: skip
+    names = [d["run"] for d in rec.meta.get("runs") or []]
+    if "slo" in tables and serve_merging.knees(tables["slo"], names):
+        doc["knees"] = serve_merging.knees(tables["slo"], names)
     if rec.meta.get("serve_rates") is not None:
         doc["serve_rates"] = rec.meta["serve_rates"]
     if rec.meta.get("conclusions"):
@@ -58,7 +67,7 @@ def show(rec) -> None:
     for d in runs:
         who.add_row(*(fmt(d[k]) if d[k] is not None else "-" for k in RUN_COLUMNS))
     render.out_console.print(who)
-    said = differences_line(rec.meta.get("differences") or {})
+    said = differences_line(rec.meta.get("differences") or {}, kind=runs[0]["kind"])
     if said:
         render.note(said)
     for table, df in _tables(rec).items():
@@ -107,6 +116,8 @@ def _view(table: str, df, names: list[str]) -> Table:
     from benchbatch.output import compare_serve as serve_merging
 
     index, value, what = VIEWS[table]
+    if table == "phases":
+        df = merging.phases_steps(df)
     if table == "probe":
         df = df.assign(value=df["tflops"].where(df["kind"] == "matmul", df["gbps"]))
         value = "value"
@@ -229,16 +240,37 @@ def _plain(value):
     return value.item() if hasattr(value, "item") else value
 
 
-def differences_line(found: dict[str, list[str]], most: int = 8) -> str | None:
-    """The sizes and options the runs measured with differently, in one line: each ratio
-    below compares them too (a seed apart draws other requests)."""
+def differences_line(found: dict[str, list[str]], most: int = 8,
+                     kind: str | None = None) -> str | None:  # fmt: skip
+    """The versions, sizes and options the runs measured with differently, in one line,
+    each option by the name the user typed (the `kind` command's: --output-median, not
+    its field's median): each ratio below compares them too (a seed apart draws other
+    requests)."""
     if not found:
         return None
-    shown = [f"{k.replace('_', '-')} ({', '.join(v)})" for k, v in list(found.items())[:most]]
+    names = option_names(kind) if kind else {}
+    shown = [f"{names.get(k, k.replace('_', '-'))} ({', '.join(v)})"
+             for k, v in list(found.items())[:most]]  # fmt: skip
     more = f" and {len(found) - most} more (metadata.json's differences)" if len(found) > most \
         else ""  # fmt: skip
     return (f"the runs differ in {'; '.join(shown)}{more}: each ratio below compares these "
             "too")  # fmt: skip
+
+
+def option_names(kind: str) -> dict[str, str]:
+    """A command's options by their field's name: {"median": "--output-median", ...} (the
+    long name it was given first); {} for a command this benchbatch does not have."""
+    import click
+    import typer.main
+
+    from benchbatch.app.cli import app
+
+    command = typer.main.get_command(app).commands.get(kind)
+    if command is None:
+        return {}
+    params = command.get_params(click.Context(command))
+    return {p.name: next((o for o in p.opts if o.startswith("--")), p.opts[0])
+            for p in params if p.opts and p.name and "__alias" not in p.name}  # fmt: skip
 
 
 def _cell(value, table: str) -> str:

@@ -71,12 +71,15 @@ def conclusions(tables: dict, names: list[str]) -> list[dict]:
     if "phases" in tables:
         for run, df in tables["phases"].groupby("run", sort=False):
             s = phases.summary(df.to_dict("records"))
+            # the decodes' context in each name: a ratio is matched only at the same steps
+            ctx = s.get("decode_context")
+            at = "" if ctx is None or ctx != ctx else f" at context {int(ctx):,}"
             if "prefill_over_decode_tflops" in s:
-                what = f"{s['prefill_label']} FLOP/s over {s['decode_label']}"
+                what = f"{s['prefill_label']} FLOP/s over {s['decode_label']}{at}"
                 keep("phases", what, run, s, "prefill_over_decode_tflops")
             if "decode_token_cost_ratio" in s:
                 b0, b1 = s["decode_batches"]
-                what = f"each token cheaper, batch {b0:,} to {b1:,}"
+                what = f"each token cheaper, batch {b0:,} to {b1:,}{at}"
                 keep("phases", what, run, s, "decode_token_cost_ratio")
     if "sweep" in tables:
         for (run, context), df in tables["sweep"].groupby(["run", "context"], sort=False):
@@ -110,7 +113,8 @@ def _figures(tables: dict, loaded: list, folder: Path, kind: str) -> list:
     title = f"{kind} runs: " + "; ".join(_run_title(r) for r in loaded)
     drawn = []
     if "phases" in tables:
-        plots.compare_phases_figure(tables["phases"], names, folder / "compare-phases.png", title)
+        plots.compare_phases_figure(merging.phases_steps(tables["phases"]), names,
+                                    folder / "compare-phases.png", title)  # fmt: skip
         drawn.append("compare-phases.png")
     if "sweep" in tables:
         plots.compare_sweep_figure(tables["sweep"], names, folder / "compare-sweep.png", title)

@@ -52,6 +52,7 @@ def summary(rows: list[dict]) -> dict:
         low, high = time_ratio_range(ratio, dec[0], best)
         out["prefill_over_decode_tflops_low"], out["prefill_over_decode_tflops_high"] = low, high
         out["prefill_label"], out["decode_label"] = best["label"], dec[0]["label"]
+    if dec:
         out["decode_context"] = first  # the decode ratios' context (the first of several)
     if len(dec) > 1:
         ratio = dec[0]["us_per_token"] / dec[-1]["us_per_token"]

@@ -122,14 +122,15 @@ def _value_label(h: float) -> str:
 
 def compare_phases_figure(df: pd.DataFrame, runs: list[str], path: Path, title: str) -> None:
     """Achieved FLOP/s (GFLOP/s where no run reaches a TFLOP/s) and cost per token of each
-    step, one bar per run."""
+    step (output/compare.phases_steps' `step`: its label, and its context where the runs
+    decoded at several), one bar per run."""
     unit = flop_unit(_ok(df)["tflops"])
     scaled = df.assign(rate=df["tflops"] * unit.per_tflops)
     fig, (ax1, ax2) = plt.subplots(1, 2, figsize=(12, 4.6), layout="constrained")
-    _grouped_bars(ax1, scaled, "label", "rate", runs, log=True, bounds=_rate_span)
+    _grouped_bars(ax1, scaled, "step", "rate", runs, log=True, bounds=_rate_span)
     ax1.set_ylabel(f"achieved {unit.name} (log scale)")
     ax1.set_title(f"{unit.name} per step", fontsize=10)
-    _grouped_bars(ax2, df, "label", "us_per_token", runs, log=True, bounds=time_scaled_bounds)
+    _grouped_bars(ax2, df, "step", "us_per_token", runs, log=True, bounds=time_scaled_bounds)
     ax2.set_ylabel("cost per token: step time / tokens made (us, log scale)")
     ax2.set_title("cost per token", fontsize=10)
     _run_legend(fig, ax1, runs)
