@@ -113,3 +113,17 @@ def own_ceilings_cache(tmp_path_factory, monkeypatch):
     """Each test its own cache of the latest probe: a test measures or reuses ceilings only
     as it says, never a probe another test left."""
     monkeypatch.setenv("BENCHBATCH_CACHE_DIR", str(tmp_path_factory.mktemp("cache")))
+
+
+@pytest.fixture
+def steady_probe(monkeypatch):
+    """Every probe row as a steady probe's (two repeats, a CV of 2%): kept in the cache
+    whatever this machine's timing does (a probe timed once, or a noisy one, is not)."""
+    from benchbatch.runtime import ceilings as probes
+
+    real_row = probes.probe_row
+
+    def steady(probe, dtype, m, status="ok"):
+        return {**real_row(probe, dtype, m, status), "cv": 0.02, "noisy": False, "repeats": 2}
+
+    monkeypatch.setattr(probes, "probe_row", steady)

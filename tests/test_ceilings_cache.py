@@ -74,7 +74,8 @@ def quiet_load(monkeypatch):
     monkeypatch.setattr(machine, "load_average", lambda: [0.0, 0.0, 0.0])
 
 
-def test_commands_reuse_the_latest_probe_and_say_so(runner, tmp_path, small_probe, quiet_load):
+def test_commands_reuse_the_latest_probe_and_say_so(runner, tmp_path, small_probe, quiet_load,
+                                                    steady_probe):  # fmt: skip
     first = _phases(runner, tmp_path / "a")
     assert first.exit_code == 0, first.output
     assert "latest probe" not in first.stderr

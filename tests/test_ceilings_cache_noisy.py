@@ -50,6 +50,20 @@ def test_a_noisy_or_cut_short_probe_is_not_kept():
     )
 
 
+def test_a_probe_timed_once_is_not_kept_and_its_noise_is_unknown():
+    """A probe of one repeat (--repeats 1 --min-time 0) has a CV of 0 because it measured no
+    spread: it was cached as "noise 0.0%" and a later run's roofline rested on it."""
+    key = ceilings_cache.key("AMD EPYC", "fp32", "2.13.0", 1, "quiet")
+    once = [{**r, "cv": 0.0, "repeats": 1} for r in STEADY]
+    assert ceilings_cache.noisy_rows(once) == ["matmul 1024", "read 256 MiB"]
+    assert ceilings_cache.noise(once) is None and ceilings_cache.noise_text(once) == (
+        "noise unknown")  # fmt: skip
+    assert ceilings_cache.save(key, once, "run-once", now=NOW) is None
+    assert ceilings_cache.load(key, now=NOW) is None
+    twice = [{**r, "repeats": 2} for r in STEADY]
+    assert ceilings_cache.noisy_rows(twice) == [] and ceilings_cache.noise(twice) == 0.031
+
+
 def test_a_noisy_probe_cached_before_the_rule_is_not_reused(tmp_path, monkeypatch):
     monkeypatch.setenv(ceilings_cache.ENV, str(tmp_path))
     entry = {"measured_utc": NOW.isoformat(), "run": "old", "rows": NOISY}
@@ -110,7 +124,7 @@ def test_a_noisy_probe_is_used_but_measured_again_next_time(
     real_row = probes.probe_row
 
     def noisy_row(probe, dtype, m, status="ok"):  # every probe row comes out noisy
-        return {**real_row(probe, dtype, m, status), "cv": 0.5, "noisy": True}
+        return {**real_row(probe, dtype, m, status), "cv": 0.5, "noisy": True, "repeats": 2}
 
     monkeypatch.setattr(probes, "probe_row", noisy_row)
     first, meta = _phases(runner, tmp_path / "a")
@@ -122,7 +136,8 @@ def test_a_noisy_probe_is_used_but_measured_again_next_time(
     assert meta_b["ceilings_source"].startswith("measured now, noise ")
 
 
-def test_another_load_class_or_thread_count_measures_again(runner, tmp_path, small_probe, load):
+def test_another_load_class_or_thread_count_measures_again(runner, tmp_path, small_probe, load,
+                                                          steady_probe):  # fmt: skip
     _, a = _phases(runner, tmp_path / "a", "--threads", "1")
     assert a["ceilings_source"].startswith("measured now")
     _, b = _phases(runner, tmp_path / "b", "--threads", "1")
@@ -137,7 +152,8 @@ def test_another_load_class_or_thread_count_measures_again(runner, tmp_path, sma
     assert "ceilings_from" not in d  # two threads: other ceilings
 
 
-def test_the_roofline_names_its_ceilings(runner, tmp_path, small_probe, load, monkeypatch):
+def test_the_roofline_names_its_ceilings(runner, tmp_path, small_probe, load, monkeypatch,
+                                         steady_probe):  # fmt: skip
     from benchbatch.output.plots import roofline
 
     titles = []

@@ -31,6 +31,28 @@ def test_reserved_and_paged_ceilings_by_hand():
     assert 2.4 < c.paging_gain < 2.5  # about 512 / 208
 
 
+def test_under_tensor_parallelism_each_rank_holds_its_shard_and_its_share_of_the_kv():
+    """With tp, the memory is one rank's: beside its shard of the weights, each token's KV
+    its share of the heads (the ceiling took the whole model's: half the sequences at tp
+    2, none for llama3-70b in bf16 on an 80 GiB GPU of 8)."""
+    assert accounting.kv_bytes_per_token(CFG, "fp16", 2) == 48 * 1024  # half the heads
+    memory = 16 * 2**30
+    one, two = (kvceiling.ceiling(CFG, "fp16", memory, [100, 300], 512, 16, "t", tp=tp)
+                for tp in (1, 2))  # fmt: skip
+    assert two.kv_room_bytes == int(memory * 0.9) - accounting.weight_bytes(CFG, "fp16", 2)
+    assert two.kv_room_bytes > one.kv_room_bytes  # a shard leaves more room
+    workspace = accounting.step_workspace_bytes(CFG, "fp16", 1, 2)
+    assert two.reserved_sequences == two.kv_room_bytes // (512 * 48 * 1024 + workspace)
+    assert two.reserved_sequences > 2 * one.reserved_sequences * 0.99
+    big = preset("llama3-70b")
+    gpu = kvceiling.datasheet_bytes(80)
+    assert kvceiling.kv_room(big, "bf16", gpu) == 0  # 131 GiB of weights: no room
+    eight = kvceiling.for_workload(big, "bf16", [Request(0, 1000, 1000)], 1000, 16,
+                                   [("h100", gpu)], tp=8)[0]  # fmt: skip
+    assert eight.kv_room_bytes == int(gpu * 0.9) - accounting.weight_bytes(big, "bf16", 8)
+    assert eight.reserved_sequences > 100  # ~17.6 GiB of shard, ~54 GiB of KV room
+
+
 def test_a_reservation_rounds_up_to_whole_blocks_and_no_room_means_no_sequence():
     odd = kvceiling.ceiling(CFG, "fp16", 16 * 2**30, [17], 17, 16, "x")
     assert odd.paged_mean_tokens == 32 and odd.reserved_sequences == odd.paged_sequences
@@ -119,3 +141,30 @@ def test_the_report_section_sets_each_memory_beside_its_ceilings():
     assert section.rows[0][3:] == ["200", "176", "2,350", "11.8x"]
     assert section.image == "memory.png" and "peak 600 running" in section.notes[0]
     assert "| memory, not compute, limits the batch" in report.to_markdown(rep)
+
+
+def test_occupancys_kv_budget_under_tensor_parallelism_is_one_ranks(monkeypatch):
+    """occupancy --engine real under torchrun set each rank's free memory against the whole
+    model's weights and KV (half the blocks at tp 2; a model that fits only sharded got none,
+    refused naming --kv-memory, which was never given): its shard and its share now."""
+    import types
+
+    from benchbatch.core.options import WorkloadOptions
+    from benchbatch.experiments.occupancy import run
+    from benchbatch.runtime import device as devices
+
+    monkeypatch.setattr(devices, "free_memory_bytes", lambda device: 16 * 2**30)
+    workload = WorkloadOptions(requests=8, slots=4, median=8, max_output=20, prompt_len=8)
+    opts = types.SimpleNamespace(kv_memory=None, block_size=16)
+    requests = workload.draw(0)
+
+    def blocks(tp: int) -> tuple[int, int]:
+        target = types.SimpleNamespace(dtype_name="fp16", tp=tp, device="cpu")
+        setup = run._memory_setup(opts, workload, requests, CFG, target, free=True)
+        return setup.blocks, setup.bytes_per_token
+
+    (one, per_one), (two, per_two) = blocks(1), blocks(2)
+    assert per_one == 96 * 1024 and per_two == 48 * 1024
+    room = int(16 * 2**30 * 0.9) - accounting.weight_bytes(CFG, "fp16", 2)
+    assert two == room // (16 * per_two)  # the shard's room in blocks of its own KV
+    assert two > 2 * one

@@ -295,3 +295,37 @@ def test_ctrl_c_under_torchrun_ends_every_rank_and_marks_the_run(tmp_path):
         for pid in [proc.pid, *workers]:
             if _alive(pid):
                 os.kill(pid, signal.SIGKILL)
+
+
+def test_all_reduces_timed_longer_than_their_step_are_flagged_and_warned():
+    """On a CPU whose ranks share cores, the all-reduces timed on their own took 160-239%
+    of the whole step holding them, printed as such with no word: the row says so
+    (allreduce_over_step) and the run warns once, naming the steps."""
+    import types
+
+    from benchbatch.experiments import common as c
+    from benchbatch.runtime import steps
+
+    world = types.SimpleNamespace(tp=2)
+    ranks = [{"allreduce_ms": ms, "allgather_ms": 0.1, "stats": {"step_ms": 6.0}}
+             for ms in (9.7, 9.1)]  # fmt: skip
+    cfg = preset("tiny")
+    over = steps.collective_columns(cfg, "fp32", steps.decode(4, 32), world, ranks, 6.08)
+    assert over["allreduce_over_step"] is True and over["allreduce_share"] == 9.7 / 6.08
+    fine = steps.collective_columns(cfg, "fp32", steps.decode(1, 32), world, ranks, 12.0)
+    assert fine["allreduce_over_step"] is False
+
+    class Rec:
+        warnings: list = []
+
+        def warning(self, line):
+            self.warnings.append(line)
+
+    rec = Rec()
+    rows = [over | {"label": "decode b=4"}, fine | {"label": "decode b=1"}]
+    c.say_allreduce_over_step(rec, rows, lambda r: r["label"])
+    assert len(rec.warnings) == 1
+    assert "at 1 of 2 steps (decode b=4; up to 160% of decode b=4)" in rec.warnings[0]
+    rec.warnings = []
+    c.say_allreduce_over_step(rec, rows[1:], lambda r: r["label"])
+    assert rec.warnings == []

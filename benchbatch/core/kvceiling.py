@@ -53,10 +53,11 @@ def reservation_text(row: dict) -> str:
     return f"{tokens:,} tokens" + (f" ({held:,} in blocks of {block})" if held != tokens else "")
 
 
-def kv_room(cfg: ModelConfig, dtype: str, memory_bytes: int) -> int:
-    """Bytes left for KV caches beside the weights, a tenth of the memory held back."""
-    usable = int(memory_bytes * (1 - RESERVE_FRACTION)) - accounting.weight_bytes(cfg, dtype)
-    return max(0, usable)
+def kv_room(cfg: ModelConfig, dtype: str, memory_bytes: int, tp: int = 1) -> int:
+    """Bytes left for KV caches beside the weights (with tp, one rank's memory beside its
+    shard), a tenth of the memory held back."""
+    weights = accounting.weight_bytes(cfg, dtype, tp)
+    return max(0, int(memory_bytes * (1 - RESERVE_FRACTION)) - weights)
 
 
 def in_blocks(tokens: int, block_size: int) -> int:
@@ -72,15 +73,17 @@ def ceiling(
     reserved_tokens: int,
     block_size: int,
     where: str,
+    tp: int = 1,
 ) -> Ceiling:
     """The two ceilings on one memory. lengths: the tokens each request of the workload
-    reaches (prompt + output); reserved_tokens: what reservation holds for each."""
+    reaches (prompt + output); reserved_tokens: what reservation holds for each; tp: the
+    memory is one rank's, beside its shard, each token's KV its share of the heads."""
     lengths = list(lengths)
     if not lengths:
         raise ValueError("a ceiling needs the workload's lengths")
-    room = kv_room(cfg, dtype, memory_bytes)
-    per_token = accounting.kv_bytes_per_token(cfg, dtype)
-    workspace = accounting.step_workspace_bytes(cfg, dtype, 1)
+    room = kv_room(cfg, dtype, memory_bytes, tp)
+    per_token = accounting.kv_bytes_per_token(cfg, dtype, tp)
+    workspace = accounting.step_workspace_bytes(cfg, dtype, 1, tp)
     paged_mean = sum(in_blocks(n, block_size) for n in lengths) / len(lengths)
     reserved_bytes = in_blocks(reserved_tokens, block_size) * per_token + workspace
     paged_bytes = paged_mean * per_token + workspace
@@ -103,13 +106,16 @@ def for_workload(
     reserve_output: int,
     block_size: int,
     memories: Iterable[tuple[str, int]],
+    tp: int = 1,
 ) -> list[Ceiling]:
     """Both ceilings for the requests' lengths on each (where, bytes) memory: reservation
-    holds the longest prompt plus reserve_output (the serving cap), paging what each reaches."""
+    holds the longest prompt plus reserve_output (the serving cap), paging what each
+    reaches; with tp, each memory one rank's (ceiling)."""
     prompts = [int(r.prompt_tokens) for r in requests]
     lengths = [p + int(r.output_tokens) for p, r in zip(prompts, requests, strict=True)]
     reserved = max(prompts) + reserve_output
-    return [ceiling(cfg, dtype, b, lengths, reserved, block_size, where) for where, b in memories]
+    return [ceiling(cfg, dtype, b, lengths, reserved, block_size, where, tp)
+            for where, b in memories]  # fmt: skip
 
 
 def datasheet_bytes(memory_gib: float) -> int:

@@ -360,3 +360,24 @@ def engine_noise(rows: list[dict]) -> str:
     if uneven:
         return f"noisy: {', '.join(uneven)} (p90 step over {NOISY_P90_OVER_MEDIAN:g}x the median)"
     return "steady steps (p90 within 2x the median)"
+
+
+def say_allreduce_over_step(rec: Recorder, rows: list[dict], name) -> None:
+    """Under tensor parallelism: a warning (kept in metadata) naming the steps whose
+    all-reduces, timed on their own, took longer than the whole step holding them
+    (allreduce_over_step; an all-reduce share over 100% on a CPU whose ranks share cores):
+    their share says how the separate timing went, not what the step spent on them.
+    name: a row's name (its label, its batch)."""
+    over = [r for r in rows if r.get("allreduce_over_step") is True]
+    if not over:
+        return
+    worst = max(over, key=lambda r: r["allreduce_share"])
+    shown = ", ".join(str(name(r)) for r in over[:3]) + (
+        f" and {len(over) - 3} more" if len(over) > 3 else "")  # fmt: skip
+    rec.warning(
+        f"the all-reduces timed on their own took longer than the whole step at {len(over)} "
+        f"of {len(rows)} steps ({shown}; up to {worst['allreduce_share']:.0%} of "
+        f"{name(worst)}): timed apart they met other work (ranks sharing cores or the "
+        "link), so those shares are not what the step spent on them; read them as unknown "
+        "(allreduce_over_step in the CSV)"
+    )

@@ -62,21 +62,29 @@ def key(device_name: str, dtype: str, torch_version: str | None, threads: int | 
 
 
 def noisy_rows(rows: list[dict]) -> list[str]:
-    """The measured rows too spread to trust (noisy, or a CV over core/noise.py's threshold)."""
+    """The measured rows too spread to trust (noisy, or a CV over core/noise.py's threshold),
+    or whose spread is unknown (one repeat: its CV of 0 measures nothing)."""
     from benchbatch.core.noise import DEFAULT_CV_THRESHOLD
 
     def noisy(r: dict) -> bool:
         cv = _number(r.get("cv"))
-        return r.get("noisy") in (True, "True", "true") or (
+        return r.get("noisy") in (True, "True", "true") or _single(r) or (
             cv is not None and cv > DEFAULT_CV_THRESHOLD
         )
 
     return [str(r.get("label")) for r in rows if r.get("status", "ok") == "ok" and noisy(r)]
 
 
+def _single(row: dict) -> bool:
+    """A row timed once (repeats under 2): no spread was measured."""
+    repeats = _number(row.get("repeats"))
+    return repeats is not None and repeats < 2
+
+
 def noise(rows: list[dict]) -> float | None:
-    """The largest coefficient of variation among the measured rows (None when none has one)."""
-    cvs = [_number(r.get("cv")) for r in rows if r.get("status", "ok") == "ok"]
+    """The largest coefficient of variation among the measured rows (None when none has one;
+    a row timed once has none)."""
+    cvs = [_number(r.get("cv")) for r in rows if r.get("status", "ok") == "ok" and not _single(r)]
     cvs = [cv for cv in cvs if cv is not None]
     return max(cvs) if cvs else None
 

@@ -330,6 +330,9 @@ def collective_columns(cfg, dtype: str, step: Step, world, ranks: list[dict], st
         "allreduce_ms": reduce_ms,
         "allgather_ms": max(r["allgather_ms"] for r in ranks),
         "allreduce_share": reduce_ms / step_ms,
+        # timed apart, the all-reduces took longer than the whole step holding them: their
+        # own timing met other work (ranks sharing cores), not a share of this step
+        "allreduce_over_step": reduce_ms > step_ms,
         "allreduce_bytes": message,
         "allreduce_count": count,
         "allreduce_busbw_gbps": busbw,

@@ -59,8 +59,9 @@ def setup(
     return MemorySetup(blocks, block_size, reserve, bytes_per_token, source, slots_held, cap)
 
 
-def bytes_per_token(cfg, dtype: str) -> int:
-    return accounting.kv_bytes_per_token(cfg, dtype)
+def bytes_per_token(cfg, dtype: str, tp: int = 1) -> int:
+    """One token's KV in every layer (with tp, one rank's share of the KV heads)."""
+    return accounting.kv_bytes_per_token(cfg, dtype, tp)
 
 
 def simulate(

@@ -145,6 +145,9 @@ def _collectives(rec, net, context: int, slots: int, run: RunOptions) -> None:
     step = steps.decode(slots, context)
     row = steps.run_step(net, rec.target.dtype_name, step, run.timing(), run.graphs(rec.target))
     rec.record("collectives", [row], total=1, label="the decode step's all-reduces")
+    from benchbatch.experiments import common as c
+
+    c.say_allreduce_over_step(rec, [row], lambda r: f"the decode step of {slots} sequences")
     keys = ("step_ms", "allreduce_ms", "allreduce_share", "batch", "context", "tp")
     rec.meta["collectives"] = {k: row.get(k) for k in keys}
 

@@ -108,16 +108,17 @@ def _memory_setup(opts, workload: WorkloadOptions, requests, cfg, target, free: 
     from benchbatch.experiments.occupancy import memory as mprobe
 
     dtype = target if isinstance(target, str) else target.dtype_name
+    tp = 1 if isinstance(target, str) else target.tp  # each rank's memory, beside its shard
     kv_bytes, source = None, ""
     if opts.kv_memory is not None:
         kv_bytes, source = int(opts.kv_memory * mprobe.GIB), f"--kv-memory {opts.kv_memory:g} GiB"
     elif free:
         from benchbatch.runtime import device as devices
 
-        kv_bytes = kvceiling.kv_room(cfg, dtype, devices.free_memory_bytes(target.device))
+        kv_bytes = kvceiling.kv_room(cfg, dtype, devices.free_memory_bytes(target.device), tp)
         source = "what the device has free beside the weights (a tenth held back)"
     reserve = mprobe.reserve_output(requests, workload.max_output, workload.trace)
-    bpt = mprobe.bytes_per_token(cfg, dtype)
+    bpt = mprobe.bytes_per_token(cfg, dtype, tp)
     setup = mprobe.setup(requests, workload.slots, opts.block_size, reserve, bpt, kv_bytes,
                          source)  # fmt: skip
     return dataclasses.replace(setup, source=f"{setup.source}; {cfg.name} in {dtype}")

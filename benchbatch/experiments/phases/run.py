@@ -20,6 +20,7 @@ def measure_run(rec, opts: PhasesOptions, model: ModelOptions, run: RunOptions) 
     net, _ = c.build_model(rec, model, run)
     _estimate(rec, net, opts, run)
     rows = measure(rec, net, opts, run)
+    c.say_allreduce_over_step(rec, rows, lambda r: r["label"])
     rec.meta["summary"] = probe.summary(rows)
     rec.meta["untrusted"] = rec.untrusted("phases", lambda r: r["label"])
     if rec.ceilings:

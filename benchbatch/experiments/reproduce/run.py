@@ -244,11 +244,12 @@ def memory_part(rec, s: Shared) -> None:
     if peak is not None and peak.memory_gib:
         memories.append((f"{peak.name} datasheet", kvceiling.datasheet_bytes(peak.memory_gib)))
     reserve = mprobe.reserve_output(requests, workload.max_output, workload.trace)
-    found = kvceiling.for_workload(cfg, dtype, requests, reserve, BLOCK, memories)
+    tp = rec.target.tp
+    found = kvceiling.for_workload(cfg, dtype, requests, reserve, BLOCK, memories, tp)
     rows = [f.row() for f in found]
     rec.put("memory_ceiling", rows)
     rec.meta["memory_ceiling"] = rows
-    per_token = mprobe.bytes_per_token(cfg, dtype)
+    per_token = mprobe.bytes_per_token(cfg, dtype, tp)
     setup = mprobe.setup(requests, workload.slots, BLOCK, reserve, per_token, None, "")
     occupancy.memory_part(rec, requests, setup, None)
 

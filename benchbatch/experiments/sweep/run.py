@@ -43,6 +43,7 @@ def measure_run(
     net, _ = c.build_model(rec, model, run)
     _estimate(rec, net, opts, ceiling, run)
     rows, summary = measure(rec, net, opts, ceiling, ridge, run)
+    c.say_allreduce_over_step(rec, rows, lambda r: f"batch {r['batch']} at context {r['context']}")
     if roof is not None:
         rec.meta["ridge_flop_per_byte"], _ = _ridge(rec.target, rec.ceilings)
     rec.meta["knees"] = {str(s["context"]): _knees(s) for s in summary}
@@ -112,7 +113,7 @@ def memory_ceiling(rec, requests, workload: WorkloadOptions, opts, free_bytes: i
                          kvceiling.datasheet_bytes(peak.memory_gib)))  # fmt: skip
     reserve = mprobe.reserve_output(requests, workload.max_output, workload.trace)
     found = kvceiling.for_workload(rec.cfg, rec.target.dtype_name, requests, reserve,
-                                   opts.block_size, memories)  # fmt: skip
+                                   opts.block_size, memories, rec.target.tp)  # fmt: skip
     rows = [c.row() for c in found]
     rec.put("memory_ceiling", rows)
     rec.meta["memory_ceiling"] = rows
