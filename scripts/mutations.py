@@ -1105,6 +1105,37 @@ BREAKS = [
         "    speeds = {s: speed(steps) for s in schemes}",
         tests("tests/test_ablation.py", "test_real_engine_run_writes_every_file"),
     ),
+    Break(
+        "audit 3: compare's phases steps by label alone, whatever their context",
+        "benchbatch/output/compare.py",
+        "    if len(contexts) <= 1:\n        return df.assign(step=df[\"label\"])",
+        "    if True:\n        return df.assign(step=df[\"label\"])",
+        tests("tests/test_compare.py",
+              "test_decodes_at_other_contexts_are_never_one_row_or_one_ratio"),
+    ),
+    Break(
+        "audit 3: a CSV's last line cut short read as a row",
+        "benchbatch/core/inputs.py",
+        "    if len(last) < len(header) or (len(last) == len(header) and unended):",
+        "    if False:",
+        tests("tests/test_compare.py", "test_a_table_cut_short_is_refused"),
+    ),
+    Break(
+        "audit 3: the KV room beside the whole model's weights under tensor parallelism",
+        "benchbatch/core/kvceiling.py",
+        "    weights = accounting.weight_bytes(cfg, dtype, tp)",
+        "    weights = accounting.weight_bytes(cfg, dtype)",
+        tests("tests/test_kvceiling.py",
+              "test_under_tensor_parallelism_each_rank_holds_its_shard_and_its_share_of_the_kv"),
+    ),
+    Break(
+        "audit 3: a probe timed once taken as steady",
+        "benchbatch/output/ceilings_cache.py",
+        "    return repeats is not None and repeats < 2",
+        "    return False",
+        tests("tests/test_ceilings_cache_noisy.py",
+              "test_a_probe_timed_once_is_not_kept_and_its_noise_is_unknown"),
+    ),
 ]
 
 
