@@ -511,3 +511,15 @@ def test_runs_of_other_versions_are_named_with_the_options_as_typed(runs, tmp_pa
 
     assert merging.differences([run("a", {"hidden": None, "cuda_graphs": True}),
                                 run("b", {"cuda_graphs": False})]) == {}  # fmt: skip
+
+
+def test_a_comparison_says_what_compared_the_runs(runs, tmp_path):
+    """compare's result.json named no benchbatch version, machine or Python: null."""
+    from benchbatch import __version__
+
+    out = tmp_path / "c"
+    result = invoke("compare", runs / "fp32", runs / "fp32", "--label", "a,b", "--out", out)
+    assert result.exit_code == 0, result.output
+    doc = json.loads((out / "result.json").read_text())
+    assert doc["benchbatch_version"] == __version__
+    assert doc["machine"]["python"] and doc["machine"]["platform"]

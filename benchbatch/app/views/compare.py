@@ -64,8 +64,9 @@ def show(rec) -> None:
     runs = rec.meta["runs"]
     names = [d["run"] for d in runs]
     who = _table("runs", list(RUN_COLUMNS))
-    for d in runs:
-        who.add_row(*(fmt(d[k]) if d[k] is not None else "-" for k in RUN_COLUMNS))
+    for d in runs:  # a flag as yes/no (fmt says False as nothing)
+        who.add_row(*("-" if d[k] is None else {True: "yes", False: "no"}.get(d[k], fmt(d[k]))
+                      if isinstance(d[k], bool) else fmt(d[k]) for k in RUN_COLUMNS))  # fmt: skip
     render.out_console.print(who)
     said = differences_line(rec.meta.get("differences") or {}, kind=runs[0]["kind"])
     if said:

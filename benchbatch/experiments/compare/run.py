@@ -27,8 +27,10 @@ def open_run(opts: CompareOptions, run: RunOptions) -> Recorder:
         serve_merging.check_like(tables["serve"], [r.label for r in loaded])
     if run.out is not None:
         results.check_out(run.out, "compare", run.force)
+    from benchbatch.output.recorder import environment
+
     meta = {"runs": [r.describe() for r in loaded], "differences": merging.differences(loaded),
-            "files": []}  # fmt: skip
+            "files": [], "environment": environment()}  # fmt: skip (what compared them)
     return create(Recorder, run.out, run.force, "compare", meta, quiet=True)
 
 
