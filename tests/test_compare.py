@@ -523,3 +523,13 @@ def test_a_comparison_says_what_compared_the_runs(runs, tmp_path):
     doc = json.loads((out / "result.json").read_text())
     assert doc["benchbatch_version"] == __version__
     assert doc["machine"]["python"] and doc["machine"]["platform"]
+
+
+def test_out_is_never_a_folder_compared_nor_inside_one(runs, tmp_path):
+    """--out inside a result folder wrote compare's files among the run's own."""
+    refused(invoke("compare", runs / "fp32", runs / "bf16", "--out", runs / "fp32"), "--out",
+            "one of the folders compared")  # fmt: skip
+    inside = runs / "bf16" / "cmp"
+    refused(invoke("compare", runs / "fp32", runs / "bf16", "--out", inside), "--out",
+            "is inside")  # fmt: skip
+    assert not inside.exists()

@@ -281,14 +281,18 @@ def _same(folder: Path) -> Path:
 
 
 def check_out(out: Path | None, folders: list[Path]) -> None:
-    """compare --out is never one of the folders it reads (nor a folder that holds one of
-    them as a file's place): their files stay as they were."""
+    """compare --out is never one of the folders it reads, nor inside one (a result folder
+    keeps the files its run wrote, and a later compare would find a stranger there): their
+    files stay as they were."""
     if out is None:
         return
     target = _same(out)
     for folder in folders:
         if target == _same(folder):
             raise UserError("--out", f"{out} is one of the folders compared: choose another")
+        if _same(folder) in target.parents:
+            raise UserError("--out", f"{out} is inside {folder}, one of the folders compared: "
+                            "choose a folder outside it")  # fmt: skip
 
 
 def labels(folders: list[Path], given: str | None) -> list[str]:
