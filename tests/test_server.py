@@ -268,6 +268,12 @@ def test_bad_requests_get_openai_errors(tiny_model):
             (dict(extra_body={"min_tokens": 5}), openai.BadRequestError, 400, "min_tokens"),
             (dict(stream_options={"include_usage": True}), openai.BadRequestError, 400,
              "stream_options"),
+            # sampling fields: greedy only, so refused (they were served greedy, unsaid)
+            (dict(top_p=0.5), openai.BadRequestError, 400, "top_p"),
+            (dict(extra_body={"top_k": 5}), openai.BadRequestError, 400, "top_k"),
+            (dict(extra_body={"min_p": 0.1}), openai.BadRequestError, 400, "min_p"),
+            (dict(seed="x"), openai.BadRequestError, 400, "seed"),
+            (dict(echo=True), openai.BadRequestError, 400, "echo"),
         ]
         for change, kind, status, param in cases:
             ask = {"model": "tiny", "prompt": [1, 2, 3, 4, 5], "max_tokens": 4} | change
@@ -369,11 +375,16 @@ def test_end_of_sequence_stops_unless_ignored(tiny_model):
         stopped, reasons, chunks = streamed(c, prompt, 12)
         ignored, ignored_reasons, _ = streamed(c, prompt, 12, extra_body={"ignore_eos": True})
         late, _, _ = streamed(c, prompt, 12, extra_body={"min_tokens": first + 2})
+        held, _, _ = streamed(c, prompt, 12, extra_body={"min_tokens": first + 1})
     assert stopped == free[: first + 1] and reasons[-1] == "stop"
     assert chunks[-1].usage.completion_tokens == first + 1
     assert ignored == free and ignored_reasons[-1] == "length"
-    later = [i + 1 for i, t in enumerate(free) if t == eos and i + 1 >= first + 2]
+    # as vLLM's min_tokens: stop tokens held back while fewer than min_tokens came, so the
+    # earliest that ends it is token min_tokens + 1
+    later = [i + 1 for i, t in enumerate(free) if t == eos and i + 1 > first + 2]
     assert late == free[: later[0]] if later else free
+    # the end-of-sequence token as token min_tokens itself does not end it (vLLM's)
+    assert len(held) > first + 1 and held[: first + 1] == free[: first + 1]
     assert [r.finish_reason for r in engine.requests][:2] == ["stop", "length"]
 
 

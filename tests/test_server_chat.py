@@ -167,6 +167,17 @@ def test_bad_chat_requests_get_openai_errors(tiny_model, words):
         ({"messages": CHATS[0], "top_logprobs": 3}, "top_logprobs is not served"),
         ({"messages": CHATS[0], "max_completion_tokens": 2, "max_tokens": "zz"},
          "max_tokens must be an integer"),
+        # fields that change the prompt the template renders: served as vLLM, or refused
+        ({"messages": CHATS[0], "tool_choice": "required"}, "tool_choice is not served"),
+        ({"messages": CHATS[0], "continue_final_message": True},
+         "continue_final_message is not served"),
+        ({"messages": CHATS[0], "chat_template": "{{ 1 }}"}, "chat_template is not served"),
+        ({"messages": CHATS[0], "chat_template_kwargs": {"messages": []}},
+         "chat_template_kwargs may not set messages"),
+        ({"messages": CHATS[0], "chat_template_kwargs": [1]}, "must be an object"),
+        ({"messages": CHATS[0], "top_p": 0.5}, "top_p must be 1"),
+        ({"messages": CHATS[0], "top_k": 5}, "top_k must be -1, 0"),
+        ({"messages": CHATS[0], "seed": "x"}, "seed must be an integer"),
     ]  # fmt: skip
     with serving(tiny_model, tokenizer=words, chat_template=template) as (url, _):
         c = client(url)
@@ -235,3 +246,56 @@ def test_serve_sweep_chats_with_benchbatch_serve(runner, tmp_path, tiny_model, w
     assert json.loads((out / "metadata.json").read_text())["endpoint"]["api"] == (
         "/v1/chat/completions"
     )
+
+
+def test_a_chats_rendering_fields_are_served_as_vllm_serves_them(tiny_model, words):
+    """add_generation_prompt false, chat_template_kwargs and add_special_tokens changed the
+    prompt vLLM renders and were left out here (200, another prompt): the prompt is
+    transformers' rendering with them, to the token (usage.prompt_tokens)."""
+    template = ChatTemplate(TEMPLATE + "{% if brief %} be brief{% endif %}", "test",
+                            {"bos_token": "<s>"})  # fmt: skip
+    fast = transformers.PreTrainedTokenizerFast(tokenizer_object=words, bos_token="<s>",
+                                                eos_token="<unk>",
+                                                chat_template=template.source)  # fmt: skip
+
+    def reference(**kwargs) -> int:
+        out = fast.apply_chat_template(CHATS[0], tokenize=True, **kwargs)
+        return len(out["input_ids"] if hasattr(out, "keys") else out)
+
+    with serving(tiny_model, tokenizer=words, chat_template=template) as (url, _):
+        c = client(url)
+
+        def prompt_tokens(**extra) -> int:
+            got = c.chat.completions.create(model="tiny", messages=CHATS[0], max_tokens=1,
+                                            extra_body=extra)  # fmt: skip
+            return got.usage.prompt_tokens
+
+        assert prompt_tokens() == reference(add_generation_prompt=True)
+        assert prompt_tokens(add_generation_prompt=False) == reference(
+            add_generation_prompt=False)  # fmt: skip
+        assert prompt_tokens(chat_template_kwargs={"brief": True}) == reference(
+            add_generation_prompt=True, brief=True) == prompt_tokens() + 2  # fmt: skip
+        # the template writes its BOS; add_special_tokens true adds the tokenizer's too
+        assert prompt_tokens(add_special_tokens=True) == prompt_tokens() + 1
+        # and a completion's add_special_tokens false leaves the tokenizer's BOS out
+        text = "hello world"
+        done = [c.completions.create(model="tiny", prompt=text, max_tokens=1,
+                                     extra_body=extra).usage.prompt_tokens
+                for extra in ({}, {"add_special_tokens": False})]  # fmt: skip
+    assert done == [len(words.encode(text).ids),
+                    len(words.encode(text, add_special_tokens=False).ids)] == [3, 2]
+
+
+def test_special_tokens_are_left_out_of_the_text_unless_asked_for(words):
+    """The end-of-sequence token's text ("</s>") was in every stopped answer's text; vLLM
+    leaves special tokens out (skip_special_tokens, default true), streamed or whole."""
+    from benchbatch.net.completions import Detokenizer, text_of
+
+    bos, hello, world = (words.token_to_id(w) for w in ("<s>", "hello", "world"))
+    ids = [hello, world, bos]
+    assert text_of(words, ids) == words.decode(ids, skip_special_tokens=True) == "hello world"
+    assert text_of(words, ids, skip_special_tokens=False) == "hello world <s>"
+    for skip, whole in ((True, "hello world"), (False, "hello world <s>")):
+        d = Detokenizer(words, skip)
+        pieces = [d.add([i], final=n == len(ids) - 1) for n, i in enumerate(ids)]
+        assert "".join(pieces) == whole

@@ -36,14 +36,19 @@ class ChatTemplate:
             raise UserError(OPTION, f"{self.origin} is no jinja2 template: {e}") from None
         object.__setattr__(self, "_compiled", compiled)
 
-    def render(self, messages: list[dict]) -> str:
-        """The prompt's text: the messages, then the assistant's turn opened. A template
-        that refuses them (raise_exception) raises ValueError with its message."""
+    def render(self, messages: list[dict], add_generation_prompt: bool = True,
+               kwargs: dict | None = None) -> str:  # fmt: skip
+        """The prompt's text: the messages, then the assistant's turn opened (unless
+        add_generation_prompt is false); kwargs: a request's chat_template_kwargs, as
+        vLLM passes them. A template that refuses them (raise_exception) raises
+        ValueError with its message."""
         import jinja2
 
         try:
-            return self._compiled.render(messages=messages, add_generation_prompt=True,
-                                         tools=None, documents=None, **self.special)  # fmt: skip
+            return self._compiled.render(**{**self.special, **(kwargs or {})},
+                                         messages=messages,
+                                         add_generation_prompt=add_generation_prompt,
+                                         tools=None, documents=None)  # fmt: skip
         except jinja2.TemplateError as e:
             raise ValueError(f"the chat template refused the messages: {e}") from None
 

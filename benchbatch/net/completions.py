@@ -24,7 +24,13 @@ ERROR_TYPES = {400: "BadRequestError", 404: "NotFoundError", 405: "MethodNotAllo
 
 # Sampling fields that greedy decoding takes only at their neutral value (vLLM's clients
 # send some: repetition_penalty 1.0).
-NEUTRAL = {"presence_penalty": 0, "frequency_penalty": 0, "repetition_penalty": 1}
+NEUTRAL = {"presence_penalty": 0, "frequency_penalty": 0, "repetition_penalty": 1,
+           "top_p": 1, "min_p": 0}  # fmt: skip
+# top_k's neutral values (vLLM: -1 or 0, no cut).
+TOP_K_NEUTRAL = (-1, 0)
+# Chat fields that change the prompt the template renders, served only at vLLM's default
+# (a request's own template, continuing its last message): refused otherwise.
+CHAT_DEFAULTS = {"chat_template": None, "continue_final_message": False}
 # Fields of OpenAI's and vLLM's requests that change what is generated or returned, which
 # greedy decoding of one completion does not serve: refused where given (not left out, so
 # the tokens a benchmark gets are never other than it asked for). Absent, null, false, 0,
@@ -59,6 +65,7 @@ class Served:
     tokenizer: object | None = None
     created: int = 0  # when it started serving (the model's "created")
     chat_template: object | None = None  # net/chat.ChatTemplate (None: no chat completions)
+    aliases: tuple[str, ...] = ()  # other names a request may give it (the checkpoint's path)
     # Every answer with an HTTP error status, by status ("400": 3): bad requests, unknown
     # paths, and the 503s of requests aborted when the server stopped (requests.csv has
     # those as aborted). The server's summary holds them, so a client's failures can be
@@ -83,6 +90,7 @@ class Ask:
     stop_at_eos: bool
     min_tokens: int
     return_token_ids: bool
+    skip_special_tokens: bool = True  # the text leaves them out, as vLLM's default
 
 
 def int_field(body: dict, name: str, default: int, least: int) -> int:
@@ -105,21 +113,22 @@ def bool_field(body: dict, name: str, default: bool) -> bool:
 
 def check_model(body: dict, served: Served) -> None:
     name = body.get("model")
-    if name is not None and name != served.name:
+    if name is not None and name != served.name and name not in served.aliases:
         raise ApiError(404, f"The model `{name}` does not exist (this server serves "
                        f"`{served.name}`).", "model")  # fmt: skip
 
 
-def prompt_ids(prompt, served: Served) -> tuple[int, ...]:
+def prompt_ids(prompt, served: Served, special: bool = True) -> tuple[int, ...]:
     """A prompt as token ids: given as ids, or a string tokenized (one prompt per request;
-    a list of one is taken as it)."""
+    a list of one is taken as it), with the tokenizer's special tokens (its BOS) unless
+    `special` is false (the request's add_special_tokens, as vLLM)."""
     if isinstance(prompt, list) and len(prompt) == 1 and isinstance(prompt[0], str | list):
         prompt = prompt[0]
     if isinstance(prompt, str):
         if served.tokenizer is None:
             raise ApiError(400, "this server has no tokenizer: send the prompt as a list of "
                            "token ids, or start it with --tokenizer", "prompt")  # fmt: skip
-        return tuple(served.tokenizer.encode(prompt).ids)
+        return tuple(served.tokenizer.encode(prompt, add_special_tokens=special).ids)
     ok = isinstance(prompt, list) and all(
         isinstance(t, int) and not isinstance(t, bool) for t in prompt
     )
@@ -136,9 +145,11 @@ def parse_completion(body, served: Served) -> Ask:
     if "prompt" not in body:
         raise ApiError(400, "prompt is required", "prompt")
     check_greedy(body)
-    if body.get("logprobs") is not None or bool_field(body, "echo", False):
-        raise ApiError(400, "logprobs and echo are not served", "logprobs")
-    ids = prompt_ids(body["prompt"], served)
+    if body.get("logprobs") is not None:
+        raise ApiError(400, "logprobs are not served", "logprobs")
+    if bool_field(body, "echo", False):
+        raise ApiError(400, "echo is not served", "echo")
+    ids = prompt_ids(body["prompt"], served, bool_field(body, "add_special_tokens", True))
     return ask_for(body, served, ids, int_field(body, "max_tokens", DEFAULT_MAX_TOKENS, 1))
 
 
@@ -155,19 +166,47 @@ def parse_chat(body, served: Served) -> Ask:
                        "use /v1/completions)", "messages")  # fmt: skip
     messages = chat_messages(body.get("messages"))
     check_greedy(body)
-    if body.get("logprobs") not in (None, False) or body.get("tools"):
-        raise ApiError(400, "logprobs and tools are not served", "logprobs")
+    if body.get("logprobs") not in (None, False):
+        raise ApiError(400, "logprobs are not served", "logprobs")
+    for name in ("tools", "tool_choice"):
+        if body.get(name) not in (None, [], "none"):
+            raise ApiError(400, f"{name} is not served (no tool calls)", name)
+    for name, default in CHAT_DEFAULTS.items():
+        if body.get(name) not in (None, default):
+            raise ApiError(400, f"{name} is not served (the server's chat template renders "
+                           "every request, its assistant turn opened)", name)  # fmt: skip
+    generation = bool_field(body, "add_generation_prompt", True)
+    kwargs = template_kwargs(body.get("chat_template_kwargs"))
     try:
-        text = served.chat_template.render(messages)
+        text = served.chat_template.render(messages, generation, kwargs)
     except ValueError as e:
         raise ApiError(400, str(e), "messages") from None
-    ids = tuple(served.tokenizer.encode(text, add_special_tokens=False).ids)
+    special = bool_field(body, "add_special_tokens", False)  # vLLM's chat default
+    ids = tuple(served.tokenizer.encode(text, add_special_tokens=special).ids)
     given = body.get("max_completion_tokens") is not None
     name = "max_completion_tokens" if given else "max_tokens"
     left = max(1, served.max_model_len - len(ids))
     if given:  # the other checked all the same
         int_field(body, "max_tokens", left, 1)
     return ask_for(body, served, ids, int_field(body, name, left, 1), "messages")
+
+
+# What the template is rendered with (chat_template_kwargs may not set them).
+RESERVED = frozenset({"messages", "add_generation_prompt", "tools", "documents"})
+
+
+def template_kwargs(value) -> dict:
+    """A request's chat_template_kwargs (Qwen3's enable_thinking...), passed to the template
+    as vLLM does: an object of names, none of those the server renders with."""
+    if value is None:
+        return {}
+    if not isinstance(value, dict) or not all(isinstance(k, str) for k in value):
+        raise ApiError(400, "chat_template_kwargs must be an object", "chat_template_kwargs")
+    taken = sorted(RESERVED.intersection(value))
+    if taken:
+        raise ApiError(400, f"chat_template_kwargs may not set {', '.join(taken)}",
+                       "chat_template_kwargs")  # fmt: skip
+    return value
 
 
 def chat_messages(messages) -> list[dict]:
@@ -199,9 +238,17 @@ def check_greedy(body: dict) -> None:
         raise ApiError(400, f"only greedy decoding is served: temperature must be 0 or absent, "
                        f"got {temperature!r}", "temperature")  # fmt: skip
     for name, neutral in NEUTRAL.items():
-        if body.get(name) not in (None, neutral):
+        value = body.get(name)
+        if value is not None and (isinstance(value, bool) or value != neutral):
             raise ApiError(400, f"only greedy decoding is served: {name} must be {neutral} "
                            f"or absent, got {body[name]!r}", name)  # fmt: skip
+    top_k = body.get("top_k")
+    if top_k is not None and (isinstance(top_k, bool) or top_k not in TOP_K_NEUTRAL):
+        raise ApiError(400, "only greedy decoding is served: top_k must be -1, 0 or absent, "
+                       f"got {top_k!r}", "top_k")  # fmt: skip
+    seed = body.get("seed")
+    if seed is not None and (not isinstance(seed, int) or isinstance(seed, bool)):
+        raise ApiError(400, f"seed must be an integer, got {seed!r}", "seed")
     if body.get("stop") not in (None, [], ""):
         raise ApiError(400, "stop strings are not served (outputs run to max_tokens, or to "
                        "the checkpoint's end-of-sequence token)", "stop")  # fmt: skip
@@ -243,6 +290,7 @@ def ask_for(body: dict, served: Served, ids: tuple[int, ...], max_tokens: int,
         not bool_field(body, "ignore_eos", False),
         least,
         bool_field(body, "return_token_ids", False),
+        bool_field(body, "skip_special_tokens", True),
     )
 
 
@@ -258,16 +306,17 @@ class Detokenizer:
 
     HOLD = 4
 
-    def __init__(self, tokenizer) -> None:
+    def __init__(self, tokenizer, skip_special_tokens: bool = True) -> None:
         self.tokenizer, self.ids, self.prefix, self.read = tokenizer, [], 0, 0
+        self.skip = skip_special_tokens  # the end-of-sequence token's text left out
 
     def add(self, ids: Sequence[int], final: bool = False) -> str:
         if self.tokenizer is None:
             return "".join(PLACEHOLDER.format(t) for t in ids)
         self.ids += ids
         decode = self.tokenizer.decode
-        before = decode(self.ids[self.prefix : self.read], skip_special_tokens=False)
-        text = decode(self.ids[self.prefix :], skip_special_tokens=False)
+        before = decode(self.ids[self.prefix : self.read], skip_special_tokens=self.skip)
+        text = decode(self.ids[self.prefix :], skip_special_tokens=self.skip)
         partial = text.endswith("\ufffd") and len(self.ids) - self.read < self.HOLD
         if len(text) <= len(before) or (partial and not final):
             return ""
@@ -275,8 +324,9 @@ class Detokenizer:
         return text[len(before) :]
 
 
-def text_of(tokenizer, ids: Sequence[int]) -> str:
-    """The whole text of these ids (a response not streamed)."""
+def text_of(tokenizer, ids: Sequence[int], skip_special_tokens: bool = True) -> str:
+    """The whole text of these ids (a response not streamed; special tokens left out
+    unless the request asked for them, as vLLM)."""
     if tokenizer is None:
         return "".join(PLACEHOLDER.format(t) for t in ids)
-    return tokenizer.decode(list(ids), skip_special_tokens=False)
+    return tokenizer.decode(list(ids), skip_special_tokens=skip_special_tokens)

@@ -217,7 +217,7 @@ class _Head:
 
 
 async def _streamed(response, s: Served, ask: Ask, head: _Head, stream: _Stream) -> None:
-    text, produced = Detokenizer(s.tokenizer), 0
+    text, produced = Detokenizer(s.tokenizer, ask.skip_special_tokens), 0
     usage = {"usage": None} if ask.include_usage else {}
     while True:
         tokens, reason = await stream.queue.get()
@@ -258,7 +258,7 @@ async def _whole(s: Served, ask: Ask, head: _Head, stream: _Stream) -> web.Respo
             break
     if reason == ABORT:
         raise ApiError(503, "the server stopped before the request finished")
-    choice = head.choice(text_of(s.tokenizer, got), reason, whole=True)
+    choice = head.choice(text_of(s.tokenizer, got, ask.skip_special_tokens), reason, whole=True)
     if ask.return_token_ids:
         choice["token_ids"] = got
     return web.json_response(head.chunk([choice], whole=True, usage=_usage(ask, len(got))))

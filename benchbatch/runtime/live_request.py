@@ -48,7 +48,10 @@ class LiveRequest:
     finish_reason: str | None = None
 
     def stops(self, token: int) -> bool:
-        return token in self.stop_tokens and self.output_tokens >= self.min_tokens
+        """Whether this token (already counted) ends the request: a stop token after
+        min_tokens others, as vLLM's min_tokens (stop tokens held back while fewer than
+        min_tokens came: the earliest is token min_tokens + 1)."""
+        return token in self.stop_tokens and self.output_tokens > self.min_tokens
 
     def row(self) -> dict:
         ttft = None if self.first_token_s is None else self.first_token_s - self.arrival_s

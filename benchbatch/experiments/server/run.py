@@ -156,8 +156,12 @@ def measure_run(
     busy = cpu_busy(inputs.cpus) if opts.pin else None  # other processes' cores
     cores = plan_cores(_threads(rec, run), opts.pin, inputs.cpus, busy)
     name = served_name(opts, model, cfg)
+    # vLLM serves a checkpoint under the path it was given: a client given that path too
+    # (vllm bench serve --model PATH) is answered, not told the model does not exist
+    aliases = (str(model.model),) if model.model is not None and opts.served_model_name \
+        is None else ()  # fmt: skip
     served = Served(engine, name, inputs.max_model_len, inputs.tokenizer,
-                    chat_template=inputs.chat_template)  # fmt: skip
+                    chat_template=inputs.chat_template, aliases=aliases)  # fmt: skip
     server = ServerThread(make_app(served), opts.host, opts.port, cores.http_cores)
     engine.start(cores)
     stopped_by = "error"
