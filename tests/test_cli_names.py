@@ -129,6 +129,8 @@ def test_project_latency_held_in_microseconds(runner):
                      (["--allreduce-latency", "0.05ms"], 50.0),
                      (["--allreduce-latency", "2"], 2000.0),  # a bare number: milliseconds
                      (["--allreduce-latency", "0"], 0.0),  # an ideal link
+                     # under 1 ms as a bare number: an all-reduce's latency, not seconds
+                     (["--allreduce-latency", "0.02"], 20.0),
                      (["--allreduce-latency-us", "5"], 5.0)]:  # fmt: skip
         assert parsed(runner, "project", *args)["allreduce_latency_us"] == pytest.approx(us)
     assert refused(runner, "project", "--allreduce-latency-us", "-5").startswith(

@@ -446,6 +446,7 @@ def test_real_engine_points_beside_their_simulation(runner, tmp_path):
         (["--rates", "inf"], "--rates"),
         (["--rates", ""], "--rates"),
         (["--real-rates", "0.5,x"], "--real-rates"),
+        (["--engine", "sim", "--real-rates", "1"], "--real-rates"),  # served nowhere: said
         (["--slo-ttft", "0"], "--slo-ttft"),
         (["--slo-tpot", "-0.1"], "--slo-tpot"),
         (["--slo-ttft", "nan"], "--slo-ttft"),

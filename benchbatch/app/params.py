@@ -86,7 +86,7 @@ def _parameters(uses: list[Use]) -> tuple[list[inspect.Parameter], dict[str, _Pa
     for u in uses:
         hints = typing.get_type_hints(u.cls)
         for f in u.fields():
-            params.append(_parameter(f, hints[f.name], u.default(f), u.flag(f)))
+            params.append(_parameter(f, hints[f.name], u.default(f), u.flag(f), u.help(f)))
             plan[f.name] = _Param(f.name, u.cls, f.metadata.get("parse"))
             for i, alias in enumerate(f.metadata.get("aliases", ())):
                 name = f"{f.name}__alias{i}"
@@ -98,7 +98,8 @@ def _parameters(uses: list[Use]) -> tuple[list[inspect.Parameter], dict[str, _Pa
     return params, plan
 
 
-def _parameter(f: dataclasses.Field, hint, default, flag: str) -> inspect.Parameter:
+def _parameter(f: dataclasses.Field, hint, default, flag: str,
+               help: str | None = None) -> inspect.Parameter:  # fmt: skip
     meta = f.metadata
     kind = _cli_type(hint, meta)
     if _is_time(meta.get("parse")) and default is not None:
@@ -109,17 +110,18 @@ def _parameter(f: dataclasses.Field, hint, default, flag: str) -> inspect.Parame
         default = inspect.Parameter.empty  # a required positional argument
     elif isinstance(default, tuple):
         default = list(default)
-    info = _info(f, kind, flag)
+    info = _info(f, kind, flag, help)
     annotation = Annotated[kind, info]
     return inspect.Parameter(f.name, inspect.Parameter.KEYWORD_ONLY, default=default,
                              annotation=annotation)  # fmt: skip
 
 
-def _info(f: dataclasses.Field, kind, flag: str) -> Any:
+def _info(f: dataclasses.Field, kind, flag: str, help: str | None = None) -> Any:
     meta = f.metadata
-    common = dict(help=meta["help"], rich_help_panel=meta.get("panel"), hidden=meta["hidden"])
+    help = help or meta["help"]  # the command's own, where it has one
+    common = dict(help=help, rich_help_panel=meta.get("panel"), hidden=meta["hidden"])
     if meta.get("argument"):
-        return typer.Argument(help=meta["help"], metavar=meta.get("metavar"), show_default=False)
+        return typer.Argument(help=help, metavar=meta.get("metavar"), show_default=False)
     if kind is bool:
         return typer.Option(flag, metavar="", **common)
     extra = {"case_sensitive": False} if meta.get("choices") else {}
@@ -222,7 +224,8 @@ def _has_default(u: Use, f: dataclasses.Field) -> bool:
 
 def _parse(value, p: _Param, name: str):
     if _is_time(p.parse) and isinstance(value, str):
-        seconds = parse_duration(value, p.field, p.bare or "ms", zero=p.parse.endswith("0"))
+        seconds = parse_duration(value, p.field, p.bare or "ms", zero=p.parse.endswith("0"),
+                                 small=p.parse.startswith("time_us"))  # fmt: skip
         return seconds * TIME_STORED[p.parse]
     if p.parse == "words" and isinstance(value, str):
         return parse_words(value, p.field)

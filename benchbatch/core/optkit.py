@@ -100,17 +100,21 @@ class Use:
     A name in only, skip or defaults that is no field of the class is refused when the Use
     is made (a typo would otherwise drop or keep an option silently). flags: the command's
     own flag for a field, where it takes two fields of one concept (reproduce's phases and
-    sweep batches: --decode-batch and --sweep-batch)."""
+    sweep batches: --decode-batch and --sweep-batch). helps: the command's own help for a
+    field whose shared help would say what this command does not (serve-sweep's --trace
+    takes arrival times in seconds, not steps)."""
 
     cls: type
     only: tuple[str, ...] | None = None
     skip: tuple[str, ...] = ()
     defaults: dict | None = None
     flags: dict | None = None
+    helps: dict | None = None
 
     def __post_init__(self) -> None:
         known = {f.name for f in dataclasses.fields(self.cls)}
-        named = [*(self.only or ()), *self.skip, *(self.defaults or {}), *(self.flags or {})]
+        named = [*(self.only or ()), *self.skip, *(self.defaults or {}), *(self.flags or {}),
+                 *(self.helps or {})]  # fmt: skip
         unknown = [n for n in named if n not in known]
         if unknown:
             raise ValueError(f"{self.cls.__name__} has no field {', '.join(map(repr, unknown))}")
@@ -130,9 +134,13 @@ class Use:
         """The field's flag in this command (its own, unless `flags` renames it)."""
         return (self.flags or {}).get(f.name) or flag_of(f)
 
+    def help(self, f: dataclasses.Field) -> str:
+        """The field's help in this command (its own, unless `helps` says it otherwise)."""
+        return (self.helps or {}).get(f.name) or f.metadata["help"]
 
-def use(cls: type, *, only=None, skip=(), defaults=None, flags=None) -> Use:
-    return Use(cls, tuple(only) if only else None, tuple(skip), defaults, flags)
+
+def use(cls: type, *, only=None, skip=(), defaults=None, flags=None, helps=None) -> Use:
+    return Use(cls, tuple(only) if only else None, tuple(skip), defaults, flags, helps)
 
 
 # --- checks shared by every options object ------------------------------------------------

@@ -81,10 +81,12 @@ TIME_UNITS = {"us": 1e-6, "µs": 1e-6, "ms": 1e-3, "s": 1.0}
 _DURATION = re.compile(r"\s*([+-]?(?:[0-9]+\.?[0-9]*|\.[0-9]+)(?:e[+-]?[0-9]+)?)\s*([a-zµ]*)\s*")
 
 
-def parse_duration(text, option: str, bare: str = "ms", zero: bool = False) -> float:
+def parse_duration(text, option: str, bare: str = "ms", zero: bool = False,
+                   small: bool = False) -> float:  # fmt: skip
     """A latency as typed, in seconds: '200ms', '2s', '2 s', '500us'; a bare number is in
     `bare` units (milliseconds, as vLLM's --goodput ttft:200). A bare number under 1 ms is
-    refused: it is the old spelling in seconds ('0.2'), which would silently mean 0.2 ms.
+    refused: it is the old spelling in seconds ('0.2'), which would silently mean 0.2 ms;
+    unless `small` (a latency of microseconds, an all-reduce's: 0.02 is 20 us).
     Negative, zero (unless `zero`), NaN, infinite and malformed values are a UserError
     naming the option. A number that is no text (a default, a Python caller) is already
     in seconds."""
@@ -102,7 +104,7 @@ def parse_duration(text, option: str, bare: str = "ms", zero: bool = False) -> f
     if seconds < 0 or (seconds == 0 and not zero):
         word = "at least 0" if zero else "more than 0"
         raise UserError(option, f"must be {word}, got {shown}")
-    if not unit and bare == "ms" and 0 < seconds < 1e-3:
+    if not unit and bare == "ms" and 0 < seconds < 1e-3 and not small:
         raise UserError(option, f"a bare number is milliseconds, so {shown} is {shown} ms: "
                         f"write {shown}s for seconds, or {shown}ms if you mean it")  # fmt: skip
     return seconds

@@ -318,12 +318,15 @@ def _sustains(r: dict) -> str:
 def _warn_uncertain(rows: list[dict]) -> None:
     from benchbatch.core.serving import P99_MIN_REQUESTS
 
-    few = sorted({r["requests"] for r in rows if r["p99_uncertain"] and r["requests"]})
-    if few:
+    uncertain = [r for r in rows if r["p99_uncertain"] and r["requests"]]
+    few = sorted({r["requests"] for r in uncertain})
+    if few:  # the option that sizes those points: served ones' --real-requests
+        served = any(r.get("source") in ("real", "endpoint", "sim-matched") for r in uncertain)
+        raise_it = "--real-requests" if served else "--requests"
         render.warning(
             f"points of {', '.join(f'{n:,}' for n in few)} requests: a p99 over fewer than "
             f"{P99_MIN_REQUESTS} requests is about their largest value, so it is uncertain "
-            "(MLPerf asks for far more); raise --real-requests or --requests to firm it up"
+            f"(MLPerf asks for far more); raise {raise_it} to firm it up"
         )
 
 

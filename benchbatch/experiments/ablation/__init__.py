@@ -29,7 +29,9 @@ EXPERIMENT = Experiment(
     help=HELP,
     options=(
         AblationOptions,
-        use(WorkloadOptions, skip=("prompts",), defaults=ABLATION_WORKLOAD),
+        use(WorkloadOptions, skip=("prompts",), defaults=ABLATION_WORKLOAD, helps={
+            "arrival_rate": "Poisson arrivals, requests per scheduler step (the ablation's "
+                            "default keeps its slots busy)."}),  # fmt: skip
         ModelOptions,
         use(RunOptions, skip=ROOFLINE_FIELDS),
     ),

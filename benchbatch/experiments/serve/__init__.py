@@ -54,7 +54,11 @@ EXPERIMENT = Experiment(
     help=HELP,
     options=(
         ServeOptions,
-        use(WorkloadOptions, only=WORKLOAD_FIELDS, defaults=SERVE_WORKLOAD),
+        use(WorkloadOptions, only=WORKLOAD_FIELDS, defaults=SERVE_WORKLOAD, helps={
+            "trace": "Replay a CSV trace instead: column output_tokens, optional prompt_tokens "
+                     "and arrival_s (seconds, scaled to each rate; without it, Poisson "
+                     "arrivals at each rate) (replaces --requests, --output-median, "
+                     "--output-sigma, --max-output)."}),  # fmt: skip
         ModelOptions,
         use(RunOptions, only=RUN_FIELDS),
     ),

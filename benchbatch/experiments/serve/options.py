@@ -263,6 +263,9 @@ class ServeOptions:
         for name in ("rates", "real_rates"):
             if getattr(self, name) is not None:
                 parse_rates(getattr(self, name), name)
+        if self.real_rates is not None and self.engine == "sim" and self.endpoint is None:
+            raise UserError("real_rates", "only applies with --engine real (a simulated sweep "
+                            "serves no rate on the model)")  # fmt: skip
         check_count("real_requests", self.real_requests, 1, self.MAX_REAL_REQUESTS)
         check_price_per_hour(self.price_per_hour)
         self._check_endpoint()

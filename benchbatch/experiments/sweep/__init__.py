@@ -24,7 +24,10 @@ LENGTH_FIELDS = ("requests", "median", "sigma", "max_output", "prompt_len", "tra
 EXPERIMENT = Experiment(
     name="sweep",
     help=HELP,
-    options=(SweepOptions, use(WorkloadOptions, only=LENGTH_FIELDS), ModelOptions, RunOptions),
+    options=(SweepOptions, use(WorkloadOptions, only=LENGTH_FIELDS, helps={
+        "trace": "Read the lengths from a CSV trace instead: column output_tokens, optional "
+                 "prompt_tokens (replaces --requests, --output-median, --output-sigma, "
+                 "--max-output)."}), ModelOptions, RunOptions),  # fmt: skip
     runs="benchbatch.experiments.sweep.run",
     several_ranks=True,
     order=20,
