@@ -184,3 +184,19 @@ def test_the_estimate_advises_flags_the_commands_take(runner):
         flags = {o for p in cmd.params if not p.hidden for o in p.opts}
         for field in fields:
             assert LIST_FLAGS[field] in flags, (name, field)
+
+
+def test_vllm_bench_serves_names_are_taken_and_its_inf_named():
+    """A vLLM user's --request-rate and --num-prompts, and --max-num-seqs: the same fields
+    as --rates, --requests and --slots; --rates inf (vLLM's every-request-at-once) is named
+    as benchbatch's max."""
+    from typer.testing import CliRunner
+
+    runner = CliRunner()
+    got = parsed(runner, "serve-sweep", "--request-rate", "1,max", "--num-prompts", "20",
+                 "--max-num-seqs", "4")  # fmt: skip
+    assert (got["rates"], got["requests"], got["slots"]) == (("1", "max"), 20, 4)
+    assert parsed(runner, "occupancy", "--num-prompts", "30")["requests"] == 30
+    said = refused(runner, "serve-sweep", "--rates", "inf")
+    assert said.startswith("--rates: inf is no rate here: write max")
+    assert "--request-rate inf" in said

@@ -275,10 +275,11 @@ class RunOptions:
 class WorkloadOptions:
     """The requests to serve: lognormal output lengths (the article's), or a trace."""
 
-    requests: int = opt(600, "Requests in the generated workload.", panel=WORKLOAD)
+    requests: int = opt(600, "Requests in the generated workload (vLLM's --num-prompts, "
+                        "taken too).", panel=WORKLOAD, aliases=("--num-prompts",))  # fmt: skip
     slots: int = opt(
         32,
-        "Sequences served at once (KV-cache slots; vLLM's max_num_seqs).",
+        "Sequences served at once (KV-cache slots; vLLM's --max-num-seqs, taken too).",
         panel=BATCHING,
         aliases=("--max-num-seqs",),
     )

@@ -60,7 +60,8 @@ class SchedulerConfig:
         require(self.chunked_prefill, "chunk_size", "only applies with chunked prefill")
         require(chunk >= 1, "chunk_size", f"must be at least 1, got {chunk}")
         if budget is not None:
-            require(chunk <= budget, "chunk_size", f"{chunk} is more than the token budget")
+            require(chunk <= budget, "chunk_size", f"{chunk} is more than the token budget "
+                    f"(--max-num-batched-tokens {budget})")  # fmt: skip
 
     def _check_kv(self) -> None:
         if self.kv is None:

@@ -52,11 +52,12 @@ class ServeOptions:
         None,
         "Request rates in requests per second (Poisson arrivals, seeded; --burstiness), "
         "comma-separated; "
-        "'max' queues every request at once. Default: the simulated capacity (the best "
-        "policy's request throughput at max) times 0.1, 0.2, ... 1.1, and max, so the knee "
-        "shows on any device.",
+        "'max' queues every request at once (vLLM's --request-rate inf; --request-rate is "
+        "taken too). Default: the simulated capacity (the best policy's request throughput "
+        "at max) times 0.1, 0.2, ... 1.1, and max, so the knee shows on any device.",
         panel=SERVE_PANEL,
         parse="words",
+        aliases=("--request-rate",),
     )
     policies: tuple[str, ...] = opt(
         SERVE_POLICIES,

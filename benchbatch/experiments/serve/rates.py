@@ -33,6 +33,9 @@ def _rate(word: str, option: str) -> float:
         rate = strict_float(word)
     except ValueError:
         raise UserError(option, f"{shown!r} is not a rate (requests per second, or max)") from None
+    if rate == math.inf:  # vLLM's --request-rate inf is benchbatch's max
+        raise UserError(option, f"{shown} is no rate here: write max (every request queued at "
+                        "once, vLLM's --request-rate inf)")  # fmt: skip
     require(
         math.isfinite(rate) and rate > 0,
         option,

@@ -59,7 +59,7 @@ class ServerOptions:
         None,
         "A tokenizer.json (or a folder holding one) for string prompts, /tokenize and the "
         "chunks' text. Default: the --model checkpoint's own, if it has one; without any, "
-        "prompts must be token ids and a token's text is <ID>.",
+        "prompts must be token ids and a token's text is its id in angle brackets (<5>).",
         panel=SERVER,
     )
     chat_template: Path | None = opt(
