@@ -222,3 +222,20 @@ def test_the_answer_flags_build_on_every_typer_s_option_decorator(monkeypatch, m
     assert not option.expose_value and option.help == "Every option."
     assert type(option).__module__.startswith("click" if "typer._click.decorators" in missing
                                                else "typer")  # fmt: skip
+
+
+def test_a_shared_option_says_what_this_command_does_with_it(runner):
+    """A field several commands share had one help everywhere: serve-sweep's --trace read
+    "arrival_step" (it refuses those; it takes arrival_s, in seconds), sweep's and
+    ablation's named options they do not have or a default they override."""
+    def whole(command: str) -> str:
+        out = runner.invoke(app, [command, "--help-all"], env={"COLUMNS": "250"}).stdout
+        return _plain(out.replace("│", " "))
+
+    serve, sweep, ablation = whole("serve-sweep"), whole("sweep"), whole("ablation")
+    assert "optional prompt_tokens and arrival_s (seconds, scaled to each rate" in serve
+    assert "arrival_step" not in serve.split("--trace", 1)[1][:300]
+    assert "--arrivals-per-step" not in sweep
+    assert "every request waits at step 0" not in ablation
+    assert "the ablation's default keeps its slots busy" in ablation
+    assert "every request waits at step 0" in whole("occupancy")  # its own default, as said

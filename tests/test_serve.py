@@ -497,3 +497,20 @@ def test_compare_overlays_two_serving_curves(runner, tmp_path, step_costs):
         assert len(mine) == len(own) == 6
         assert mine["ttft_p99_s"].tolist() == pytest.approx(own["ttft_p99_s"].tolist())
     assert (out / "compare-serve.png").is_file()
+
+
+def test_the_few_requests_advice_names_the_option_that_sized_those_points(monkeypatch):
+    """Simulated points are sized by --requests, served ones (and their simulation) by
+    --real-requests: the advice named both, one of them doing nothing."""
+    from benchbatch.app.views import serve as view
+    from benchbatch.output import render
+
+    said: list[str] = []
+    monkeypatch.setattr(render, "warning", said.append)
+    row = {"p99_uncertain": True, "requests": 40}
+    view._warn_uncertain([row | {"source": "sim"}])
+    view._warn_uncertain([row | {"source": "sim"}, row | {"source": "real"}])
+    view._warn_uncertain([row | {"source": "sim", "p99_uncertain": False}])
+    assert len(said) == 2
+    assert said[0].endswith("raise --requests to firm it up")
+    assert said[1].endswith("raise --real-requests to firm it up")

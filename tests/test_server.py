@@ -502,3 +502,16 @@ def test_help_and_a_bad_option_import_no_torch():
         done = run_without(HEAVY, source)
         assert done.returncode == code, done.stderr
         assert "blocked" not in done.stderr
+
+
+def test_a_checkpoint_is_answered_under_the_path_it_was_given():
+    """vLLM serves a checkpoint under the path it was given, so `vllm bench serve --model
+    PATH` sends that path: it got a 404 here (the served name is the folder's)."""
+    from benchbatch.net.completions import ApiError, Served, check_model
+
+    served = Served(None, "tiny-llama", 512, aliases=("/models/tiny-llama",))
+    for name in (None, "tiny-llama", "/models/tiny-llama"):
+        check_model({"model": name}, served)
+    with pytest.raises(ApiError) as e:
+        check_model({"model": "/models/other"}, served)
+    assert e.value.status == 404 and e.value.param == "model"
