@@ -20,8 +20,8 @@ def open_run(opts: CompareOptions, run: RunOptions) -> Recorder:
     from benchbatch.output import compare_serve as serve_merging
     from benchbatch.output import results
 
+    loaded = merging.load_all(list(opts.runs), opts.label)  # the folders first, then --out
     merging.check_out(run.out, list(opts.runs))
-    loaded = merging.load_all(list(opts.runs), opts.label)
     tables = merging.merge(loaded)
     if "serve" in tables:  # like with like: rate sweeps, or concurrency sweeps
         serve_merging.check_like(tables["serve"], [r.label for r in loaded])

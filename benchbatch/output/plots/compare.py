@@ -124,6 +124,10 @@ def compare_phases_figure(df: pd.DataFrame, runs: list[str], path: Path, title: 
     """Achieved FLOP/s (GFLOP/s where no run reaches a TFLOP/s) and cost per token of each
     step (output/compare.phases_steps' `step`: its label, and its context where the runs
     decoded at several), one bar per run."""
+    if "step" not in df.columns:  # rows as the folders hold them: named here
+        from benchbatch.output.compare import phases_steps
+
+        df = phases_steps(df)
     unit = flop_unit(_ok(df)["tflops"])
     scaled = df.assign(rate=df["tflops"] * unit.per_tflops)
     fig, (ax1, ax2) = plt.subplots(1, 2, figsize=(12, 4.6), layout="constrained")
