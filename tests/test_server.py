@@ -356,9 +356,9 @@ def test_text_prompts_and_tokenize_with_a_tokenizer(tiny_model, word_tokenizer):
         status, body = _post(url + "/tokenize", json.dumps({"prompt": text}).encode())
     tokens = [t for ch in chunks for choice in ch.choices for t in choice.token_ids]
     assert tokens == alone(tiny_model, ids, 7)
-    assert "".join(ch.choices[0].text for ch in chunks if ch.choices) == (
-        word_tokenizer.decode(tokens)
-    )
+    said = "".join(ch.choices[0].text for ch in chunks if ch.choices)  # the prompt continued
+    assert said == word_tokenizer.decode(ids + tokens)[len(word_tokenizer.decode(ids)) :]
+    assert said == " " + word_tokenizer.decode(tokens)
     assert chunks[-1].usage.prompt_tokens == len(ids)
     assert status == 200 and body == {"count": len(ids), "max_model_len": 512, "tokens": ids}
 
@@ -466,29 +466,89 @@ def test_duration_ends_the_server(runner, tmp_path):
     assert meta["server"]["model_cores"] is None
 
 
-def test_text_held_inside_a_character_comes_whole_and_bytes_that_are_none_come_anyway():
-    """A byte-level tokenizer (one token per byte): "ü" is two tokens, its first piece waits
-    for the second; a lone continuation byte is no character and is said after at most
-    Detokenizer.HOLD tokens (or at the last token), so the pieces always add up to the
-    tokenizer's own decoding of every token."""
+def _bytes_tokenizer():
+    """A byte-level tokenizer, one token per byte."""
     tokenizers = pytest.importorskip("tokenizers")
-    from benchbatch.net.completions import Detokenizer
-
     alphabet = sorted(tokenizers.pre_tokenizers.ByteLevel.alphabet())
     tok = tokenizers.Tokenizer(tokenizers.models.BPE({c: i for i, c in enumerate(alphabet)}, []))
     tok.pre_tokenizer = tokenizers.pre_tokenizers.ByteLevel(add_prefix_space=False)
     tok.decoder = tokenizers.decoders.ByteLevel()
+    return tok
+
+
+def test_text_held_inside_a_character_comes_whole():
+    """"ü" is two tokens of a byte-level tokenizer: its first piece waits for the second
+    (an empty piece, its chunk still sent), and bytes that never make a character are held
+    (vLLM's DecodeStream the same), said with the first character after them."""
+    from benchbatch.net.completions import Detokenizer
+
+    tok = _bytes_tokenizer()
     ids = tok.encode("aü b").ids
     assert len(ids) == 5  # a, two bytes of ü, space, b
     d = Detokenizer(tok)
     assert [d.add([i]) for i in ids] == ["a", "", "ü", " ", "b"]
     stray = ids[1:2] * 6 + ids[:1]  # the first byte of ü, six times, then a
     d = Detokenizer(tok)
-    pieces = [d.add([i], final=n == len(stray) - 1) for n, i in enumerate(stray)]
-    assert pieces[: Detokenizer.HOLD - 1] == [""] * (Detokenizer.HOLD - 1)
-    assert "".join(pieces) == tok.decode(stray)
-    d = Detokenizer(tok)
-    assert d.add(ids[1:2]) == "" and d.add([], final=True) == tok.decode(ids[1:2])
+    pieces = [d.add([i]) for i in stray]
+    assert pieces[:-1] == [""] * 6 and pieces[-1] == tok.decode(stray) == "\ufffd" * 6 + "a"
+
+
+def _words_tokenizer(decoder: str):
+    """A word-level tokenizer whose words carry their space: SentencePiece's (Metaspace,
+    "▁world") or byte-level BPE's ("Ġworld")."""
+    tokenizers = pytest.importorskip("tokenizers")
+    from tokenizers import decoders, models, pre_tokenizers
+
+    words = ["Hello", "world", "there", "again", "you"]
+    if decoder == "metaspace":
+        pieces = ["<unk>", "<s>", "</s>", *("\u2581" + w for w in words)]
+        vocab = {w: i for i, w in enumerate(pieces)}
+        tok = tokenizers.Tokenizer(models.WordLevel(vocab, unk_token="<unk>"))
+        tok.pre_tokenizer, tok.decoder = pre_tokenizers.Metaspace(), decoders.Metaspace()
+    else:
+        spaced = [w if i == 0 else "\u0120" + w for i, w in enumerate(words)]
+        vocab = {w: i for i, w in enumerate(["<unk>", "<s>", "</s>", *words, *spaced])}
+        tok = tokenizers.Tokenizer(models.WordLevel(vocab, unk_token="<unk>"))
+        tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+        tok.decoder = decoders.ByteLevel()
+    tok.add_special_tokens(["<s>", "</s>"])
+    return tok
+
+
+@pytest.mark.parametrize("decoder", ["metaspace", "bytelevel"])
+def test_a_streams_text_continues_its_prompt_as_one_decoding_of_both(decoder):
+    """The text of a completion is what decoding prompt and output together adds to the
+    prompt's own decoding: a SentencePiece tokenizer's first output word kept its space
+    only when the stream knew the prompt (decoded alone, "▁world" is "world"); streamed
+    piece by piece, in one batch of tokens, or whole, the same text."""
+    from benchbatch.net.completions import Detokenizer
+
+    tok = _words_tokenizer(decoder)
+    ids = tok.encode("Hello world there again you").ids
+    for cut in range(1, len(ids)):
+        prompt, out = ids[:cut], ids[cut:]
+        want = tok.decode(ids)[len(tok.decode(prompt)) :]
+        assert want.startswith(" ") and want.strip() == tok.decode(out).strip()
+        d = Detokenizer(tok, prompt_ids=prompt)
+        assert "".join(d.add([i]) for i in out) == want
+        assert Detokenizer(tok, prompt_ids=prompt).add(out) == want
+    if decoder == "metaspace":  # without the prompt the space is lost: the old bug
+        assert Detokenizer(tok).add(ids[1:]) == tok.decode(ids[1:]) == "world there again you"
+
+
+def test_the_stop_token_that_ended_a_request_is_not_in_its_text():
+    """vLLM leaves the stop token that ended a request out of its text even with
+    skip_special_tokens false (include_stop_str_in_output false); a special token that
+    did not end it is kept."""
+    from benchbatch.net.completions import Detokenizer
+
+    tok = _words_tokenizer("metaspace")
+    hello, world, eos = (tok.token_to_id(w) for w in ("\u2581Hello", "\u2581world", "</s>"))
+    assert Detokenizer(tok, False, [hello]).add([world, eos], stopped=True) == " world"
+    assert Detokenizer(tok, False, [hello]).add([world, eos]) == " world</s>"
+    assert Detokenizer(tok, True, [hello]).add([world, eos]) == " world"
+    # without a tokenizer the text is the ids, every one
+    assert Detokenizer(None, True, [hello]).add([world, eos], stopped=True) == f"<{world}><{eos}>"
 
 
 def test_help_and_a_bad_option_import_no_torch():

@@ -298,35 +298,39 @@ def ask_for(body: dict, served: Served, ids: tuple[int, ...], max_tokens: int,
 
 
 class Detokenizer:
-    """Token ids to text as they come (vLLM's incremental detokenization): each new piece is
-    the text of a short window of recent ids minus the text of its older part, held back
-    while it ends inside a UTF-8 character, but at most HOLD tokens (a character has at
-    most 4 bytes: past that the bytes are no character, and a random-weight model makes
-    such) and never past the request's last token (final)."""
+    """Token ids to text as they come, as vLLM detokenizes them: tokenizers' DecodeStream
+    primed with the prompt's ids (so the first piece keeps the space a SentencePiece
+    tokenizer writes before a word), one step a token, a piece held back (empty) while it
+    ends inside a UTF-8 character. A request that ended on its own stop token leaves that
+    token out of its text (vLLM's include_stop_str_in_output, false), and the whole text of
+    a request not streamed is its pieces joined, as vLLM's (never another decoding)."""
 
-    HOLD = 4
+    def __init__(self, tokenizer, skip_special_tokens: bool = True,
+                 prompt_ids: Sequence[int] = ()) -> None:  # fmt: skip
+        self.tokenizer, self.skip, self.prompt = tokenizer, skip_special_tokens, list(prompt_ids)
+        self.stream = self._stream(self.prompt)
 
-    def __init__(self, tokenizer, skip_special_tokens: bool = True) -> None:
-        self.tokenizer, self.ids, self.prefix, self.read = tokenizer, [], 0, 0
-        self.skip = skip_special_tokens  # the end-of-sequence token's text left out
-
-    def add(self, ids: Sequence[int], final: bool = False) -> str:
+    def _stream(self, ids: list[int]):
         if self.tokenizer is None:
+            return None
+        from tokenizers.decoders import DecodeStream
+
+        return DecodeStream(ids=ids, skip_special_tokens=self.skip)
+
+    def add(self, ids: Sequence[int], stopped: bool = False) -> str:
+        """The text of these new ids; stopped: the last of them is the stop token that
+        ended the request (left out of a tokenizer's text)."""
+        if self.tokenizer is None:  # every id, the stop token's too: the text is the ids
             return "".join(PLACEHOLDER.format(t) for t in ids)
-        self.ids += ids
-        decode = self.tokenizer.decode
-        before = decode(self.ids[self.prefix : self.read], skip_special_tokens=self.skip)
-        text = decode(self.ids[self.prefix :], skip_special_tokens=self.skip)
-        partial = text.endswith("\ufffd") and len(self.ids) - self.read < self.HOLD
-        if len(text) <= len(before) or (partial and not final):
-            return ""
-        self.prefix, self.read = self.read, len(self.ids)
-        return text[len(before) :]
+        return "".join(self._step(t) for t in list(ids[:-1] if stopped else ids))
 
-
-def text_of(tokenizer, ids: Sequence[int], skip_special_tokens: bool = True) -> str:
-    """The whole text of these ids (a response not streamed; special tokens left out
-    unless the request asked for them, as vLLM)."""
-    if tokenizer is None:
-        return "".join(PLACEHOLDER.format(t) for t in ids)
-    return tokenizer.decode(list(ids), skip_special_tokens=skip_special_tokens)
+    def _step(self, token: int) -> str:
+        try:
+            return self.stream.step(self.tokenizer, token) or ""
+        except Exception as e:  # noqa: BLE001 - tokenizers raises a plain Exception
+            if not str(e).startswith("Invalid prefix encountered"):
+                raise
+            # A decoding that is not monotonic (invalid UTF-8 runs) breaks the stream's
+            # state: vLLM starts a new one, unprimed, and goes on.
+            self.stream = self._stream([])
+            return self.stream.step(self.tokenizer, token) or ""

@@ -13,8 +13,8 @@ The chunks are OpenAI's completion chunks (id, object "text_completion", created
 choices [{index, text, logprobs, finish_reason}]), then with stream_options.include_usage a
 chunk with no choices and the usage, then `data: [DONE]`. Greedy decoding only: a
 temperature other than 0 is refused. A chunk's text is the token detokenized with the
-tokenizer (incrementally, as vLLM does: a piece that ends inside a UTF-8 character waits
-for the next token), else PLACEHOLDER with the token id; `return_token_ids: true` (vLLM's
+tokenizer (incrementally, as vLLM does: net/completions.py's Detokenizer), else
+PLACEHOLDER with the token id; `return_token_ids: true` (vLLM's
 field) adds the ids themselves. A chat completion (with a chat template: net/chat.py) streams
 OpenAI's chat chunks (object "chat.completion.chunk", choices [{index, delta, logprobs,
 finish_reason}]): as vLLM, a chunk naming the role (delta {"role": "assistant", "content":
@@ -45,10 +45,9 @@ from benchbatch.net.completions import (
     error_response,
     parse_chat,
     parse_completion,
-    text_of,
 )
 from benchbatch.runtime.cores import pin_this_thread
-from benchbatch.runtime.live_request import ABORT, Refused
+from benchbatch.runtime.live_request import ABORT, STOP, Refused
 
 # A request's body is parsed on the event loop (json holds the interpreter's lock while it
 # parses: a thread would not free the loop), so it is capped by what a prompt within the
@@ -217,12 +216,12 @@ class _Head:
 
 
 async def _streamed(response, s: Served, ask: Ask, head: _Head, stream: _Stream) -> None:
-    text, produced = Detokenizer(s.tokenizer, ask.skip_special_tokens), 0
+    text, produced = Detokenizer(s.tokenizer, ask.skip_special_tokens, ask.prompt_ids), 0
     usage = {"usage": None} if ask.include_usage else {}
     while True:
         tokens, reason = await stream.queue.get()
         produced += len(tokens)
-        piece = text.add(tokens, final=reason is not None)
+        piece = text.add(tokens, stopped=reason == STOP)
         choice = head.choice(piece, reason)
         if ask.return_token_ids:
             choice["token_ids"] = tokens
@@ -258,7 +257,8 @@ async def _whole(s: Served, ask: Ask, head: _Head, stream: _Stream) -> web.Respo
             break
     if reason == ABORT:
         raise ApiError(503, "the server stopped before the request finished")
-    choice = head.choice(text_of(s.tokenizer, got, ask.skip_special_tokens), reason, whole=True)
+    text = Detokenizer(s.tokenizer, ask.skip_special_tokens, ask.prompt_ids)
+    choice = head.choice(text.add(got, stopped=reason == STOP), reason, whole=True)
     if ask.return_token_ids:
         choice["token_ids"] = got
     return web.json_response(head.chunk([choice], whole=True, usage=_usage(ask, len(got))))
