@@ -363,6 +363,25 @@ def test_text_prompts_and_tokenize_with_a_tokenizer(tiny_model, word_tokenizer):
     assert status == 200 and body == {"count": len(ids), "max_model_len": 512, "tokens": ids}
 
 
+def test_continuous_usage_stats_puts_the_usage_so_far_in_every_chunk(tiny_model):
+    """vLLM's stream_options.continuous_usage_stats (with include_usage): each chunk the
+    usage up to its tokens, then the usage chunk; without include_usage, no usage at all."""
+    prompt, n = [3, 1, 4, 1, 5], 5
+    both = {"include_usage": True, "continuous_usage_stats": True}
+    with serving(tiny_model) as (url, _):
+        c = client(url)
+        counted = list(c.completions.create(model="tiny", prompt=prompt, max_tokens=n,
+                                            stream=True, stream_options=both))  # fmt: skip
+        plain = list(stream(c, prompt, n))
+        alone_ = list(c.completions.create(model="tiny", prompt=prompt, max_tokens=n, stream=True,
+                                           stream_options={"continuous_usage_stats": True}))
+    so_far = [*range(1, n + 1), n]
+    assert [ch.usage.completion_tokens for ch in counted] == so_far
+    assert [ch.usage.total_tokens for ch in counted] == [len(prompt) + k for k in so_far]
+    assert [ch.usage is None for ch in plain] == [True] * n + [False]
+    assert all(ch.usage is None for ch in alone_) and len(alone_) == n
+
+
 def test_end_of_sequence_stops_unless_ignored(tiny_model):
     """With the checkpoint's stop token the request ends at it (finish_reason stop), unless
     ignore_eos or min_tokens say otherwise; the slot it held serves the next request."""

@@ -107,6 +107,12 @@ def test_chat_prompts_are_transformers_and_tokens_the_engines(tiny_model, words,
         with ThreadPoolExecutor(len(CHATS)) as pool:
             streams = list(pool.map(one, CHATS))
         whole = c.chat.completions.create(model="tiny", messages=CHATS[0], max_tokens=n)
+        counted = list(c.chat.completions.create(
+            model="tiny", messages=CHATS[0], max_tokens=n, stream=True,
+            stream_options={"include_usage": True, "continuous_usage_stats": True}))  # fmt: skip
+    # continuous_usage_stats: every chunk the usage so far, the role's 0 (vLLM's)
+    assert [ch.usage.completion_tokens for ch in counted] == [0, *range(1, n + 1), n]
+    assert {ch.usage.prompt_tokens for ch in counted} == {len(reference_ids(words, CHATS[0]))}
     for messages, chunks in zip(CHATS, streams, strict=True):
         ids = reference_ids(words, as_transformers(messages))
         assert ids[0] == words.token_to_id("<s>")

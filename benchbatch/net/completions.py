@@ -91,6 +91,7 @@ class Ask:
     min_tokens: int
     return_token_ids: bool
     skip_special_tokens: bool = True  # the text leaves them out, as vLLM's default
+    continuous_usage: bool = False  # every chunk with the usage so far (include_usage too)
 
 
 def int_field(body: dict, name: str, default: int, least: int) -> int:
@@ -282,15 +283,17 @@ def ask_for(body: dict, served: Served, ids: tuple[int, ...], max_tokens: int,
         served.engine.check(ids, max_tokens)
     except Refused as e:
         raise Refused(str(e), prompt if e.param == "prompt" else e.param, e.status) from None
+    usage = bool_field(options or {}, "include_usage", False)
     return Ask(
         ids,
         max_tokens,
         stream,
-        bool_field(options or {}, "include_usage", False),
+        usage,
         not bool_field(body, "ignore_eos", False),
         least,
         bool_field(body, "return_token_ids", False),
         bool_field(body, "skip_special_tokens", True),
+        usage and bool_field(options or {}, "continuous_usage_stats", False),  # as vLLM
     )
 
 

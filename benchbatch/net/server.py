@@ -217,7 +217,11 @@ class _Head:
 
 async def _streamed(response, s: Served, ask: Ask, head: _Head, stream: _Stream) -> None:
     text, produced = Detokenizer(s.tokenizer, ask.skip_special_tokens, ask.prompt_ids), 0
-    usage = {"usage": None} if ask.include_usage else {}
+    def usage(n: int) -> dict:  # a chunk's: the usage so far with continuous_usage_stats
+        if ask.continuous_usage:
+            return {"usage": _usage(ask, n)}
+        return {"usage": None} if ask.include_usage else {}
+
     while True:
         tokens, reason = await stream.queue.get()
         produced += len(tokens)
@@ -228,9 +232,9 @@ async def _streamed(response, s: Served, ask: Ask, head: _Head, stream: _Stream)
         if head.chat and produced == len(tokens) and (tokens or reason is not None):
             role = {"index": 0, "delta": {"role": "assistant", "content": ""},
                     "logprobs": None, "finish_reason": None}  # fmt: skip
-            await _send(response, head.chunk([role], **usage))  # vLLM's, with the first token
+            await _send(response, head.chunk([role], **usage(0)))  # vLLM's, before the first
         if tokens or reason is not None:
-            await _send(response, head.chunk([choice], **usage))
+            await _send(response, head.chunk([choice], **usage(produced)))
         if reason is not None:
             break
     if ask.include_usage:
