@@ -24,6 +24,7 @@ from benchbatch.experiments.serve.rates import (
     MIN_RATE_RPS,
     parse_caps,
     parse_rates,
+    parse_server_kv,
 )
 from benchbatch.net.waits import PRIORITIES
 
@@ -343,16 +344,7 @@ class ServeOptions:
         """--server-kv as (blocks, block size); None for what it does not give."""
         if self.server_kv is None:
             return None, None
-        words = self.server_kv.strip().lower().split("x")
-        ok = len(words) in (1, 2) and all(w.strip().isdigit() for w in words)
-        values = [int(w) for w in words] if ok else []
-        require(
-            ok and all(0 < v <= INT_MAX_TOKENS for v in values),
-            "server_kv",
-            f"{self.server_kv!r}: give BLOCKS or BLOCKSxTOKENS, whole numbers above 0 "
-            "(512x128: 512 blocks of 128 tokens)",
-        )
-        return values[0], values[1] if len(values) == 2 else None
+        return parse_server_kv(self.server_kv, INT_MAX_TOKENS)
 
     @property
     def caps(self) -> tuple[int | None, ...]:

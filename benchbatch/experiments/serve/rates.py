@@ -1,5 +1,5 @@
-"""Request rates as serve-sweep's --rates and --real-rates take them, and the client's caps
-as --max-concurrency does (no typer, no torch)."""
+"""Request rates as serve-sweep's --rates and --real-rates take them, the client's caps as
+--max-concurrency does, and a server's KV pool as --server-kv (no typer, no torch)."""
 
 from __future__ import annotations
 
@@ -79,3 +79,17 @@ def parse_caps(words: tuple[str, ...], option: str, most: int) -> tuple[int, ...
     require(len(caps) <= MAX_RATES, option, f"{len(caps)} caps; at most {MAX_RATES}")
     return tuple(sorted(caps))
 
+
+
+def parse_server_kv(text: str, most: int) -> tuple[int, int | None]:
+    """--server-kv's 'BLOCKS' or 'BLOCKSxTOKENS' -> (blocks, block size or None)."""
+    words = text.strip().lower().split("x")
+    ok = len(words) in (1, 2) and all(w.strip().isdigit() for w in words)
+    values = [int(w) for w in words] if ok else []
+    require(
+        ok and all(0 < v <= most for v in values),
+        "server_kv",
+        f"{text!r}: give BLOCKS or BLOCKSxTOKENS, whole numbers above 0 "
+        "(512x128: 512 blocks of 128 tokens)",
+    )
+    return values[0], values[1] if len(values) == 2 else None
