@@ -111,6 +111,9 @@ CASES = [
     ("phases", ["--device", "cuda:x"], "--device"),
     ("occupancy", ["--engine", "gpu"], "--engine"),
     ("phases", ["--no-such-option"], "--no-such-option"),
+    # options that would do nothing, unsaid
+    ("phases", ["--no-roofline", "--reprobe"], "--reprobe"),
+    ("sweep", ["--reprobe", "--ceilings", "probe.csv"], "--reprobe"),
 ]
 
 FILE_CASES = [

@@ -247,6 +247,11 @@ class RunOptions:
         check_number("min_time", self.min_time)
         require(self.min_time <= 3600, "min_time", f"must be at most 3600 s, got {self.min_time}")
         check_count("warmup", self.warmup, 0, self.MAX_REPEATS)
+        if self.reprobe:  # it would do nothing, unsaid
+            require(self.roofline, "reprobe", "measures the roofline's ceilings: it does "
+                    "nothing with --no-roofline")  # fmt: skip
+            require(self.ceilings is None, "reprobe", "does nothing with --ceilings (the "
+                    "ceilings come from that file)")  # fmt: skip
         if self.threads is not None:
             check_count("threads", self.threads, 1, 4096)
         if self.tp is not None:
