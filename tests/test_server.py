@@ -382,6 +382,23 @@ def test_continuous_usage_stats_puts_the_usage_so_far_in_every_chunk(tiny_model)
     assert all(ch.usage is None for ch in alone_) and len(alone_) == n
 
 
+def test_response_ids_are_the_servers_and_the_requests(tiny_model):
+    """A response's id is cmpl-RUN-ID: ID the request's in the engine's rows, RUN this
+    server's, so two servers (or one restarted) never answer with the same id (they
+    restarted at cmpl-0)."""
+    runs = []
+    for _ in range(2):
+        with serving(tiny_model) as (url, engine):
+            c = client(url)
+            ids = [list(stream(c, [3, 1, 4], 2))[0].id for _ in range(2)]
+            whole = c.completions.create(model="tiny", prompt=[3, 1, 4], max_tokens=2).id
+        runs.append(ids + [whole])
+        prefix = ids[0].rsplit("-", 1)[0]
+        assert re.fullmatch(r"cmpl-[0-9a-f]{8}", prefix)
+        assert runs[-1] == [f"{prefix}-{r.id}" for r in engine.requests]
+    assert not set(runs[0]) & set(runs[1])
+
+
 def test_end_of_sequence_stops_unless_ignored(tiny_model):
     """With the checkpoint's stop token the request ends at it (finish_reason stop), unless
     ignore_eos or min_tokens say otherwise; the slot it held serves the next request."""

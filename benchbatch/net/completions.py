@@ -5,6 +5,7 @@ detokenized incrementally as vLLM does. net/server.py serves them."""
 
 from __future__ import annotations
 
+import secrets
 import time
 from collections import Counter
 from collections.abc import Sequence
@@ -71,6 +72,9 @@ class Served:
     # those as aborted). The server's summary holds them, so a client's failures can be
     # matched against them.
     error_responses: Counter = field(default_factory=Counter)
+    # Response ids are cmpl-RUN-ID (chatcmpl- for chat), ID the request's in requests.csv
+    # and steps.csv, RUN this server's own: unique across restarts, as vLLM's random ones.
+    run: str = field(default_factory=lambda: secrets.token_hex(4))
 
     def __post_init__(self) -> None:
         self.created = self.created or int(time.time())

@@ -171,7 +171,7 @@ async def _serve(request: web.Request, s: Served, ask: Ask, chat: bool) -> web.S
     stream = _Stream(asyncio.get_running_loop())
     live = s.engine.submit(ask.prompt_ids, ask.max_tokens, stream.deliver,
                            stop=ask.stop_at_eos, min_tokens=ask.min_tokens)  # fmt: skip
-    head = _Head(live.id, int(time.time()), s.name, chat)
+    head = _Head(f"{s.run}-{live.id}", int(time.time()), s.name, chat)
     ended = False
     try:
         if not ask.stream:
@@ -194,7 +194,7 @@ async def _serve(request: web.Request, s: Served, ask: Ask, chat: bool) -> web.S
 class _Head:
     """What every chunk of one completion (or chat completion) repeats, and its choices."""
 
-    rid: int
+    rid: str  # RUN-ID: Served.run and the engine's request id
     created: int
     model: str
     chat: bool = False

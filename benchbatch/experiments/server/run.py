@@ -171,7 +171,7 @@ def measure_run(
         if engine.error is not None:
             raise RuntimeError(f"the model thread failed: {engine.error}") from engine.error
         url = _listen(server, opts)
-        _announce(rec, opts, url, name, cores, engine, inputs)
+        _announce(rec, opts, url, served, cores, engine, inputs)
         stopped_by = _wait(opts.duration, engine)
     except KeyboardInterrupt:
         stopped_by = "signal"
@@ -217,11 +217,13 @@ def _stop_tokens(rec, model: ModelOptions, vocab: int) -> frozenset[int]:
     return ids
 
 
-def _announce(rec, opts: ServerOptions, url: str, name: str, cores, engine, inputs) -> None:
+def _announce(rec, opts: ServerOptions, url: str, served, cores, engine, inputs) -> None:
     """metadata.json says where the server listens, then the line a script waits for."""
     rec.meta["server"] = {
         "url": url,
-        "served_model_name": name,
+        "served_model_name": served.name,
+        "response_ids": f"cmpl-{served.run}-ID (chatcmpl- for chat; ID the request's in "
+                        "requests.csv)",
         "policy": opts.policy,
         "slots": engine.slots,
         "scheduler_policy": engine.policy,
