@@ -282,6 +282,26 @@ def test_one_folder_is_not_a_comparison(runs):
     refused(invoke("compare", runs / "fp32"), "at least two")
 
 
+def test_the_tables_compare_does_not_read_are_named(runs, tmp_path):
+    """A folder's tables compare leaves out (a reproduce run's memory.csv, timeline.csv,
+    engine_steps.csv...) are named in metadata, --json and the terminal, not left unsaid;
+    the tables it reads are not among them."""
+    copy = broken_copy(runs, tmp_path)
+    (copy / "extra.csv").write_text("a,b\n1,2\n")
+    result = invoke("compare", runs / "fp32", copy, "--out", tmp_path / "c")
+    assert result.exit_code == 0, result.output
+    meta = json.loads((tmp_path / "c" / "metadata.json").read_text())
+    held = {p.name for f in (runs / "fp32", copy) for p in f.glob("*.csv")}
+    assert meta["not_compared"] == sorted(held - {"phases.csv", "probe.csv"})
+    assert "extra.csv" in meta["not_compared"] and "phases.csv" not in meta["not_compared"]
+    assert "not compared" in result.stderr and "extra.csv" in result.stderr
+    repro = invoke("compare", runs / "repro-a", runs / "repro-b", "--json", "--out",
+                   tmp_path / "r")  # fmt: skip
+    left = json.loads(repro.stdout)["not_compared"]
+    assert {"memory.csv", "timeline.csv"} <= set(left) and not set(left) & {
+        "probe.csv", "phases.csv", "sweep.csv", "occupancy.csv"}
+
+
 def broken_copy(runs, tmp_path, name: str = "fp32"):
     copy = tmp_path / "broken"
     shutil.copytree(runs / name, copy)

@@ -54,6 +54,7 @@ def document(rec) -> dict:
         doc["serve_rates"] = rec.meta["serve_rates"]
     if rec.meta.get("conclusions"):
         doc["conclusions"] = rec.meta["conclusions"]
+    doc["not_compared"] = rec.meta.get("not_compared") or []
     return doc
 
 
@@ -88,6 +89,9 @@ def show(rec) -> None:
             render.out_console.print(_knees(serve_merging.knees(df, names), names))
     if rec.meta.get("conclusions"):
         render.out_console.print(_conclusions(rec.meta["conclusions"], names))
+    if rec.meta.get("not_compared"):
+        render.note(f"not compared (compare reads {', '.join(_tables(rec))} only): "
+                    + ", ".join(rec.meta["not_compared"]))  # fmt: skip
     if any(d["status"] != "complete" for d in runs):
         render.warning("some runs did not complete (see status): their tables may miss rows.")
     files = rec.meta["files"]

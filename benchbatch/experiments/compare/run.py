@@ -30,6 +30,7 @@ def open_run(opts: CompareOptions, run: RunOptions) -> Recorder:
     from benchbatch.output.recorder import environment
 
     meta = {"runs": [r.describe() for r in loaded], "differences": merging.differences(loaded),
+            "not_compared": merging.not_compared(loaded),
             "files": [], "environment": environment()}  # fmt: skip (what compared them)
     return create(Recorder, run.out, run.force, "compare", meta, quiet=True)
 
