@@ -170,6 +170,26 @@ def test_the_recorders_warnings_reach_metadata_and_result_json(tmp_path):
     assert doc["warnings"] == rec.meta["warnings"]
 
 
+def test_a_warning_about_a_finished_table_is_kept_now_and_said_under_it(tmp_path, capsys):
+    """A view's warnings under its tables (steps spread wide, a p99 over few requests) were
+    said and never kept: the run keeps them now (metadata's "warnings"), and the view's
+    last lines say them, before the folder."""
+    from benchbatch.output import render
+    from benchbatch.output.recorder import Recorder
+
+    rec = Recorder.__new__(Recorder)
+    rec.meta, rec.later, rec.folder = {}, [], tmp_path
+    Recorder.warning(rec, "said now")
+    Recorder.warning(rec, "about the table", later=True)
+    now = capsys.readouterr().err
+    assert "said now" in now and "about the table" not in now
+    assert rec.meta["warnings"] == ["said now", "about the table"]
+    render.results_line(rec)
+    out = capsys.readouterr()
+    assert "about the table" in out.err and "said now" not in out.err
+    assert f"results: {tmp_path}" in out.out + out.err
+
+
 def test_a_reused_calibrations_largest_batch_is_checked_against_the_slots(tmp_path):
     """A calibration at 4 slots pricing a sweep at 32 said nothing of the batches it never
     ran: past its largest batch the price is extrapolated, said; within it, nothing."""

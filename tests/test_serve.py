@@ -502,15 +502,26 @@ def test_compare_overlays_two_serving_curves(runner, tmp_path, step_costs):
 def test_the_few_requests_advice_names_the_option_that_sized_those_points(monkeypatch):
     """Simulated points are sized by --requests, served ones (and their simulation) by
     --real-requests: the advice named both, one of them doing nothing."""
-    from benchbatch.app.views import serve as view
-    from benchbatch.output import render
+    from benchbatch.experiments.serve import run as serve_run
+
+    class Rec:  # what the warning reads and keeps (a Recorder's rows, warning, later)
+        def __init__(self, rows):
+            self.serve, self.later = rows, []
+
+        def rows(self, table):
+            return self.serve
+
+        def warning(self, text, later=False):
+            assert later  # said under the finished tables
+            self.later.append(text)
 
     said: list[str] = []
-    monkeypatch.setattr(render, "warning", said.append)
     row = {"p99_uncertain": True, "requests": 40}
-    view._warn_uncertain([row | {"source": "sim"}])
-    view._warn_uncertain([row | {"source": "sim"}, row | {"source": "real"}])
-    view._warn_uncertain([row | {"source": "sim", "p99_uncertain": False}])
+    for rows in ([row | {"source": "sim"}], [row | {"source": "sim"}, row | {"source": "real"}],
+                 [row | {"source": "sim", "p99_uncertain": False}]):  # fmt: skip
+        rec = Rec(rows)
+        serve_run._warn_uncertain(rec)
+        said += rec.later
     assert len(said) == 2
     assert said[0].endswith("raise --requests to firm it up")
     assert said[1].endswith("raise --real-requests to firm it up")

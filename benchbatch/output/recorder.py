@@ -77,6 +77,7 @@ class Recorder(Run):
         # What the experiment's open_run checked, for its measure_run to run on (the requests
         # as served, a fitted cost): kept in memory, never written.
         self.inputs: object = None
+        self.later: list[str] = []  # warnings about finished tables, said under them (view)
         self._watch = None
         self._group_look: tuple[int, object] | None = None  # (timing_group, its look)
         self._stack = contextlib.ExitStack()
@@ -190,13 +191,16 @@ class Recorder(Run):
         if text:
             render.note(text)
 
-    def warning(self, text: str | None) -> None:
+    def warning(self, text: str | None, later: bool = False) -> None:
         """A warning on stderr now, and kept (metadata.json's and result.json's "warnings"):
-        what makes a number less sure outlives the terminal it was said on. (A view's lines
-        under a finished table are read from rows that keep what they rest on.)"""
+        what makes a number less sure outlives the terminal it was said on. later: one
+        about a finished table, kept now and said under it (the view prints `later`)."""
         if text:
-            render.warning(text)
             kept = self.meta.setdefault("warnings", [])
+            if later:
+                self.later.append(text)
+            else:
+                render.warning(text)
             if text not in kept:
                 kept.append(text)
 

@@ -153,8 +153,12 @@ def line(text: str) -> None:
     out_console.print(one_line(text), highlight=False)
 
 
-def results_line(folder) -> None:
-    line(f"results: {folder}")
+def results_line(rec) -> None:
+    """The last lines of a run's view: the warnings the run kept for under its finished
+    tables (Recorder.warning(later=True); metadata has them too), then its folder."""
+    for text in getattr(rec, "later", ()):
+        warning(text)
+    line(f"results: {rec.folder}")
 
 
 def print_json(document: dict) -> None:

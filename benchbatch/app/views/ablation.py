@@ -3,7 +3,6 @@ they order as the paper's do, and with --slo the goodput and the search."""
 
 from __future__ import annotations
 
-from benchbatch.core.noise import NOISY_P90_OVER_MEDIAN
 from benchbatch.core.units import figure
 from benchbatch.output import render
 
@@ -40,17 +39,9 @@ def document(rec) -> dict:
 
 def show(rec) -> None:
     from benchbatch.core.calibration_text import step_cost_line
-    from benchbatch.experiments.ablation.probe import noisy
 
     rows, meta = rec.rows("ablation"), rec.meta
     render.out_console.print(step_cost_line(meta["step_cost"]), highlight=False)
-    lost = meta["step_cost"].get("per_token_costs_unmeasured", [])
-    if lost:
-        render.warning(
-            f"the cost of {' and '.join(lost)} could not be measured (every step timed about "
-            f"the same: timing noise hides it), so the simulation prices them at 0: "
-            f"{render.NOISY_HINT}, or a larger model"
-        )
     paper = [
         {
             "label": r["label"],
@@ -75,14 +66,7 @@ def show(rec) -> None:
         render.out_console.print(meta["prediction"]["verdict"], highlight=False)
     if "slo" in meta:
         _slo_report(rows, meta["slo"])
-    wide = noisy(rec.rows("steps"))
-    if wide:
-        render.warning(
-            f"real step times of {', '.join(wide)} spread wide against the cost model (p90 "
-            f"over {NOISY_P90_OVER_MEDIAN:g}x the median): another process may have used the "
-            "device meanwhile; see steps.csv"
-        )
-    render.results_line(rec.folder)
+    render.results_line(rec)
 
 
 def _ordering_line(source: str, v: dict) -> str:

@@ -3,7 +3,6 @@ memory policies on one KV budget, and with --engine real the model's runs beside
 
 from __future__ import annotations
 
-from benchbatch.core.noise import NOISY_P90_OVER_MEDIAN
 from benchbatch.core.units import figure
 from benchbatch.output import render
 
@@ -105,8 +104,7 @@ def show(rec) -> None:
             render.out_console.print(step_cost_line(rec.meta["step_cost"]), highlight=False)
         if (rec.meta.get("prediction") or {}).get("verdict"):
             render.out_console.print(rec.meta["prediction"]["verdict"], highlight=False)
-        _warn_noisy(engine)
-    render.results_line(rec.folder)
+    render.results_line(rec)
 
 
 def _memory_report(rows: list[dict], meta: dict | None, how: str) -> None:
@@ -183,20 +181,6 @@ def _collectives_line(c: dict | None) -> None:
 
 def _engine_display(r: dict) -> dict:
     return {**r, "occupancy_pct": 100 * r["occupancy"], "overhead_pct": 100 * r["overhead"]}
-
-
-def _warn_noisy(engine: list[dict]) -> None:
-    from benchbatch.experiments.occupancy.probe import noisy
-
-    policies = noisy(engine)
-    if policies:
-        render.warning(
-            f"step times of {', '.join(policies)} spread wide (p90 over "
-            f"{NOISY_P90_OVER_MEDIAN:g}x the median): something else may have used the "
-            "device meanwhile, which stretches the wall time against the steps' median (the "
-            "prediction, on the CPU clock at each run's own share of the core, is held "
-            "apart from it where there is one); see engine_steps.csv"
-        )
 
 
 def _engine_line(s: dict) -> str | None:

@@ -42,7 +42,7 @@ def show(rec) -> None:
     render.out_console.print(ceilings_table(s))
     render.out_console.print(datasheet_table(s["measured"]["dtype"]))
     render.warn_untrusted(rec.meta["untrusted"], render.run_threads(rec.meta))
-    render.results_line(rec.folder)
+    render.results_line(rec)
 
 
 def ceilings_table(s: dict) -> Table:

@@ -39,4 +39,4 @@ def show(rec) -> None:
     render.out_console.print("assumptions:", highlight=False)
     for line in notes:
         render.out_console.print(f"- {line}", highlight=False)
-    render.results_line(rec.folder)
+    render.results_line(rec)

@@ -116,8 +116,7 @@ def show(rec) -> None:
     for line in verdict_lines(slo) + shared_core(rows) + what_moves_it(slo, rows, limits):
         render.out_console.print(line, highlight=False)
     _energy(rows)
-    _warn_uncertain(rows)
-    render.results_line(rec.folder)
+    render.results_line(rec)
 
 
 def _capped(columns: dict[str, str], rows: list[dict]) -> dict[str, str]:
@@ -313,21 +312,6 @@ def _sustains(r: dict) -> str:
     if r["leaves_slo_at"] is None:
         return f"every rate ({r['sustained_rate']} included)"
     return f"{r['sustained_rate']} req/s"
-
-
-def _warn_uncertain(rows: list[dict]) -> None:
-    from benchbatch.core.serving import P99_MIN_REQUESTS
-
-    uncertain = [r for r in rows if r["p99_uncertain"] and r["requests"]]
-    few = sorted({r["requests"] for r in uncertain})
-    if few:  # the option that sizes those points: served ones' --real-requests
-        served = any(r.get("source") in ("real", "endpoint", "sim-matched") for r in uncertain)
-        raise_it = "--real-requests" if served else "--requests"
-        render.warning(
-            f"points of {', '.join(f'{n:,}' for n in few)} requests: a p99 over fewer than "
-            f"{P99_MIN_REQUESTS} requests is about their largest value, so it is uncertain "
-            f"(MLPerf asks for far more); raise {raise_it} to firm it up"
-        )
 
 
 def _energy(rows: list[dict]) -> None:

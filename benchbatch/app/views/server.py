@@ -35,4 +35,4 @@ def show(rec) -> None:
         )
     if summary:
         render.table([summary], SUMMARY_COLUMNS, "requests served")
-    render.results_line(rec.folder)
+    render.results_line(rec)

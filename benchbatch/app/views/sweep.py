@@ -55,7 +55,7 @@ def show(rec) -> None:
     render.warn_untrusted(rec.meta["untrusted"], render.run_threads(rec.meta))
     if rec.meta.get("ceilings_source"):
         render.line(f"ceilings (mfu, mbu, bound): {rec.meta['ceilings_source']}")
-    render.results_line(rec.folder)
+    render.results_line(rec)
 
 
 def ceiling_lines(rows: list[dict]) -> list[str]:

@@ -6,6 +6,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from benchbatch.core.fits import check_fits, length_options
+from benchbatch.core.noise import NOISY_P90_OVER_MEDIAN
 from benchbatch.core.options import ModelOptions, RunOptions, WorkloadOptions
 from benchbatch.core.optkit import record
 from benchbatch.core.prediction import pairs_of, ratio
@@ -127,6 +128,13 @@ def cost_model(rec, net, budgets, requests, given, run: RunOptions, cpu_clock: b
         rec.put("step_cost", given["rows"])
     results.write_json(rec.folder / "step_cost.json", summary)
     rec.meta["step_cost"] = summary
+    lost = summary.get("per_token_costs_unmeasured") or []
+    if lost:
+        from benchbatch.output import render
+
+        rec.warning(f"the cost of {' and '.join(lost)} could not be measured (every step "
+                    "timed about the same: timing noise hides it), so the simulation prices "
+                    f"them at 0: {render.NOISY_HINT}, or a larger model", later=True)  # fmt: skip
     if cpu_clock:  # and the steps' work on the CPU clock, where the calibration has it
         # (a simulation with no model is of the calibration's own run: its CPU clock's fit
         # too; a real run on the wall clock, several threads, cannot be priced by it)
@@ -260,6 +268,11 @@ def _run_real(rec, net, requests, budgets, sims, slo, run: RunOptions, cost) -> 
     from benchbatch.output.plots.prediction import record as record_prediction
 
     _at_speed(rec, requests, budgets, cost, pairs, slo)
+    wide = probe.noisy(rec.rows("steps"))
+    if wide:
+        rec.warning(f"real step times of {', '.join(wide)} spread wide against the cost model "
+                    f"(p90 over {NOISY_P90_OVER_MEDIAN:g}x the median): another process may "
+                    "have used the device meanwhile; see steps.csv", later=True)  # fmt: skip
     title = f"ablation: the real engine beside its simulation; {_title(rec, budgets)}"
     record_prediction(rec, pairs, title)
 

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import math
 
+from benchbatch.core.noise import NOISY_P90_OVER_MEDIAN
 from benchbatch.core.options import ModelOptions, RunOptions
 from benchbatch.core.prediction import pairs_of, ratio
 from benchbatch.core.units import duration, figure
@@ -37,6 +38,14 @@ def run_real(rec, model: ModelOptions, run: RunOptions, requests, slots: int, si
         prediction_part(rec, net, requests, slots, run, rec.inputs.given, layout)
     rows = rec.rows("engine")
     rec.meta["engine_summary"] = probe.engine_summary(rows, sims)
+    wide = probe.noisy(rows)
+    if wide:
+        rec.warning(f"step times of {', '.join(wide)} spread wide (p90 over "
+                    f"{NOISY_P90_OVER_MEDIAN:g}x the median): something else may have used "
+                    "the device meanwhile, which stretches the wall time against the steps' "
+                    "median (the prediction, on the CPU clock at each run's own share of the "
+                    "core, is held apart from it where there is one); see engine_steps.csv",
+                    later=True)  # fmt: skip
     title = c.title(rec, f"{slots} slots: real engine", noise=c.engine_noise(rows))
     engine_figure(rec.rows("engine_steps"), rows, rec.folder / "engine.png", title)
     return net

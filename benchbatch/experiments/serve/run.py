@@ -69,6 +69,7 @@ def measure_run(
         rec.put("slo", probe.sustained(rec.rows("serve")))
         rec.meta["energy"] = energy.summary(energy.measured_points(rec.rows("serve")),
                                         "joules_per_output_token")  # as the terminal says
+        _warn_uncertain(rec)
         _figures(rec)
         return
     net = c.build_model(rec, model, run)[0] if rec.target is not None else None
@@ -84,7 +85,23 @@ def measure_run(
     rec.put("slo", knees.with_knees(probe.sustained(rec.rows("serve")), found))
     rec.meta["energy"] = energy.summary(energy.measured_points(rec.rows("serve")),
                                         "joules_per_output_token")  # as the terminal says
+    _warn_uncertain(rec)
     _figures(rec)
+
+
+def _warn_uncertain(rec) -> None:
+    """Points whose p99 rests on too few requests, said under the tables and kept."""
+    from benchbatch.core.serving import P99_MIN_REQUESTS
+
+    uncertain = [r for r in rec.rows("serve") if r["p99_uncertain"] and r["requests"]]
+    few = sorted({r["requests"] for r in uncertain})
+    if few:  # the option that sizes those points: served ones' --real-requests
+        served = any(r.get("source") in ("real", "endpoint", "sim-matched") for r in uncertain)
+        raise_it = "--real-requests" if served else "--requests"
+        rec.warning(f"points of {', '.join(f'{n:,}' for n in few)} requests: a p99 over "
+                    f"fewer than {P99_MIN_REQUESTS} requests is about their largest value, "
+                    f"so it is uncertain (MLPerf asks for far more); raise {raise_it} to firm "
+                    "it up", later=True)  # fmt: skip
 
 
 def _plan(opts: ServeOptions, workload: WorkloadOptions, run: RunOptions):
