@@ -319,3 +319,23 @@ def test_chunks_not_shorter_than_the_prompt_are_said_to_be_the_whole_prefill():
     assert PiggybackOptions(chunk_prompt=64, chunks=(64, 128)).whole_chunks().startswith(
         "--chunks 64, 128: not shorter"
     )
+
+
+def test_the_summary_says_average_and_never_inf():
+    """The decode step's worth in prefill tokens rests on the average cost of a prefill token
+    at the largest count riding (said "marginal"); a largest mixed step no slower than decode
+    alone said "as much as inf prefill tokens"."""
+    from benchbatch.app.views.piggyback import _summary_line
+    from benchbatch.experiments.piggyback.probe import piggyback_summary
+
+    def rows(extra_ms):
+        return [{"decode_batch": 4, "context": 64, "decode_only_ms": 2.0, "prefill_tokens": p,
+                 "extra_ms": e, "over_decode": (2.0 + e) / 2.0}
+                for p, e in zip((16, 64), extra_ms, strict=True)]  # fmt: skip
+
+    s = piggyback_summary(rows((0.1, 0.5)), 0.1)
+    assert s["prefill_tokens_per_decode_step"] == pytest.approx(2.0 / (0.5 / 64))  # 256
+    line = _summary_line(s)
+    assert "average cost of a prefill token when 64 ride" in line and "256 prefill" in line
+    flat = _summary_line(piggyback_summary(rows((0.0, 0.0)), 0.1))
+    assert "inf" not in flat and "not measurable here" in flat and "64 riding" in flat

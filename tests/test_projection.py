@@ -104,3 +104,67 @@ def test_a_gpu_count_that_does_not_shard_the_model_is_one_line(runner, tmp_path)
     result = runner.invoke(app, ["project", "--tp", "3", "--out", str(tmp_path / "x")])
     assert result.exit_code == 2
     assert "Error: --tp: 64 attention heads do not split over 3 ranks" in result.output
+
+
+PROBE_HEAD = "kind,label,size,dtype,ranks,step_ms,tflops,gbps,status\n" \
+    "matmul,matmul 8192,8192,bf16,,1.0,700.0,,ok\nread,read 1 GiB,1073741824,bf16,,1.0,,2500.0,ok\n"
+
+
+@pytest.mark.parametrize("row", [
+    "allreduce,all-reduce,abc,bf16,2,0.012,0.0,0.15,ok",   # no size in bytes
+    "allreduce,all-reduce,256.0,bf16,2,0.012,0.0,0.15,ok",  # not a whole size
+    "allreduce,all-reduce,1024,bf16,2,,0.0,0.15,ok",       # no time
+    "allreduce,all-reduce,1024,bf16,2,nan,0.0,0.15,ok",    # priced as nan us
+    "allreduce,all-reduce,1024,bf16,2,-1,0.0,0.15,ok",     # priced as -1000 us
+    "allreduce,all-reduce,1024,bf16,2,0.012,0.0,0,ok",     # divided by zero
+])  # fmt: skip
+def test_a_probe_csvs_bad_all_reduce_row_is_one_line_naming_ceilings(runner, tmp_path, row):
+    """Its all-reduce rows were read unchecked: a traceback, or a projection priced at nan
+    or a negative latency with exit 0."""
+    probe = tmp_path / "probe.csv"
+    probe.write_text(PROBE_HEAD + row + "\n")
+    result = runner.invoke(app, ["project", "--ceilings", str(probe), "--tp", "1,2", "--out",
+                                 str(tmp_path / "x")])  # fmt: skip
+    assert result.exit_code == 2, result.output
+    lines = result.stderr.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith("Error: --ceilings:"), lines
+    assert not (tmp_path / "x").exists()
+
+
+def test_the_options_project_takes_are_recorded_as_given(runner, tmp_path):
+    """--tp, --dtype and --ceilings were recorded as RunOptions' unset ones (null)."""
+    probe = tmp_path / "probe.csv"
+    probe.write_text(PROBE_HEAD)
+    out = tmp_path / "run"
+    result = runner.invoke(app, ["project", "--ceilings", str(probe), "--tp", "1,2",
+                                 "--out", str(out)])  # fmt: skip
+    assert result.exit_code == 0, result.output
+    options = json.loads((out / "metadata.json").read_text())["options"]
+    assert (options["tp"], options["dtype"], options["ceilings"]) == ([1, 2], "bf16", str(probe))
+
+
+def test_a_context_past_the_models_is_refused(runner, tmp_path):
+    result = runner.invoke(app, ["project", "--context", "8192", "--out", str(tmp_path / "x")])
+    assert result.exit_code == 2 and "Error: --context: 8192 + 1 new token exceeds" in result.output
+    assert runner.invoke(app, ["project", "--context", "8191", "--out",
+                               str(tmp_path / "y")]).exit_code == 0  # fmt: skip
+
+
+def test_a_gpu_of_unknown_memory_fits_unknown_not_yes():
+    """A V100 (no memory in the table) showed "fits yes" at 132 GiB a GPU: unknown now, and
+    the speedup over the fewest GPUs."""
+    rows = projection.table(LLAMA70, "fp16", (1, 2), (1,), (512,), machine(memory_bytes=None))
+    assert [(r["fits"], r["max_batch"]) for r in rows] == [(None, None)] * 2
+    assert rows[1]["speedup"] == pytest.approx(rows[0]["step_ms"] / rows[1]["step_ms"])
+    said = projection.assumptions(LLAMA70, "fp16", machine(memory_bytes=None), (1, 2))
+    assert "memory unknown" in said[1] and "fits ?" in said[-1]
+
+
+def test_gpu_counts_past_one_nvlink_domain_are_said():
+    m = ProjectOptions().machine()
+    said = projection.assumptions(LLAMA70, "bf16", m, (8, 16))
+    assert "16 GPUs are past one NVLink domain" in said[-1]
+    assert not any("NVLink domain" in s for s in projection.assumptions(LLAMA70, "bf16", m, (8,)))
+    given = ProjectOptions(busbw=50).machine()  # a network given: its own figure
+    assert not any("NVLink domain" in s for s in projection.assumptions(LLAMA70, "bf16", given,
+                                                                         (16,)))

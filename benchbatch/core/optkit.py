@@ -75,11 +75,14 @@ def flag_of(f: dataclasses.Field) -> str:
 
 
 def record(*objects) -> dict:
-    """The options of a run as metadata records them: every field, paths as text."""
+    """The options of a run as metadata records them: every field, paths as text. A name
+    two groups share keeps the first's value: the command's own options come first (project's
+    --tp, a list of GPU counts, was recorded as RunOptions' unset --tp; reproduce's phases
+    --context as the sweep's default, which reproduce does not take)."""
     out: dict = {}
     for obj in objects:
         for k, v in dataclasses.asdict(obj).items():
-            out[k] = _plain(v)
+            out.setdefault(k, _plain(v))
     return out
 
 

@@ -77,7 +77,7 @@ def project(cfg: ModelConfig, dtype: str, tp: int, batch: int, context: int, m: 
         "weights_gib": weights / GiB,
         "kv_gib": kv / GiB,
         "max_batch": most,
-        "fits": most is None or batch <= most,
+        "fits": None if most is None else batch <= most,  # None: the memory is unknown
         "compute_ms": compute_ms,
         "memory_ms": memory_ms,
         "bound": "compute" if compute_ms >= memory_ms else "memory",
@@ -105,32 +105,52 @@ def table(
     for context in contexts:
         for batch in batches:
             group = [project(cfg, dtype, tp, batch, context, m) for tp in tps]
-            base = next((r for r in group if r["fits"]), None)
+            # the base: the fewest GPUs it fits on (memory unknown: the fewest GPUs)
+            base = next((r for r in group if r["fits"] is not False), None)
             for r in group:
-                ok = base is not None and r["fits"]
+                ok = base is not None and r["fits"] is not False
                 r["speedup"] = base["step_ms"] / r["step_ms"] if ok else None
                 r["speedup_over_tp"] = base["tp"] if ok else None
             rows += group
     return rows
 
 
-def assumptions(cfg: ModelConfig, dtype: str, m: Machine) -> list[str]:
+# GPUs one NVLink domain joins on the machines benchbatch's datasheets list (HGX/DGX: 8);
+# past it a real machine's all-reduce crosses InfiniBand or Ethernet, far slower.
+NVLINK_DOMAIN = 8
+
+
+def assumptions(cfg: ModelConfig, dtype: str, m: Machine, tps: tuple[int, ...] = ()) -> list[str]:
     """The table's assumptions, one line each, as printed beside it."""
+    from benchbatch.core.units import figure
+
     src = dict(m.sources)
-    memory = f"{m.memory_bytes / GiB:,.0f} GiB" if m.memory_bytes else "memory unknown"
-    return [
+    memory = f"{figure(m.memory_bytes / GiB)} GiB" if m.memory_bytes else "memory unknown"
+    said = [
         f"model: {cfg.name} (hidden {cfg.hidden}, {cfg.layers} layers, {cfg.heads} heads, "
         f"{cfg.kv_heads} KV heads, vocabulary {cfg.vocab:,}), {dtype}",
-        f"one GPU: {m.name}, {m.tflops:,.0f} TFLOP/s ({src.get('tflops')}), {m.gbps:,.0f} GB/s "
-        f"({src.get('gbps')}), {memory} ({src.get('memory')}); a rank's step is the roofline "
-        f"(max of FLOPs / peak, bytes / bandwidth) over efficiency {m.efficiency:g}",
-        f"all-reduce: {m.latency_us:g} us + 2(n-1)/n x message / {m.busbw_gbps:,.0f} GB/s bus "
-        f"bandwidth ({src.get('busbw')}; latency {src.get('latency')}); two per layer, of "
-        "batch x hidden values; the logits gathered once per step",
+        f"one GPU: {m.name}, {figure(m.tflops)} TFLOP/s ({src.get('tflops')}), "
+        f"{figure(m.gbps)} GB/s ({src.get('gbps')}), {memory} ({src.get('memory')}); a rank's "
+        f"step is the roofline (max of FLOPs / peak, bytes / bandwidth) over efficiency "
+        f"{m.efficiency:g}; its bytes are the weights and KV cache read and every op's "
+        "activations read and written once (none fused: a few percent of a step)",
+        f"all-reduce: {figure(m.latency_us)} us + 2(n-1)/n x message / {figure(m.busbw_gbps)} "
+        f"GB/s bus bandwidth ({src.get('busbw')}; latency {src.get('latency')}); two per "
+        "layer, of batch x hidden values; the logits gathered once per step (in step ms, "
+        "not in AR ms: project.csv's gather_ms)",
         "not modelled: launch gaps (CUDA graphs assumed), communication overlapping compute "
         "(none), the NCCL algorithm chosen; weights, KV cache and workspace must fit each "
-        "GPU with 10% held back",
+        "GPU with 10% held back" + ("" if m.memory_bytes else " (unknown here: fits ?)"),
     ]
+    beyond = [t for t in tps if t > NVLINK_DOMAIN]
+    if beyond and "given" not in str(src.get("busbw")) and "measured" not in str(src.get("busbw")):
+        said.append(
+            f"{', '.join(map(str, beyond))} GPUs are past one NVLink domain ({NVLINK_DOMAIN} "
+            "GPUs on HGX/DGX machines): their all-reduces would cross InfiniBand or "
+            "Ethernet, far slower than the NVLink figure priced here; give --busbw and "
+            "--allreduce-latency for that network"
+        )
+    return said
 
 
 @dataclass(frozen=True)
@@ -143,16 +163,32 @@ class Link:
     source: str
 
 
-def interconnect_from_csv(path) -> Link | None:
-    """The all-reduce rows of a probe.csv (None when it was measured on one process)."""
+def interconnect_from_csv(path, option: str = "ceilings") -> Link | None:
+    """The all-reduce rows of a probe.csv (None when it was measured on one process), each
+    checked: a size in bytes, a time and a bus bandwidth above 0 (a row that is not is
+    refused naming the option, never priced)."""
     import csv
+    import math
+
+    from benchbatch.errors import UserError
 
     with open(path, newline="") as f:
         rows = [r for r in csv.DictReader(f) if r.get("kind") == "allreduce"]
     rows = [r for r in rows if r.get("status", "ok") == "ok" and r.get("gbps")]
     if not rows:
         return None
-    best = max(float(r["gbps"]) for r in rows)
-    smallest = min(rows, key=lambda r: int(r["size"]))
-    ranks = smallest.get("ranks", "?")
-    return Link(best, 1e3 * float(smallest["step_ms"]), f"measured ({path}, {ranks} ranks)")
+    read = []
+    for n, r in enumerate(rows, 1):
+        try:
+            size, ms, gbps = int(r["size"]), float(r["step_ms"]), float(r["gbps"])
+        except (KeyError, TypeError, ValueError):
+            raise UserError(option, f"{path}: all-reduce row {n} needs a whole size in bytes, "
+                            "a step_ms and a gbps") from None  # fmt: skip
+        if size <= 0 or not all(math.isfinite(v) and v > 0 for v in (ms, gbps)):
+            raise UserError(option, f"{path}: all-reduce row {n} has size {r['size']}, "
+                            f"step_ms {r['step_ms']}, gbps {r['gbps']}: each must be a "
+                            "finite number above 0")  # fmt: skip
+        read.append((size, ms, gbps, r.get("ranks", "?")))
+    best = max(gbps for _, _, gbps, _ in read)
+    size, ms, _, ranks = min(read)
+    return Link(best, 1e3 * ms, f"measured ({path}, {ranks} ranks)")

@@ -3,6 +3,8 @@ chunked prompt and the tile effects."""
 
 from __future__ import annotations
 
+import math
+
 from benchbatch.core.units import figure
 from benchbatch.output import render
 
@@ -63,13 +65,21 @@ def show(rec) -> None:
 
 
 def _summary_line(s: dict) -> str:
-    return (
+    head = (
         f"decode b={s['decode_batch']} at context {s['context']:,} "
         f"({figure(s['decode_only_ms'])} ms): {s['free_prefill_tokens']} prefill tokens ride "
         f"within {s['threshold']:.0%} ({figure(s['free_prefill_per_decode_token'])} per decode "
-        "token); at "
-        f"the marginal cost of a prefill token ({s['largest_prefill_tokens']} riding) the decode "
-        f"step costs as much as {s['prefill_tokens_per_decode_step']:.0f} prefill tokens: "
-        f"{figure(s['prefill_tokens_per_decode_token'])} per decode token (the paper's linear "
-        f"layers: about {s['paper_prefill_per_decode_token']})."
+        "token); "
+    )
+    if not math.isfinite(s["prefill_tokens_per_decode_step"]):  # the largest rode for nothing
+        return head + (
+            f"{s['largest_prefill_tokens']} riding made the step no slower, so what a decode "
+            "step is worth in prefill tokens is not measurable here (larger --piggyback-tokens "
+            "would show it)."
+        )
+    return head + (
+        f"at the average cost of a prefill token when {s['largest_prefill_tokens']} ride, the "
+        f"decode step costs as much as {s['prefill_tokens_per_decode_step']:.0f} prefill "
+        f"tokens: {figure(s['prefill_tokens_per_decode_token'])} per decode token (the "
+        f"paper's linear layers: about {s['paper_prefill_per_decode_token']})."
     )

@@ -29,7 +29,7 @@ def show(rec) -> None:
         {
             **r,
             "share_pct": 100 * r["allreduce_share"],
-            "fits_text": "yes" if r["fits"] else "no",
+            "fits_text": "?" if r["fits"] is None else "yes" if r["fits"] else "no",
             "memory_gib": r["weights_gib"] + r["kv_gib"],
         }
         for r in rows

@@ -40,7 +40,7 @@ class PiggybackOptions:
     )
 
     def __post_init__(self) -> None:
-        check_number("threshold", self.threshold)
+        check_number("threshold", self.threshold, most=10)  # 1,000%: past it nothing is "free"
         check_count("chunk_prompt", self.chunk_prompt, 1)
 
     def whole_chunks(self) -> str | None:

@@ -16,6 +16,7 @@ PROJECTION = "Machine"
 # The slowest link --nvlink-gbps and --busbw take: a kilobyte a second. Slower, an
 # all-reduce of a few megabytes takes longer than a float holds (1e-320 GB/s: infinite).
 MIN_LINK_GBPS = 1e-6
+MAX_LINK_GBPS = 1e6  # a petabyte a second: a thousand times NVLink 5
 
 
 DEFAULT_LATENCY_US = 20.0  # per all-reduce: what gpt-fast's A100 numbers imply (16-26 us)
@@ -26,7 +27,7 @@ class ProjectOptions:
     gpu: str = opt(
         "H100 SXM",
         "The GPU to project for, by datasheet name (H200, H100 SXM, H100 NVL, A100 80GB SXM, "
-        "L40S, ...: `benchbatch probe` lists them).",
+        "L40S, ...; an unknown name is refused with the list).",
         panel=PROJECTION,
     )
     tp: tuple[int, ...] = opt(
@@ -83,15 +84,16 @@ class ProjectOptions:
         for name in ("nvlink_gbps", "busbw", "memory_gib"):
             if getattr(self, name) is not None:
                 gib = name == "memory_gib"  # a byte count of it must stay finite
-                most, unit = (MOST_GIB, " GiB") if gib else (None, "")
+                most, unit = (MOST_GIB, " GiB") if gib else (MAX_LINK_GBPS, " GB/s")
                 check_number(name, getattr(self, name), 0, open_low=True, most=most, unit=unit)
                 if not gib:  # a link slower than this prices an all-reduce past a float's range
                     require(getattr(self, name) >= MIN_LINK_GBPS, name,
                             f"{getattr(self, name):g} GB/s is slower than any link worth "
                             f"projecting (at least {MIN_LINK_GBPS:g} GB/s, a kilobyte a "
                             "second)")  # fmt: skip
-        if self.allreduce_latency_us is not None:
-            check_number("allreduce_latency_us", self.allreduce_latency_us)
+        if self.allreduce_latency_us is not None:  # at most a second: 1e6 us
+            check_number("allreduce_latency_us", self.allreduce_latency_us, most=1e6,
+                         unit=" us")  # fmt: skip
         require(max(self.tp) <= 4096, "tp", f"at most 4,096 GPUs, got {max(self.tp):,}")
 
     def machine(self):

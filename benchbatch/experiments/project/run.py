@@ -8,6 +8,7 @@ from dataclasses import replace
 from benchbatch.core.config import named_shape
 from benchbatch.core.options import ModelOptions, RunOptions
 from benchbatch.core.optkit import record
+from benchbatch.experiments.fields import check_context
 from benchbatch.experiments.project.options import ProjectOptions
 from benchbatch.output.recorder import Recorder
 
@@ -35,7 +36,7 @@ def measure_run(rec, opts: ProjectOptions, model: ModelOptions, run: RunOptions)
                  "--config to change it")  # fmt: skip
     rec.put("project", rows)
     rec.meta["machine"] = machine.to_dict()
-    rec.meta["assumptions"] = projection.assumptions(cfg, opts.dtype, machine)
+    rec.meta["assumptions"] = projection.assumptions(cfg, opts.dtype, machine, opts.tp)
     title = (f"{cfg.name} in {opts.dtype} on {machine.name} (projected from the accounting, "
              f"not measured; all-reduce bus {machine.busbw_gbps:,.0f} GB/s, "
              f"{machine.latency_us:g} us each)")  # fmt: skip
@@ -52,6 +53,7 @@ def _projected(opts: ProjectOptions, model: ModelOptions):
         cfg = named_shape(bare.shape(DEFAULT_PRESET), cfg, model.overrides())
     for tp in opts.tp:
         sharding.check(cfg, tp)
+    check_context(cfg, opts.context)
     machine = opts.machine()
     rows = projection.table(cfg, opts.dtype, opts.tp, opts.decode_batch, opts.context, machine)
     return cfg, machine, rows

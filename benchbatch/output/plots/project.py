@@ -42,7 +42,7 @@ def project_figure(rows: list[dict], path: Path, title: str) -> None:
         mine = df[(df["batch"] == batch) & (df["context"] == context)].set_index("tp")
         where = x + (i - (len(cases) - 1) / 2) * width
         bottom = np.zeros(len(tps))
-        fit = [t in mine.index and bool(mine["fits"].get(t, False)) for t in tps]
+        fit = [t in mine.index and _may_fit(mine["fits"].get(t)) for t in tps]
         for key, _name, alpha in PARTS:
             part = np.array([float(mine[key].get(t, np.nan)) for t in tps])
             bars = time_ax.bar(where, np.nan_to_num(part), width, bottom=bottom,
@@ -54,12 +54,12 @@ def project_figure(rows: list[dict], path: Path, title: str) -> None:
                     bar.set_hatch("//")
             bottom += np.nan_to_num(part)
         for at, t, top in zip(where, tps, bottom, strict=True):
-            fits = bool(mine["fits"].get(t, False)) if t in mine.index else False
+            fits = t in mine.index and _may_fit(mine["fits"].get(t))
             share = float(mine["allreduce_share"].get(t, np.nan))
             text = NOT_FIT if not fits else f"AR {share:.0%}"
             time_ax.annotate(text, (at, top), xytext=(0, 3), textcoords="offset points",
                              ha="center", va="bottom", fontsize=7, rotation=90)  # fmt: skip
-        fitting = mine[mine["fits"].astype(bool)]
+        fitting = mine[mine["fits"].map(_may_fit).astype(bool)]
         speed_ax.plot(fitting.index, fitting["speedup"], marker="o", color=cmap(i % 10),
                       label=case_name(batch, context))  # fmt: skip
         for t, s in fitting["speedup"].items():
@@ -84,9 +84,14 @@ def project_figure(rows: list[dict], path: Path, title: str) -> None:
     save(fig, path)
 
 
+def _may_fit(fits) -> bool:
+    """A row drawn as fitting: it fits, or the GPU's memory is unknown (None, NaN read back)."""
+    return fits is None or fits != fits or bool(fits)
+
+
 def _speedup_axes(ax, df: pd.DataFrame, tps: list[int]) -> None:
     """The ideal line from the fewest GPUs that fit (n / n0), log-2 GPU counts."""
-    fits = df[df["fits"].astype(bool)]
+    fits = df[df["fits"].map(_may_fit).astype(bool)]
     base = int(fits["speedup_over_tp"].min()) if fits["speedup_over_tp"].notna().any() else 1
     ideal = [t for t in tps if t >= base]
     ax.plot(ideal, [t / base for t in ideal], color="gray", ls="--", lw=1,
