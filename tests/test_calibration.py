@@ -1000,3 +1000,21 @@ def test_either_fit_is_said_in_its_own_line():
     )
     engine = cal.fit(synthetic_steps(90, noise=0.0))["summary"]
     assert step_cost_line(engine) == line(engine) and "calibration (" in line(engine)
+
+
+@pytest.mark.parametrize("slots, max_context", [(130, 1024), (40, 256), (300, 256), (8, 64)])
+def test_the_calibrations_requests_fit_the_context_at_any_slot_count(slots, max_context):
+    """Staggered outputs of slots x decode_steps tokens left a negative prompt where that
+    passed the context (reproduce --engine real --real-slots 520: a traceback at the end of
+    the run): fewer steps a batch, outputs clipped, every request one the engine takes."""
+    from benchbatch.runtime.calibrate import plan_for, runs
+
+    plan = plan_for(slots, [64, 200], 128, 256, max_context)
+    for run in runs(plan):
+        assert run.requests, run.run.name
+        for r in run.requests:
+            assert r.prompt_tokens >= 1 and r.output_tokens >= 1, (run.run.name, r)
+            assert r.prompt_tokens + r.output_tokens <= max_context, (run.run.name, r)
+    decode = runs(plan)[0].requests[:slots]
+    outputs = [r.output_tokens for r in decode]
+    assert outputs == sorted(outputs) and len(set(outputs)) > 1  # still staggered

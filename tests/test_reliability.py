@@ -92,16 +92,24 @@ MANY_BATCHES = ",".join(str(b) for b in range(1, 41))
 MANY_CONTEXTS = ",".join(str(8 * c) for c in range(1, 21))
 
 
-def test_ctrl_c_keeps_the_measured_rows(tmp_path):
+def test_ctrl_c_keeps_the_measured_rows_and_json_says_them(tmp_path):
+    """--json interrupted printed nothing (a script's json.loads failed): it prints what
+    was measured, as result.json has it, with the status."""
     out = tmp_path / "run"
     shape = ["--prefill", "8", "--decode-batch", MANY_BATCHES, "--context", "8"]
-    proc = start(["phases", *SLOW, *shape, "--out", str(out)])
+    proc = start(["phases", *SLOW, *shape, "--json", "--out", str(out)])
     wait_for_rows(proc, out / "phases.csv")
-    code, err = stop(proc, signal.SIGINT)
-    check_interrupted(out, code, err, "phases", at_least=1)
+    proc.send_signal(signal.SIGINT)
+    printed, err = proc.communicate(timeout=HANG_S)
+    check_interrupted(out, proc.returncode, err, "phases", at_least=1)
     df = pd.read_csv(out / "phases.csv")
     assert len(df) < 41 and (df["status"] == "ok").all() and df["step_ms"].notna().all()
     assert list(df["label"][:1]) == ["prefill 8"]
+    doc = json.loads(printed)
+    assert doc["folder"] == str(out) and doc["status"] == "interrupted"
+    result = json.loads((out / "result.json").read_text())
+    assert [r["label"] for r in doc["rows"]] == [r["label"] for r in result["metrics"]["rows"]]
+    assert len(doc["rows"]) == len(df)
 
 
 def test_sigterm_keeps_the_measured_rows(tmp_path):

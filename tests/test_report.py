@@ -128,6 +128,24 @@ def test_cpu_sized_prompts_pair_by_rank_and_say_so():
     assert len(section.rows) == 4
 
 
+def test_table_b_reads_its_decodes_at_the_context_its_verdicts_compare():
+    """With decodes at two contexts, table B showed one context's rows (the last written)
+    and the verdicts the other's: both read the smallest now, and the section names it."""
+    rows = article_phases()
+    later = [r | {"context": 1024, "step_ms": r["step_ms"] * 3, "label": r["label"]}
+             for r in rows if r["phase"] == "decode"]  # fmt: skip
+    mixed = rows + later  # the larger context written last
+    entries = report.table_b(mixed)
+    assert [e["measured"]["context"] for e in entries if e["article"].phase == "decode"] == [
+        512, 512]  # fmt: skip
+    assert report.decode_context(mixed) == 512
+    section = build(phases=mixed).sections[0]
+    assert any("decode steps are at context 512" in p and "1,024 are in phases.csv" in p
+               for p in section.intro)  # fmt: skip
+    alone = build(phases=rows)
+    assert verdicts(alone) == verdicts(build(phases=mixed))  # the same steps judged
+
+
 def test_pair_sizes():
     assert report.pair_sizes([512, 2048], [2048, 512, 128]) == [512, 2048]
     assert report.pair_sizes([512, 2048], [128, 512]) == [128, 512]
@@ -390,6 +408,27 @@ def test_real_engine_rows_add_a_claim_of_their_own():
     assert not real_section.notes
     real[1]["measured_over_sim"] = 4.4
     assert "continuous x4.40" in build(real=real).sections[3].notes[0]
+
+
+def test_a_real_speedup_past_its_steps_ratio_is_judged_at_the_steps():
+    """One request on 8 slots: both policies ran the same one step, continuous 1.3x
+    "faster" by the wall clock, and the verdict said partly. A wall-time speedup beyond
+    its steps' ratio is noise: judged at that ratio, and said."""
+    def real(static_steps, continuous_steps, speedup):
+        return [
+            {"policy": "static", "total_steps": static_steps, "occupancy": 0.125,
+             "wall_s": 1.0, "speedup_vs_static": 1.0},
+            {"policy": "continuous", "total_steps": continuous_steps, "occupancy": 0.125,
+             "wall_s": 1.0 / speedup, "speedup_vs_static": speedup},
+        ]  # fmt: skip
+
+    same = build(real=real(1, 1, 1.3)).claims[-1]
+    assert same.verdict == report.FAILS and "judged at its steps' ratio, 1x" in same.measured
+    fewer = build(real=real(900, 300, 3.5)).claims[-1]  # 3x fewer steps, 3.5x by the clock
+    assert fewer.verdict == report.HOLDS and "judged at its steps' ratio, 3x" in fewer.measured
+    slower = build(real=real(900, 300, 2.5)).claims[-1]  # within its steps: as measured
+    assert slower.verdict == report.HOLDS and "judged" not in slower.measured
+    assert build(real=real(100, 90, 1.3)).claims[-1].verdict == report.FAILS  # 1.11x steps
 
 
 # --- rendering -------------------------------------------------------------------------------

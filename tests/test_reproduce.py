@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import re
 
 import pandas as pd
 import pytest
@@ -94,6 +95,15 @@ def memory_verdict(c: dict, sweep: dict) -> str:
     return "holds" if first and gain else "partly" if first or gain else "does not hold"
 
 
+def test_the_reports_files_are_every_file_the_run_wrote(tiny_run):
+    """report.md's Files left out step_cost.json, step_cost.csv and calibration_steps.csv,
+    which its text cites."""
+    out, _ = tiny_run
+    text = (out / "report.md").read_text()
+    listed = set(re.findall(r"^- `([^`]+)`$", text.split("## Files", 1)[1], re.M))
+    assert listed == {p.name for p in out.iterdir()}
+
+
 def test_the_serving_curve_at_three_rates_and_where_each_policy_leaves_the_slo(tiny_run):
     out, result = tiny_run
     serve = pd.read_csv(out / "serve.csv", dtype={"rate": str})
@@ -107,8 +117,14 @@ def test_the_serving_curve_at_three_rates_and_where_each_policy_leaves_the_slo(t
     report = (out / "report.md").read_text()
     assert "## Serving curve" in report
     for _, r in slo.iterrows():  # the report says where each policy leaves the SLO
-        left = r["leaves_slo_at"]
+        left, knee = r["leaves_slo_at"], r.get("knee_rps")
         said = "stays within" if pd.isna(left) else f"leaves the SLO at {left} req/s"
+        if pd.isna(left) and not pd.isna(knee) and knee < 0.999 * r["sustained_rps"]:
+            # within past its capacity only because the run ends first: said so, never
+            # "stays within"
+            said = f"{r['policy']} is within the SLO at every rate swept"
+            assert f"{r['policy']} stays within" not in report
+            assert "but past its knee" in report
         assert said in report or f"outside the SLO already at {left}" in report
     claim = next(c for c in meta["claims"] if c["key"] == "S")
     # A knee for each policy that leaves the SLO: bisected below its capacity (its request
@@ -250,14 +266,25 @@ def test_the_serving_cells_carry_their_units(tiny_run):
     assert checked == len(serve) == 9
 
 
-def test_json_is_one_document(tmp_path):
-    result = CliRunner().invoke(app, ["reproduce", *TINY, "--json", "--out", str(tmp_path / "r")])
+def test_json_is_one_document_and_a_paged_cache_is_every_timed_steps(tmp_path):
+    """--json: one document. --kv-layout paged reached phases only: the sweep's steps ran
+    contiguous, metadata recorded contiguous and block 16 (the sweep's defaults), the
+    memory part used block 16, and the report never said paged."""
+    paged = ["--kv-layout", "paged", "--block-size", "8"]
+    out = tmp_path / "r"
+    result = CliRunner().invoke(app, ["reproduce", *TINY, *paged, "--json", "--out", str(out)])
     assert result.exit_code == 0, result.output
     doc = json.loads(result.stdout)
     assert doc["cpu_sized"] is True and len(doc["claims"]) == 6  # memory's and serving's too
     tables = {"probe", "phases", "sweep", "occupancy", "memory_ceiling", "memory", "serve", "slo"}
     assert set(doc["rows"]) == tables
     assert "mfu" in doc["rows"]["phases"][0]
+    for table in ("phases", "sweep"):
+        assert {r["kv_layout"] for r in doc["rows"][table] if "kv_layout" in r} == {"paged"}, table
+    assert {r["block_size"] for r in doc["rows"]["memory_ceiling"]} == {8}
+    options = json.loads((out / "metadata.json").read_text())["options"]
+    assert (options["kv_layout"], options["block_size"]) == ("paged", 8)
+    assert "KV cache: paged, blocks of 8 tokens" in (out / "report.md").read_text()
 
 
 def test_cpu_defaults_are_cpu_sized():
@@ -279,7 +306,14 @@ def test_cpu_defaults_are_cpu_sized():
         (["--slots", "0"], "--slots"),
         (["--probe-sizes", "-1"], "--probe-sizes"),
         (["--sigma", "-1"], "--sigma"),
-        (["--real", "--real-max-output", "4100", "--median", "3000"], "--max-output"),
+        (["--real", "--real-max-output", "4100", "--median", "3000"], "--real-max-output"),
+        # the real run's sizes, named as given (they were named --requests, --slots), and
+        # checked without --engine real too (they were ignored)
+        (["--real", "--real-requests", "0"], "--real-requests"),
+        (["--real-slots", "-1"], "--real-slots"),
+        (["--real-max-output", "0"], "--real-max-output"),
+        # the simulated workload against the model's context (the memory part reserves it)
+        (["--max-context", "60"], "--prompt-len"),
     ],
 )
 def test_bad_input_is_one_line_naming_the_option(tmp_path, args, option):

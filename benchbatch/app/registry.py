@@ -14,6 +14,7 @@ from types import ModuleType
 
 from benchbatch import experiments
 from benchbatch.app.params import command
+from benchbatch.errors import Interrupted
 from benchbatch.experiments.base import Experiment
 from benchbatch.output import render
 
@@ -41,8 +42,14 @@ def run(experiment: Experiment, view: ModuleType, groups: tuple) -> None:
     rec.metrics = lambda: view.document(rec)  # result.json's metrics, written as the run ends
     if not json_out and hasattr(view, "before"):
         view.before(rec)
-    with rec:
-        experiment.measure(rec, *groups)
+    try:
+        with rec:
+            experiment.measure(rec, *groups)
+    except Interrupted:
+        if json_out:  # what was measured, as result.json has it: a script reads that too
+            render.print_json({"folder": str(rec.folder), "status": rec.meta.get("status"),
+                               **(rec.result_metrics or {})})  # fmt: skip
+        raise
     if json_out:  # the same document as result.json's
         document = rec.result_metrics if rec.result_metrics is not None else view.document(rec)
         render.print_json({"folder": str(rec.folder), **document})

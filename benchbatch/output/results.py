@@ -345,7 +345,10 @@ def git_commit() -> str | None:
 
 
 def command_line() -> str:
-    return " ".join([Path(sys.argv[0]).name, *sys.argv[1:]])
+    """The command as typed: `python -m benchbatch` (argv[0] its __main__.py) said as
+    benchbatch, the name the installed script has."""
+    name = Path(sys.argv[0]).name
+    return " ".join(["benchbatch" if name == "__main__.py" else name, *sys.argv[1:]])
 
 
 def write_trace(path: str | Path, requests) -> None:

@@ -85,19 +85,28 @@ def runs(p: Plan, layout: dict | None = None) -> list[CalibrationRun]:
       them (mixed steps, each chunk re-reading the earlier ones' KV).
     layout: the engine's kv_layout and block_size in every run (the runs it prices use them:
     a paged cache's steps cost what a contiguous one's do not)."""
-    s, k = p.slots, p.decode_steps
-    room = p.max_context - 1
-    short = min(p.prompt, room - s * k)
+    s, room = p.slots, p.max_context - 1
+    # Each staggered group's longest output is slots x decode_steps: fewer steps a batch
+    # where that leaves no room for a prompt (many slots, a short context), and outputs
+    # clipped to the context where even one step a batch does not fit.
+    k = max(1, min(p.decode_steps, (room - 1) // s))
+    short = max(1, min(p.prompt, room - s * k))
     long = max(short, min(p.long_prompt, room - s * k))
-    decode = [Request(i, short, k * (i + 1)) for i in range(s)]
-    decode += [Request(s + i, long, k * (i + 1)) for i in range(s)]
+
+    def out(prompt: int, n: int) -> int:
+        return max(1, min(n, room - prompt))
+
+    decode = [Request(i, short, out(short, k * (i + 1))) for i in range(s)]
+    decode += [Request(s + i, long, out(long, k * (i + 1))) for i in range(s)]
     # Then the short prompts again once those are done, stepping down alone: a serving
     # run's small batches are at short contexts, and the groups above reach them only long.
     done = len(plans(EngineRun("decode", s, key="calibration"), decode))
     half = max(2, k // 2)
-    decode += [Request(2 * s + i, short, half * (i + 1), arrival_step=done) for i in range(s)]
+    decode += [Request(2 * s + i, short, out(short, half * (i + 1)), arrival_step=done)
+               for i in range(s)]  # fmt: skip
     # Every other slot finishing first: decodes over scattered slots (their KV gathered).
-    scattered = [Request(i, long, k if i % 2 == 0 else 3 * k) for i in range(max(3, s))]
+    scattered = [Request(i, long, out(long, k if i % 2 == 0 else 3 * k))
+                 for i in range(max(3, s))]  # fmt: skip
     lengths = sorted({max(1, short // 4), max(1, short // 2), short, min(2 * short, room), long})
     prefill, t = [], 0
     for group in (1, 2, 4):
@@ -107,8 +116,9 @@ def runs(p: Plan, layout: dict | None = None) -> list[CalibrationRun]:
     chunked_prompt = max(long, min(3 * p.chunk, room - 8 * k))
     decodes = max(1, s - 1)
     steps = -(-chunked_prompt // p.chunk) * 2 + 2
-    chunked = [Request(i, short, steps + 2 * k) for i in range(decodes)]
-    chunked += [Request(decodes + i, chunked_prompt, 2, arrival_step=2 + i * steps // 2)
+    chunked = [Request(i, short, out(short, steps + 2 * k)) for i in range(decodes)]
+    chunked += [Request(decodes + i, chunked_prompt, out(chunked_prompt, 2),
+                        arrival_step=2 + i * steps // 2)
                 for i in range(2)]  # fmt: skip
     chunk_settings = {"chunked_prefill": True, "chunk_size": p.chunk, "mixed": True,
                       "max_num_batched_tokens": max(p.budget, p.chunk + decodes)}  # fmt: skip

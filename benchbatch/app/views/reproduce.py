@@ -133,8 +133,10 @@ def _table(title: str, headers: list[str]) -> Table:
 
 def _table_b(rows: list[dict]) -> Table:
     unit = flop_unit(r.get("tflops") for r in rows if r.get("status") == "ok")
+    context = report.decode_context(rows)
+    at = "" if context is None else f"; decodes at context {context:,}"
     table = _table(
-        "B. prefill vs decode (article row, then this run)",
+        f"B. prefill vs decode (article row, then this run{at})",
         ["step", "step ms", "us/token (cost)", unit.name, "MFU", "bound"],
     )
     for e in report.table_b(rows):

@@ -31,7 +31,9 @@ EXPERIMENT = Experiment(
         ReproduceOptions,
         PhasesOptions,
         use(SweepOptions, only=("batch",), flags={"batch": "--sweep-batch"}),  # beside phases
-        use(WorkloadOptions, only=WORKLOAD_FIELDS),
+        use(WorkloadOptions, only=WORKLOAD_FIELDS, helps={
+            "prompt_len": "Prompt tokens of a request.",  # reproduce takes no --trace
+        }),  # fmt: skip
         ProbeOptions,
         ModelOptions,
         use(RunOptions, only=RUN_FIELDS),

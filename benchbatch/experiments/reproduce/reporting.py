@@ -26,8 +26,9 @@ FILE_ORDER = (
     "phases.png",
     "sweep.csv", "sweep.png", "roofline.png", "occupancy.csv", "timeline.csv",
     "occupancy.png", "memory_ceiling.csv", "memory.csv", "memory_timeline.csv", "memory.png",
-    "engine.csv", "engine_steps.csv", "engine.png", "prediction.csv", "prediction.png",
-    "serve.csv", "slo.csv", "serve.png",
+    "engine.csv", "engine_steps.csv", "engine.png", "step_cost.json", "step_cost.csv",
+    "calibration_steps.csv", "prediction.csv", "prediction.png", "serve.csv", "slo.csv",
+    "serve.png",
 )  # fmt: skip
 
 
@@ -87,12 +88,20 @@ def _facts(run) -> list[tuple[str, str]]:
             "timing",
             f"median of at least {opts['repeats']} repeats and {opts['min_time']} s",
         ),
+        ("KV cache", _layout(opts)),
         ("started", f"{run.meta['started_utc']} ({run.meta['command_line']})"),
     ]
     noisy = noisy_steps(run)
     if noisy:
         facts.append((f"noisy (CV over {DEFAULT_CV_THRESHOLD:.0%})", ", ".join(noisy)))
     return facts
+
+
+def _layout(opts: dict) -> str:
+    """The KV cache every timed step ran in (an older run recorded none: contiguous)."""
+    if opts.get("kv_layout") == "paged":
+        return f"paged, blocks of {opts.get('block_size')} tokens (every timed step)"
+    return "contiguous, one row per sequence (every timed step)"
 
 
 def noisy_steps(run) -> list[str]:

@@ -20,9 +20,10 @@ from dataclasses import dataclass
 from benchbatch.core.fits import check_fits
 from benchbatch.core.options import ModelOptions, RunOptions, WorkloadOptions
 from benchbatch.core.probe_options import ProbeOptions
+from benchbatch.errors import UserError
 from benchbatch.experiments import common as c
 from benchbatch.experiments.phases.options import PhasesOptions
-from benchbatch.experiments.reproduce.options import ReproduceOptions
+from benchbatch.experiments.reproduce.options import CPU_REAL, ReproduceOptions
 from benchbatch.experiments.reproduce.reporting import build_report
 from benchbatch.experiments.sweep.options import SweepOptions
 from benchbatch.output import report
@@ -33,7 +34,6 @@ KNEE_THRESHOLD = 0.25  # sweep's default: a step 25% slower than the smallest ba
 # The real engine's workload on a CPU: the article's 32 slots, 128 requests, outputs up to
 # 400 tokens: 1,853 steps in all (2.3x fewer for continuous batching, simulated), about a
 # minute and a half with cpu-small on 2 cores. On CUDA it runs the simulated workload.
-CPU_REAL = dict(requests=128, slots=32, max_output=400)
 
 
 @dataclass(frozen=True)
@@ -46,6 +46,13 @@ class Job:
     real: WorkloadOptions | None  # the real engine's workload (--engine real), else None
     probe: ProbeOptions
     cpu_sized: bool
+    real_sizes: tuple[str, ...] = ()  # the real workload's fields a --real-* option (or the
+    # CPU's sizes, which those options change) set, not the simulated workload's
+
+
+# A real workload's field, and the option that sets it where it is not the simulated one's.
+REAL_OPTIONS = {"requests": "real_requests", "slots": "real_slots",
+                "max_output": "real_max_output"}  # fmt: skip
 
 
 def open_run(
@@ -95,11 +102,25 @@ def measure_run(
 
 def job_of(opts, phases, sweep, workload, probe, target) -> Job:
     cuda = target.device.type == "cuda"
+    # The sweep's steps in the cache layout the phases' are timed in (--kv-layout,
+    # --block-size: reproduce takes them once, for every timed step)
     sweep = dataclasses.replace(sweep, batch=sweep.batches(target), context=phases.context,
-                                knee_threshold=KNEE_THRESHOLD)  # fmt: skip
+                                knee_threshold=KNEE_THRESHOLD, kv_layout=phases.kv_layout,
+                                block_size=phases.block_size)  # fmt: skip
     sizes = real_sizes(dataclasses.asdict(opts), cuda)
-    real = None if sizes is None else dataclasses.replace(workload, **sizes)
-    return Job(phases, sweep, workload, real, probe, cpu_sized=not cuda)
+    try:
+        real = None if sizes is None else dataclasses.replace(workload, **sizes)
+    except UserError as e:
+        raise _as_real(e, sizes) from None
+    return Job(phases, sweep, workload, real, probe, cpu_sized=not cuda,
+               real_sizes=tuple(sizes or ()))  # fmt: skip
+
+
+def _as_real(e: UserError, sizes) -> UserError:
+    """An error of the real run's workload, named by the --real-* option of its field."""
+    if e.option in (sizes or ()) and e.option in REAL_OPTIONS:
+        return UserError(REAL_OPTIONS[e.option], e.message)
+    return e
 
 
 def real_sizes(options: dict, cuda: bool) -> dict | None:
@@ -119,9 +140,14 @@ def _check(job: Job, cfg, target) -> None:
 
     probes.plan_for(target, job.probe)  # its sizes and buffers must fit, as in `probe`
     job.phases.check(cfg)
-    job.workload.draw()  # its own checks, before any folder is made
+    # the simulated workload's lengths must fit the model too: the memory part reserves
+    # them against its KV cache
+    check_fits(cfg.max_context, job.workload.draw(), prompt="prompt_len")
     if job.real is not None:
-        check_fits(cfg.max_context, job.real.draw())
+        try:
+            check_fits(cfg.max_context, job.real.draw())
+        except UserError as e:  # named by the option that set the real run's outputs
+            raise _as_real(e, job.real_sizes) from None
 
 
 # --- the parts -------------------------------------------------------------------------------
@@ -233,11 +259,11 @@ def memory_part(rec, s: Shared) -> None:
     device's free memory (and a known GPU's datasheet memory), memory_ceiling.csv; and the
     memory policies on the slot count's worth, memory.csv and memory.png."""
     from benchbatch.core import kvceiling
-    from benchbatch.core.kvblocks import DEFAULT_BLOCK_SIZE as BLOCK
     from benchbatch.experiments.occupancy import memory as mprobe
     from benchbatch.experiments.occupancy import run as occupancy
 
     cfg, dtype, requests, workload = rec.cfg, rec.target.dtype_name, s.requests, s.job.workload
+    block = s.job.phases.block_size  # --block-size: the paged layout's, here as in the steps
     where = "free GPU memory" if rec.target.device.type == "cuda" else "available RAM"
     memories = [(f"this device ({where})", s.free_bytes)]
     peak = _peak(rec.target) if rec.target.device.type == "cuda" else None
@@ -245,12 +271,12 @@ def memory_part(rec, s: Shared) -> None:
         memories.append((f"{peak.name} datasheet", kvceiling.datasheet_bytes(peak.memory_gib)))
     reserve = mprobe.reserve_output(requests, workload.max_output, workload.trace)
     tp = rec.target.tp
-    found = kvceiling.for_workload(cfg, dtype, requests, reserve, BLOCK, memories, tp)
+    found = kvceiling.for_workload(cfg, dtype, requests, reserve, block, memories, tp)
     rows = [f.row() for f in found]
     rec.put("memory_ceiling", rows)
     rec.meta["memory_ceiling"] = rows
     per_token = mprobe.bytes_per_token(cfg, dtype, tp)
-    setup = mprobe.setup(requests, workload.slots, BLOCK, reserve, per_token, None, "")
+    setup = mprobe.setup(requests, workload.slots, block, reserve, per_token, None, "")
     occupancy.memory_part(rec, requests, setup, None)
 
 
@@ -263,8 +289,9 @@ def real_part(rec, s: Shared) -> None:
     workload = s.job.real
     requests = workload.draw(s.run.seed)
     sims = probe.simulate(requests, workload.slots)
-    real.engine_runs(rec, s.net, requests, workload.slots, sims, s.run.seed)
-    real.prediction_part(rec, s.net, requests, workload.slots, s.run)
+    layout = {"kv_layout": s.job.phases.kv_layout, "block_size": s.job.phases.block_size}
+    real.engine_runs(rec, s.net, requests, workload.slots, sims, s.run.seed, layout=layout)
+    real.prediction_part(rec, s.net, requests, workload.slots, s.run, layout=layout)
     rows = rec.rows("engine")
     described = describe_workload(requests, workload.slots)
     rec.meta["engine"] = {"workload": described, **probe.engine_summary(rows, sims)}

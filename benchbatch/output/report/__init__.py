@@ -53,6 +53,7 @@ from benchbatch.output.report.pages import VERDICT_CLASS, to_html, to_markdown
 from benchbatch.output.report.sections import (
     REAL_TITLE,
     build,
+    decode_context,
     pair_sizes,
     sweep_context,
     table_a,
@@ -69,6 +70,6 @@ __all__ = [
     "UNMEASURED", "Claim", "Rule", "batching_verdict", "claims", "latency_verdict",
     "memory_verdict", "prediction_claim", "serve_claim", "VERDICT_CLASS", "to_html",
     "to_markdown", "MEMORY_TITLE", "PREDICTION_TITLE", "REAL_TITLE", "SERVE_TITLE", "Report",
-    "Section", "build", "pair_sizes", "section_prediction", "section_roofline",
+    "Section", "build", "decode_context", "pair_sizes", "section_prediction", "section_roofline",
     "section_serve", "sweep_context", "table_a", "table_b", "table_c",
 ]  # fmt: skip

@@ -97,7 +97,19 @@ def _leaves(r: dict | None) -> str:
     if r is None:
         return "-"
     left = r.get("leaves_slo_at")
-    return f"{left} req/s" if left not in (None, "") and left == left else "stays within"
+    if left not in (None, "") and left == left:
+        return f"{left} req/s"
+    knee = _knee_below(r)
+    return f"past {fmt(knee)} req/s (its knee)" if knee is not None else "stays within"
+
+
+def _knee_below(r: dict) -> float | None:
+    """A knee (bisected) below the largest rate the sweep saw within the SLO: the rates past
+    it were within only because a run that short ends before its queue grows."""
+    knee, kept = number(r, "knee_rps"), number(r, "sustained_rps")
+    if knee is None or kept is None or not math.isfinite(knee) or knee >= 0.999 * kept:
+        return None
+    return knee
 
 
 def serve_lines(slo: list[dict]) -> list[str]:
@@ -107,7 +119,14 @@ def serve_lines(slo: list[dict]) -> list[str]:
         if r.get("source") != "sim":
             continue
         left, kept = r.get("leaves_slo_at"), r.get("sustained_rate")
-        if left in (None, "") or left != left:
+        knee = _knee_below(r)
+        if (left in (None, "") or left != left) and knee is not None:
+            lines.append(
+                f"{r['policy']} is within the SLO at every rate swept (up to {kept} req/s), "
+                f"but past its knee, {fmt(knee)} req/s, only because a run this short ends "
+                "before its queue grows: it serves no more than its capacity."
+            )
+        elif left in (None, "") or left != left:
             lines.append(f"{r['policy']} stays within the SLO at every rate (up to {kept} req/s).")
         elif kept in (None, "") or kept != kept:
             lines.append(f"{r['policy']} is outside the SLO already at {left} req/s.")

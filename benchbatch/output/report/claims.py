@@ -307,6 +307,7 @@ def _occupancy_claim(key: str, how: str, rows: list[dict]) -> Claim:
     by = {r["policy"]: r for r in rows}
     static, cont = by.get("static"), by.get("continuous")
     speedup = number(cont, "speedup_vs_static")
+    judged = speedup
     measured = "not measured"
     if static and cont and speedup is not None:
         n, slots = number(cont, "requests"), number(cont, "slots")
@@ -316,11 +317,20 @@ def _occupancy_claim(key: str, how: str, rows: list[dict]) -> Claim:
             f"{percent(number(cont, 'occupancy'))}, "
             f"{said(speedup, SPEEDUP_RULE.holds, SPEEDUP_RULE.partly)}x faster ({how}{sizes})"
         )
+        # A run's wall time faster than its steps fewer is the device's noise, not the
+        # scheduler's doing (the same steps 1.3x "faster" gave "partly"): judged at most
+        # at the ratio of its steps.
+        steps = (number(static, "total_steps"), number(cont, "total_steps"))
+        if all(steps) and speedup > 1.001 * steps[0] / steps[1]:
+            judged = steps[0] / steps[1]
+            ratio = said(judged, SPEEDUP_RULE.holds, SPEEDUP_RULE.partly)
+            measured += (f"; judged at its steps' ratio, {ratio}x ({steps[0]:,.0f} steps "
+                         f"against {steps[1]:,.0f}): the rest is the device's noise")  # fmt: skip
     return Claim(
         key,
         "continuous batching fills the slots and finishes the same requests much sooner",
         "occupancy 20.3% vs 79.9%, 3.93x faster",
         measured,
-        SPEEDUP_RULE.verdict(speedup),
+        SPEEDUP_RULE.verdict(judged),
         SPEEDUP_RULE.text,
     )

@@ -57,11 +57,20 @@ def pair_sizes(article: Sequence[int], measured: Sequence[int]) -> list[int | No
     return [measured[0], *middle, measured[-1]]
 
 
+def decode_context(rows: list[dict]) -> int | None:
+    """The context table B's decodes are read at: the smallest measured, the one its
+    verdicts (phases' summary) compare at."""
+    return min((int(r["context"]) for r in rows if r.get("phase") == "decode"), default=None)
+
+
 def table_b(rows: list[dict]) -> list[dict]:
-    """One entry per row of the article's table B, with its measured counterpart (or None)."""
+    """One entry per row of the article's table B, with its measured counterpart (or None):
+    decodes at decode_context only (another context's would be another step)."""
     out = []
+    context = decode_context(rows)
     for phase in ("prefill", "decode"):
-        mine = [r for r in rows if r.get("phase") == phase and _size(r) is not None]
+        mine = [r for r in rows if r.get("phase") == phase and _size(r) is not None
+                and (phase == "prefill" or int(r["context"]) == context)]  # fmt: skip
         by_size = {_size(r): r for r in sorted(mine, key=lambda r: r.get("status") == "ok")}
         steps = [s for s in ARTICLE_B if s.phase == phase]
         for step, size in zip(steps, pair_sizes([s.size for s in steps], by_size), strict=True):
@@ -106,6 +115,14 @@ def _section_b(rows: list[dict], image: str | None) -> Section:
         "ceiling (probe); bound is memory or compute from the step's arithmetic intensity "
         "against the ridge point of the same ceilings.",
     ]
+    contexts = sorted({int(r["context"]) for r in rows if r.get("phase") == "decode"})
+    if contexts:
+        others = contexts[1:]
+        intro.append(
+            f"The decode steps are at context {contexts[0]:,} (tokens already cached per "
+            "sequence)" + (f"; those at {', '.join(f'{c:,}' for c in others)} are in "
+                           "phases.csv." if others else ".")  # fmt: skip
+        )
     if any(e["measured"] and e["article"].label != e["measured"]["label"] for e in table_b(rows)):
         intro.append(
             "The measured sizes differ from the article's: they are paired by rank (shortest "
