@@ -93,17 +93,6 @@ NOT_MEASURED = frozenset({"out", "force", "json_out", "label", "quiet"})
 VERSIONS = (("benchbatch_version", "benchbatch version"), ("torch_version", "torch version"))
 
 
-def not_compared(runs: list[RunData]) -> list[str]:
-    """The tables the folders hold that compare does not read (memory.csv, timeline.csv,
-    a real run's steps...), by name, so a reader knows they were left out, not matched."""
-    read = {f"{t}.csv" for run in runs for t in run.tables}
-    held = set()
-    for run in runs:
-        if run.folder.is_dir():
-            held |= {p.name for p in run.folder.glob("*.csv")}
-    return sorted(held - read)
-
-
 def differences(runs: list[RunData]) -> dict[str, list[str]]:
     """What the runs measured differently: the benchbatch and torch versions, each model
     size (metadata's config) and each option whose values are not all alike, its values in

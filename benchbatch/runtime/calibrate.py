@@ -67,6 +67,16 @@ def plan_for(slots: int, prompts: Sequence[int], chunk: int, budget: int, max_co
                 max_context)  # fmt: skip
 
 
+def _stagger(p: Plan) -> tuple[int, int, int]:
+    """(steps a batch, short prompt, long prompt): each staggered group's longest output is
+    slots x decode_steps, so fewer steps a batch where that leaves no room for a prompt
+    (many slots, a short context)."""
+    room = p.max_context - 1
+    k = max(1, min(p.decode_steps, (room - 1) // p.slots))
+    short = max(1, min(p.prompt, room - p.slots * k))
+    return k, short, max(short, min(p.long_prompt, room - p.slots * k))
+
+
 def runs(p: Plan, layout: dict | None = None) -> list[CalibrationRun]:
     """Four engine runs, each on the continuous scheduler:
 
@@ -86,14 +96,9 @@ def runs(p: Plan, layout: dict | None = None) -> list[CalibrationRun]:
     layout: the engine's kv_layout and block_size in every run (the runs it prices use them:
     a paged cache's steps cost what a contiguous one's do not)."""
     s, room = p.slots, p.max_context - 1
-    # Each staggered group's longest output is slots x decode_steps: fewer steps a batch
-    # where that leaves no room for a prompt (many slots, a short context), and outputs
-    # clipped to the context where even one step a batch does not fit.
-    k = max(1, min(p.decode_steps, (room - 1) // s))
-    short = max(1, min(p.prompt, room - s * k))
-    long = max(short, min(p.long_prompt, room - s * k))
+    k, short, long = _stagger(p)
 
-    def out(prompt: int, n: int) -> int:
+    def out(prompt: int, n: int) -> int:  # outputs clipped to the context
         return max(1, min(n, room - prompt))
 
     decode = [Request(i, short, out(short, k * (i + 1))) for i in range(s)]

@@ -30,9 +30,20 @@ def open_run(opts: CompareOptions, run: RunOptions) -> Recorder:
     from benchbatch.output.recorder import environment
 
     meta = {"runs": [r.describe() for r in loaded], "differences": merging.differences(loaded),
-            "not_compared": merging.not_compared(loaded),
+            "not_compared": not_compared(loaded),
             "files": [], "environment": environment()}  # fmt: skip (what compared them)
     return create(Recorder, run.out, run.force, "compare", meta, quiet=True)
+
+
+def not_compared(runs) -> list[str]:
+    """The tables the folders hold that compare does not read (memory.csv, timeline.csv,
+    a real run's steps...), by name, so a reader knows they were left out, not matched."""
+    read = {f"{t}.csv" for run in runs for t in run.tables}
+    held = set()
+    for run in runs:
+        if run.folder.is_dir():
+            held |= {p.name for p in run.folder.glob("*.csv")}
+    return sorted(held - read)
 
 
 def measure_run(rec, opts: CompareOptions, run: RunOptions) -> None:
