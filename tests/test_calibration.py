@@ -1018,3 +1018,5 @@ def test_the_calibrations_requests_fit_the_context_at_any_slot_count(slots, max_
     decode = runs(plan)[0].requests[:slots]
     outputs = [r.output_tokens for r in decode]
     assert outputs == sorted(outputs) and len(set(outputs)) > 1  # still staggered
+    if slots < max_context - 1:  # room for every batch size: each one's own steps, none clipped
+        assert len(set(outputs)) == slots and decode[0].prompt_tokens >= 1
