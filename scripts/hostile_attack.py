@@ -537,7 +537,8 @@ def summarize(done: list[dict], a, seconds: float) -> str:
     if kinds:
         lines.append("By kind: " + ", ".join(f"{k} {v}" for k, v in kinds.most_common()) + ".")
     for r in failed[:40]:
-        lines.append(f"- {r['family']}: `{' '.join(r['args'])[:160]}` {r['env'] or ''} "
+        shown = " ".join(r["args"])[:160].encode("unicode_escape").decode()  # NUL as \\x00
+        lines.append(f"- {r['family']}: `{shown}` {r['env'] or ''} "
                      f"stdout={r['stdout']} stderr={r['stderr']}: {'; '.join(r['problems'])}"
                      f" ({r['last_line'][:120]})")  # fmt: skip
     return "\n".join(lines) + "\n"

@@ -5,7 +5,9 @@ on the real engine, and one-line answers to bad budgets)."""
 from __future__ import annotations
 
 import json
+import math
 import random
+from collections import Counter
 
 import pandas as pd
 import pytest
@@ -199,6 +201,37 @@ def test_an_order_within_a_percent_is_said_to_be_unsettled():
                             row("both", 0.2, 0.2)], "sim")  # fmt: skip
     assert apart["as_paper"] and apart["ties"] == []
     assert "within 1%" not in _ordering_line("sim", apart)
+
+
+def test_ties_and_missing_gaps_and_an_unchanged_stall_are_said_as_they_are():
+    """Only neighbours were compared for a tie (both and mixed-only equal, chunks-only
+    between, said nothing); a run with no gap between tokens had "TBT max 0" and an
+    ordering judged on missing values; a chunk as large as every prompt "cut the stall
+    1.0x"."""
+
+    from benchbatch.app.views.ablation import _ordering_line, _stall
+
+    def row(scheme, tbt, ttft, top=None):
+        return {"scheme": scheme, "source": "sim", "tbt_p99_s": tbt, "ttft_p50_s": ttft,
+                "tbt_max_s": tbt * 2 if top is None else top}  # fmt: skip
+
+    ends = probe.ordering([row("mixed-only", 0.0302, 0.1), row("chunks-only", 0.04, 0.3),
+                           row("both", 0.0302, 0.2)], "sim")  # fmt: skip
+    assert "P99 TBT" in ends["ties"]
+    none = probe.ordering([row(s, math.nan, t, math.nan) for s, t in
+                           (("mixed-only", 0.1), ("chunks-only", 0.3), ("both", 0.2))], "sim")
+    assert none["tbt_p99_order"] is None and none["as_paper"] is None
+    line = _ordering_line("sim", none)
+    assert "no ordering to judge" in line and "n/a" in line and "NOT" not in line
+    assert _stall(1.0) == "chunking did not change the longest stall"
+    assert _stall(2.9) == "chunking cut the stall 2.9x" and "longer" in _stall(0.5)
+
+
+def test_a_run_with_no_gap_between_tokens_has_no_largest_gap():
+    from benchbatch.core.metrics import RunMetrics
+
+    run = RunMetrics([], Counter())
+    assert math.isnan(run.summary()["tbt_max"]) and math.isnan(run.summary()["tbt_p99"])
 
 
 # --- SLO -----------------------------------------------------------------------------------------

@@ -97,7 +97,7 @@ class _Rec:
     def put(self, table, rows):
         self.tables[table] = rows
 
-    def warning(self, text):
+    def warning(self, text, later=False):
         if text:
             self.warnings.append(text)
 
@@ -228,3 +228,25 @@ def test_a_simulation_on_step_costs_names_the_model_and_device_options_it_ignore
     plain = runner.invoke(app, ["ablation", *SMALL, "--step-costs", str(path), "--out",
                                 str(tmp_path / "plain")])  # fmt: skip
     assert plain.exit_code == 0 and "ignored" not in plain.stderr
+
+
+def test_occupancy_says_and_keeps_the_step_costs_it_simulates_on(tmp_path):
+    """occupancy --step-costs without the real engine priced its memory policies' time on
+    them unsaid: no fit line, nothing in metadata, no word of a batch past the
+    calibration's largest. Said and kept now, as every command reusing one does."""
+    from typer.testing import CliRunner
+
+    from benchbatch.app.cli import app
+
+    _, path = _given(tmp_path, largest_batch=2)
+    doc = json.loads(path.read_text())
+    path.write_text(json.dumps(doc | {"largest_batch": 2}))
+    out = tmp_path / "run"
+    result = CliRunner().invoke(app, ["occupancy", "--requests", "20", "--slots", "4",
+                                      "--step-costs", str(path), "--out", str(out)])
+    assert result.exit_code == 0, result.output
+    meta = json.loads((out / "metadata.json").read_text())
+    assert meta["step_cost"]["reused_from"] and (out / "step_cost.json").is_file()
+    assert "batches of up to 2 sequences" in " ".join(meta["warnings"])
+    assert "step costs calibrated on AMD EPYC" in result.stderr  # its conditions, said
+    assert "step cost" in result.stdout.lower()  # the fit's line under the tables

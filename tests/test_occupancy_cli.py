@@ -115,6 +115,37 @@ def test_trace_is_replayed(runner, tmp_path):
     assert df["seed"].isna().all() and (df["useful_slot_steps"] == 24).all()
 
 
+def test_options_a_trace_replaces_are_said_to_be_ignored(runner, tmp_path):
+    trace = tmp_path / "trace.csv"
+    trace.write_text("output_tokens\n5\n3\n4\n")
+    result = occupancy(runner, tmp_path / "run", "--trace", str(trace), "--slots", "2",
+                       "--requests", "99", "--long-prompt-fraction", "1.0")  # fmt: skip
+    assert result.exit_code == 0, result.output
+    said = [line for line in result.stderr.splitlines() if "ignored" in line]
+    assert said == ["note: --requests, --long-prompt-fraction ignored: --trace gives the "
+                    "requests, their lengths and arrivals"]  # fmt: skip
+    plain = occupancy(runner, tmp_path / "run2", "--trace", str(trace), "--slots", "2")
+    assert "ignored" not in plain.stderr
+
+
+def test_the_engine_line_says_a_wall_time_gain_its_steps_do_not_make():
+    """Both policies ran the same 900 steps and the line said "continuous batching 1.45x
+    faster in wall time (simulated: 1.00x fewer steps)": the device's speed, said so now;
+    and the calibrated prediction named only where there is one."""
+    from benchbatch.app.views.occupancy import _engine_line
+
+    s = {"wall_speedup": 1.45, "sim_speedup": 1.0, "steps_speedup": 1.0,
+         "static_measured_over_sim": 1.2, "continuous_measured_over_sim": 0.9,
+         "continuous_overhead": 0.01}  # fmt: skip
+    line = _engine_line(s)
+    assert "(simulated: the same steps; the runs took the same steps: the wall time's" in line
+    assert "not batching" in line and "prediction" not in line
+    fewer = _engine_line(s | {"wall_speedup": 2.3, "sim_speedup": 2.3, "steps_speedup": 2.29},
+                         predicted=True)  # fmt: skip
+    assert "not batching" not in fewer and "2.30x fewer steps" in fewer
+    assert "(not the calibrated prediction below)" in fewer
+
+
 def test_json_is_one_document(runner, tmp_path):
     result = occupancy(runner, tmp_path / "run", "--json", "--requests", "50")
     assert result.exit_code == 0, result.output

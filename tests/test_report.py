@@ -429,6 +429,10 @@ def test_a_real_speedup_past_its_steps_ratio_is_judged_at_the_steps():
     slower = build(real=real(900, 300, 2.5)).claims[-1]  # within its steps: as measured
     assert slower.verdict == report.HOLDS and "judged" not in slower.measured
     assert build(real=real(100, 90, 1.3)).claims[-1].verdict == report.FAILS  # 1.11x steps
+    # within WALL_PAST_STEPS of its steps (a continuous step's larger batch, the steps'
+    # spread): as measured, unsaid
+    close = build(real=real(1290, 563, 2.32)).claims[-1]  # 2.29x steps
+    assert "judged" not in close.measured and close.verdict == report.HOLDS
 
 
 # --- rendering -------------------------------------------------------------------------------

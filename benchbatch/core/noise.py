@@ -17,6 +17,11 @@ DEFAULT_CV_THRESHOLD = 0.10
 # took the device meanwhile (the real engine's steps, against their median or a cost model).
 NOISY_P90_OVER_MEDIAN = 2.0
 
+# A real run's wall-time speedup past the ratio of its steps by more than this is the
+# device's speed while each policy ran, not batching: within it, a continuous step's larger
+# batch and the steps' own spread (about 5% here) account for it.
+WALL_PAST_STEPS = 1.05
+
 REPEATS_HINT = "try more --repeats or --min-time"
 
 

@@ -322,7 +322,7 @@ class WorkloadOptions:
         None,
         "Replay a CSV trace instead: column output_tokens, optional prompt_tokens and "
         "arrival_step (replaces --requests, --output-median, --output-sigma, --max-output, "
-        "--arrivals-per-step).",
+        "--arrivals-per-step, --long-prompt-fraction, --long-prompt-len).",
         panel=WORKLOAD,
     )
     prompts: Path | None = opt(

@@ -4,11 +4,20 @@ help wherever a concept appears (`decode_batch`, `context`, the token budget, th
 
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import dataclass
 from typing import Any
 
 from benchbatch.core.options import ModelOptions, RunOptions, WorkloadOptions
-from benchbatch.core.optkit import BATCHING, KV, check_count, check_number, opt, require
+from benchbatch.core.optkit import (
+    BATCHING,
+    KV,
+    check_count,
+    check_number,
+    flag_of,
+    opt,
+    require,
+)
 
 LENGTH_KINDS = ("fixed", "uniform", "lognormal")  # core/lengths.py's KINDS (no numpy here)
 
@@ -170,3 +179,21 @@ def ignored_options(model: ModelOptions, run: RunOptions, why: str) -> str | Non
         return None
     verb = "do not apply" if why.startswith("with --endpoint") else "only apply"
     return f"{', '.join(given)} {verb} {why}; ignored"
+
+
+# What a --trace replaces: its rows are the requests, their lengths and arrivals.
+TRACE_REPLACES = ("requests", "median", "sigma", "max_output", "arrival_rate",
+                  "long_prompt_fraction", "long_prompt_len")  # fmt: skip
+
+
+def ignored_by_trace(workload: WorkloadOptions) -> str | None:
+    """The options a --trace replaces that were set off their defaults, in one line (they
+    were dropped unsaid)."""
+    if workload.trace is None:
+        return None
+    defaults = {f.name: f.default for f in dataclasses.fields(workload)}
+    given = [flag_of(f) for f in dataclasses.fields(workload)
+             if f.name in TRACE_REPLACES and getattr(workload, f.name) != defaults[f.name]]
+    if not given:
+        return None
+    return f"{', '.join(given)} ignored: --trace gives the requests, their lengths and arrivals"

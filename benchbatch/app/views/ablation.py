@@ -73,7 +73,8 @@ def _ordering_line(source: str, v: dict) -> str:
     from benchbatch.experiments.ablation.probe import TIE
 
     name = {"sim": "simulated", "real": "real engine"}[source]
-    verdict = "same ordering as the paper" if v["as_paper"] else "NOT the paper's ordering"
+    verdict = {True: "same ordering as the paper", False: "NOT the paper's ordering",
+               None: "no ordering to judge"}[v["as_paper"]]  # fmt: skip
     ties = v.get("ties") or []
     tied = (f"; {' and '.join(ties)}: two schemes within {TIE:.0%} of each other, an order "
             "the noise does not settle") if ties else ""  # fmt: skip
@@ -87,11 +88,14 @@ def _ordering_line(source: str, v: dict) -> str:
 def _stall(shrink: float) -> str:
     if shrink != shrink:  # NaN: no request had a second token, so no gap
         return "no gap between tokens to stall"
-    return f"chunking cut the stall {shrink:.1f}x"
+    if abs(shrink - 1) < 0.01:  # every prompt within one chunk, or no prompt stalled
+        return "chunking did not change the longest stall"
+    return f"chunking cut the stall {shrink:.2g}x" if shrink > 1 else (
+        f"the longest stall {1 / shrink:.2g}x longer with chunking")  # fmt: skip
 
 
-def _yes(ok: bool) -> str:
-    return "yes" if ok else "no"
+def _yes(ok: bool | None) -> str:
+    return "n/a (no gap between tokens)" if ok is None else "yes" if ok else "no"
 
 
 def _slo_report(rows: list[dict], slo: dict) -> None:

@@ -3,6 +3,7 @@ memory policies on one KV budget, and with --engine real the model's runs beside
 
 from __future__ import annotations
 
+from benchbatch.core.noise import WALL_PAST_STEPS
 from benchbatch.core.units import figure
 from benchbatch.output import render
 
@@ -32,9 +33,9 @@ ENGINE_COLUMNS = {
     "overhead_pct": "overhead %",
 }
 ENGINE_TITLE = (
-    "real engine (steps x med s: the simulated steps at this run's median step; the "
-    "calibrated prediction is below)"
+    "real engine (steps x med s: the simulated steps at this run's median step{})"
 )
+PREDICTION_BELOW = "; the calibrated prediction is below"
 MEMORY_COLUMNS = {  # running sequences, slot occupancy, mean KV memory, preemptions, steps
     "policy": "policy",
     "peak_running": "peak",
@@ -85,16 +86,24 @@ def show(rec) -> None:
     if spread:
         render.table([_spread_display(r) for r in spread], SEED_COLUMNS, "over seeds")
         render.out_console.print(_spread_line(spread))
-    if memory:
-        _memory_report(memory, rec.meta.get("memory", {}), "simulated")
+    if memory:  # of the first seed's requests where there are several
+        seed = (rec.meta.get("options") or {}).get("seed")
+        how = f"simulated, seed {seed}" if spread and seed is not None else "simulated"
+        _memory_report(memory, rec.meta.get("memory", {}), how)
+    if rec.meta.get("step_cost") and not engine:  # --step-costs: what priced the time
+        from benchbatch.core.calibration_text import step_cost_line
+
+        render.out_console.print(step_cost_line(rec.meta["step_cost"]), highlight=False)
     if rec.rows("memory_engine"):
         _memory_report(rec.rows("memory_engine"), None, "real engine, paged cache of the budget")
     if engine:
         shown = [_engine_display(r) for r in engine]
-        render.table(shown, ENGINE_COLUMNS, ENGINE_TITLE)
+        predicted = bool((rec.meta.get("prediction") or {}).get("verdict"))
+        render.table(shown, ENGINE_COLUMNS,
+                     ENGINE_TITLE.format(PREDICTION_BELOW if predicted else ""))  # fmt: skip
         render.table(shown, LATENCY_COLUMNS,
                      "real engine: request latency and time to first token (s)")  # fmt: skip
-        line = _engine_line(rec.meta.get("engine_summary", {}))
+        line = _engine_line(rec.meta.get("engine_summary", {}), predicted)
         if line:
             render.out_console.print(line)
         _collectives_line(rec.meta.get("collectives"))
@@ -183,14 +192,25 @@ def _engine_display(r: dict) -> dict:
     return {**r, "occupancy_pct": 100 * r["occupancy"], "overhead_pct": 100 * r["overhead"]}
 
 
-def _engine_line(s: dict) -> str | None:
+def _engine_line(s: dict, predicted: bool = False) -> str | None:
     if not s:
         return None
+    steps = s.get("steps_speedup")
+    noise = ""
+    if steps is not None and s["wall_speedup"] > WALL_PAST_STEPS * steps:  # past its steps
+        noise = (f"; the runs took {_fewer(steps)}: the wall time's difference beyond that is "
+                 "the device's speed while each ran, not batching")  # fmt: skip
+    below = " (not the calibrated prediction below)" if predicted else ""
     return (
         f"real engine: continuous batching {s['wall_speedup']:.2f}x faster in wall time "
-        f"(simulated: {s['sim_speedup']:.2f}x fewer steps); wall time over the "
-        f"simulated steps at this run's median step (not the calibrated prediction below): "
+        f"(simulated: {_fewer(s['sim_speedup'])}{noise}); wall time over the "
+        f"simulated steps at this run's median step{below}: "
         f"static {s['static_measured_over_sim']:.2f}, continuous "
         f"{s['continuous_measured_over_sim']:.2f}; scheduling overhead "
         f"{s['continuous_overhead']:.1%} of a continuous step"
     )
+
+
+def _fewer(ratio: float) -> str:
+    """Static's steps over continuous's, in words ("the same steps" at 1)."""
+    return "the same steps" if abs(ratio - 1) < 0.005 else f"{ratio:.2f}x fewer steps"

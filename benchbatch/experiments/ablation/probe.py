@@ -319,14 +319,13 @@ def ordering(rows: Sequence[dict], source: str) -> dict | None:
     m, c, b = by["mixed-only"], by["chunks-only"], by["both"]
     tbt_values = (b["tbt_p99_s"], c["tbt_p99_s"], m["tbt_p99_s"])
     ttft_values = (m["ttft_p50_s"], b["ttft_p50_s"], c["ttft_p50_s"])
-    tbt = tbt_values[0] < tbt_values[1] < tbt_values[2]
-    ttft = ttft_values[0] < ttft_values[1] < ttft_values[2]
+    tbt, ttft = _ordered(tbt_values), _ordered(ttft_values)
     return {
         "tbt_p99_order": tbt,
         "ttft_p50_order": ttft,
-        "as_paper": tbt and ttft,
+        "as_paper": None if tbt is None or ttft is None else tbt and ttft,
         "stall_shrink": ratio(m["tbt_max_s"], b["tbt_max_s"]),
-        # neighbours within TIE of each other: an order their noise does not settle
+        # two schemes within TIE of each other: an order their noise does not settle
         "ties": [name for name, values in (("P99 TBT", tbt_values), ("P50 TTFT", ttft_values))
                  if _tied(values)],  # fmt: skip
     }
@@ -335,8 +334,19 @@ def ordering(rows: Sequence[dict], source: str) -> dict | None:
 TIE = 0.01  # two values within 1% of each other: their order is not the schemes'
 
 
+def _ordered(values: Sequence[float]) -> bool | None:
+    """Strictly ascending; None where a value is missing (no request had a second token:
+    no gap, so no TBT to order)."""
+    if not all(isinstance(v, int | float) and math.isfinite(v) for v in values):
+        return None
+    return all(a < b for a, b in itertools.pairwise(values))
+
+
 def _tied(values: Sequence[float]) -> bool:
-    return any(abs(a - b) <= TIE * max(abs(a), abs(b)) for a, b in itertools.pairwise(values))
+    """Any two of the schemes within TIE of each other (not only neighbours: the first and
+    the last tied said nothing)."""
+    return any(abs(a - b) <= TIE * max(abs(a), abs(b))
+               for a, b in itertools.combinations(values, 2))  # fmt: skip
 
 
 def ratio(a: float, b: float) -> float:

@@ -167,11 +167,12 @@ def _reused(rec, net, given: dict, layout: dict | None) -> list[str]:
     was = given.get("conditions")
     if not was:  # unknown (its notes say so)
         return []
-    if net is None:
+    if net is None:  # (step_cost.json and metadata's step_cost keep these conditions)
+        shape = f" (model: {was['model']})" if was.get("model") else ""
         rec.note(
             f"step costs calibrated on {was.get('device')} ({was.get('threads')} threads, "
             f"torch {was.get('torch')}, benchbatch {was.get('benchbatch')}, load "
-            f"{was.get('load_class')}): simulated as that"
+            f"{was.get('load_class')}){shape}: simulated as that"
         )
         return []
     from benchbatch.runtime.calibrate import conditions

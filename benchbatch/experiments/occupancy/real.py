@@ -37,7 +37,7 @@ def run_real(rec, model: ModelOptions, run: RunOptions, requests, slots: int, si
     if not stop:  # with stop tokens each run is set beside its own lengths' simulation
         prediction_part(rec, net, requests, slots, run, rec.inputs.given, layout)
     rows = rec.rows("engine")
-    rec.meta["engine_summary"] = probe.engine_summary(rows, sims)
+    rec.meta["engine_summary"] = probe.engine_summary(rows)
     wide = probe.noisy(rows)
     if wide:
         rec.warning(f"step times of {', '.join(wide)} spread wide (p90 over "

@@ -10,6 +10,7 @@ from benchbatch.core.fits import check_fits, check_prompt_ids, length_options
 from benchbatch.core.options import ModelOptions, RunOptions, WorkloadOptions
 from benchbatch.core.optkit import record
 from benchbatch.core.units import figure
+from benchbatch.experiments.fields import ignored_by_trace
 from benchbatch.experiments.occupancy import real
 from benchbatch.experiments.occupancy.options import OccupancyOptions
 from benchbatch.output.recorder import Recorder
@@ -71,6 +72,7 @@ def open_run(
         inputs.memory = _memory_setup(opts, workload, requests, shape, run.dtype or "fp16")
         rec = Recorder.open("occupancy", run, None, None, record(opts, workload, run))
     rec.inputs = inputs
+    rec.note(ignored_by_trace(workload))
     return rec
 
 
@@ -82,6 +84,8 @@ def measure_run(
     inputs = rec.inputs
     requests = inputs.requests
     sims, rec.meta["summary"] = simulate_part(rec, requests, workload, opts.seeds, run.seed)
+    if inputs.given is not None and opts.engine != "real":  # the real run's prediction says it
+        _given_costs(rec, requests, workload.slots, inputs.given, run)
     memory = memory_part(rec, requests, inputs.memory, inputs.cost)
     if opts.engine == "real":
         stop = inputs.stop
@@ -89,6 +93,16 @@ def measure_run(
         net = real.run_real(rec, model, run, requests, workload.slots, sims, stop, layout)
         if opts.kv_memory is not None and memory:
             real.memory_engine(rec, net, requests, inputs.memory, memory, run.seed)
+
+
+def _given_costs(rec, requests, slots: int, given: dict, run: RunOptions) -> None:
+    """--step-costs that price the memory policies' time, kept and said as every command
+    that reuses a calibration says it (step_cost.json, metadata's step_cost, its
+    conditions, a batch past its largest): they were used unsaid."""
+    from benchbatch.experiments.ablation.run import cost_model
+    from benchbatch.experiments.occupancy.real import calibration_budgets
+
+    cost_model(rec, None, calibration_budgets(requests, slots), requests, given, run)
 
 
 def _step_cost(opts: OccupancyOptions):

@@ -294,7 +294,7 @@ def real_part(rec, s: Shared) -> None:
     real.prediction_part(rec, s.net, requests, workload.slots, s.run, layout=layout)
     rows = rec.rows("engine")
     described = describe_workload(requests, workload.slots)
-    rec.meta["engine"] = {"workload": described, **probe.engine_summary(rows, sims)}
+    rec.meta["engine"] = {"workload": described, **probe.engine_summary(rows)}
     title = c.title(rec, f"real engine, {described}", noise=c.engine_noise(rows))
     engine_figure(rec.rows("engine_steps"), rows, rec.folder / "engine.png", title)
 

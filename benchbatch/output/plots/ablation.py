@@ -58,7 +58,8 @@ def tbt_figure(gaps: list[dict], rows: list[dict], path: Path, title: str) -> No
         ax.axhline(r["tbt_p99_s"] * 1e3, color="black", ls=":", lw=1, label="P99")
         ax.set_title(
             f"{LABELS[scheme]} ({main}): P99 TBT {r['tbt_p99_s'] * 1e3:.0f} ms, "
-            f"largest {r['tbt_max_s'] * 1e3:.0f} ms",
+            f"largest {r['tbt_max_s'] * 1e3:.0f} ms" if r["tbt_max_s"] == r["tbt_max_s"] else
+            f"{LABELS[scheme]} ({main}): no gap between tokens",
             fontsize=10,
             loc="left",
         )

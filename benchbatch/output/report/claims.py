@@ -8,7 +8,7 @@ import math
 from dataclasses import dataclass, replace
 
 from benchbatch.core.kvceiling import reservation_text
-from benchbatch.core.noise import summary_span
+from benchbatch.core.noise import WALL_PAST_STEPS, summary_span
 from benchbatch.core.units import figure, significant
 from benchbatch.output.render import fmt
 from benchbatch.output.report.cells import number, ok_rows, percent
@@ -321,7 +321,7 @@ def _occupancy_claim(key: str, how: str, rows: list[dict]) -> Claim:
         # scheduler's doing (the same steps 1.3x "faster" gave "partly"): judged at most
         # at the ratio of its steps.
         steps = (number(static, "total_steps"), number(cont, "total_steps"))
-        if all(steps) and speedup > 1.001 * steps[0] / steps[1]:
+        if all(steps) and speedup > WALL_PAST_STEPS * steps[0] / steps[1]:
             judged = steps[0] / steps[1]
             ratio = said(judged, SPEEDUP_RULE.holds, SPEEDUP_RULE.partly)
             measured += (f"; judged at its steps' ratio, {ratio}x ({steps[0]:,.0f} steps "
