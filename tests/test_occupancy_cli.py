@@ -128,22 +128,28 @@ def test_options_a_trace_replaces_are_said_to_be_ignored(runner, tmp_path):
     assert "ignored" not in plain.stderr
 
 
-def test_the_engine_line_says_a_wall_time_gain_its_steps_do_not_make():
+def test_the_engine_line_says_a_wall_time_gain_of_the_same_work_is_the_devices():
     """Both policies ran the same 900 steps and the line said "continuous batching 1.45x
     faster in wall time (simulated: 1.00x fewer steps)": the device's speed, said so now;
     and the calibrated prediction named only where there is one."""
     from benchbatch.app.views.occupancy import _engine_line
+    from benchbatch.experiments.occupancy.probe import engine_summary
 
-    s = {"wall_speedup": 1.45, "sim_speedup": 1.0, "steps_speedup": 1.0,
-         "static_measured_over_sim": 1.2, "continuous_measured_over_sim": 0.9,
-         "continuous_overhead": 0.01}  # fmt: skip
-    line = _engine_line(s)
-    assert "(simulated: the same steps; the runs took the same steps: the wall time's" in line
+    def rows(steps, used, walls):
+        return [{"policy": p, "total_steps": n, "sim_steps": n, "occupancy": u, "wall_s": w,
+                 "measured_over_sim": 1.0, "overhead": 0.01}
+                for p, n, u, w in zip(("static", "continuous"), steps, used, walls,
+                                      strict=True)]  # fmt: skip
+
+    same = engine_summary(rows((900, 900), (0.5, 0.5), (1.45, 1.0)))
+    assert same["same_work"] and same["sim_speedup"] == 1
+    line = _engine_line(same)
+    assert "(simulated: the same steps; both runs did the same work" in line
     assert "not batching" in line and "prediction" not in line
-    fewer = _engine_line(s | {"wall_speedup": 2.3, "sim_speedup": 2.3, "steps_speedup": 2.29},
-                         predicted=True)  # fmt: skip
-    assert "not batching" not in fewer and "2.30x fewer steps" in fewer
-    assert "(not the calibrated prediction below)" in fewer
+    fewer = engine_summary(rows((1290, 563), (0.32, 0.74), (73.5, 29.9)))
+    line = _engine_line(fewer, predicted=True)
+    assert not fewer["same_work"] and "not batching" not in line and "2.29x fewer steps" in line
+    assert "(not the calibrated prediction below)" in line
 
 
 def test_json_is_one_document(runner, tmp_path):

@@ -17,12 +17,19 @@ DEFAULT_CV_THRESHOLD = 0.10
 # took the device meanwhile (the real engine's steps, against their median or a cost model).
 NOISY_P90_OVER_MEDIAN = 2.0
 
-# A real run's wall-time speedup past the ratio of its steps by more than this is the
-# device's speed while each policy ran, not batching: within it, a continuous step's larger
-# batch and the steps' own spread (about 5% here) account for it.
-WALL_PAST_STEPS = 1.05
-
 REPEATS_HINT = "try more --repeats or --min-time"
+
+
+def same_work(static: dict, continuous: dict) -> bool:
+    """Two policies' real runs that did the same work (as many steps, at the same occupancy:
+    one request, or every slot filled alike): their wall times differ by the device's speed
+    while each ran, not by batching."""
+    try:
+        steps = (float(static["total_steps"]), float(continuous["total_steps"]))
+        used = (float(static["occupancy"]), float(continuous["occupancy"]))
+    except (KeyError, TypeError, ValueError):
+        return False
+    return steps[0] == steps[1] and abs(used[0] - used[1]) <= 0.005
 
 
 def noisy_hint(load: float | None, cores: int, threads: int | None = None) -> str:

@@ -3,7 +3,6 @@ memory policies on one KV budget, and with --engine real the model's runs beside
 
 from __future__ import annotations
 
-from benchbatch.core.noise import WALL_PAST_STEPS
 from benchbatch.core.units import figure
 from benchbatch.output import render
 
@@ -195,11 +194,10 @@ def _engine_display(r: dict) -> dict:
 def _engine_line(s: dict, predicted: bool = False) -> str | None:
     if not s:
         return None
-    steps = s.get("steps_speedup")
     noise = ""
-    if steps is not None and s["wall_speedup"] > WALL_PAST_STEPS * steps:  # past its steps
-        noise = (f"; the runs took {_fewer(steps)}: the wall time's difference beyond that is "
-                 "the device's speed while each ran, not batching")  # fmt: skip
+    if s.get("same_work"):  # the same steps at the same occupancy: only the device differed
+        noise = ("; both runs did the same work (the same steps at the same occupancy): the "
+                 "wall time's difference is the device's speed while each ran, not batching")
     below = " (not the calibrated prediction below)" if predicted else ""
     return (
         f"real engine: continuous batching {s['wall_speedup']:.2f}x faster in wall time "

@@ -21,7 +21,7 @@ import numpy as np
 
 from benchbatch.core.fits import cache_len
 from benchbatch.core.metrics import percentile, summarize
-from benchbatch.core.noise import NOISY_P90_OVER_MEDIAN
+from benchbatch.core.noise import NOISY_P90_OVER_MEDIAN, same_work
 from benchbatch.core.simulate import SimResult, occupancy_rows, run_policies
 from benchbatch.core.workload import Request, Workload
 from benchbatch.experiments.occupancy.options import OccupancyOptions as Options
@@ -206,7 +206,7 @@ def engine_summary(rows: list[dict]) -> dict:
     return {
         "wall_speedup": by["static"]["wall_s"] / by["continuous"]["wall_s"],
         "sim_speedup": by["static"]["sim_steps"] / by["continuous"]["sim_steps"],
-        "steps_speedup": by["static"]["total_steps"] / by["continuous"]["total_steps"],
+        "same_work": same_work(by["static"], by["continuous"]),
         "static_measured_over_sim": by["static"]["measured_over_sim"],
         "continuous_measured_over_sim": by["continuous"]["measured_over_sim"],
         "continuous_overhead": by["continuous"]["overhead"],

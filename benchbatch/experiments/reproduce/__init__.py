@@ -21,7 +21,8 @@ which claims hold here.
 probe -> phases -> sweep -> occupancy, on one model with random weights. On CUDA the
 article's sizes (12 layers, hidden 2048, fp16); without CUDA a CPU-sized model
 (cpu-small: hidden 512, 4 layers, fp32) and batches up to 128, under a minute on 2
-cores (--engine real adds about a minute and a half).
+cores (--engine real adds about two and a half minutes: the runs, then the calibration
+that prices them).
 """
 
 EXPERIMENT = Experiment(

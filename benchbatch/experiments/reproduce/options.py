@@ -8,7 +8,7 @@ from benchbatch.core.optkit import check_count, opt
 from benchbatch.experiments.fields import INT_MAX_TOKENS, engine_field
 
 # The real engine's workload on a CPU (--engine real): 128 requests on 32 slots, outputs up
-# to 400 tokens, about a minute and a half on 2 cores with cpu-small.
+# to 400 tokens, about two minutes on 2 cores with cpu-small (and the calibration after).
 CPU_REAL = dict(requests=128, slots=32, max_output=400)
 
 

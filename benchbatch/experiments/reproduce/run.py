@@ -31,9 +31,10 @@ from benchbatch.output.recorder import Recorder
 from benchbatch.runtime import session
 
 KNEE_THRESHOLD = 0.25  # sweep's default: a step 25% slower than the smallest batch's
-# The real engine's workload on a CPU: the article's 32 slots, 128 requests, outputs up to
-# 400 tokens: 1,853 steps in all (2.3x fewer for continuous batching, simulated), about a
-# minute and a half with cpu-small on 2 cores. On CUDA it runs the simulated workload.
+# The real engine's workload on a CPU (options.CPU_REAL): the article's 32 slots, 128
+# requests, outputs up to 400 tokens: 1,853 steps in all (2.3x fewer for continuous
+# batching, simulated), about 1 min 45 s with cpu-small on 2 cores, and 628 steps of
+# calibration after. On CUDA it runs the simulated workload.
 
 
 @dataclass(frozen=True)
