@@ -45,3 +45,20 @@ def test_the_cases_a_user_sees():
 def test_a_table_cell_says_each_kind_of_value():
     assert [fmt(v) for v in (True, False, None, 12345, math.nan, 1234.5, 0.000012345)] == [
         "yes", "", "-", "12,345", "-", "1,234", "0.0000123"]  # fmt: skip
+
+
+def test_a_table_too_wide_for_the_terminal_folds_a_number_never_cuts_it():
+    """At 80 columns a cell read "0.0000…" (occupancy's slots%, project's GiB/GPU): a
+    number too wide for its column folds onto a second line, every digit kept."""
+    from rich.console import Console
+
+    from benchbatch.output.render import rows_table
+
+    value = 4.01e-9
+    rows = [{"policy": "continuous-reserve", "wide": "x" * 30, "slots": value}]
+    console = Console(width=40, record=True, color_system=None)
+    console.print(rows_table(rows, {"policy": "policy", "wide": "wide", "slots": "slots%"}))
+    text = console.export_text()
+    assert "…" not in text
+    digits = "".join(ch for ch in text if ch.isdigit() or ch == ".")
+    assert fmt(value) in digits  # every digit there, in order, whatever the fold

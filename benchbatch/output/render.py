@@ -99,7 +99,9 @@ def rows_table(rows: list[dict], columns: dict[str, str], title: str | None = No
     first = rows[0] if rows else {}
     for i, (key, header) in enumerate(columns.items()):
         numeric = isinstance(first.get(key), int | float) and not isinstance(first.get(key), bool)
-        table.add_column(header, justify="right" if numeric else "left", no_wrap=i == 0)
+        # a cell too wide folds onto a second line: a number is never cut short ("0.000…")
+        table.add_column(header, justify="right" if numeric else "left", no_wrap=i == 0,
+                         overflow="fold")  # fmt: skip
     for row in rows:
         table.add_row(*(fmt(row.get(key)) for key in columns))
     return table
