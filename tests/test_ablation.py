@@ -20,6 +20,7 @@ from benchbatch.core.workload import Request
 from benchbatch.errors import UserError
 from benchbatch.experiments.ablation import probe
 from benchbatch.experiments.ablation.options import ABLATION_WORKLOAD
+from benchbatch.experiments.ablation.ordering import ordering
 from benchbatch.experiments.piggyback.probe import MixedStep
 from benchbatch.runtime import mixed
 
@@ -175,10 +176,10 @@ def test_paper_ordering_in_simulation_on_the_default_workload(seed):
     reqs = workload(40, seed=seed)
     runs = probe.simulate_all(reqs, probe.SCHEMES, BUDGETS, CPU_LIKE)
     rows = [probe.summary_row(r, BUDGETS) for r in runs.values()]
-    verdict = probe.ordering(rows, "sim")
+    verdict = ordering(rows, "sim")
     assert verdict["tbt_p99_order"] and verdict["ttft_p50_order"] and verdict["as_paper"]
     assert verdict["stall_shrink"] > 2
-    assert probe.ordering(rows, "real") is None
+    assert ordering(rows, "real") is None
 
 
 def test_an_order_within_a_percent_is_said_to_be_unsettled():
@@ -192,12 +193,12 @@ def test_an_order_within_a_percent_is_said_to_be_unsettled():
 
     rows = [row("mixed-only", 0.5, 0.1), row("chunks-only", 0.27729, 0.3),
             row("both", 0.27771, 0.2)]
-    v = probe.ordering(rows, "sim")
+    v = ordering(rows, "sim")
     assert not v["tbt_p99_order"] and v["ttft_p50_order"] and v["ties"] == ["P99 TBT"]
     line = _ordering_line("sim", v)
     assert "NOT the paper's ordering" in line
     assert "P99 TBT: two schemes within 1% of each other, an order the noise does not" in line
-    apart = probe.ordering([row("mixed-only", 0.5, 0.1), row("chunks-only", 0.3, 0.3),
+    apart = ordering([row("mixed-only", 0.5, 0.1), row("chunks-only", 0.3, 0.3),
                             row("both", 0.2, 0.2)], "sim")  # fmt: skip
     assert apart["as_paper"] and apart["ties"] == []
     assert "within 1%" not in _ordering_line("sim", apart)
@@ -215,10 +216,10 @@ def test_ties_and_missing_gaps_and_an_unchanged_stall_are_said_as_they_are():
         return {"scheme": scheme, "source": "sim", "tbt_p99_s": tbt, "ttft_p50_s": ttft,
                 "tbt_max_s": tbt * 2 if top is None else top}  # fmt: skip
 
-    ends = probe.ordering([row("mixed-only", 0.0302, 0.1), row("chunks-only", 0.04, 0.3),
+    ends = ordering([row("mixed-only", 0.0302, 0.1), row("chunks-only", 0.04, 0.3),
                            row("both", 0.0302, 0.2)], "sim")  # fmt: skip
     assert "P99 TBT" in ends["ties"]
-    none = probe.ordering([row(s, math.nan, t, math.nan) for s, t in
+    none = ordering([row(s, math.nan, t, math.nan) for s, t in
                            (("mixed-only", 0.1), ("chunks-only", 0.3), ("both", 0.2))], "sim")
     assert none["tbt_p99_order"] is None and none["as_paper"] is None
     line = _ordering_line("sim", none)

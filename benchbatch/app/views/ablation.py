@@ -70,7 +70,7 @@ def show(rec) -> None:
 
 
 def _ordering_line(source: str, v: dict) -> str:
-    from benchbatch.experiments.ablation.probe import TIE
+    from benchbatch.experiments.ablation.ordering import TIE
 
     name = {"sim": "simulated", "real": "real engine"}[source]
     verdict = {True: "same ordering as the paper", False: "NOT the paper's ordering",

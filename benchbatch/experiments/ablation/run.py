@@ -328,7 +328,9 @@ def _figures(rec, budgets) -> None:
     from benchbatch.output.plots.ablation import latency_figure, slo_figure, tbt_figure
 
     rows = rec.rows("ablation")
-    rec.meta["ordering"] = {s: probe.ordering(rows, s) for s in ("sim", "real")}
+    from benchbatch.experiments.ablation.ordering import ordering
+
+    rec.meta["ordering"] = {s: ordering(rows, s) for s in ("sim", "real")}
     title = _title(rec, budgets)
     tbt_figure(rec.rows("tbt"), rows, rec.folder / "ablation_tbt.png", title)
     latency_figure(
