@@ -314,8 +314,8 @@ class Detokenizer:
 
     def __init__(self, tokenizer, skip_special_tokens: bool = True,
                  prompt_ids: Sequence[int] = ()) -> None:  # fmt: skip
-        self.tokenizer, self.skip, self.prompt = tokenizer, skip_special_tokens, list(prompt_ids)
-        self.stream = self._stream(self.prompt)
+        self.tokenizer, self.skip = tokenizer, skip_special_tokens
+        self.stream = self._stream(list(prompt_ids))
 
     def _stream(self, ids: list[int]):
         if self.tokenizer is None:
