@@ -168,3 +168,26 @@ def test_gpu_counts_past_one_nvlink_domain_are_said():
     given = ProjectOptions(busbw=50).machine()  # a network given: its own figure
     assert not any("NVLink domain" in s for s in projection.assumptions(LLAMA70, "bf16", given,
                                                                          (16,)))
+
+
+@pytest.mark.parametrize("probe_text, said", [
+    (PROBE_HEAD, None),  # 700 of 989 TFLOP/s, 2500 of 3350 GB/s: an H100's own
+    (PROBE_HEAD.replace("700.0", "0.5"), "at 0.1% of its datasheet bf16 TFLOP/s"),
+    ("kind,label,size,dtype,ranks,step_ms,tflops,gbps,status,clock\n"
+     "matmul,matmul 8192,8192,bf16,,1.0,700.0,,ok,cpu\n"
+     "read,read 1 GiB,1073741824,bf16,,1.0,,2500.0,ok,cpu\n", "timed on a CPU's clock"),
+])  # fmt: skip
+def test_a_probe_csv_from_another_device_is_flagged(runner, tmp_path, probe_text, said):
+    """A CPU's probe.csv priced H100s at a CPU's ceilings unsaid."""
+    probe = tmp_path / "probe.csv"
+    probe.write_text(probe_text)
+    out = tmp_path / "run"
+    result = runner.invoke(app, ["project", "--ceilings", str(probe), "--tp", "1,2",
+                                 "--out", str(out)])  # fmt: skip
+    assert result.exit_code == 0, result.output
+    warnings = json.loads((out / "metadata.json").read_text()).get("warnings", [])
+    flagged = [w for w in warnings if "another device's ceilings" in w]
+    if said is None:
+        assert not flagged
+    else:
+        assert len(flagged) == 1 and said in flagged[0] and said in result.stderr

@@ -19,6 +19,9 @@ MIN_LINK_GBPS = 1e-6
 MAX_LINK_GBPS = 1e6  # a petabyte a second: a thousand times NVLink 5
 
 
+# A probe.csv whose ceilings are under this share of --gpu's datasheet was measured on
+# something else (a GPU's probe reaches 60-90% of its datasheet; a CPU's a thousandth).
+FOREIGN_SHARE = 0.05
 DEFAULT_LATENCY_US = 20.0  # per all-reduce: what gpt-fast's A100 numbers imply (16-26 us)
 
 
@@ -39,8 +42,8 @@ class ProjectOptions:
     dtype: str = opt("bf16", "Weights and KV cache dtype.", choices=("fp16", "bf16", "fp32"))
     nvlink_gbps: float | None = opt(
         None,
-        "GPU-to-GPU bandwidth per GPU, both directions together, GB/s (datasheet NVLink: 900 "
-        "on H100/H200 SXM, 600 on A100 SXM). Default: the GPU's. The all-reduce's bus "
+        "GPU-to-GPU bandwidth per GPU, both directions together, GB/s; default the --gpu's "
+        "datasheet NVLink (900 on H100/H200 SXM, 600 on A100 SXM). The all-reduce's bus "
         "bandwidth is taken as half of it (one direction).",
         panel=PROJECTION,
     )
@@ -54,9 +57,10 @@ class ProjectOptions:
     # milliseconds), the old --allreduce-latency-us (a bare number of microseconds) hidden.
     allreduce_latency_us: float | None = opt(
         None,
-        f"Fixed cost of one all-reduce: 20us, 0.05ms, or a bare number of milliseconds "
-        f"(default {DEFAULT_LATENCY_US:g}us: what gpt-fast's published A100 tokens/s at 2-8 "
-        "GPUs imply; a --ceilings probe.csv from torchrun gives a measured one).",
+        f"Fixed cost of one all-reduce, default {DEFAULT_LATENCY_US:g}us: 20us, 0.05ms, or a "
+        f"bare number of milliseconds ({DEFAULT_LATENCY_US:g}us is what gpt-fast's published "
+        "A100 tokens/s at 2-8 GPUs imply; a --ceilings probe.csv from torchrun gives a "
+        "measured one).",
         panel=PROJECTION,
         flag="--allreduce-latency",
         parse="time_us0",
@@ -131,6 +135,30 @@ class ProjectOptions:
         sources["tflops"] = f"measured ({self.ceilings}: {c.tflops_source})"
         sources["gbps"] = f"measured ({self.ceilings}: {c.gbps_source})"
         return c.peak_tflops, c.peak_gbps, interconnect_from_csv(self.ceilings)
+
+    def foreign_ceilings(self) -> str | None:
+        """What says --ceilings' probe.csv was not measured on --gpu: rows timed on a CPU's
+        clock, or ceilings under FOREIGN_SHARE of the datasheet's (a laptop's probe.csv
+        priced as an H100's). None when nothing does, or without --ceilings."""
+        import csv
+
+        from benchbatch.core import peaks
+        from benchbatch.core.roofline import ceilings_from_csv
+
+        if self.ceilings is None:
+            return None
+        peak = peaks.lookup(self.gpu)
+        c = ceilings_from_csv(self.ceilings, option="ceilings")
+        with open(self.ceilings, newline="") as f:
+            cpu = any(r.get("clock") == "cpu" for r in csv.DictReader(f))
+        shares = (c.peak_tflops / peak.tflops[self.dtype], c.peak_gbps / peak.gbps)
+        if not cpu and min(shares) >= FOREIGN_SHARE:
+            return None
+        how = "timed on a CPU's clock" if cpu else (
+            f"at {shares[0]:.1%} of its datasheet {self.dtype} TFLOP/s and {shares[1]:.1%} of "
+            "its GB/s")
+        return (f"--ceilings {self.ceilings} was {how}: the projection prices {peak.name}s at "
+                "another device's ceilings; pass a probe.csv measured on that GPU")
 
     def _link(self, peak, link, sources: dict) -> tuple[float, float]:
         """Bus bandwidth and latency: given, measured (probe.csv), or the datasheet's."""

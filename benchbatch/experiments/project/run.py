@@ -34,6 +34,9 @@ def measure_run(rec, opts: ProjectOptions, model: ModelOptions, run: RunOptions)
                  f"the {DEFAULT_PRESET} preset, project's default" if model.overrides() else
                  f"projecting the {DEFAULT_PRESET} preset, project's default; pass --preset or "
                  "--config to change it")  # fmt: skip
+    foreign = opts.foreign_ceilings()
+    if foreign:
+        rec.warning(foreign)
     rec.put("project", rows)
     rec.meta["machine"] = machine.to_dict()
     rec.meta["assumptions"] = projection.assumptions(cfg, opts.dtype, machine, opts.tp)
