@@ -13,6 +13,7 @@ from dataclasses import dataclass, field
 
 from aiohttp import web
 
+from benchbatch.net import lax
 from benchbatch.runtime.live import LiveEngine
 from benchbatch.runtime.live_request import Refused
 
@@ -99,21 +100,41 @@ class Ask:
 
 
 def int_field(body: dict, name: str, default: int, least: int) -> int:
+    """body[name] as an integer of at least `least` (read as vLLM's pydantic reads it:
+    5.0 and "5" are 5), else a 400 naming it."""
     value = body.get(name, default)
     if value is None:
         return default
-    if not isinstance(value, int) or isinstance(value, bool) or value < least:
+    try:
+        number = lax.as_int(value)
+    except ValueError:
+        number = None
+    if number is None or number < least:
         raise ApiError(400, f"{name} must be an integer of at least {least}, got {value!r}", name)
-    return value
+    return number
 
 
 def bool_field(body: dict, name: str, default: bool) -> bool:
     value = body.get(name, default)
     if value is None:
         return default
-    if not isinstance(value, bool):
-        raise ApiError(400, f"{name} must be true or false, got {value!r}", name)
-    return value
+    try:
+        return lax.as_bool(value)
+    except ValueError:
+        raise ApiError(400, f"{name} must be true or false, got {value!r}", name) from None
+
+
+def _number(body: dict, name: str, kind=None):
+    """body[name] as a float (kind lax.as_int: an integer), None where absent; a 400
+    naming it where it is none."""
+    value = body.get(name)
+    if value is None:
+        return None
+    try:
+        return (kind or lax.as_float)(value)
+    except ValueError:
+        what = "an integer" if kind is lax.as_int else "a number"
+        raise ApiError(400, f"{name} must be {what}, got {value!r}", name) from None
 
 
 def check_model(body: dict, served: Served) -> None:
@@ -238,22 +259,20 @@ def chat_messages(messages) -> list[dict]:
 
 def check_greedy(body: dict) -> None:
     """Greedy decoding of one completion with no stop strings: anything else refused."""
-    temperature = body.get("temperature")
+    temperature = _number(body, "temperature")
     if temperature is not None and temperature != 0:
         raise ApiError(400, f"only greedy decoding is served: temperature must be 0 or absent, "
-                       f"got {temperature!r}", "temperature")  # fmt: skip
+                       f"got {body['temperature']!r}", "temperature")  # fmt: skip
     for name, neutral in NEUTRAL.items():
-        value = body.get(name)
-        if value is not None and (isinstance(value, bool) or value != neutral):
+        value = _number(body, name)
+        if value is not None and value != neutral:
             raise ApiError(400, f"only greedy decoding is served: {name} must be {neutral} "
                            f"or absent, got {body[name]!r}", name)  # fmt: skip
-    top_k = body.get("top_k")
-    if top_k is not None and (isinstance(top_k, bool) or top_k not in TOP_K_NEUTRAL):
+    top_k = _number(body, "top_k", lax.as_int)
+    if top_k is not None and top_k not in TOP_K_NEUTRAL:
         raise ApiError(400, "only greedy decoding is served: top_k must be -1, 0 or absent, "
-                       f"got {top_k!r}", "top_k")  # fmt: skip
-    seed = body.get("seed")
-    if seed is not None and (not isinstance(seed, int) or isinstance(seed, bool)):
-        raise ApiError(400, f"seed must be an integer, got {seed!r}", "seed")
+                       f"got {body['top_k']!r}", "top_k")  # fmt: skip
+    _number(body, "seed", lax.as_int)  # any integer: greedy decoding draws nothing
     if body.get("stop") not in (None, [], ""):
         raise ApiError(400, "stop strings are not served (outputs run to max_tokens, or to "
                        "the checkpoint's end-of-sequence token)", "stop")  # fmt: skip

@@ -159,12 +159,21 @@ class _Stream:
 
 async def _completions(request: web.Request) -> web.StreamResponse:
     s: Served = request.app[SERVED]
+    _json_only(request)
     return await _serve(request, s, parse_completion(await _body(request), s), chat=False)
 
 
 async def _chat(request: web.Request) -> web.StreamResponse:
     s: Served = request.app[SERVED]
+    _json_only(request)
     return await _serve(request, s, parse_chat(await _body(request), s), chat=True)
+
+
+def _json_only(request: web.Request) -> None:
+    """A completion's body declared as JSON, else a 400 in vLLM's words (its
+    validate_json_request: a missing Content-Type refused too)."""
+    if request.headers.get("Content-Type", "").split(";")[0].strip().lower() != "application/json":
+        raise ApiError(400, "Unsupported Media Type: Only 'application/json' is allowed")
 
 
 async def _serve(request: web.Request, s: Served, ask: Ask, chat: bool) -> web.StreamResponse:
@@ -209,10 +218,12 @@ class _Head:
 
     def choice(self, text: str, reason: str | None, whole: bool = False) -> dict:
         if not self.chat:
-            return {"index": 0, "text": text, "logprobs": None, "finish_reason": reason}
+            return {"index": 0, "text": text, "logprobs": None, "finish_reason": reason,
+                    "stop_reason": None}  # fmt: skip
         said = {"message": {"role": "assistant", "content": text}} if whole else {
             "delta": {"content": text}}  # fmt: skip
-        return {"index": 0, **said, "logprobs": None, "finish_reason": reason}
+        # stop_reason: vLLM's stop string or stop token id (None at EOS); none are served
+        return {"index": 0, **said, "logprobs": None, "finish_reason": reason, "stop_reason": None}
 
 
 async def _streamed(response, s: Served, ask: Ask, head: _Head, stream: _Stream) -> None:
