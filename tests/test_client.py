@@ -38,7 +38,7 @@ from benchbatch.core.streamed import (
 from benchbatch.errors import UserError
 from benchbatch.net.client import Prompt, current_request, stream_requests
 from benchbatch.net.discovery import LENGTH_FIELDS, server_info, server_metrics
-from benchbatch.net.endpoint import Endpoint, check_url, make_endpoint, public_url
+from benchbatch.net.endpoint import Endpoint, check_url, make_endpoint, public_url, url_api
 from benchbatch.net.prompts import exact_prompts
 
 GUARD_S = 300.0  # hang guard for every wait on the other side
@@ -655,6 +655,9 @@ def test_a_server_that_is_not_there_or_not_openai_is_one_line():
         ("http://exa mple.com", "no valid host"),
         ("http://127.0.0.1:99999", "invalid port"),
         ("http://127.0.0.1:port", "invalid port"),
+        ("http://[::1", "not a valid URL"),  # urlsplit's ValueError: a traceback, exit 1
+        ("http://[zz]:80", "not a valid URL"),
+        ("http://user:secret@[zz]:80", "not a valid URL"),
     ],
 )
 def test_bad_urls_are_one_line_naming_the_option(url, why):
@@ -666,7 +669,8 @@ def test_bad_urls_are_one_line_naming_the_option(url, why):
     assert e.value.option == "endpoint"
     with pytest.raises(UserError) as e:
         check_url(url, "tokenize_url")
-    assert e.value.option == "tokenize_url"
+    assert e.value.option == "tokenize_url" and "secret" not in e.value.message
+    assert url_api(url) is None
 
 
 def test_urls_are_normalized_and_recorded_without_credentials():

@@ -266,6 +266,7 @@ def _free_port() -> int:
         ("ftp://127.0.0.1:8000", "--endpoint"),
         ("http://", "--endpoint"),
         ("not a url", "--endpoint"),
+        ("http://[::1", "--endpoint"),  # a traceback and exit 1
     ],
 )
 def test_a_bad_endpoint_is_one_line_and_exit_2(runner, tmp_path, endpoint, flag):

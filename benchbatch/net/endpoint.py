@@ -42,8 +42,10 @@ def check_url(text: str, option: str = "endpoint") -> str:
     example = "give http://HOST[:PORT] (with or without /v1), e.g. http://127.0.0.1:8000"
     if not text:
         raise UserError(option, f"no URL: {example}")
-    parts = urlsplit(text)
-    shown = public_url(text)
+    try:  # a bracketed host that is no IPv6 address, an unclosed bracket
+        parts, shown = urlsplit(text), public_url(text)
+    except ValueError as e:  # the text not echoed: it may hold credentials
+        raise UserError(option, f"is not a valid URL ({e}): {example}") from None
     if parts.scheme.lower() not in ("http", "https") or not parts.netloc:
         raise UserError(option, f"{shown!r} is not an http:// or https:// URL: {example}")
     host = parts.netloc.rpartition("@")[2]
@@ -64,7 +66,10 @@ def check_url(text: str, option: str = "endpoint") -> str:
 
 def url_api(text: str) -> str | None:
     """The API a URL's path names (".../v1/chat/completions": "chat"), None if none."""
-    path = urlsplit(str(text).strip()).path.rstrip("/")
+    try:
+        path = urlsplit(str(text).strip()).path.rstrip("/")
+    except ValueError:  # not a URL: check_url says so
+        return None
     return next((api for api, route in API_PATHS.items() if path.endswith(route)), None)
 
 
