@@ -397,6 +397,10 @@ def test_every_failure_is_counted_in_its_kind_and_the_served_are_kept(clock, ser
         "dict": ("stream", 9, [(0.5, sse({"choices": {"text": "x"}}))]),
         "seven": ("stream", 10, [(0.5, sse(chunk("a"))), (0.6, sse({"choices": 7}))]),
         "huge": ("huge",),
+        # a whole stream ending in [DONE], cut short by the server (benchbatch serve's
+        # stream at SIGTERM, vLLM's aborted request): served, it counted within the SLO
+        "aborted": ("stream", 12, [(0.5, sse(chunk("a"))), (0.6, sse(chunk("", "abort"))),
+                                   (0.6, sse(usage(1)))]),  # fmt: skip
     }
     names = list(server.scripts)
     prompts = [Prompt(i, name, 3, 2) for i, name in enumerate(names)]
@@ -434,6 +438,7 @@ def test_every_failure_is_counted_in_its_kind_and_the_served_are_kept(clock, ser
         "dict": "stream",
         "seven": "stream",
         "huge": "stream",
+        "aborted": "stream",
     }
     errors = {names[r.request_id]: r.error for r in records}
     assert errors["500"] == "HTTP 500: engine died"
@@ -443,10 +448,11 @@ def test_every_failure_is_counted_in_its_kind_and_the_served_are_kept(clock, ser
     assert "not done within 1 s" in errors["hang"]
     assert "choices is no list" in errors["dict"] and "choices is no list" in errors["seven"]
     assert errors["huge"].startswith("LineTooLong after 0 chunks")
+    assert "finish_reason 'abort' after 2 chunks" in errors["aborted"]
     assert all("\n" not in e for e in errors.values() if e)
     assert gone[0].error_kind == "refused" and "cannot connect" in gone[0].error
     counts = failure_counts([*records, *gone])
-    assert counts == {"refused": 1, "http": 2, "timeout": 1, "stream": 8, "cancelled": 0}
+    assert counts == {"refused": 1, "http": 2, "timeout": 1, "stream": 9, "cancelled": 0}
     run = run_metrics(records)  # the served one alone, its numbers intact
     assert [(m.request_id, m.ttft, m.e2e, m.num_tokens) for m in run.requests] == [
         (0, 0.5, 0.75, 2)
@@ -763,3 +769,29 @@ def test_prompts_without_a_tokenizer_are_seeded_token_ids(monkeypatch, bpe):
     monkeypatch.setitem(sys.modules, "tokenizers", None)  # not installed
     with pytest.raises(UserError, match="tokenizers package"):
         exact_prompts([3], 2, tokenizer=bpe)
+
+
+def test_a_points_rates_are_over_its_failed_requests_too():
+    """vLLM's bench serve divides by the whole benchmark's duration; serve-sweep divided by
+    the served requests' span, so each failure (a timeout 5 s later) shortened the point and
+    raised its rates: 6 of 16 served read 2.45 req/s over 2.45 s of a 6.9 s point."""
+    from benchbatch.core.serving import throughput_columns
+    from benchbatch.core.streamed import Streamed, span_s
+
+    served = [Streamed(i, 3, 2, 0.5 * i, [0.5 * i + 0.1, 0.5 * i + 0.2], 2, 3, ended_s=9.0)
+              for i in range(3)]  # fmt: skip  (a served one ends at its last chunk)
+    timed_out = Streamed(3, 3, 2, 0.2, [], None, None, error="not done within 5 s",
+                         error_kind="timeout", ended_s=5.2)  # fmt: skip
+    refused = Streamed(4, 3, 2, 0.1, [], None, None, error="cannot connect",
+                       error_kind="refused")  # fmt: skip  (no ended_s: at its sending)
+    records = [*served, timed_out, refused]
+    assert span_s(served) == pytest.approx(1.2 - 0.0)  # all served: first sent to last token
+    assert span_s(records) == pytest.approx(5.2 - 0.0)
+    assert span_s([refused]) == 0.0 and span_s([]) == 0.0
+    run = run_metrics(records)
+    prompts = {s.request_id: 3 for s in records}
+    assert throughput_columns(run, prompts, None)["duration_s"] == pytest.approx(1.2)
+    cols = throughput_columns(run, prompts, None, span_s(records))
+    assert cols["duration_s"] == pytest.approx(5.2)
+    assert cols["request_throughput_rps"] == pytest.approx(3 / 5.2)
+    assert cols["output_throughput_tps"] == pytest.approx(6 / 5.2)

@@ -147,6 +147,13 @@ def test_the_rows_count_what_the_server_did(runner, tmp_path, scripted):
     ok = requests[requests["error"] == ""]
     assert (ok["output_tokens"] == 5).all() and (ok["chunks"] == 5).all()
     assert (ok["e2e_s"] >= ok["ttft_s"]).all() and (ok["ttft_s"] >= 0).all()
+    # the rates are over the point's whole span, failed requests' too (vLLM's duration)
+    for (rate, point), row in zip(requests.groupby("rate"), serve.itertuples(), strict=True):
+        end = point["sent_s"] + point["e2e_s"].where(point["error"] == "", point["ended_s"]
+                                                     - point["sent_s"])  # fmt: skip
+        assert str(rate) == str(row.rate)
+        assert row.duration_s == pytest.approx(end.max() - point["sent_s"].min())
+        assert row.request_throughput_rps == pytest.approx(row.requests / row.duration_s)
     # What was sent: one warm-up request like the first (before any point's clock), then
     # every request, each asking for its length, streamed, with usage. Each point's prompts
     # (and the warm-up's) are drawn afresh, the same lengths: a server's prefix cache
@@ -177,6 +184,8 @@ def test_a_server_that_fails_every_request_is_counted_and_drawn(runner, tmp_path
     serve = pd.read_csv(out / "serve.csv")
     assert list(serve["sent"]) == [6] and list(serve["failed"]) == [6]
     assert list(serve["requests"]) == [0]
+    # none served over a span of requests that failed: 0 per second, not NaN over nothing
+    assert serve["duration_s"].iloc[0] > 0 and serve["request_throughput_rps"].iloc[0] == 0
     assert pd.read_csv(out / "requests.csv")["error"].str.contains("HTTP 500").all()
     assert (out / "serve.png").stat().st_size > 0
     assert "misses the SLO at 50 req/s: 6 of 6 requests failed (requests.csv's error" in (

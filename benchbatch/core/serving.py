@@ -94,16 +94,19 @@ def latency_columns(run: RunMetrics) -> dict[str, float]:
 
 
 def throughput_columns(
-    run: RunMetrics, prompt_tokens: Mapping[int, int], slo: ServingSLO | None
+    run: RunMetrics, prompt_tokens: Mapping[int, int], slo: ServingSLO | None,
+    duration: float | None = None,
 ) -> dict[str, float]:
     """Duration (first arrival to last token), request, output-token and total-token
     throughput over it, the mean number of requests in the system (Little's law: the sum
     of E2E over the duration), tokens/s per user (output throughput over that measured
     concurrency; vLLM's sweep plots its Pareto axis over the concurrency it was given), and
     with an SLO the requests meeting it and the goodput. prompt_tokens: each served
-    request's prompt length, as the total-token throughput counts it."""
+    request's prompt length, as the total-token throughput counts it. duration: the span the
+    rates are over where the served requests' is not the point's (a measured server's point
+    with failures: core/streamed.span_s)."""
     ms = run.requests
-    duration = duration_s(ms)
+    duration = duration_s(ms) if duration is None else duration
     output = sum(m.num_tokens for m in ms)
     prompt = sum(prompt_tokens[m.request_id] for m in ms)
     per_s = (lambda x: x / duration) if duration > 0 else (lambda x: math.nan)

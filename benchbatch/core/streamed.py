@@ -55,6 +55,9 @@ class Streamed:
     # to the last chunk: stamps that late may be later than the chunks' arrival (NaN where
     # the OS does not say; net/client.py)
     client_wait_s: float = math.nan
+    # When the client was done with it: its [DONE] read, or its failure (a timeout when it
+    # gave up); NaN where no client said
+    ended_s: float = math.nan
 
     def __post_init__(self):
         assert self.error_kind is None or self.error_kind in ERROR_KINDS, self.error_kind
@@ -93,6 +96,23 @@ def request_metrics(s: Streamed, include_queue: bool = False) -> RequestMetrics:
         tbt_p99=counts_percentile(own, 99) if gaps else 0.0,
         tbt_max=max(gaps, default=0.0),
     )
+
+
+def span_s(records: Sequence[Streamed]) -> float:
+    """A point's duration as vLLM's bench serve divides by (its benchmark_duration): from
+    the first request sent to the last one done, failed ones included (a served request done
+    at its last token, a failed one when the client gave up on it; without ended_s, at its
+    last chunk or its sending). 0 without records. Over the served alone, every failure
+    would shorten the point and raise its request and token rates."""
+    if not records:
+        return 0.0
+
+    def end(s: Streamed) -> float:
+        if s.ok:
+            return s.chunk_s[-1]
+        return s.ended_s if math.isfinite(s.ended_s) else max([s.sent_s, *s.chunk_s])
+
+    return max(end(s) for s in records) - min(s.sent_s for s in records)
 
 
 def run_metrics(records: Iterable[Streamed], include_queue: bool = False) -> RunMetrics:

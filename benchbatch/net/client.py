@@ -299,6 +299,7 @@ class StreamRun(Iterator[Streamed]):
                 await self._timed(session, p, rec, start)
         except asyncio.CancelledError:
             _fail(rec, "cancelled", f"cancelled by the caller after {len(rec.chunk_s)} chunks")
+        rec.ended_s = clock() - start
         return rec
 
     async def _timed(self, session, p: Prompt, rec: Streamed, start: float) -> None:

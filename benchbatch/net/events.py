@@ -16,6 +16,12 @@ import json
 from benchbatch.core.streamed import Streamed, error_line
 from benchbatch.net.endpoint import body_message
 
+# Finish reasons of a stream the server cut short (vLLM's FinishReason: abort, aborted by
+# the server or its client; error, a request-level failure): the request failed, though the
+# stream ended in [DONE]. vLLM's bench serve does not look; a stopped server's truncated
+# outputs would then count as served, and within the SLO.
+CUT_SHORT = ("abort", "error")
+
 
 class Broke(Exception):
     """A stream that broke: stopped early, a malformed or error chunk."""
@@ -25,10 +31,14 @@ def apply_event(rec: Streamed, data: str, stamp: float) -> bool:
     """Apply one event (its data lines joined) to the record, read at `stamp`: a chunk with
     choices is a token chunk (its time kept, its text and finish reason), a usage chunk the
     server's counts; True at [DONE]. Broke for a [DONE] before any chunk, a malformed or
-    non-object chunk, or an error sent mid-stream."""
+    non-object chunk, an error sent mid-stream, or a stream the server cut short (CUT_SHORT).
+    """
     if data.strip() == "[DONE]":
         if not rec.chunk_s:
             raise Broke("[DONE] before any chunk with choices")
+        if rec.finish_reason in CUT_SHORT:  # a whole stream, but not the output asked for
+            raise Broke(f"the server ended the request with finish_reason "
+                        f"{rec.finish_reason!r} after {len(rec.chunk_s)} chunks")  # fmt: skip
         return True
     try:
         chunk = json.loads(data)

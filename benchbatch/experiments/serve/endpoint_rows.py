@@ -21,8 +21,9 @@ UNSEEN = ("steps", "mean_batch", "busy_fraction", "slot_occupancy", "slots")
 
 
 def point(records: Sequence, rate: float, requests, arrivals) -> probe.Point:
-    """A measured server's point: the served requests' metrics; no steps seen."""
-    from benchbatch.core.streamed import run_metrics
+    """A measured server's point: the served requests' metrics, its rates over every
+    request's span (failed ones too, as vLLM's client); no steps seen."""
+    from benchbatch.core.streamed import run_metrics, span_s
 
     return probe.Point(
         ENDPOINT,
@@ -34,6 +35,7 @@ def point(records: Sequence, rate: float, requests, arrivals) -> probe.Point:
         [],
         [],
         [],
+        span_s=span_s(records),
     )
 
 
@@ -88,6 +90,7 @@ def request_row(s, rate: float, slo: ServingSLO) -> dict:
         "queued_s": s.queued_s,
         "sent_s": s.sent_s,
         "client_wait_s": s.client_wait_s,
+        "ended_s": s.ended_s,  # when the client was done with it (the point's span ends there)
     }
     if not s.ok:
         nan = math.nan

@@ -133,6 +133,7 @@ class Point:
     step_ends: list[float]
     active: list[int]
     preemptions: int | None = None  # with a KV pool (simulated) or a server that counts them
+    span_s: float | None = None  # the rates' span, failed requests' too (a measured server's)
 
 
 def simulate_point(
@@ -196,7 +197,7 @@ def point_row(p: Point, setup: Setup, prompts: dict[int, int] | None = None) -> 
         # draw of the process at rate_rps: within a few percent of it for Poisson arrivals
         # of a few hundred requests, further off in bursts)
         "arrival_rate_rps": mean_rate(np.asarray(p.arrivals)),
-        **throughput_columns(p.metrics, prompts, setup.slo),
+        **throughput_columns(p.metrics, prompts, setup.slo, p.span_s),
     }
     row |= latency_columns(p.metrics)
     row |= scheduler_columns(p.step_starts, p.step_ends, p.active, setup.slots, row["duration_s"])
