@@ -6,6 +6,7 @@ URL's credentials, and bad endpoints are one line with exit code 2."""
 
 from __future__ import annotations
 
+import _thread
 import asyncio
 import json
 import socket
@@ -28,6 +29,10 @@ class Scripted:
         self.fail_every = fail_every
         self.seen: list[dict] = []
         self.words = False  # POST /tokenize: one token a whitespace-separated word
+        # (serve after, hold, then): requests past the first `serve after` seen are held
+        # unanswered; once `hold` are, `then()` (a Ctrl-C in the main thread)
+        self.hold_after: tuple[int, int, object] | None = None
+        self.held = 0
 
     def app(self) -> web.Application:
         application = web.Application()
@@ -72,6 +77,13 @@ class Scripted:
         body = await request.json()
         if body["max_tokens"] > 1:  # not the client's one-token probe of what it accepts
             self.seen.append(body)
+        if self.hold_after and body["max_tokens"] > 1 and len(self.seen) > self.hold_after[0]:
+            self.held += 1
+            if self.held == self.hold_after[1]:
+                self.hold_after[2]()
+            while request.transport is not None and not request.transport.is_closing():
+                await asyncio.sleep(0.05)  # held until the client goes (then the answer is lost)
+            return web.Response(status=499)
         if body["max_tokens"] > 1 and self.fail_every and len(self.seen) % self.fail_every == 0:
             error = {"error": {"message": "scripted failure", "type": "server_error"}}
             return web.json_response(error, status=500)
@@ -358,3 +370,23 @@ def test_the_pooled_itl_recomputes_from_requests_csv(runner, tmp_path, scripted)
         assert row[f"itl_p{q}_s"] == pytest.approx(np.percentile(gaps, q), rel=1e-9, abs=1e-12)
     assert row["itl_mean_s"] == pytest.approx(np.mean(gaps), rel=1e-9)
     assert (requests[requests["error"] != ""]["itls_s"] == "").all()
+
+
+def test_requests_out_at_ctrl_c_keep_their_rows(runner, tmp_path, scripted):
+    """Requests sent and unanswered when Ctrl-C came had no row in requests.csv (the ones
+    served before did): each is kept, cancelled, and one never sent gets none."""
+    url, server = scripted
+    server.fail_every = 0
+    server.hold_after = (1 + 3, 2, _thread.interrupt_main)  # the warm-up and 3 served
+    out = tmp_path / "run"
+    args = ["serve-sweep", "--endpoint", url, *ARGS, "--rates", "50", "--max-concurrency", "2",
+            "--out", str(out)]  # fmt: skip
+    result = runner.invoke(app, args)
+    assert result.exit_code == 130, result.output
+    requests = pd.read_csv(out / "requests.csv")
+    requests["error"] = requests["error"].fillna("")
+    served = requests[requests["error"] == ""]
+    cancelled = requests[requests["error"].str.startswith("cancelled")]
+    assert len(served) == 3 and len(cancelled) == 2, requests[["request_id", "error"]]
+    assert len(requests) == 5  # the sixth waited for a free slot: never sent, no row
+    assert json.loads((out / "metadata.json").read_text())["status"] == "interrupted"

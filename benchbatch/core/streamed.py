@@ -58,6 +58,7 @@ class Streamed:
     # When the client was done with it: its [DONE] read, or its failure (a timeout when it
     # gave up); NaN where no client said
     ended_s: float = math.nan
+    posted: bool = True  # the POST went out (False: cancelled before it was due, or queued)
 
     def __post_init__(self):
         assert self.error_kind is None or self.error_kind in ERROR_KINDS, self.error_kind

@@ -284,7 +284,8 @@ class StreamRun(Iterator[Streamed]):
     async def _request(self, session, p: Prompt, arrival: float, start: float, gate) -> Streamed:
         clock = self.clock
         current_request.set(p.request_id)
-        rec = Streamed(p.request_id, p.prompt_tokens, p.max_tokens, arrival, [], None, None)
+        rec = Streamed(p.request_id, p.prompt_tokens, p.max_tokens, arrival, [], None, None,
+                       posted=False)  # fmt: skip
         try:
             delay = arrival - (clock() - start)
             if delay > 0:
@@ -305,6 +306,7 @@ class StreamRun(Iterator[Streamed]):
     async def _timed(self, session, p: Prompt, rec: Streamed, start: float) -> None:
         """_post, with the client thread's wait for a core meanwhile (rec.client_wait_s)."""
         waited = self._waits.now()
+        rec.posted = True
         await self._post(session, p, rec, start)
         rec.client_wait_s = self._waits.now() - waited
 

@@ -328,9 +328,16 @@ def _point(rec, opts, w, setup, sent, rate: float, cap: int | None, n: int, labe
 
     def rows():
         with stream(rec.inputs[0], sent, arrivals, opts, cap) as run:
-            for s in run:
-                records.append(s)
-                yield request_row(s, rate, setup.slo) | {"max_concurrency": cap}
+            try:
+                for s in run:
+                    records.append(s)
+                    yield request_row(s, rate, setup.slo) | {"max_concurrency": cap}
+            except KeyboardInterrupt:  # the requests out at Ctrl-C kept, as cancelled
+                run.close()
+                for s in sorted(run.cancelled, key=lambda s: s.request_id):
+                    if s.posted:
+                        yield request_row(s, rate, setup.slo) | {"max_concurrency": cap}
+                raise
             rec.meta["endpoint"]["length_fields"] = list(run.length_fields or ())
             rec.meta["endpoint"]["dropped_fields"] = list(run.dropped_fields or ())
             span = getattr(run, "client_span_s", math.nan)  # a client that measures it
