@@ -1,3 +1,4 @@
+import math
 import time
 
 import pytest
@@ -70,7 +71,12 @@ def test_percentiles_interpolate_between_repeats():
     assert m.percentile_ms(10) == pytest.approx(2.0)
     assert m.percentile_ms(50) == pytest.approx(m.median_ms) == 6.0
     assert m.percentile_ms(90) == pytest.approx(10.0)
-    assert Measurement([7.0]).percentile_ms(90) == 7.0
+    # one repeat measures no spread: unknown, and the step flagged (a p10-p90 of 7.0-7.0,
+    # CV 0 and "not noisy" said a single wall-clock sample 160x the step's time was clean)
+    once = Measurement([7.0])
+    assert math.isnan(once.percentile_ms(90)) and math.isnan(once.cv)
+    assert math.isnan(once.iqr_ms) and once.noisy
+    assert not Measurement([7.0, 7.0]).noisy and Measurement([7.0, 7.0]).cv == 0.0
 
 
 class ScriptedBackend:

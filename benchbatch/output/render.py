@@ -190,8 +190,9 @@ def warn_untrusted(flagged: dict[str, list[str]], threads: int | None = None) ->
 
     if flagged.get("noisy"):
         warning(
-            f"noisy (CV over {DEFAULT_CV_THRESHOLD:.0%}): {', '.join(flagged['noisy'])}; "
-            f"something else may be using the device: {noisy_hint(threads)}."
+            f"noisy (CV over {DEFAULT_CV_THRESHOLD:.0%}, or timed once): "
+            f"{', '.join(flagged['noisy'])}; something else may be using the device: "
+            f"{noisy_hint(threads)}."
         )
     if flagged.get("throttled"):
         warning(

@@ -75,28 +75,34 @@ class Measurement:
 
     @property
     def iqr_ms(self) -> float:
-        if len(self.times_ms) < 2:
-            return 0.0
+        if len(self.times_ms) < 2:  # one repeat measures no spread: unknown, not none
+            return math.nan
         q1, _, q3 = statistics.quantiles(self.times_ms, n=4, method="inclusive")
         return q3 - q1
 
     def percentile_ms(self, q: int) -> float:
-        """The q-th percentile (10, 90, ...) of the repeats, interpolated between them."""
+        """The q-th percentile (10, 90, ...) of the repeats, interpolated between them; NaN
+        for one repeat (a p10-p90 of zero width would say the step had no noise)."""
         if len(self.times_ms) < 2:
-            return self.times_ms[0]
+            return math.nan
         return statistics.quantiles(self.times_ms, n=100, method="inclusive")[q - 1]
 
     @property
     def cv(self) -> float:
-        """Coefficient of variation: standard deviation over mean."""
+        """Coefficient of variation: standard deviation over mean (NaN for one repeat: its
+        noise is unknown)."""
         mean = statistics.fmean(self.times_ms)
-        if len(self.times_ms) < 2 or mean <= 0:
+        if len(self.times_ms) < 2:
+            return math.nan
+        if mean <= 0:
             return 0.0
         return statistics.stdev(self.times_ms) / mean
 
     @property
     def noisy(self) -> bool:
-        return self.cv > self.cv_threshold
+        """Spread past the threshold, or timed once (nothing vouches for it: --repeats 1
+        with a short --min-time; one wall-clock sample came out 160x the step's time)."""
+        return self.repeats < 2 or self.cv > self.cv_threshold
 
     @property
     def host_ms(self) -> float:
@@ -205,7 +211,8 @@ def measure_interleaved(
     worst spread is smaller is kept."""
     best = _attempt(fns, device, opts)
     for attempt in range(2, 2 + opts.retry_noisy):
-        if not distributed.agree_any(any(m.noisy for m in best)):  # every rank retries, or none
+        # every rank retries, or none; a call timed once is retried to no purpose
+        if not distributed.agree_any(any(m.noisy and m.repeats > 1 for m in best)):
             break
         again = _attempt(fns, device, opts)
         if _worst_cv(again) <= _worst_cv(best):
@@ -216,7 +223,7 @@ def measure_interleaved(
 
 
 def _worst_cv(ms: list[Measurement]) -> float:
-    return max(m.cv for m in ms)
+    return max(m.cv if math.isfinite(m.cv) else math.inf for m in ms)
 
 
 def _attempt(fns, device: torch.device, opts: TimingOptions) -> list[Measurement]:

@@ -93,7 +93,8 @@ def _facts(run) -> list[tuple[str, str]]:
     ]
     noisy = noisy_steps(run)
     if noisy:
-        facts.append((f"noisy (CV over {DEFAULT_CV_THRESHOLD:.0%})", ", ".join(noisy)))
+        said = f"noisy (CV over {DEFAULT_CV_THRESHOLD:.0%}, or timed once)"
+        facts.append((said, ", ".join(noisy)))
     return facts
 
 

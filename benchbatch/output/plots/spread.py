@@ -9,7 +9,7 @@ import math
 
 from benchbatch.core.noise import DEFAULT_CV_THRESHOLD
 
-NOISY_LABEL = f"noisy (repeats' CV over {DEFAULT_CV_THRESHOLD:.0%})"
+NOISY_LABEL = f"noisy (repeats' CV over {DEFAULT_CV_THRESHOLD:.0%}, or one repeat)"
 BARS_LABEL = "bars: 10th to 90th percentile of the repeats"
 
 
