@@ -1,17 +1,19 @@
 #!/usr/bin/env python3
 """The CPU clock against the wall clock on a shared machine: `benchbatch phases` on the quiet
-machine and with other processes competing for the cores, alternating (A B A B), and how far
-each clock's step times moved.
+machine and with other processes competing for the cores, alternating (the order flipped
+each round: A B, B A, ...), and how far each clock's step times moved.
 
-    python3 scripts/bench_cpu_clock.py [--rounds 2] [--hogs 3] [--out DIR]
+    python3 scripts/bench_cpu_clock.py [--rounds 2] [--hogs 3] [--out DIR [--force]]
 
 Each round runs `phases --preset cpu-small --prefill 512 --decode-batch 1,8,32 --context 512
 --no-roofline --threads 1` twice: as the machine is, then beside `--hogs` processes (half of
 them busy loops, half torch matrix-vector and matrix products on one thread, none pinned),
 which the script starts and stops. It prints, per step, the median over the rounds of
 step_ms (the compute thread's CPU time) and wall_ms in each condition, loaded over quiet
-for each clock, and the loaded runs' core_share; then one JSON line. Nothing here is a test:
-the machine is shared, so this is a measurement to quote, with the machine named.
+for each clock, and the loaded runs' core_share; then one JSON line (with the machine, the
+threads and each run's load average before it). A non-empty --out is refused unless
+--force. Nothing here is a test: the machine is shared, so this is a measurement to quote,
+with the machine named.
 """
 
 from __future__ import annotations
@@ -26,6 +28,8 @@ import sys
 import tempfile
 import time
 from pathlib import Path
+
+from script_common import fresh_folder, load_now, machine, positive_int, run_child
 
 REPO = Path(__file__).resolve().parent.parent
 PHASES = ["phases", "--preset", "cpu-small", "--prefill", "512", "--decode-batch", "1,8,32",
@@ -57,25 +61,29 @@ def run_phases(out: Path) -> list[dict]:
     import pandas as pd
 
     cmd = [sys.executable, "-m", "benchbatch", *PHASES, "--out", str(out)]
-    subprocess.run(cmd, cwd=REPO, check=True, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    cmd += ["--force"] if out.exists() else []  # an earlier run's: main allowed it
+    run_child(cmd, f"phases into {out}", cwd=REPO)
     rows = pd.read_csv(out / "phases.csv")
-    return rows[["label", "step_ms", "wall_ms", "core_share", "cv"]].to_dict("records")
+    return rows[["label", "step_ms", "wall_ms", "core_share"]].to_dict("records")
 
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    ap.add_argument("--rounds", type=int, default=2)
-    ap.add_argument("--hogs", type=int, default=3, help="competing processes (default 3)")
-    ap.add_argument("--out", type=Path, default=None)
+    ap.add_argument("--rounds", type=positive_int, default=2, help="A B rounds (default 2)")
+    ap.add_argument("--hogs", type=positive_int, default=3,
+                    help="competing processes (default 3)")  # fmt: skip
+    ap.add_argument("--out", type=Path, default=None, help="default: a new temporary folder")
+    ap.add_argument("--force", action="store_true", help="write into a non-empty --out")
     args = ap.parse_args()
-    out = args.out or Path(tempfile.mkdtemp(prefix="bench-cpu-clock-"))
+    out = fresh_folder(ap, args.out, args.force) if args.out else None
+    out = out or Path(tempfile.mkdtemp(prefix="bench-cpu-clock-"))
     runs: dict[str, list[list[dict]]] = {"quiet": [], "loaded": []}
     loads: dict[str, list[float]] = {"quiet": [], "loaded": []}
     for r in range(args.rounds):
         for cond in ("quiet", "loaded") if r % 2 == 0 else ("loaded", "quiet"):
             hogs = start_hogs(args.hogs) if cond == "loaded" else []
             try:
-                loads[cond].append(os.getloadavg()[0])
+                loads[cond].append(load_now())
                 runs[cond].append(run_phases(out / f"{cond}-{r}"))
             finally:
                 stop(hogs)
@@ -97,7 +105,8 @@ def main() -> None:
                       "loaded_core_share": share})  # fmt: skip
         print(f"{label:14s} {cq:10.2f} {cl:11.2f} {cl / cq:6.2f} {wq:11.2f} {wl:12.2f} "
               f"{wl / wq:6.2f} {share:6.2f}")  # fmt: skip
-    print(json.dumps({"rounds": args.rounds, "hogs": args.hogs, "loads": loads, "steps": table}))
+    print(json.dumps({"machine": machine(threads=1), "rounds": args.rounds, "hogs": args.hogs,
+                      "loads": loads, "steps": table}))  # fmt: skip
 
 
 if __name__ == "__main__":

@@ -13,7 +13,8 @@ benchbatch's timing harness:
   generate with static batching (requests in order in groups of --slots, left padding,
   min_new_tokens = max_new_tokens = the group's longest output, so every member runs as
   long as the longest, exactly the work of benchbatch's static policy) against
-  benchbatch's engine, static and continuous.
+  benchbatch's engine, static and continuous, --rounds-generate runs each, alternating
+  (the order flipped each run): each side's median run and the median of the runs' ratios.
 
 Each step is timed in alternating rounds (benchbatch, then the peer, --rounds times), so a
 burst of load from another process hits both alike: a step's bb/peer is the median of the
@@ -23,13 +24,15 @@ descheduled thread. benchbatch's weights are laid out as its commands lay them o
 device's measured faster layout, runtime/layout.py; --layout forces one).
 The default workload (64 requests, 16 slots, lognormal outputs median 70, at most 400)
 simulates to about 1.9x fewer steps for continuous batching; more requests and slots widen
-the gap (the article's 600 requests on 32 slots: 3.9x) but take long on a CPU.
+the gap (600 requests on 32 slots: 3.3x; with the article's outputs of at most 2000: 4.0x)
+but take long on a CPU.
 
 It prints a table (times, and benchbatch / peer time: below 1 means benchbatch is faster),
-then one JSON line.
+then one JSON line (with the machine, threads and the load average before and after).
 
     pip install 'benchbatch[peer]'   # or: pip install transformers
     python scripts/bench_peer.py [--preset cpu-small] [--device auto] [--threads 1]
+        [--rounds 3] [--rounds-generate 3]
 """
 
 from __future__ import annotations
@@ -42,6 +45,7 @@ import sys
 import time
 
 import torch
+from script_common import int_list, load_line, load_now, machine, positive_float, positive_int
 
 from benchbatch.core.config import ModelConfig, preset
 from benchbatch.core.workload import Request, lognormal_workload
@@ -59,6 +63,8 @@ except ImportError:  # the optional extra
     transformers = None
 
 PAD = 0
+DEFAULTS = {"context": 512, "prefill": 512, "requests": 64, "slots": 16, "max-output": 400,
+            "prompt-len": 64, "repeats": 5}
 
 
 def peer_family(cfg: ModelConfig) -> str:
@@ -228,44 +234,39 @@ def ours_engine_s(model: Transformer, requests: list[Request], slots: int, polic
 # --- main --------------------------------------------------------------------------------------
 
 
-def parse_args() -> argparse.Namespace:
+def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--preset", default=None, help="default: article on CUDA, cpu-small else")
     parser.add_argument("--device", default="auto")
     parser.add_argument("--dtype", default=None, help="default: fp16 on CUDA, fp32 on CPU")
-    parser.add_argument("--context", type=int, default=512)
-    parser.add_argument("--batches", default="1,32")
-    parser.add_argument("--prefill", type=int, default=512)
-    parser.add_argument("--requests", type=int, default=64)
-    parser.add_argument("--slots", type=int, default=16)
-    parser.add_argument("--median", type=float, default=70)
-    parser.add_argument("--max-output", type=int, default=400)
-    parser.add_argument("--prompt-len", type=int, default=64)
-    parser.add_argument("--repeats", type=int, default=5)
-    parser.add_argument("--min-time", type=float, default=0.3)
-    parser.add_argument("--rounds", type=int, default=3, help="alternating rounds per step")
-    parser.add_argument("--rounds-generate", type=int, default=1, help="end-to-end runs each")
+    for name in ("context", "prefill", "requests", "slots", "max-output", "prompt-len",
+                 "repeats"):  # fmt: skip
+        parser.add_argument(f"--{name}", type=positive_int, default=DEFAULTS[name])
+    parser.add_argument("--batches", type=int_list, default=[1, 32])
+    parser.add_argument("--median", type=positive_float, default=70)
+    parser.add_argument("--min-time", type=positive_float, default=0.3)
+    parser.add_argument("--rounds", type=positive_int, default=3,
+                        help="alternating rounds per step (default 3)")  # fmt: skip
+    parser.add_argument("--rounds-generate", type=positive_int, default=3,
+                        help="end-to-end runs each, alternating (default 3)")  # fmt: skip
     parser.add_argument("--seed", type=int, default=0)
-    parser.add_argument(
-        "--threads", type=int, default=None, help="torch threads (default: torch's own choice)"
-    )
+    parser.add_argument("--threads", type=positive_int, default=None,
+                        help="torch threads (default: torch's own choice)")  # fmt: skip
     parser.add_argument("--skip-generate", action="store_true")
     parser.add_argument("--layout", choices=("measured", "rows", "columns"), default="measured",
                         help="benchbatch's weight layout (default: measured on the device)")
-    return parser.parse_args()
+    return parser.parse_args(argv)
 
 
 def main() -> int:
     if transformers is None:
-        print(
-            "bench_peer.py needs Hugging Face transformers: pip install 'benchbatch[peer]' "
-            "(or pip install transformers)",
-            file=sys.stderr,
-        )
+        print("bench_peer.py needs Hugging Face transformers: pip install 'benchbatch[peer]' "
+              "(or pip install transformers)", file=sys.stderr)  # fmt: skip
         return 2
     args = parse_args()
-    if args.threads:
+    if args.threads is not None:
         torch.set_num_threads(args.threads)
+    args.load_before = load_now()
     target = devices.resolve(args.device, args.dtype)
     cfg = preset(args.preset or ("article" if target.device.type == "cuda" else "cpu-small"))
     opts = TimingOptions(min_repeats=args.repeats, min_time_s=args.min_time)
@@ -279,6 +280,7 @@ def main() -> int:
     if not args.skip_generate:
         points += generate_points(ours, peer, args)
     print_table(points)
+    print(load_line(args.load_before))
     print(json.dumps(summary(cfg, target, args, points)))
     return 0
 
@@ -316,7 +318,7 @@ def point(name: str, ours, peer, peer_name: str, note: str = "") -> dict:
 
 def step_points(ours, peer, config, args, opts) -> list[dict]:
     out = []
-    for batch in (int(b) for b in args.batches.split(",")):
+    for batch in args.batches:
         name = f"decode b={batch}, context {args.context}"
         timers = [ours_step(ours, steps.decode(batch, args.context))]
         timers += [peer_decode(peer, config, batch, args.context, k) for k in ("dynamic", "static")]
@@ -325,10 +327,8 @@ def step_points(ours, peer, config, args, opts) -> list[dict]:
         out.append(point(name, mine, static, "HF StaticCache"))
         progress(out[-2:])
     name = f"prefill {args.prefill}"
-    timers = [
-        ours_step(ours, steps.prefill(1, args.prefill)),
-        peer_prefill(peer, config, args.prefill),
-    ]
+    timers = [ours_step(ours, steps.prefill(1, args.prefill)),
+              peer_prefill(peer, config, args.prefill)]  # fmt: skip
     mine, theirs = alternate(timers, opts, args.rounds)
     out.append(point(name, mine, theirs, "HF forward"))
     progress(out[-1:])
@@ -337,49 +337,41 @@ def step_points(ours, peer, config, args, opts) -> list[dict]:
 
 def progress(points: list[dict]) -> None:
     for p in points:
-        print(
-            f"  {p['point']}: benchbatch {p['benchbatch_ms']:.4g} ms, {p['peer']} "
-            f"{p['peer_ms']:.4g} ms",
-            file=sys.stderr,
-            flush=True,
-        )
+        print(f"  {p['point']}: benchbatch {p['benchbatch_ms']:.4g} ms, {p['peer']} "
+              f"{p['peer_ms']:.4g} ms", file=sys.stderr, flush=True)  # fmt: skip
 
 
 def generate_points(ours, peer, args) -> list[dict]:
-    """End to end on the same requests; each contestant runs `rounds` times in turn and
-    keeps its fastest run (the one least disturbed by other processes)."""
-    requests = lognormal_workload(
-        args.requests,
-        median=args.median,
-        max_output=args.max_output,
-        prompt_len=args.prompt_len,
-        seed=args.seed,
-    )
+    """End to end on the same requests: generate and the engine's two policies run in turn,
+    --rounds-generate times, the order flipped each run; each side's median run, and bb/peer
+    the median of the runs' ratios."""
+    requests = lognormal_workload(args.requests, median=args.median, max_output=args.max_output,
+                                  prompt_len=args.prompt_len, seed=args.seed)  # fmt: skip
     warm = [Request(r.id, r.prompt_tokens, 2) for r in requests[:2]]
     peer_generate_s(peer, warm, 2, args.seed)  # first calls: allocation, lazy init
     ours_engine_s(ours, warm, 2, "continuous", args.seed)
     runs: dict[str, list[float]] = {"generate": [], "static": [], "continuous": []}
     computed, steps_run = 0, {}
-    for _ in range(args.rounds_generate):
-        wall, computed = peer_generate_s(peer, requests, args.slots, args.seed)
-        runs["generate"].append(wall)
-        for policy in ("static", "continuous"):
-            wall, steps_run[policy] = ours_engine_s(ours, requests, args.slots, policy, args.seed)
-            runs[policy].append(wall)
+    for i in range(args.rounds_generate):
+        for side in list(runs) if i % 2 == 0 else list(runs)[::-1]:
+            if side == "generate":
+                wall, computed = peer_generate_s(peer, requests, args.slots, args.seed)
+            else:
+                wall, steps_run[side] = ours_engine_s(ours, requests, args.slots, side, args.seed)
+            runs[side].append(wall)
         print(f"  end to end: { {k: round(v[-1], 2) for k, v in runs.items()} } s", file=sys.stderr)
     outputs = sum(r.output_tokens for r in requests)
     what = f"{len(requests)} requests, {args.slots} slots, {outputs:,} output tokens"
-    theirs = min(runs["generate"]) * 1e3
-    return [
-        point(
-            f"{what}: engine {policy}",
-            min(runs[policy]) * 1e3,
-            theirs,
-            "HF generate",
-            f"{steps_run[policy]:,} steps; generate computed {computed:,} tokens",
-        )
-        for policy in ("static", "continuous")
-    ]
+    out = []
+    for policy in ("static", "continuous"):
+        row = point(f"{what}: engine {policy}", statistics.median(runs[policy]) * 1e3,
+                    statistics.median(runs["generate"]) * 1e3, "HF generate",
+                    f"{steps_run[policy]:,} steps; generate computed {computed:,} tokens; "
+                    f"median of {args.rounds_generate} alternating runs")  # fmt: skip
+        ratios = [a / b for a, b in zip(runs[policy], runs["generate"], strict=True)]
+        out.append(row | {"round_ratios": ratios,
+                          "benchbatch_over_peer": statistics.median(ratios)})  # fmt: skip
+    return out
 
 
 def print_table(points: list[dict]) -> None:
@@ -394,17 +386,11 @@ def print_table(points: list[dict]) -> None:
 
 
 def summary(cfg: ModelConfig, target, args, points: list[dict]) -> dict:
-    return {
-        "bench": "peer",
-        "transformers": transformers.__version__,
-        "torch": torch.__version__,
-        "device": devices.device_name(target.device),
-        "threads": torch.get_num_threads(),
-        "dtype": target.dtype_name,
-        "model": cfg.to_dict(),
-        "context": args.context,
-        "points": points,
-    }
+    return {"bench": "peer", "transformers": transformers.__version__, "torch": torch.__version__,
+            "device": devices.device_name(target.device),
+            "host": machine(threads=torch.get_num_threads()) | {"load_before": args.load_before},
+            "threads": torch.get_num_threads(), "dtype": target.dtype_name,
+            "model": cfg.to_dict(), "context": args.context, "points": points}  # fmt: skip
 
 
 if __name__ == "__main__":

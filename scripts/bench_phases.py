@@ -3,13 +3,18 @@
 A batch-1 decode step reads every weight once, so on a machine whose caches hold a small
 part of the weights it should move bytes at close to the memory bandwidth. This script
 measures, side by side in one run: the phases rows of a model, and a plain matrix-vector
-product over a weight of the same total size (what the memory system gives to torch).
-The decode b=1 ratio is the median of --rounds alternating rounds (step, then the plain
-product), so load from other processes hits both alike. The model's weights are laid out as
-the commands lay them out (runtime/layout.py measures the device's faster layout);
---layout rows|columns forces one, to compare. It prints a table, then one JSON line.
+product over a weight as large as all the model's parameters (accounting.weight_bytes: the
+embedding table and rotary tables counted too, so somewhat more than a decode step reads;
+what the memory system gives to torch). The decode b=1 comparison is --rounds alternating
+rounds (step, then the plain product): each side's median GB/s over those rounds and the
+median of the rounds' ratios, so load from other processes hits both alike (the table's
+rows are a separate, earlier measurement). The model's weights are laid out as the commands
+lay them out (runtime/layout.py measures the device's faster layout); --layout rows|columns
+forces one, to compare. It prints a table, then one JSON line (with the machine, threads
+and the load average before and after).
 
-    python scripts/bench_phases.py [--hidden 1024] [--layers 8] [--device cpu]
+    python scripts/bench_phases.py [--hidden 1024] [--layers 8] [--device auto] [--rounds 5]
+        [--threads N] [--compile] [--decode-only]
 """
 
 from __future__ import annotations
@@ -20,6 +25,7 @@ import platform
 import statistics
 
 import torch
+from script_common import load_line, load_now, machine, positive_int
 
 from benchbatch.core import accounting
 from benchbatch.core.config import preset
@@ -29,7 +35,7 @@ from benchbatch.runtime.timing import TimingOptions, measure
 
 
 def plain_matvec_gbps(weight_bytes: int, dev: torch.device, dtype, opts) -> float:
-    """GB/s of x @ W.T with one row, W as large as the model's matmul weights."""
+    """GB/s of x @ W.T with one row, W of weight_bytes (all the model's parameters)."""
     cols = 4096
     rows = max(1, weight_bytes // (cols * torch.finfo(dtype).bits // 8))
     w = torch.randn(rows, cols, device=dev, dtype=dtype)
@@ -38,18 +44,22 @@ def plain_matvec_gbps(weight_bytes: int, dev: torch.device, dtype, opts) -> floa
     return w.nbytes / (m.median_ms / 1e3) / 1e9
 
 
-def alternating_ratio(models: dict, dtype_name: str, weights: int, opts, rounds: int) -> dict:
-    """Each model's decode b=1 GB/s over the plain product's, one ratio per round (each
-    model's step in turn, then the plain product)."""
+def alternating_rounds(models: dict, dtype_name: str, weights: int, opts, rounds: int
+                       ) -> dict[str, list[float]]:  # fmt: skip
+    """Each round's decode b=1 GB/s of each model and the plain product's (each model's
+    step in turn, then the plain product): {name: [GB/s a round], "plain": [...]}."""
     first = next(iter(models.values())).embed.weight
-    out: dict[str, list[float]] = {name: [] for name in models}
+    out: dict[str, list[float]] = {name: [] for name in (*models, "plain")}
     for _ in range(rounds):
-        gbps = {n: steps.run_step(m, dtype_name, steps.decode(1, 512), opts)["gbps"]
-                for n, m in models.items()}  # fmt: skip
-        plain = plain_matvec_gbps(weights, first.device, first.dtype, opts)
-        for name, value in gbps.items():
-            out[name].append(value / plain)
+        for n, m in models.items():
+            out[n].append(steps.run_step(m, dtype_name, steps.decode(1, 512), opts)["gbps"])
+        out["plain"].append(plain_matvec_gbps(weights, first.device, first.dtype, opts))
     return out
+
+
+def ratios_of(gbps: dict[str, list[float]], name: str) -> list[float]:
+    """A model's GB/s over the plain product's, round by round."""
+    return [a / b for a, b in zip(gbps[name], gbps["plain"], strict=True)]
 
 
 def main() -> None:
@@ -57,15 +67,18 @@ def main() -> None:
     parser.add_argument("--hidden", type=int, default=1024)
     parser.add_argument("--layers", type=int, default=8)
     parser.add_argument("--device", default="auto")
-    parser.add_argument("--repeats", type=int, default=10)
-    parser.add_argument("--rounds", type=int, default=5, help="alternating decode/plain rounds")
+    parser.add_argument("--repeats", type=positive_int, default=10)
+    parser.add_argument("--rounds", type=positive_int, default=5,
+                        help="alternating decode/plain rounds (default 5)")  # fmt: skip
     parser.add_argument("--layout", choices=("measured", "rows", "columns"), default="measured")
-    parser.add_argument("--threads", type=int, default=None, help="default: torch's choice")
+    parser.add_argument("--threads", type=positive_int, default=None,
+                        help="default: torch's choice")  # fmt: skip
     parser.add_argument("--compile", action="store_true", help="steps through torch.compile")
     parser.add_argument("--decode-only", action="store_true", help="skip the prefill rows")
     args = parser.parse_args()
-    if args.threads:
+    if args.threads is not None:
         torch.set_num_threads(args.threads)
+    before = load_now()
     target = device.resolve(args.device)
     cfg = preset("article").replace(hidden=args.hidden, layers=args.layers)
     opts = TimingOptions(min_repeats=args.repeats, min_time_s=0.5)
@@ -81,10 +94,11 @@ def main() -> None:
     plan += [steps.decode(b, 512) for b in (1, 8, 32)]
     rows = [steps.run_step(model, target.dtype_name, s, opts) for s in plan]
     weights = accounting.weight_bytes(cfg, target.dtype_name)
-    plain = plain_matvec_gbps(weights, target.device, target.dtype, opts)
-    decode1 = next(r for r in rows if r["label"] == "decode b=1")
-    every = alternating_ratio(models, target.dtype_name, weights, opts, args.rounds)
-    ratios = every["compiled" if args.compile else "eager"]
+    gbps = alternating_rounds(models, target.dtype_name, weights, opts, args.rounds)
+    every = {name: ratios_of(gbps, name) for name in models}
+    shown = "compiled" if args.compile else "eager"
+    ratios = every[shown]
+    host = machine(threads=torch.get_num_threads()) | {"load_before": before}
     print(
         f"{device.device_name(target.device)}, {torch.get_num_threads()} threads, "
         f"{target.dtype_name}, hidden {cfg.hidden}, {cfg.layers} layers, "
@@ -100,10 +114,12 @@ def main() -> None:
             f"{r.get('compile_s', 0.0):>11.1f}"
         )
     ratio = statistics.median(ratios)
+    decode1, plain = statistics.median(gbps[shown]), statistics.median(gbps["plain"])
     print(
-        f"decode b=1 moves {decode1['gbps']:.2f} GB/s; a plain matrix-vector product over "
-        f"the same bytes {plain:.2f} GB/s; ratio {ratio:.2f} (median of {len(ratios)} "
-        f"alternating rounds: {', '.join(f'{r:.2f}' for r in ratios)})"
+        f"over {len(ratios)} alternating rounds: decode b=1 moves {decode1:.2f} GB/s, a plain "
+        f"matrix-vector product over {weights / 1e6:.0f} MB {plain:.2f} GB/s (medians); the "
+        f"rounds' ratios {', '.join(f'{r:.2f}' for r in ratios)}, median {ratio:.2f}; "
+        f"{load_line(before)}"
     )
     if args.compile:
         eager = statistics.median(every["eager"])
@@ -114,6 +130,7 @@ def main() -> None:
         json.dumps(
             {
                 "machine": platform.machine(),
+                "host": host,
                 "device": device.device_name(target.device),
                 "threads": torch.get_num_threads(),
                 "dtype": target.dtype_name,
@@ -132,8 +149,10 @@ def main() -> None:
                     for r in rows
                 },
                 "plain_matvec_gbps": plain,
+                "decode_b1_gbps": decode1,
                 "decode_b1_over_plain": ratio,
                 "decode_b1_over_plain_rounds": every,
+                "rounds_gbps": gbps,
             }
         )
     )

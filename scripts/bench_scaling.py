@@ -5,7 +5,9 @@ runs the whole `benchbatch occupancy` pipeline minus the CLI: the lognormal work
 as columns, both policies simulated, the occupancy rows and the run-length timeline table,
 occupancy.csv and timeline.csv written, and the figure drawn. It reports the wall time of
 each stage and of the whole, and the process's peak memory (RSS, so each size is measured
-on its own), then one JSON line. Cost should grow about linearly with the requests.
+on its own), then one JSON line (with the machine and each size's load average before and
+after; the pipeline is single-threaded Python and numpy). Cost should grow about linearly
+with the requests.
 
     python scripts/bench_scaling.py [--sizes 10000,100000,1000000,10000000] [--slots 256]
 """
@@ -22,6 +24,8 @@ import sys
 import tempfile
 import time
 from pathlib import Path
+
+from script_common import int_list, load_now, machine, positive_int, run_child
 
 STAGES = ("workload", "simulate", "tables", "csv", "figure")
 
@@ -79,16 +83,19 @@ def measure(requests: int, slots: int) -> dict:
     """One size in a fresh process, so its peak memory is its own."""
     with tempfile.TemporaryDirectory() as folder:
         command = [sys.executable, __file__, "--one", str(requests), "--slots", str(slots)]
-        done = subprocess.run(
-            [*command, "--folder", folder], capture_output=True, text=True, check=True
-        )
-    return json.loads(done.stdout.strip().splitlines()[-1])
+        before = load_now()
+        done = run_child([*command, "--folder", folder], f"the run of {requests:,} requests",
+                         stdout=subprocess.PIPE)  # fmt: skip
+    return json.loads(done.stdout.strip().splitlines()[-1]) | {"load_before": before,
+                                                               "load_after": load_now()}
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    parser.add_argument("--sizes", default="10000,100000,1000000,10000000")
-    parser.add_argument("--slots", type=int, default=256)
+    parser.add_argument("--sizes", type=int_list, default=[10_000, 100_000, 1_000_000, 10_000_000],
+                        help="requests, comma-separated whole numbers "
+                        "(default 10000,100000,1000000,10000000)")  # fmt: skip
+    parser.add_argument("--slots", type=positive_int, default=256)
     parser.add_argument("--one", type=int, help=argparse.SUPPRESS)
     parser.add_argument("--folder", type=Path, help=argparse.SUPPRESS)
     args = parser.parse_args()
@@ -97,20 +104,22 @@ def main() -> None:
         return
     print(
         f"{'requests':>10} {'wall s':>7} {'us/req':>7} {'peak MiB':>9} {'rows':>9} "
-        f"{'csv MiB':>8}  " + " ".join(f"{s:>8}" for s in STAGES)
+        f"{'csv MiB':>8}  " + " ".join(f"{s:>8}" for s in STAGES) + "      load"
     )
     runs = []
-    for requests in (int(s) for s in args.sizes.split(",")):
+    for requests in args.sizes:
         r = measure(requests, args.slots)
         runs.append(r)
         print(
             f"{r['requests']:>10,} {r['wall_s']:>7.2f} {1e6 * r['wall_s'] / requests:>7.2f} "
             f"{r['peak_rss_mib']:>9.0f} {r['timeline_rows']:>9,} {r['timeline_csv_mib']:>8.1f}  "
-            + " ".join(f"{r[f'{s}_s']:>8.2f}" for s in STAGES),
+            + " ".join(f"{r[f'{s}_s']:>8.2f}" for s in STAGES)
+            + f"  {r['load_before']:.1f}-{r['load_after']:.1f}",
             flush=True,
         )
-    machine = {"platform": platform.platform(), "cpus": os.cpu_count(), "python": sys.version}
-    print(json.dumps({"benchmark": "scaling", "machine": machine, "runs": runs}))
+    host = {"platform": platform.platform(), "cpus": os.cpu_count(), "python": sys.version,
+            **machine()}  # fmt: skip
+    print(json.dumps({"benchmark": "scaling", "machine": host, "runs": runs}))
 
 
 if __name__ == "__main__":

@@ -7,12 +7,19 @@ w2, a gather of the logits). B: the whole model with torch's DTensor API, `Devic
 `parallelize_module` with ColwiseParallel on wqkv and w13 (their rows laid out per rank
 first, so each rank's contiguous block holds its heads and MLP slice), RowwiseParallel on
 wo and w2, and ColwiseParallel(output_layouts=Replicate()) on the LM head. Both compute the
-same logits (checked first); then decode steps are timed in rounds that alternate A B A B
-(so drift and other load hit both alike), and the medians compared. Every rank times; the
-slower rank's round counts.
+same logits (checked first); then decode steps are timed in rounds that alternate, the order
+flipped each round (A B, B A, ...: drift and other load hit both alike), and the medians
+compared. A timed step ends with its greedy tokens (the logits' argmax, as the engine
+takes them), so each side waits its last collective inside the timing: DTensor's logits
+come back as an AsyncCollectiveTensor whose gather is otherwise never waited. Every rank
+times; the slower rank's round counts. Both models' weights are laid out as the commands
+lay them out (runtime/layout.py measures the faster layout on the by-hand model; DTensor
+takes its rows or columns, fused: its sharded weights cannot be split by slicing), or
+--layout rows|columns. The JSON line names the machine, threads (1 a rank) and the load
+average before and after.
 
     python scripts/bench_tp.py [--presets tiny,cpu-small] [--batch 1] [--context 128]
-        [--rounds 8] [--steps 30] [--ranks 2]
+        [--rounds 8] [--steps 30] [--ranks 2] [--layout measured|rows|columns]
 
 Without torchrun's environment it starts itself under torchrun (gloo on the CPU).
 """
@@ -27,16 +34,26 @@ import subprocess
 import sys
 import time
 
+from script_common import load_line, load_now, machine, positive_int
 
-def parse() -> argparse.Namespace:
+
+def parse(argv: list[str] | None = None) -> argparse.Namespace:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--presets", default="tiny,cpu-small")
-    p.add_argument("--batch", type=int, default=1)
-    p.add_argument("--context", type=int, default=128)
-    p.add_argument("--rounds", type=int, default=8)
-    p.add_argument("--steps", type=int, default=30)
-    p.add_argument("--ranks", type=int, default=2)
-    return p.parse_args()
+    p.add_argument("--batch", type=positive_int, default=1)
+    p.add_argument("--context", type=positive_int, default=128)
+    p.add_argument("--rounds", type=positive_int, default=8)
+    p.add_argument("--steps", type=positive_int, default=30)
+    p.add_argument("--ranks", type=positive_int, default=2)
+    p.add_argument("--layout", choices=("measured", "rows", "columns"), default="measured",
+                   help="the weights' layout (default: measured, as the commands choose)")
+    args = p.parse_args(argv)
+    from benchbatch.core.config import PRESETS
+
+    args.presets = [name.strip() for name in args.presets.split(",")]
+    if unknown := [name for name in args.presets if name not in PRESETS]:
+        p.error(f"--presets: unknown {', '.join(unknown)}; choose from {', '.join(PRESETS)}")
+    return args
 
 
 def dtensor_model(cfg, seed: int, world):
@@ -86,7 +103,8 @@ def dtensor_model(cfg, seed: int, world):
 
 
 def decode_call(model, batch: int, context: int):
-    """One decode step at `context`, repeatable (the cache length reset inside)."""
+    """One decode step at `context`, repeatable (the cache length reset inside): its
+    logits, whose last collective may still be in flight (DTensor's)."""
     import torch
 
     cache = model.new_cache(batch, context + 1)
@@ -103,14 +121,15 @@ def decode_call(model, batch: int, context: int):
 
 
 def timed(fn, steps: int) -> float:
-    """ms per step of `steps` calls, the slower rank's (a barrier first)."""
+    """ms per step of `steps` calls, the slower rank's (a barrier first). Each step ends
+    with its greedy tokens, so its last collective is waited inside the timing."""
     import torch
     import torch.distributed as dist
 
     dist.barrier()
     start = time.perf_counter()
     for _ in range(steps):
-        fn()
+        fn().argmax(-1)
     ms = torch.tensor([(time.perf_counter() - start) * 1e3 / steps], dtype=torch.float64)
     dist.all_reduce(ms, op=dist.ReduceOp.MAX)
     return ms.item()
@@ -120,12 +139,15 @@ def compare(preset: str, args, world) -> dict:
     import torch
 
     from benchbatch.core.config import preset as shape
-    from benchbatch.runtime import tensor_parallel
+    from benchbatch.runtime import layout, tensor_parallel
     from benchbatch.runtime.model import Transformer
 
     cfg = shape(preset).replace(max_context=max(args.context + 1, 256))
     by_hand = Transformer(cfg, seed=1, shard=tensor_parallel.of(world))
+    forced = {"rows": layout.ROWS, "columns": layout.WeightLayout(columns=True)}
+    by_hand.lay_out(forced.get(args.layout) or layout.choose(by_hand))
     with_api = dtensor_model(cfg, 1, world)
+    with_api.lay_out(layout.WeightLayout(columns=by_hand.layout.columns))
     calls = {"by hand": decode_call(by_hand, args.batch, args.context),
              "DTensor": decode_call(with_api, args.batch, args.context)}  # fmt: skip
     with torch.inference_mode():
@@ -134,14 +156,16 @@ def compare(preset: str, args, world) -> dict:
         for call in calls.values():  # warm-up
             timed(call, 3)
         times = {k: [] for k in calls}
-        for _ in range(args.rounds):  # A B A B ...
-            for name, call in calls.items():
-                times[name].append(timed(call, args.steps))
+        for i in range(args.rounds):  # A B, B A, ...
+            for name in list(calls) if i % 2 == 0 else list(calls)[::-1]:
+                times[name].append(timed(calls[name], args.steps))
     medians = {k: statistics.median(v) for k, v in times.items()}
     return {
         "preset": preset,
         "batch": args.batch,
         "context": args.context,
+        "by_hand_layout": by_hand.layout.name,
+        "dtensor_layout": with_api.layout.name,
         "by_hand_ms": medians["by hand"],
         "dtensor_ms": medians["DTensor"],
         "dtensor_over_by_hand": medians["DTensor"] / medians["by hand"],
@@ -157,13 +181,20 @@ def worker(args) -> None:
 
     torch.set_num_threads(1)
     world = distributed.start(torch.device("cpu"), None)
-    rows = [compare(p, args, world) for p in args.presets.split(",")]
+    before = load_now()
+    rows = [compare(p, args, world) for p in args.presets]
     if world.rank == 0:
-        print(f"{'preset':<10} {'batch':>5} {'by hand ms':>11} {'DTensor ms':>11} {'ratio':>6}")
+        host = machine(threads=torch.get_num_threads()) | {"load_before": before}
+        print(f"{host['cpu']}, {host['cpus']} logical CPUs, {world.size} ranks of "
+              f"{host['threads']} thread, torch {torch.__version__}, {load_line(before)}")
+        print(f"{'preset':<10} {'batch':>5} {'layout':>16} {'by hand ms':>11} {'DTensor ms':>11} "
+              f"{'ratio':>6}")  # fmt: skip
         for r in rows:
-            print(f"{r['preset']:<10} {r['batch']:>5} {r['by_hand_ms']:>11.3f} "
-                  f"{r['dtensor_ms']:>11.3f} {r['dtensor_over_by_hand']:>6.2f}")  # fmt: skip
-        print(json.dumps({"ranks": world.size, "backend": world.backend, "rows": rows}))
+            print(f"{r['preset']:<10} {r['batch']:>5} {r['by_hand_layout']:>16} "
+                  f"{r['by_hand_ms']:>11.3f} {r['dtensor_ms']:>11.3f} "
+                  f"{r['dtensor_over_by_hand']:>6.2f}")  # fmt: skip
+        print(json.dumps({"machine": host, "torch": torch.__version__, "ranks": world.size,
+                          "backend": world.backend, "rows": rows}))  # fmt: skip
     distributed.stop()
 
 

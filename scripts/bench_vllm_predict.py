@@ -25,7 +25,7 @@ allowed); the priority each run's client had is in its rows (client_priority).
 
     python scripts/bench_vllm_predict.py [--rounds 2] [--rates 2,4] [--requests 40]
         [--busy-core any|N[,...]] [--busy-nice N] [--server-times] [--client-fifo]
-        [--client-priority auto|realtime|normal] [--out DIR]
+        [--client-priority auto|realtime|normal] [--out DIR [--force]]
 """
 
 from __future__ import annotations
@@ -48,12 +48,7 @@ sys.path[:0] = [str(REPO), str(REPO / "scripts")]
 
 import vllm_peer as vp  # noqa: E402
 import vllm_server_times as st  # noqa: E402
-from bench_sim_error import busy_loop  # noqa: E402
-
-
-def busy_name(core: str) -> str:
-    """A busy condition's name: unpinned, or pinned to a core."""
-    return "one core busy" if core == "any" else f"core {core} busy"
+from bench_sim_error import busy_loop, busy_name  # noqa: E402
 
 CLIENT_FIFO = ("chrt", "-f", "10")  # --client-fifo: the client's command under SCHED_FIFO 10
 METRICS = ("ttft_p50_s", "tpot_p50_s", "e2e_p50_s", "ttft_p99_s", "tpot_p99_s", "e2e_p99_s")
@@ -82,7 +77,11 @@ def parse() -> argparse.Namespace:
                    "its client thread at real-time priority where allowed)")
     p.add_argument("--out", type=Path, default=None,
                    help="folder for the rows (default: a cache folder, replaced)")
+    p.add_argument("--force", action="store_true", help="replace --out's prediction.csv")
     args = p.parse_args()
+    if args.out is not None and (args.out / "prediction.csv").exists() and not args.force:
+        p.error(f"--out: {args.out / 'prediction.csv'} is there (an earlier run's); choose "
+                "another folder or pass --force")  # fmt: skip
     try:
         args.rates = [float(r) for r in args.rates.split(",")]
     except ValueError:

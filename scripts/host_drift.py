@@ -28,6 +28,7 @@ import time
 
 import numpy as np
 import torch
+from script_common import load_now, machine
 
 
 def window(w: torch.Tensor, x: torch.Tensor, seconds: float) -> float:
@@ -56,9 +57,18 @@ def main() -> None:
     args = parser.parse_args()
     if args.window <= 0 or min(args.quiet, args.busy, args.after) < 0:
         parser.error("--window must be positive, the phases' seconds 0 or more")
+    if args.quiet < args.window:  # the first phase is every ratio's baseline
+        parser.error(f"--quiet: at least one window ({args.window:g} s), got {args.quiet:g}")
+    for name in ("busy", "after"):
+        if 0 < getattr(args, name) < args.window:
+            parser.error(f"--{name}: 0 (none) or at least one window ({args.window:g} s), got "
+                         f"{getattr(args, name):g}")  # fmt: skip
     for name in ("core", "busy_core"):
         if getattr(args, name) not in cpus:
             parser.error(f"--{name.replace('_', '-')}: a core this process may use {cpus}")
+    if args.busy and args.core == args.busy_core:
+        parser.error(f"--busy-core: another core than the work's (--core {args.core})")
+    before = load_now()
     os.sched_setaffinity(0, {args.core})
     torch.set_num_threads(1)
     gen = torch.Generator().manual_seed(0)
@@ -79,7 +89,7 @@ def main() -> None:
             if loop is not None:
                 os.kill(loop.pid, 15)
                 loop.wait()
-    first = statistics.median(next(iter(phases.values()))) if phases else float("nan")
+    first = statistics.median(phases["as is"])
     rows = []
     for phase, values in phases.items():
         v = np.array(values)
@@ -88,13 +98,14 @@ def main() -> None:
                      "low_us": float(v.min()), "high_us": float(v.max())})  # fmt: skip
     print(f"CPU time of one fixed repeat, per {args.window:g}-s window, on core {args.core} "
           f"({platform.processor() or platform.machine()}, {os.cpu_count()} logical CPUs; "
-          f"busy loop on core {args.busy_core}); x: over the first phase's median")
+          f"busy loop on core {args.busy_core}); x: over the first phase's (as is) median")
     for r in rows:
         print(f"{r['phase']:>6}: median {r['median_us']:7.1f} us (x{r['median_us'] / first:.2f}), "
               f"p10-p90 x{r['p10_us'] / first:.2f}-x{r['p90_us'] / first:.2f}, "
               f"lowest-highest x{r['low_us'] / first:.2f}-x{r['high_us'] / first:.2f} "
               f"({r['windows']} windows)")  # fmt: skip
-    print(json.dumps({"bench": "host_drift", "window_s": args.window, "core": args.core,
+    print(json.dumps({"bench": "host_drift", "machine": machine(threads=1) | {
+                      "load_before": before}, "window_s": args.window, "core": args.core,
                       "busy_core": args.busy_core, "phases": rows,
                       "windows": phases}))  # fmt: skip
 

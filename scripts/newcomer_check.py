@@ -9,8 +9,13 @@ conclusion that agree with the quiet run's within the noise the run reports.
 Each pass runs `benchbatch phases`, `sweep`, `occupancy`, `serve-sweep` and `reproduce`
 (the README's first command) with their defaults into DIR/quiet/<command> and
 DIR/loaded/<command>. The load: two clones of this checkout, each running `python3 -m
-pytest` (started before the loaded pass, stopped by their process groups after it). The
-comparison (DIR/comparison.md, printed):
+pytest` (started first, stopped by their process groups at the end). With both passes the
+two conditions alternate command by command, the order flipped each command (phases quiet
+then loaded, sweep loaded then quiet, ...): for a quiet run the suites are paused
+(SIGSTOP to their process groups, SIGCONT after), so drift over the passes falls on both
+alike. A command's folder that holds an earlier run's results is refused unless --force
+(passes.json keeps the other commands' rows); an existing comparison.md is kept and the
+table goes to comparison-2.md, ... unless --force. The comparison (printed):
 - phases and sweep: each step's median under load against the quiet run's p10-p90 (the
   noise both report): agree when the two runs' p10-p90 ranges overlap;
 - every command: its conclusion lines (the sentences after the tables) with their numbers,
@@ -37,6 +42,8 @@ import tempfile
 import time
 from pathlib import Path
 
+from script_common import new_name
+
 from benchbatch.core.units import figure
 
 REPO = Path(__file__).resolve().parent.parent
@@ -48,28 +55,50 @@ def load() -> float:
     return os.getloadavg()[0]
 
 
+def earlier(folder: Path, commands: tuple[str, ...]) -> list[str]:
+    """The commands with an earlier run's results under this pass: their log, or a folder
+    with something in it."""
+    return [c for c in commands if (folder / f"{c}.txt").exists()
+            or (folder / c).is_dir() and any((folder / c).iterdir())]  # fmt: skip
+
+
 def run_pass(folder: Path, commands: tuple[str, ...] = COMMANDS) -> list[dict]:
+    """Run the commands into folder/<command> (an earlier run's folder removed: main
+    refused it without --force), and merge their rows into folder/passes.json."""
     folder.mkdir(parents=True, exist_ok=True)
     done = []
     for cmd in commands:
         out = folder / cmd
-        shutil.rmtree(out, ignore_errors=True)
+        shutil.rmtree(out, ignore_errors=True)  # only what --force allowed
         before, t0 = load(), time.monotonic()
         with open(folder / f"{cmd}.txt", "w") as log:
             cmdline = [sys.executable, "-m", "benchbatch", cmd, "--out", str(out)]
             rc = subprocess.run(cmdline, stdout=log, stderr=subprocess.STDOUT, cwd=REPO).returncode
         row = {"command": cmd, "rc": rc, "wall_s": round(time.monotonic() - t0, 1),
                "load_before": before, "load_after": load()}  # fmt: skip
-        print(json.dumps(row), flush=True)
+        print(json.dumps({"pass": folder.name, **row}), flush=True)
         done.append(row)
-    (folder / "passes.json").write_text(json.dumps(done, indent=1))
+    kept = []
+    with contextlib.suppress(OSError, ValueError):
+        kept = json.loads((folder / "passes.json").read_text())
+    rerun = {r["command"] for r in done}
+    merged = [r for r in kept if r.get("command") not in rerun] + done
+    merged.sort(key=lambda r: COMMANDS.index(r["command"]) if r["command"] in COMMANDS else 99)
+    (folder / "passes.json").write_text(json.dumps(merged, indent=1))
     return done
 
 
 @contextlib.contextmanager
 def two_suites(work: Path):
-    """Two clones of HEAD, each running the test suite; stopped by process group at the end."""
+    """Two clones of HEAD, each running the test suite; stopped by process group at the end.
+    Yields hold(running): SIGCONT (True) or SIGSTOP (False) to both suites' process groups."""
     procs = []
+
+    def hold(running: bool) -> None:
+        for proc, _ in procs:
+            with contextlib.suppress(ProcessLookupError):
+                os.killpg(proc.pid, signal.SIGCONT if running else signal.SIGSTOP)
+
     try:
         for i in range(2):
             clone = work / f"suite{i}"
@@ -82,8 +111,9 @@ def two_suites(work: Path):
                                     env=env, start_new_session=True)  # fmt: skip
             procs.append((proc, log))
         time.sleep(60)  # a benchmark's warm-up of the load, not a test's wait
-        yield
+        yield hold
     finally:
+        hold(True)  # a stopped suite would not act on its SIGTERM
         for proc, log in procs:
             for sig in (signal.SIGTERM, signal.SIGKILL):  # a suite may outlive its SIGTERM
                 with contextlib.suppress(ProcessLookupError):
@@ -179,6 +209,15 @@ def knees(folder: Path) -> dict[str, dict]:
     return {r["policy"]: r for r in slo if r.get("source") == "sim" and r.get("knee_rps")}
 
 
+def num(value) -> float:
+    """A range's end as a float (a whole number read back from JSON too); NaN where missing."""
+    return float(value) if isinstance(value, (int, float)) else math.nan
+
+
+def end_text(value: float) -> str:
+    return "-" if math.isnan(value) else figure(value)
+
+
 def knees_agree(quiet: dict[str, dict], loaded: dict[str, dict]) -> list[str]:
     """Per policy: both knees with their ranges, and whether the ranges overlap (as
     `benchbatch compare` judges them)."""
@@ -191,13 +230,12 @@ def knees_agree(quiet: dict[str, dict], loaded: dict[str, dict]) -> list[str]:
             shown = [f"{figure(r['knee_rps'])}" if r else "none" for r in (q, lo)]
             lines.append(f"| {policy} | {shown[0]} | {shown[1]} | - | - |")
             continue
-        overlap = ranges_overlap((q["knee_rps_slow"], q["knee_rps_fast"]),
-                                 (lo["knee_rps_slow"], lo["knee_rps_fast"]))  # fmt: skip
-        lines.append(f"| {policy} | {figure(q['knee_rps'])} ({figure(q['knee_rps_slow'])}-"
-                     f"{figure(q['knee_rps_fast'])}) | {figure(lo['knee_rps'])} "
-                     f"({figure(lo['knee_rps_slow'])}-"
-                     f"{figure(lo['knee_rps_fast'])}) | {lo['knee_rps'] / q['knee_rps']:.2f} | "
-                     f"{'yes' if overlap else 'NO'} |")  # fmt: skip
+        ends = [num(r.get(k)) for r in (q, lo) for k in ("knee_rps_slow", "knee_rps_fast")]
+        overlap = ranges_overlap((ends[0], ends[1]), (ends[2], ends[3]))
+        said = "-" if overlap is None else "yes" if overlap else "NO"
+        q_end, lo_end = (f"{end_text(a)}-{end_text(b)}" for a, b in (ends[:2], ends[2:]))
+        lines.append(f"| {policy} | {figure(q['knee_rps'])} ({q_end}) | {figure(lo['knee_rps'])} "
+                     f"({lo_end}) | {lo['knee_rps'] / q['knee_rps']:.2f} | {said} |")  # fmt: skip
     return lines
 
 
@@ -205,10 +243,7 @@ def verdicts(folder: Path) -> dict[str, str]:
     path = folder / "reproduce" / "result.json"
     if not path.exists():
         return {}
-    metrics = json.loads(path.read_text()).get("metrics", {})
-    claims = metrics.get("claims") or metrics.get("verdicts") or []
-    if isinstance(claims, dict):
-        return {k: str(v.get("verdict") if isinstance(v, dict) else v) for k, v in claims.items()}
+    claims = json.loads(path.read_text()).get("metrics", {}).get("claims") or []
     return {f"{c.get('key')}: {c.get('claim')}": f"{c.get('verdict')} ({c.get('measured')})"
             for c in claims}  # fmt: skip
 
@@ -260,29 +295,43 @@ def compare(out: Path) -> str:
     return "\n".join(lines)
 
 
-def main() -> int:
+def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--out", type=Path, required=True, help="folder for both passes")
     p.add_argument("--compare", action="store_true", help="only compare passes already run")
     p.add_argument("--only", choices=("quiet", "loaded"), help="run one pass only")
     p.add_argument("--commands", default=",".join(COMMANDS),
                    help=f"comma-separated, of {', '.join(COMMANDS)} (default all)")  # fmt: skip
-    args = p.parse_args()
+    p.add_argument("--force", action="store_true",
+                   help="rerun commands whose folders hold results; overwrite comparison.md")
+    args = p.parse_args(argv)
     commands = tuple(c.strip() for c in args.commands.split(",") if c.strip())
     if not commands or set(commands) - set(COMMANDS):
         p.error(f"--commands: choose from {', '.join(COMMANDS)}")
+    if args.out.exists() and not args.out.is_dir():
+        p.error(f"--out: {args.out} is a file; choose a folder")
+    passes = () if args.compare else (args.only,) if args.only else ("quiet", "loaded")
+    for name in passes:
+        if (found := earlier(args.out / name, commands)) and not args.force:
+            p.error(f"--out: {args.out / name} already holds {', '.join(found)}; choose another "
+                    "folder or pass --force")  # fmt: skip
     args.out.mkdir(parents=True, exist_ok=True)
-    if not args.compare:
-        if args.only in (None, "quiet"):
-            print(f"quiet pass (load {load():.2f})", flush=True)
-            run_pass(args.out / "quiet", commands)
-        if args.only in (None, "loaded"):
-            with tempfile.TemporaryDirectory() as work, two_suites(Path(work)):
-                print(f"loaded pass (load {load():.2f})", flush=True)
-                run_pass(args.out / "loaded", commands)
+    if args.only == "quiet":
+        print(f"quiet pass (load {load():.2f})", flush=True)
+        run_pass(args.out / "quiet", commands)
+    elif passes:  # the loaded pass alone, or both alternating command by command
+        with tempfile.TemporaryDirectory() as work, two_suites(Path(work)) as hold:
+            print(f"suites started (load {load():.2f})", flush=True)
+            for i, cmd in enumerate(commands):
+                for name in passes if i % 2 == 0 else passes[::-1]:
+                    hold(name == "loaded")
+                    run_pass(args.out / name, (cmd,))
     text = compare(args.out)
-    (args.out / "comparison.md").write_text(text + "\n")
+    path = args.out / "comparison.md"
+    path = path if args.force else new_name(path)
+    path.write_text(text + "\n")
     print(text)
+    print(f"\ncomparison: {path}")
     return 0
 
 

@@ -9,10 +9,12 @@ round folders), the calibration's steps (calibration_steps.csv; runs made before
 get each step's prompt_pairs from a replay of the calibration's plans) are fitted twice on
 the CPU clock, with the prompt_pairs column and without it, and every real point below
 saturation (prediction.csv) is simulated on each fit over the point's own core share, as
-serve-sweep prices it. Prints per run and over all of them, for TTFT/TPOT/E2E p50: the
-median and mean |log(measured over simulated)| and how many are within 10%; then per policy
-and metric the median ratio. Run on folders made with the term, the "with" column
-reproduces the runs' own prediction.csv. Nothing here is a test: a measurement to quote.
+serve-sweep prices it (behind the point's client cap where it had one, --max-concurrency,
+and labelled as prediction.csv labels it). Prints per run and over all of them, for
+TTFT/TPOT/E2E p50: the median and mean |log(measured over simulated)| and how many are
+within 10%; then per policy and metric the median ratio. Run on folders made with the
+term, the "with" column reproduces the runs' own prediction.csv. Nothing here is a test: a
+measurement to quote.
 
     python scripts/paired_prompt_pairs.py [--term prompt-pairs|row-blocks] RUN [RUN ...]
 """
@@ -31,6 +33,7 @@ import pandas as pd
 from benchbatch.core import calibration as cal
 from benchbatch.core.cpu_clock import with_cpu_clock
 from benchbatch.core.options import RunOptions, WorkloadOptions
+from benchbatch.core.serving import cap_label
 from benchbatch.experiments.serve import probe
 from benchbatch.experiments.serve import run as serve_run
 from benchbatch.experiments.serve.options import ServeOptions
@@ -91,14 +94,17 @@ def run_folder(folder: Path, term: str = "prompt-pairs") -> dict[str, list[tuple
     serve = pd.read_csv(folder / "serve.csv", dtype={"rate": str})
     out: dict[str, list] = {way: [] for way in WAYS}
     for _, row in serve[serve["source"] == "real"].iterrows():
-        if f"{row['policy']} @ {row['rate']} req/s" not in below:
+        cap = row.get("max_concurrency")
+        cap = None if cap is None or pd.isna(cap) else int(cap)
+        if f"{row['policy']} @ {row['rate']} req/s{cap_label(cap)}" not in below:
             continue
         rate = math.inf if row["rate"] == "max" else float(row["rate"])
+        capped = probe.at_cap(setup, cap)
         for way, model in models.items():
             scaled = model.scaled(1.0 / row["core_share"])
-            point = probe.simulate_point(w, row["policy"], rate, setup, scaled,
+            point = probe.simulate_point(w, row["policy"], rate, capped, scaled,
                                          int(row["requests"]), probe.MATCHED)  # fmt: skip
-            sim = probe.point_row(point, setup)
+            sim = probe.point_row(point, capped)
             out[way] += [(row["policy"], m, row[m] / sim[m]) for m in METRICS]
     return out
 
