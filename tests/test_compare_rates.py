@@ -174,6 +174,11 @@ def test_ranges_overlap_at_a_shared_end_and_not_past_it():
     assert not merging.ranges_overlap((1.0, 2.0), (2.0000001, 3.0))
     assert merging.ranges_overlap((3.0, 1.0), (1.5, 1.6))  # either end order, one inside
     assert merging.ranges_overlap((1.0, 2.0), (math.nan, 3.0)) is None
+    # whole-number ends (a knee range of batches read back from JSON) are ends: they read
+    # as missing, None
+    assert merging.ranges_overlap((8, 16), (12.0, 32)) is True
+    assert merging.ranges_overlap((8, 16), (17, 32)) is False
+    assert merging.ranges_overlap((True, 2.0), (1.0, 3.0)) is None
 
 
 def write_sweep_steps(folder, steps: dict[int, tuple[float, float, float]]) -> None:

@@ -149,6 +149,7 @@ def side_by_side(by: dict[str, tuple[float, float, float]], runs: list[str]) -> 
 def ranges_overlap(a: tuple[float, float], b: tuple[float, float]) -> bool | None:
     """Two closed ranges (either end order) share a point; None where an end is missing."""
     ends = [*a, *b]
-    if not all(isinstance(v, float) and math.isfinite(v) for v in ends):
+    if not all(isinstance(v, int | float) and not isinstance(v, bool) and math.isfinite(v)
+               for v in ends):  # fmt: skip  (a whole-number end, 8 from JSON, is an end)
         return None
     return max(min(a), min(b)) <= min(max(a), max(b))
