@@ -72,6 +72,22 @@ def test_for_workload_reserves_the_longest_prompt_and_the_cap():
     assert found[1].reserved_sequences > found[0].reserved_sequences
 
 
+def test_no_sequence_is_counted_past_the_models_context():
+    """A model of 64 positions holds no 140-token reservation nor a 70-token sequence
+    (sweep --max-context 256 counted 9,659 sequences reserving 2,064 tokens each)."""
+    from dataclasses import replace
+
+    short = replace(CFG, max_context=64)
+    requests = [Request(0, 10, 5), Request(1, 40, 30), Request(2, 20, 1)]
+    found = kvceiling.for_workload(short, "fp16", requests, 100, 8, [("a", 2**34)])[0]
+    assert found.reserved_tokens == 64  # not 40 + 100
+    assert found.paged_mean_tokens == (16 + 64 + 24) / 3  # 15, 64 (not 70), 21 in blocks of 8
+    assert kvceiling.clipped_lengths(short, requests, 100)
+    assert not kvceiling.clipped_lengths(short, requests[:1], 54)  # 10 + 54 = 64 fits
+    assert kvceiling.clipped_lengths(short, requests[:1], 55)
+    assert not kvceiling.clipped_lengths(CFG, requests, 100)
+
+
 def test_datasheet_memories():
     assert peaks.lookup("NVIDIA H100 80GB HBM3").memory_gib == 80
     assert peaks.lookup("NVIDIA H200").memory_gib == 141

@@ -229,6 +229,8 @@ BAD = [
     (["--context", "8,4096"], "--context"),  # tiny max_context 4096: 4096 + 1 does not fit
     (["--context", "8", "--knee-threshold", "0"], "--knee-threshold"),
     (["--context", "8", "--knee-threshold=-0.5"], "--knee-threshold"),
+    # a workload's prompt no model position holds: memory_ceiling.csv counted it
+    (["--context", "8", "--prompt-len", "5000"], "--prompt-len"),
 ]
 
 
@@ -315,3 +317,15 @@ def test_a_paged_sweep_counts_whole_blocks_for_its_memory(runner, tmp_path):
     for _, r in rows.iterrows():  # 21 tokens: two blocks of 16 a sequence, one scratch block
         per_token = accounting.kv_bytes_per_token(cfg, "fp32")
         assert r["kv_cache_bytes"] == (int(r["batch"]) * 2 + 1) * 16 * per_token
+
+
+def test_the_memory_ceiling_counts_no_sequence_past_the_models_context(runner, tmp_path):
+    """--max-context 256 with the default workload (outputs up to 2,000 tokens): every
+    sequence was counted reserving 2,064 tokens, none of which the model holds."""
+    out = tmp_path / "run"
+    result = run_sweep(runner, out, "--batch", "1", "--context", "8", "--max-context", "256")
+    assert result.exit_code == 0, result.output
+    rows = pd.read_csv(out / "memory_ceiling.csv")
+    assert (rows["reserved_tokens"] == 256).all()
+    assert (rows["paged_mean_tokens"] <= 256).all()
+    assert "no sequence grows past it" in result.stderr

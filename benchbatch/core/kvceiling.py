@@ -110,12 +110,24 @@ def for_workload(
 ) -> list[Ceiling]:
     """Both ceilings for the requests' lengths on each (where, bytes) memory: reservation
     holds the longest prompt plus reserve_output (the serving cap), paging what each
-    reaches; with tp, each memory one rank's (ceiling)."""
+    reaches; with tp, each memory one rank's (ceiling). No sequence outgrows the model's
+    context (a server caps its output there: vLLM's max_model_len), so neither length
+    passes cfg.max_context (clipped_lengths says whether any did)."""
+    most = cfg.max_context
     prompts = [int(r.prompt_tokens) for r in requests]
-    lengths = [p + int(r.output_tokens) for p, r in zip(prompts, requests, strict=True)]
-    reserved = max(prompts) + reserve_output
+    lengths = [min(most, p + int(r.output_tokens))
+               for p, r in zip(prompts, requests, strict=True)]  # fmt: skip
+    reserved = min(most, max(prompts) + reserve_output)
     return [ceiling(cfg, dtype, b, lengths, reserved, block_size, where, tp)
             for where, b in memories]  # fmt: skip
+
+
+def clipped_lengths(cfg: ModelConfig, requests, reserve_output: int) -> bool:
+    """Whether for_workload clipped a length at the model's context: a prompt plus its
+    output, or the longest prompt plus reserve_output, past cfg.max_context."""
+    prompts = [int(r.prompt_tokens) for r in requests]
+    longest = max(p + int(r.output_tokens) for p, r in zip(prompts, requests, strict=True))
+    return max(longest, max(prompts) + reserve_output) > cfg.max_context
 
 
 def datasheet_bytes(memory_gib: float) -> int:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from benchbatch.core.options import ModelOptions, RunOptions, WorkloadOptions
+from benchbatch.errors import UserError
 from benchbatch.experiments.sweep.options import SweepOptions
 from benchbatch.runtime import distributed
 
@@ -10,8 +11,22 @@ from benchbatch.runtime import distributed
 def open_run(opts: SweepOptions, workload: WorkloadOptions, model: ModelOptions, run: RunOptions):
     from benchbatch.experiments import common as c
 
-    workload.draw(run.seed)  # checks a --trace before any folder is made
-    return c.open_model_run("sweep", model, run, opts, workload, check=opts.check)
+    requests = workload.draw(run.seed)  # checks a --trace before any folder is made
+
+    def check(cfg) -> None:
+        """The batches' contexts, and the workload whose sequences memory_ceiling.csv
+        counts: a prompt past the model's context is none it can hold."""
+        from benchbatch.core.fits import length_options
+        from benchbatch.core.workload import Workload
+
+        opts.check(cfg)
+        longest = int(Workload.of(requests).prompt_tokens.max())
+        if longest + 1 > cfg.max_context:  # a longer output is clipped (memory_ceiling)
+            raise UserError(length_options(workload, requests)[0],
+                            f"a {longest:,}-token prompt and its first output token exceed "
+                            f"the model's --max-context {cfg.max_context:,}")  # fmt: skip
+
+    return c.open_model_run("sweep", model, run, opts, workload, check=check)
 
 
 def measure_run(
@@ -114,6 +129,12 @@ def memory_ceiling(rec, requests, workload: WorkloadOptions, opts, free_bytes: i
     reserve = mprobe.reserve_output(requests, workload.max_output, workload.trace)
     found = kvceiling.for_workload(rec.cfg, rec.target.dtype_name, requests, reserve,
                                    opts.block_size, memories, rec.target.tp)  # fmt: skip
+    if kvceiling.clipped_lengths(rec.cfg, requests, reserve):
+        rec.note(f"memory ceiling: the workload's prompts plus outputs (each reserving "
+                 f"{reserve:,} output tokens) pass the model's context, "
+                 f"{rec.cfg.max_context:,} tokens; no "
+                 "sequence grows past it (a server caps its output there), so each is "
+                 "counted at most that long")  # fmt: skip
     rows = [c.row() for c in found]
     rec.put("memory_ceiling", rows)
     rec.meta["memory_ceiling"] = rows
