@@ -114,6 +114,7 @@ CASES = [
     # options that would do nothing, unsaid
     ("phases", ["--no-roofline", "--reprobe"], "--reprobe"),
     ("sweep", ["--reprobe", "--ceilings", "probe.csv"], "--reprobe"),
+    ("sweep", ["--no-roofline", "--ceilings", "probe.csv"], "--ceilings"),  # the file won
 ]
 
 FILE_CASES = [
@@ -153,6 +154,8 @@ def invoke(runner, command: str, args: list[str], tmp_path):
     shape = SHAPES[command]
     if "--config" in args:  # a config.json replaces the preset
         shape = [a for a in shape if a not in ("--preset", "tiny")]
+    if "--ceilings" in args:  # a probe.csv places the rows on a roofline: refused without
+        shape = [a for a in shape if a != "--no-roofline"]
     out = ["--out", str(tmp_path / "run")] if command != "compare" else []
     return runner.invoke(app, [command, *shape, *args, *out])
 

@@ -252,6 +252,9 @@ class RunOptions:
                     "nothing with --no-roofline")  # fmt: skip
             require(self.ceilings is None, "reprobe", "does nothing with --ceilings (the "
                     "ceilings come from that file)")  # fmt: skip
+        if self.ceilings is not None:  # the file would win over --no-roofline, unsaid
+            require(self.roofline, "ceilings", "places the rows on a roofline: it does "
+                    "nothing with --no-roofline")  # fmt: skip
         if self.threads is not None:
             check_count("threads", self.threads, 1, 4096)
         if self.tp is not None:
