@@ -226,6 +226,33 @@ def test_rows_are_placed_on_given_ceilings(runner, tmp_path):
     assert meta["ceilings"]["peak_gbps"] == 25000.0
 
 
+def test_ceilings_measured_under_other_conditions_are_flagged(runner, tmp_path):
+    """A probe.csv of 2 threads on the wall clock, a row timed once, beside its run's
+    metadata naming another CPU, placed a 1-thread CPU-clock run's rows unsaid."""
+    probe = tmp_path / "probe.csv"
+    lines = PROBE_CSV.strip().splitlines()
+    head = lines[0] + ",clock,repeats"
+    rows = [line + (",wall,1" if i == 0 else ",wall,5") for i, line in enumerate(lines[1:])]
+    probe.write_text("\n".join([head, *rows]) + "\n")
+    meta = {"environment": {"device_name": "Some Other CPU"}, "threads": {"threads": 2}}
+    (tmp_path / "metadata.json").write_text(json.dumps(meta))
+    result = run_phases(runner, tmp_path / "run", "--ceilings", str(probe), "--threads", "1")
+    assert result.exit_code == 0, result.output
+    said = [w for w in json.loads((tmp_path / "run" / "metadata.json").read_text())["warnings"]
+            if w.startswith("--ceilings")]  # fmt: skip
+    assert len(said) == 1, said
+    for part in ("on Some Other CPU", "with 2 threads, not 1", "on the wall clock, not cpu",
+                 "matmul 1024 noisy or timed once"):  # fmt: skip
+        assert part in said[0], said[0]
+    # its own conditions: nothing said
+    (tmp_path / "metadata.json").unlink()
+    probe.write_text(PROBE_CSV)
+    result = run_phases(runner, tmp_path / "again", "--ceilings", str(probe))
+    assert result.exit_code == 0, result.output
+    warnings = json.loads((tmp_path / "again" / "metadata.json").read_text()).get("warnings", [])
+    assert not [w for w in warnings if w.startswith("--ceilings")]
+
+
 def test_ceilings_of_another_dtype_are_refused(runner, tmp_path):
     probe = tmp_path / "probe.csv"
     probe.write_text(PROBE_CSV.replace("fp32", "fp16"))

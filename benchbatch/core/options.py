@@ -222,8 +222,10 @@ class RunOptions:
     reprobe: bool = opt(
         False,
         "Measure the device's ceilings now, even when a probe of this device and dtype from "
-        "the last 24 hours is cached (it is reused otherwise, so every command of the day "
-        "places its steps under the same roofs).",
+        "the last 24 hours is cached (it is reused otherwise, so the commands of the day "
+        "place their steps under the same roofs: those run with as many threads, on the "
+        "same clock and at the same load level, quiet, busy or saturated, each level its "
+        "own probe).",
         panel=RUN,
     )
     out: Path | None = opt(

@@ -41,11 +41,59 @@ def use_ceilings(rec: Recorder, run: RunOptions):
             source = rec.meta.get("ceilings_source")
         ceilings = ceilings_from_rows(rows)
         interconnect_ceiling(rec, run)
+    if rec.given_ceilings is not None:
+        rec.warning(given_conditions(rec, run.ceilings))
     rec.use_ceilings(ceilings)
     if ceilings is not None:
         rec.meta["ceilings_source"] = source
         rec.meta["ceilings"]["source"] = source
     return ceilings
+
+
+def given_conditions(rec: Recorder, path) -> str | None:
+    """What differs between a --ceilings probe.csv's conditions and this run's, where its
+    run folder's metadata.json (beside it) or its rows say: the device, the compute threads,
+    the clock its steps were timed on, rows timed once or noisy. A probe of 2 threads on the
+    wall clock placed a 1-thread CPU-clock run at 72% MBU against 41% under its own. None
+    when nothing differs that they say."""
+    import csv
+    import json
+    from pathlib import Path
+
+    from benchbatch.runtime import device
+
+    path = Path(path)
+    said = []
+    try:
+        meta = json.loads((path.parent / "metadata.json").read_text())
+    except (OSError, ValueError):
+        meta = {}
+    env = meta.get("environment") if isinstance(meta, dict) else None
+    mine = rec.meta.get("threads") or {}
+    if isinstance(env, dict):
+        theirs = env.get("device_name")
+        if theirs and theirs != device.device_name(rec.target.device):
+            said.append(f"on {theirs}, not {device.device_name(rec.target.device)}")
+    threads = meta.get("threads") if isinstance(meta, dict) else None
+    if isinstance(threads, dict) and mine.get("threads") is not None:
+        if threads.get("threads") not in (None, mine.get("threads")):
+            n = threads["threads"]
+            said.append(f"with {n} thread{'' if n == 1 else 's'}, not {mine['threads']}")
+    with open(path, newline="", errors="replace") as f:
+        rows = [r for r in csv.DictReader(f) if r.get("status", "ok") == "ok"]
+    clocks = {r.get("clock") for r in rows} - {None, ""}
+    if mine.get("clock") and clocks and clocks != {mine["clock"]}:
+        said.append(f"on the {'/'.join(sorted(clocks))} clock, not {mine['clock']}")
+    from benchbatch.output.ceilings_cache import noisy_rows
+
+    shaky = noisy_rows(rows)
+    if shaky:
+        said.append(f"its rows {', '.join(shaky)} noisy or timed once")
+    if not said:
+        return None
+    return (f"--ceilings {path} was measured {'; '.join(said)}: its roofs are not this run's, "
+            "so its mfu, mbu and bound may be off; probe under this run's conditions "
+            "(benchbatch probe), or leave --ceilings out to use the cached or a new probe")
 
 
 def interconnect_ceiling(rec: Recorder, run: RunOptions) -> list[dict]:
