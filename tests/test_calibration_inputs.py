@@ -73,6 +73,21 @@ def test_a_step_times_csvs_last_line_cut_short_is_refused(tmp_path):
     assert sc.given([csv])["summary"]["samples"] == 60
 
 
+def test_a_field_past_csvs_limit_is_refused_not_a_traceback(tmp_path):
+    """A 200,000-digit cell: the cut-short check's csv reader raised its field-limit error
+    (a traceback, exit 1; found by scripts/hostile_attack.py, seed 31)."""
+    from benchbatch.core.inputs import cut_short
+
+    long = tmp_path / "long_line.csv"
+    long.write_text("output_tokens\n" + "9" * 200_000 + "\n")
+    assert cut_short(long.read_bytes()) is None
+    _refused([long], str(long))
+    steps = tmp_path / "steps.csv"
+    steps.write_text("decode_tokens,prefill_tokens,context_tokens,step_ms\n1,0,8,"
+                     + "9" * 200_000 + "\n")  # fmt: skip
+    _refused([steps], str(steps))
+
+
 def test_a_step_cost_csv_of_fewer_steps_than_its_json_says_is_refused(tmp_path):
     _calibration(tmp_path)
     csv = tmp_path / "step_cost.csv"
