@@ -48,7 +48,7 @@ def measure_run(
                              rec.target.tp, paged)  # fmt: skip
     memory_ceiling(rec, requests, workload, opts, free_bytes)
     roof = roofs.use_ceilings(rec, run)
-    ridge, ridge_source = _ridge(rec.target, roof)
+    ridge, ridge_source = _ridge(rec.target, roof, run.roofline)
     rec.meta.update(
         free_memory_bytes_before_model=free_bytes,
         predicted_max_batch={str(k): v for k, v in ceiling.items()},
@@ -58,9 +58,13 @@ def measure_run(
     net, _ = c.build_model(rec, model, run)
     _estimate(rec, net, opts, ceiling, run)
     rows, summary = measure(rec, net, opts, ceiling, ridge, run)
+    if ridge is None:  # why there is no roofline knee: the device, or --no-roofline
+        for s in summary:
+            if s.get("predicted_knee") is None:
+                s["predicted_knee_note"] = f"no prediction ({ridge_source})"
     c.say_allreduce_over_step(rec, rows, lambda r: f"batch {r['batch']} at context {r['context']}")
     if roof is not None:
-        rec.meta["ridge_flop_per_byte"], _ = _ridge(rec.target, rec.ceilings)
+        rec.meta["ridge_flop_per_byte"], _ = _ridge(rec.target, rec.ceilings, run.roofline)
     rec.meta["knees"] = {str(s["context"]): _knees(s) for s in summary}
     rec.meta["summary"] = summary
     rec.meta["untrusted"] = rec.untrusted("sweep", _row_name)
@@ -140,9 +144,10 @@ def memory_ceiling(rec, requests, workload: WorkloadOptions, opts, free_bytes: i
     rec.meta["memory_ceiling"] = rows
 
 
-def _ridge(target, measured) -> tuple[float | None, str]:
+def _ridge(target, measured, roofline: bool = True) -> tuple[float | None, str]:
     """The ridge point: measured on this device when probed, else a known GPU's datasheet;
-    a CPU or an unknown GPU without a probe gets no prediction."""
+    a CPU or an unknown GPU without a probe gets no prediction, nor does --no-roofline
+    (said as the reason, not as an unknown device)."""
     from benchbatch.core import peaks
     from benchbatch.runtime import device as devices
 
@@ -153,6 +158,8 @@ def _ridge(target, measured) -> tuple[float | None, str]:
     name = devices.device_name(target.device)
     peak = peaks.lookup(name) if target.device.type == "cuda" else None
     if peak is None:
+        if not roofline:
+            return None, "--no-roofline: no ceilings measured"
         return None, f"unknown device ({name})"
     return peak.ridge(target.dtype_name), f"datasheet {peak.name} {target.dtype_name}"
 
