@@ -231,3 +231,16 @@ def test_roofline_figure_without_points_or_datasheet(tmp_path):
     path = tmp_path / "empty.png"
     roofline_figure([], Ceilings("fp32", 0.1, 20.0), path)
     assert path.stat().st_size > 0
+
+
+def test_a_probe_csv_without_rows_says_which(tmp_path):
+    """A file of bytes with no line break was called "empty"."""
+    from benchbatch.core.roofline import ceilings_from_csv
+
+    for text, said in (("", "is empty"), ("abc\x00def\n", "has no rows under a header"),
+                       ("kind,label\nmatmul,x\n", "lacks column(s) dtype")):  # fmt: skip
+        path = tmp_path / "probe.csv"
+        path.write_text(text)
+        with pytest.raises(UserError) as e:
+            ceilings_from_csv(path)
+        assert said in e.value.message, e.value.message

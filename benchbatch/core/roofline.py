@@ -176,7 +176,8 @@ def ceilings_from_csv(path: Path, option: str = "--probe") -> Ceilings:
         raise UserError(option, f"cannot read {path}: {e}") from None
     missing = [c for c in PROBE_COLUMNS if not rows or c not in rows[0][1]]
     if missing:
-        what = "is empty" if not rows else f"lacks column(s) {', '.join(missing)}"
+        what = (f"lacks column(s) {', '.join(missing)}" if rows else
+                "is empty" if not text.strip() else "has no rows under a header")  # fmt: skip
         raise UserError(option, f"{path} {what}: not a probe.csv written by benchbatch probe")
     try:
         ceilings = ceilings_from_rows([_parse(r, line) for line, r in rows])

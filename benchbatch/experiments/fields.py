@@ -109,8 +109,8 @@ def price_per_hour_field():
     return opt(
         None,
         "What the device costs, in USD per hour (a cloud GPU's hourly rate): adds the cost per "
-        "million output tokens (price / 3600 x seconds / tokens x 1e6) to the table and CSV. "
-        "Default: none (no cost column).",
+        "million output tokens (price / 3600 x seconds / tokens x 1e6) to the CSV and a line "
+        "of them under the table. Default: none (no cost column).",
     )
 
 
