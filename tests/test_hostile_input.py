@@ -115,6 +115,9 @@ CASES = [
     ("phases", ["--no-roofline", "--reprobe"], "--reprobe"),
     ("sweep", ["--reprobe", "--ceilings", "probe.csv"], "--reprobe"),
     ("sweep", ["--no-roofline", "--ceilings", "probe.csv"], "--ceilings"),  # the file won
+    # an empty path: read as ".", the current folder (written into with --force)
+    ("phases", ["--config", ""], "--config"),
+    ("occupancy", ["--step-costs", ""], "--step-costs"),
 ]
 
 FILE_CASES = [
@@ -645,3 +648,12 @@ def test_an_error_reads_as_the_user_typed_it(runner, tmp_path, command, args, li
     result = invoke(runner, command, args, tmp_path)
     assert result.exit_code == 2, result.output
     assert result.stderr.strip().splitlines() == [line]
+
+
+def test_an_empty_out_is_refused_not_the_current_folder(runner, tmp_path, monkeypatch):
+    """--out '' was read as '.', the current folder (refused as not empty, or written into
+    with --force)."""
+    monkeypatch.chdir(tmp_path)
+    result = runner.invoke(app, ["project", "--out", "", "--force"])
+    assert_one_line_error(result, "--out")
+    assert list(tmp_path.iterdir()) == []

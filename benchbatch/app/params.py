@@ -153,7 +153,17 @@ def _strict(kind) -> dict:
         return {"parser": strict_int}
     if base is float:
         return {"parser": strict_float}
+    if base is Path or base == list[Path]:
+        return {"parser": strict_path}
     return {}
+
+
+def strict_path(value):
+    """A path as given; an empty one refused ('' is no folder: it was read as '.', the
+    current one, and written into with --force)."""
+    if isinstance(value, str) and not value.strip():
+        raise ValueError("an empty path names no file or folder")
+    return Path(value) if isinstance(value, str) else value
 
 
 def strict_int(value):
