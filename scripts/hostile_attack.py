@@ -90,7 +90,7 @@ ENVIRONMENTS = [
     {"RANK": "0", "WORLD_SIZE": "0", "LOCAL_RANK": "0"},
     {"RANK": "5", "WORLD_SIZE": "2", "LOCAL_RANK": "5"}, {"WORLD_SIZE": "-3"},
     {"BENCHBATCH_CACHE_DIR": "{file}"}, {"BENCHBATCH_CACHE_DIR": "/proc/nonexistent"},
-    {"HOME": "/nonexistent"}, {"XDG_CONFIG_HOME": "{file}"}, {"MPLCONFIGDIR": "{file}"},
+    {"HOME": "{missing}"}, {"XDG_CONFIG_HOME": "{file}"}, {"MPLCONFIGDIR": "{file}"},
     {"CUDA_VISIBLE_DEVICES": "garbage"}, {"OMP_NUM_THREADS": "0"}, {"OMP_NUM_THREADS": "abc"},
     {"TORCH_LOGS": "garbage"}, {"NO_COLOR": "1"}, {"FORCE_COLOR": "1"}, {"TMPDIR": "{file}"},
 ]  # fmt: skip
@@ -262,7 +262,11 @@ def file_case(rng, files, here) -> Case:
 
 def env_case(rng, files, here) -> Case:
     chosen = rng.choice(ENVIRONMENTS)
-    env = {k: v.replace("{file}", str(files["text.txt"])) for k, v in chosen.items()}
+    # {missing}: a HOME that does not exist, inside the attack's own folder (run as root, a
+    # case's matplotlib made /nonexistent/.cache and /nonexistent/.config, and left them)
+    missing = str(files["text.txt"].parent / "no-such-home")
+    env = {k: v.replace("{file}", str(files["text.txt"])).replace("{missing}", missing)
+           for k, v in chosen.items()}  # fmt: skip
     command = rng.choice(["occupancy", "project", "phases", "serve-sweep"])
     args = fill(BASES[command], files) + (["--json"] if rng.random() < 0.3 else [])
     return Case("environment", args, env=env)
