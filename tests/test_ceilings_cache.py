@@ -62,7 +62,7 @@ def small_probe(monkeypatch):
     from benchbatch.runtime import ceilings
 
     small = ceilings.plan([64], 2**20)
-    monkeypatch.setattr(ceilings, "default_plan", lambda dev: small)
+    monkeypatch.setattr(ceilings, "default_plan", lambda dev, dtype=None: small)
 
 
 @pytest.fixture

@@ -98,7 +98,7 @@ def test_a_probe_is_complete_only_with_every_planned_row():
 @pytest.fixture
 def small_probe(monkeypatch):
     small = probes.plan([64], 2**20)
-    monkeypatch.setattr(probes, "default_plan", lambda dev: small)
+    monkeypatch.setattr(probes, "default_plan", lambda dev, dtype=None: small)
 
 
 @pytest.fixture

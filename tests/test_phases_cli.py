@@ -264,7 +264,7 @@ def test_default_run_measures_the_ceilings(runner, tmp_path, monkeypatch):
     from benchbatch.runtime import ceilings
 
     small = ceilings.plan([128], 4 * 2**20)
-    monkeypatch.setattr(ceilings, "default_plan", lambda dev: small)
+    monkeypatch.setattr(ceilings, "default_plan", lambda dev, dtype=None: small)
     args = [a for a in FAST if a != "--no-roofline"]
     result = runner.invoke(
         app,

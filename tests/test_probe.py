@@ -52,6 +52,22 @@ def test_default_plan_fits_a_cpu():
     assert plan[-1].size <= 256 * probes.MiB
 
 
+@pytest.mark.parametrize("call_ms, sizes", [
+    (0.5, (1024, 2048)),  # a 2048 product 256 ms: the defaults kept
+    (7.0, (1024,)),  # 1024 at 0.45 s kept, 2048 (3.6 s) halved to 1024
+    (100.0, (256,)),  # fp16 with no fp16 units: a 256 product 0.1 s, nothing larger fits
+])  # fmt: skip
+def test_a_slow_dtypes_products_are_sized_to_finish(monkeypatch, call_ms, sizes):
+    """--dtype fp16 on a CPU probed 1024 and 2048 products (43 s a call): minutes."""
+    from benchbatch.runtime.timing import Measurement
+
+    monkeypatch.setattr(probes, "measure", lambda fn, dev, opts: Measurement([call_ms]))
+    assert probes.cpu_sizes(CPU, "fp16") == sizes
+    assert probes.cpu_sizes(CPU, "fp32") == probes.MATMUL_SIZES["cpu"]  # not timed
+    assert [p.size for p in probes.default_plan(CPU, "bf16") if p.kind == "matmul"] == list(
+        sizes)  # fmt: skip
+
+
 def test_probe_command_writes_probe_csv(tmp_path):
     out = tmp_path / "run"
     result = RUNNER.invoke(app, ["probe", "--device", "cpu", "--out", str(out), *TINY])

@@ -130,7 +130,7 @@ def measure_probe(rec: Recorder, run: RunOptions, plan=None, timing=None) -> lis
     if "threads" not in rec.meta:  # `probe` and `reproduce` open no model run
         use_threads(rec, run)
     t = rec.target
-    plan = plan or probes.default_plan(t.device)
+    plan = plan or probes.default_plan(t.device, t.dtype_name)
     timing = timing or run.timing()
     rows = rec.record("probe", probes.run(plan, t.device, t.dtype_name, timing),
                       total=len(plan), label="measuring the device's ceilings")  # fmt: skip

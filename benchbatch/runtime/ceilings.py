@@ -61,19 +61,42 @@ def plan(matmul_sizes: list[int] | tuple[int, ...], buffer_bytes: int) -> list[P
     ]
 
 
-def default_plan(dev: torch.device) -> list[Probe]:
-    """The default sizes of this kind of device; a copy needs two buffers, so at most a
-    quarter of the free memory each."""
+def default_plan(dev: torch.device, dtype: str | None = None) -> list[Probe]:
+    """The default sizes of this kind of device (a CPU's for `dtype`: cpu_sizes); a copy
+    needs two buffers, so at most a quarter of the free memory each."""
     kind = "cuda" if dev.type == "cuda" else "cpu"
     free = devices.free_memory_bytes(dev)
     buffer = min(BUFFER_BYTES[kind], max(free // 4, MiB) // MiB * MiB)
-    return plan(MATMUL_SIZES[kind], buffer)
+    sizes = MATMUL_SIZES[kind] if kind == "cuda" else cpu_sizes(dev, dtype)
+    return plan(sizes, buffer)
+
+
+# A CPU's products in a dtype it may run hundreds of times slower than fp32 (no fp16 units:
+# about 0.4 GFLOP/s against 165 on the 2-core VMs, a 2048 product 43 s a call and the probe
+# minutes): each default size halved until one call takes at most MAX_CALL_S, priced from
+# one SMALLEST product timed first (n^3).
+MAX_CALL_S = 0.5
+SMALLEST = 256
+
+
+def cpu_sizes(dev: torch.device, dtype: str | None) -> tuple[int, ...]:
+    if dtype in (None, "fp32"):
+        return MATMUL_SIZES["cpu"]
+    a = torch.randn(SMALLEST, SMALLEST, device=dev).to(devices.DTYPES[dtype])
+    quick = TimingOptions(min_repeats=1, min_time_s=0.0, warmup=1, warmup_s=0.0, l2_flush=False)
+    call_s = measure(lambda: a @ a, dev, quick).min_ms / 1e3
+    sizes = []
+    for n in MATMUL_SIZES["cpu"]:
+        while n > SMALLEST and call_s * (n / SMALLEST) ** 3 > MAX_CALL_S:
+            n //= 2
+        sizes.append(n)
+    return tuple(sorted(set(sizes)))
 
 
 def plan_for(target, opts: Options) -> list[Probe]:
     """The probes of a run: the given sizes, else this kind of device's; refused when no
     memory holds them (an n x n matmul keeps three matrices, a copy two buffers)."""
-    default = default_plan(target.device)
+    default = default_plan(target.device, target.dtype_name)
     matmuls = opts.sizes or [p.size for p in default if p.kind == "matmul"]
     buffer = opts.buffer_mb * MiB if opts.buffer_mb is not None else default[-1].size
     free = devices.free_memory_bytes(target.device)
@@ -181,7 +204,7 @@ def measure_ceilings(
     probes: list[Probe] | None = None,
 ) -> tuple[list[dict], Ceilings]:
     """All the probes at once: their rows and the ceilings taken from them."""
-    rows = list(run(probes or default_plan(dev), dev, dtype, opts or TimingOptions()))
+    rows = list(run(probes or default_plan(dev, dtype), dev, dtype, opts or TimingOptions()))
     return rows, ceilings_from_rows(rows)
 
 
