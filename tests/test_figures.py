@@ -56,9 +56,28 @@ def test_a_table_too_wide_for_the_terminal_folds_a_number_never_cuts_it():
 
     value = 4.01e-9
     rows = [{"policy": "continuous-reserve", "wide": "x" * 30, "slots": value}]
-    console = Console(width=40, record=True, color_system=None)
+    console = Console(width=40, record=True, color_system=None, soft_wrap=True)  # out_console
     console.print(rows_table(rows, {"policy": "policy", "wide": "wide", "slots": "slots%"}))
     text = console.export_text()
     assert "…" not in text
     digits = "".join(ch for ch in text if ch.isdigit() or ch == ".")
     assert fmt(value) in digits  # every digit there, in order, whatever the fold
+
+
+def test_a_number_or_a_headers_word_is_never_split_across_lines():
+    """Piped at 80 columns, phases' p10-p90 "1.12-1.82" printed as "1.12-1" over ".82"
+    (read as 1.12-1) and headers as "contex" over "t": a column is as wide as its longest
+    unbroken cell and header word, and a table that needs more runs past the width."""
+    from rich.console import Console
+
+    from benchbatch.output.render import rows_table
+
+    rows = [{"step": "decode b=1", "context": 100, "spread": "1.12-1.82", "wide": "y" * 30,
+             "ms": 0.000012345}]  # fmt: skip
+    columns = {"step": "step", "context": "context", "spread": "p10-p90", "wide": "wide",
+               "ms": "GFLOP/s"}  # fmt: skip
+    console = Console(width=40, record=True, color_system=None, soft_wrap=True)  # out_console
+    console.print(rows_table(rows, columns))
+    lines = console.export_text().splitlines()
+    for whole in ("1.12-1.82", "0.0000123", "context", "p10-p90", "GFLOP/s", "y" * 30):
+        assert any(whole in line for line in lines), (whole, lines)

@@ -97,13 +97,19 @@ def rows_table(rows: list[dict], columns: dict[str, str], title: str | None = No
         collapse_padding=True,
     )
     first = rows[0] if rows else {}
+    cells = [[fmt(row.get(key)) for key in columns] for row in rows]
     for i, (key, header) in enumerate(columns.items()):
         numeric = isinstance(first.get(key), int | float) and not isinstance(first.get(key), bool)
-        # a cell too wide folds onto a second line: a number is never cut short ("0.000…")
+        # A cell too wide folds onto a second line (a number is never cut short, "0.000…"),
+        # but never inside a number or a header's word: a column is at least as wide as
+        # its longest cell without a space ("1.12-1.82", which folded read "1.12-1"), and
+        # its header's longest word; a table that needs more runs past the width instead.
+        whole = [c for c in (row[i] for row in cells) if " " not in c]
+        least = max([len(c) for c in whole] + [len(w) for w in header.split()], default=0)
         table.add_column(header, justify="right" if numeric else "left", no_wrap=i == 0,
-                         overflow="fold")  # fmt: skip
-    for row in rows:
-        table.add_row(*(fmt(row.get(key)) for key in columns))
+                         overflow="fold", min_width=least or None)  # fmt: skip
+    for row in cells:
+        table.add_row(*row)
     return table
 
 
