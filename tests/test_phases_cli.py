@@ -308,3 +308,13 @@ def test_several_contexts_say_each_rows_context(runner, tmp_path):
     single = [a if a != "8,24" else "8" for a in args[:-1]] + [str(tmp_path / "one")]
     one = runner.invoke(app, single)
     assert one.exit_code == 0 and "at context" not in one.stdout
+
+
+def test_noisy_steps_are_named_with_their_context_when_there_are_several(runner, tmp_path):
+    """Timed once (FAST's --repeats 1), every step is flagged: with two contexts the list
+    read "decode b=1, decode b=4, decode b=1, decode b=4"."""
+    result = run_phases(runner, tmp_path / "run", "--context", "8,24")
+    assert result.exit_code == 0, result.output
+    noisy = json.loads((tmp_path / "run" / "metadata.json").read_text())["untrusted"]["noisy"]
+    assert "decode b=1 at context 8" in noisy and "decode b=1 at context 24" in noisy
+    assert "prefill 16" in noisy  # a prefill has no context to name

@@ -20,11 +20,22 @@ def measure_run(rec, opts: PhasesOptions, model: ModelOptions, run: RunOptions) 
     net, _ = c.build_model(rec, model, run)
     _estimate(rec, net, opts, run)
     rows = measure(rec, net, opts, run)
-    c.say_allreduce_over_step(rec, rows, lambda r: r["label"])
+    name = _namer(rows)
+    c.say_allreduce_over_step(rec, rows, name)
     rec.meta["summary"] = probe.summary(rows)
-    rec.meta["untrusted"] = rec.untrusted("phases", lambda r: r["label"])
+    rec.meta["untrusted"] = rec.untrusted("phases", name)
     if rec.ceilings:
         roofs.roofline_plot(rec, rows, "phases", c.title(rec, "roofline", rows))
+
+
+def _namer(rows: list[dict]):
+    """A row's name in a warning: its label, and a decode's context where the run timed
+    several ("decode b=1, decode b=2, decode b=1" named no context)."""
+    contexts = {r.get("context") for r in rows if r.get("phase") == "decode"}
+    if len(contexts) < 2:
+        return lambda r: r["label"]
+    return lambda r: (f"{r['label']} at context {r['context']}" if r.get("phase") == "decode"
+                      else r["label"])  # fmt: skip
 
 
 def _estimate(rec, net, opts: PhasesOptions, run: RunOptions) -> None:
