@@ -164,6 +164,12 @@ def test_batches_over_the_ceiling_are_skipped_unless_try_oom(runner, tmp_path, m
     assert list(pd.read_csv(tmp_path / "b" / "sweep.csv")["status"]) == ["ok", "ok"]
     assert timed == [2, 4]
 
+    # every batch over the ceiling: said so, not "fewer than two batches measured"
+    result = run_sweep(runner, tmp_path / "c", "--batch", "4,8", "--context", "8", *short)
+    assert result.exit_code == 0, result.output
+    assert ("context 8: no batch measured (2 skipped over the memory ceiling: --try-oom "
+            "tries them): no claim to check") in result.stdout.replace("\n", " ")
+
 
 def test_measured_knee_on_synthetic_step_times():
     points = [(1, 10.0), (8, 11.0), (32, 12.6), (128, 20.0)]

@@ -96,7 +96,14 @@ def _print_ceiling(rec) -> None:
 def _summary_lines(s: dict) -> list[str]:
     head = f"context {s['context']:,}:"
     if "batch_from" not in s:
-        return [f"{head} fewer than two batches measured: no claim to check."]
+        counts = s.get("statuses") or {}
+        ok = counts.get("ok", 0)
+        why = {"skipped": "skipped over the memory ceiling: --try-oom tries them",
+               "oom": "out of memory"}  # fmt: skip
+        rest = "; ".join(f"{n:,} {why.get(k, k)}" for k, n in counts.items() if k != "ok" and n)
+        said = {0: "no batch measured", 1: "one batch measured"}.get(ok, f"{ok} measured")
+        return [f"{head} {said}{f' ({rest})' if rest else ''}: no claim to check (it "
+                "compares two batches)."]
     threshold = f"{s['knee_threshold']:.0%}"
     knee = s["measured_knee"]
     measured = f"none (step never grew over {threshold})"
