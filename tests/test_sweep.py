@@ -51,6 +51,7 @@ def test_sweep_rows_columns_metadata_and_plot(runner, tmp_path):
         assert row.kv_cache_bytes == row.batch * (row.context + 1) * TINY_KV_PER_TOKEN_FP32
     meta = json.loads((tmp_path / "run" / "metadata.json").read_text())
     assert meta["status"] == "complete" and meta["options"]["batch"] == [1, 2, 4]
+    assert meta["batches"] == [1, 2, 4]  # as planned (the device's default without --batch)
     assert set(meta["predicted_max_batch"]) == {"8", "16"}
     assert set(meta["knees"]) == {"8", "16"}
     assert [s["context"] for s in meta["summary"]] == [8, 16]

@@ -50,6 +50,7 @@ def measure_run(
     roof = roofs.use_ceilings(rec, run)
     ridge, ridge_source = _ridge(rec.target, roof, run.roofline)
     rec.meta.update(
+        batches=list(opts.batches(rec.target)),  # as planned: options.batch is None by default
         free_memory_bytes_before_model=free_bytes,
         predicted_max_batch={str(k): v for k, v in ceiling.items()},
         ridge_flop_per_byte=ridge,
