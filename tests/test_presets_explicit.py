@@ -99,7 +99,9 @@ def test_a_long_run_offers_fewer_layers_and_cpu_small_with_their_durations(
     meta = json.loads((out / "metadata.json").read_text())
     runs = {r["flags"]: r["estimated_s"] for r in meta["estimate"]["smaller_models"]}
     assert set(runs) == {"--layers 1", "--preset cpu-small"}
-    assert "--layers 1 (about" in err and "--preset cpu-small (about" in err
+    total = meta["estimate"]["estimated_s"]
+    for flags, seconds in runs.items():  # said only where it is a shorter run (under 3/4)
+        assert (f"{flags} (about" in err) == (seconds < 0.75 * total), (flags, seconds, total)
     # Each priced by hand: every planned step's FLOPs and bytes at 1 us each, as timed.
     cfg = session.shape(ModelOptions(hidden=256, layers=2, vocab=131072), CPU)
     plan = [steps.prefill(1, 8), steps.decode(1, 8)]
@@ -116,3 +118,19 @@ def test_a_long_run_offers_fewer_layers_and_cpu_small_with_their_durations(
     assert meta["estimate"]["estimated_s"] == pytest.approx(by_hand(cfg), rel=1e-9)
     assert runs["--layers 1"] == pytest.approx(by_hand(cfg.replace(layers=1)), rel=1e-9)
     assert runs["--preset cpu-small"] == pytest.approx(by_hand(preset("cpu-small")), rel=1e-9)
+
+
+def test_fewer_layers_is_offered_only_where_the_run_is_shorter(runner, tmp_path, monkeypatch):
+    """Where the layers are most of the run, --layers 1 is offered; where the LM head is
+    (the test above: --layers 1 at 95% of the run, cpu-small longer), nothing is."""
+    slow = estimate.Rates(1e-6, 1e-6, 50.0, 900.0, 32, 8)
+    monkeypatch.setattr(estimate, "measure_rates", lambda *args: slow)
+    out = tmp_path / "run"
+    shape = ["--hidden", "256", "--layers", "8", "--vocab", "256"]  # the layers, mostly
+    result = runner.invoke(app, ["phases", *shape, *FAST, *LISTS, "--out", str(out)])
+    assert result.exit_code == 0, result.output
+    meta = json.loads((out / "metadata.json").read_text())
+    runs = {r["flags"]: r["estimated_s"] for r in meta["estimate"]["smaller_models"]}
+    layers = [f for f in runs if f.startswith("--layers")]
+    assert len(layers) == 1 and runs[layers[0]] < 0.75 * meta["estimate"]["estimated_s"]
+    assert f"{layers[0]} (about" in " ".join(result.stderr.split())

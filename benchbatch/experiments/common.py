@@ -243,6 +243,7 @@ def load_ceilings(run: RunOptions, target):
 
 LONG_RUN_S = 180  # an estimate over three minutes comes with a shorter run to try
 SAID_FROM_S = 10  # shorter runs finish before an estimate would help anyone
+SHORTER_BY = 0.75  # a shorter run offered takes at most this share of the estimate
 LIST_FLAGS = {"prefill": "--prefill", "decode_batch": "--decode-batch", "batch": "--decode-batch",
               "context": "--context"}  # fmt: skip
 
@@ -285,7 +286,9 @@ def estimate_run(rec: Recorder, net, run: RunOptions, lists: dict, keep: dict, p
         f"{figure(rates.decode_ms)} ms here, a {rates.prefill_tokens}-token prefill "
         f"{figure(rates.prefill_ms)} ms)"
     )
-    if long:
+    if long:  # a shorter run offered only where it is one ("--layers 1 (about 3 min)")
+        cut = cut if cut is not None and cut.seconds < SHORTER_BY * total else None
+        models = [(flags, s) for flags, s in models if s < SHORTER_BY * total]
         rec.note(f"that is long; {_shorter_hint(cut, lists, models)}")
 
 
