@@ -176,7 +176,13 @@ class RunOptions:
     repeats: int = opt(
         5, "Minimum timed repeats of each step (more if --min-time is not reached).", panel=RUN
     )
-    min_time: float = opt(0.2, "Minimum seconds of timed repeats per step.", panel=RUN)
+    min_time: float = opt(
+        0.2,
+        "Seconds of timed repeats per step to aim for: the repeat count is this over the "
+        "warm-up's step time (at least --repeats), so a step that ran faster than its "
+        "warm-up takes a little less.",
+        panel=RUN,
+    )
     warmup: int = opt(2, "Untimed calls of each step before its repeats.", panel=RUN)
     threads: int | None = opt(
         None,
