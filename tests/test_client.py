@@ -401,6 +401,9 @@ def test_every_failure_is_counted_in_its_kind_and_the_served_are_kept(clock, ser
         # stream at SIGTERM, vLLM's aborted request): served, it counted within the SLO
         "aborted": ("stream", 12, [(0.5, sse(chunk("a"))), (0.6, sse(chunk("", "abort"))),
                                    (0.6, sse(usage(1)))]),  # fmt: skip
+        # a 200 with one JSON answer (stream true not honoured): it read "the stream ended
+        # before [DONE] after 0 chunks"
+        "whole": ("status", 200, json.dumps({"choices": [{"text": "ab"}]})),
     }
     names = list(server.scripts)
     prompts = [Prompt(i, name, 3, 2) for i, name in enumerate(names)]
@@ -439,6 +442,7 @@ def test_every_failure_is_counted_in_its_kind_and_the_served_are_kept(clock, ser
         "seven": "stream",
         "huge": "stream",
         "aborted": "stream",
+        "whole": "stream",
     }
     errors = {names[r.request_id]: r.error for r in records}
     assert errors["500"] == "HTTP 500: engine died"
@@ -449,10 +453,11 @@ def test_every_failure_is_counted_in_its_kind_and_the_served_are_kept(clock, ser
     assert "choices is no list" in errors["dict"] and "choices is no list" in errors["seven"]
     assert errors["huge"].startswith("LineTooLong after 0 chunks")
     assert "finish_reason 'abort' after 2 chunks" in errors["aborted"]
+    assert "one JSON object, not an event stream" in errors["whole"]
     assert all("\n" not in e for e in errors.values() if e)
     assert gone[0].error_kind == "refused" and "cannot connect" in gone[0].error
     counts = failure_counts([*records, *gone])
-    assert counts == {"refused": 1, "http": 2, "timeout": 1, "stream": 9, "cancelled": 0}
+    assert counts == {"refused": 1, "http": 2, "timeout": 1, "stream": 10, "cancelled": 0}
     run = run_metrics(records)  # the served one alone, its numbers intact
     assert [(m.request_id, m.ttft, m.e2e, m.num_tokens) for m in run.requests] == [
         (0, 0.5, 0.75, 2)

@@ -335,6 +335,10 @@ class StreamRun(Iterator[Streamed]):
                 body = await resp.text(errors="replace")
                 _fail(rec, "http", error_message(resp.status, body, resp.reason))
                 return
+            if resp.content_type == "application/json":  # one answer, not a stream
+                _fail(rec, "stream", "the server answered with one JSON object, not an event "
+                      "stream: it did not honour stream true")  # fmt: skip
+                return
             await self._read_events(resp, rec, start)
 
     async def _read_events(self, resp, rec: Streamed, start: float) -> None:
