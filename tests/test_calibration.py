@@ -849,10 +849,12 @@ def test_each_real_point_is_simulated_at_its_own_core_share(runner, tmp_path, mo
     out = tmp_path / "real"
     args = ["serve-sweep", "--preset", "tiny", "--requests", "8", "--real-requests", "8",
             "--median", "4", "--max-output", "8", "--prompt-len", "16", "--max-prompt", "64",
-            "--rates", "50,max", "--real-rates", "max", "--threads", "1",
+            "--rates", "50", "--real-rates", "max", "--threads", "1",
             "--out", str(out)]  # fmt: skip
     result = runner.invoke(app, args)
     assert result.exit_code == 0, result.output
+    # a real rate --rates did not name is simulated beside it, said (it was added unsaid)
+    assert "--real-rates max not in the simulated rates" in " ".join(result.output.split())
     serve = pd.read_csv(out / "serve.csv")
     top = serve[serve["rate"] == "max"]
     by = {src: top[top["source"] == src].set_index("policy") for src in ("sim", "sim-matched",

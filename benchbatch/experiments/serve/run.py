@@ -213,7 +213,11 @@ def _simulate(rec, opts: ServeOptions, w, setup, cost) -> tuple[float, ...]:
             done[(p, math.inf)] = probe.simulate_point(w, p, math.inf, setup, cost)
         rows = [probe.point_row(point, setup) for point in done.values()]
         rates = rate_choice.auto_rates(rate_choice.capacity(rows))
-    rates = tuple(sorted(set(rates) | set(opts.real_rate_values or ())))
+    added = sorted(set(opts.real_rate_values or ()) - set(rates))
+    if added:  # a real point is set beside its simulated twin
+        rec.note(f"--real-rates {', '.join(probe.rate_label(r) for r in added)} not in the "
+                 "simulated rates: simulated too, each real point beside its simulation")
+    rates = tuple(sorted(set(rates) | set(added)))
     rec.meta["rates_rps"] = [probe.rate_label(r) for r in rates]
     requests: list[dict] = []
 
