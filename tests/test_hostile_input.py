@@ -115,6 +115,9 @@ CASES = [
     ("phases", ["--no-roofline", "--reprobe"], "--reprobe"),
     ("sweep", ["--reprobe", "--ceilings", "probe.csv"], "--reprobe"),
     ("sweep", ["--no-roofline", "--ceilings", "probe.csv"], "--ceilings"),  # the file won
+    # a missing checkpoint beside --preset (the shape's --preset tiny): it said "a checkpoint
+    # is its own shape: --preset cannot change it", not that there is none
+    ("phases", ["--model", "/no/such/checkpoint"], "--model: no such folder"),
     # an empty path: read as ".", the current folder (written into with --force)
     ("phases", ["--config", ""], "--config"),
     ("occupancy", ["--step-costs", ""], "--step-costs"),

@@ -84,6 +84,9 @@ class ModelOptions:
             "give either --preset or --config, not both",
         )
         if self.model is not None:
+            from benchbatch.core.checkpoint_config import folder
+
+            folder(self.model)  # a missing folder first: the options beside it are not why
             given = [f"--{k.replace('_', '-')}" for k in self.overrides() if k != "max_context"]
             given += [f"--{k}" for k in ("preset", "config") if getattr(self, k) is not None]
             require(
