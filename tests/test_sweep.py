@@ -338,3 +338,30 @@ def test_the_memory_ceiling_counts_no_sequence_past_the_models_context(runner, t
     assert (rows["reserved_tokens"] == 256).all()
     assert (rows["paged_mean_tokens"] <= 256).all()
     assert "no sequence grows past it" in result.stderr
+
+
+def test_ctrl_c_keeps_the_summary_of_the_contexts_it_finished(runner, tmp_path, monkeypatch):
+    """A sweep interrupted in its second context kept no summary nor knees (null), though
+    its first context was whole: that context's are kept, the cut one left out."""
+    from benchbatch.experiments import common
+    from benchbatch.runtime import steps
+
+    real = steps.run_group
+
+    def cut(model, dtype, group, *args, **kwargs):
+        if group[0].context == 16:
+            raise KeyboardInterrupt
+        return real(model, dtype, group, *args, **kwargs)
+
+    monkeypatch.setattr(steps, "run_group", cut)
+    monkeypatch.setattr(common, "estimate_run", lambda *args: None)
+    out = tmp_path / "run"
+    result = run_sweep(runner, out, "--batch", "1,2", "--context", "8,16")
+    assert result.exit_code == 130, result.output
+    meta = json.loads((out / "metadata.json").read_text())
+    assert meta["status"] == "interrupted"
+    assert [s["context"] for s in meta["summary"]] == [8] and set(meta["knees"]) == {"8"}
+    assert meta["summary"][0]["batch_from"] == 1 and meta["summary"][0]["batch_to"] == 2
+    assert meta["summary_of"] == {"contexts": [8], "interrupted": True, "left_out": [16]}
+    document = json.loads((out / "result.json").read_text())
+    assert [s["context"] for s in document["metrics"]["summary"]] == [8]

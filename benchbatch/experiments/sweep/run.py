@@ -58,7 +58,14 @@ def measure_run(
     )
     net, _ = c.build_model(rec, model, run)
     _estimate(rec, net, opts, ceiling, run)
-    rows, summary = measure(rec, net, opts, ceiling, ridge, run)
+    try:
+        rows, summary = measure(rec, net, opts, ceiling, ridge, run)
+    except KeyboardInterrupt:
+        from benchbatch.signals import signals_held
+
+        with signals_held():  # a second Ctrl-C waits: arithmetic on the rows on disk
+            _interrupted_summary(rec, net.cfg, opts, ceiling, ridge)
+        raise
     if ridge is None:  # why there is no roofline knee: the device, or --no-roofline
         for s in summary:
             if s.get("predicted_knee") is None:
@@ -71,6 +78,32 @@ def measure_run(
     rec.meta["untrusted"] = rec.untrusted("sweep", _row_name)
     if roof and any(r["status"] == "ok" for r in rows):
         roofs.roofline_plot(rec, rows, "sweep", c.title(rec, "roofline", rows))
+
+
+def _interrupted_summary(rec, cfg, opts: SweepOptions, ceiling: dict, ridge) -> None:
+    """A sweep cut short (Ctrl-C): the summary and knees of the contexts whose every
+    planned batch has its row (metadata's, result.json's), the others left out, said in
+    metadata's summary_of (it kept none: the measured contexts' claims were lost)."""
+    from benchbatch.experiments.sweep import probe
+
+    rows = rec.rows("sweep")
+    planned = probe.plan(opts.context, opts.batches(rec.target))
+    whole = [c for c in opts.context
+             if sum(r["context"] == c for r in rows) == sum(s.context == c for s in planned)]
+    if rec.ceilings is not None:
+        ridge = rec.ceilings.ridge
+    mine = [r for r in rows if r["context"] in whole]
+    summary = probe.summarize(mine, cfg, rec.target.dtype_name,
+                              {c: ceiling[c] for c in whole}, ridge, opts.knee_threshold,
+                              rec.target.tp)  # fmt: skip
+    rec.meta["summary"] = summary
+    rec.meta["knees"] = {str(s["context"]): _knees(s) for s in summary}
+    rec.meta["summary_of"] = {"contexts": whole, "interrupted": True,
+                              "left_out": [c for c in opts.context if c not in whole]}
+    rec.note(f"{len(rows):,} of the {len(planned):,} planned steps have their rows: a "
+             "context's batches are timed together, in groups written as each ends, so the "
+             "group in progress at the interrupt has none; the summary keeps the contexts "
+             f"measured whole ({', '.join(map(str, whole)) or 'none'})")
 
 
 def _estimate(rec, net, opts: SweepOptions, ceiling: dict, run: RunOptions) -> None:
