@@ -280,11 +280,13 @@ def estimate_run(rec: Recorder, net, run: RunOptions, lists: dict, keep: dict, p
     }
     if rec.quiet or total < SAID_FROM_S:  # a short run: in metadata.json only
         return
+    compiling = (", not counting --compile's first call of each shape (tens of seconds a "
+                 "shape on a CPU)") if run.compile else ""  # fmt: skip
     rec.say(
         f"estimated duration: about {duration(total)} for {len(plan_of(lists))} steps "
         f"(a decode step of one sequence at context {rates.context:,} took "
         f"{figure(rates.decode_ms)} ms here, a {rates.prefill_tokens}-token prefill "
-        f"{figure(rates.prefill_ms)} ms)"
+        f"{figure(rates.prefill_ms)} ms{compiling})"
     )
     if long:  # a shorter run offered only where it is one ("--layers 1 (about 3 min)")
         cut = cut if cut is not None and cut.seconds < SHORTER_BY * total else None
@@ -296,6 +298,8 @@ def expected_s(rec: Recorder, steps: int) -> float | None:
     """The run's estimated duration (estimate_run's) where it priced these `steps`: what the
     progress display counts down until the first step is done."""
     e = rec.meta.get("estimate") or {}
+    if (rec.meta.get("options") or {}).get("compile"):  # compiling each shape is unpriced
+        return None
     return e.get("estimated_s") if e.get("steps") == steps else None
 
 
