@@ -92,3 +92,24 @@ def test_a_completion_not_sent_as_json_is_refused_as_vllm_does(tiny_model, conte
         status, _ = _post(url + "/v1/completions", body, "application/json; charset=utf-8")
         assert status == 200
     assert len(engine.requests) == 1
+
+
+def test_a_malformed_http_request_is_one_line_in_the_servers_log(tiny_model, caplog):
+    """A request aiohttp cannot parse (a duplicate Content-Type) is answered 400 by aiohttp;
+    its log was a whole traceback in the server's stderr."""
+    import logging
+    import socket
+
+    with serving(tiny_model) as (url, _):
+        parts = urllib.parse.urlsplit(url)
+        raw = (b"POST /v1/completions HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+               b"Content-Type: text/plain\r\nContent-Length: 2\r\n\r\n{}")  # fmt: skip
+        with caplog.at_level(logging.ERROR, logger="aiohttp.server"):
+            with socket.create_connection((parts.hostname, parts.port), timeout=HANG_S) as s:
+                s.sendall(raw)
+                answer = s.recv(4096)
+        assert answer.split(b" ")[1] == b"400" and b"Duplicate" in answer
+    said = [r for r in caplog.records if r.name == "aiohttp.server"]
+    assert said and all(r.exc_info is None for r in said)
+    assert "a malformed HTTP request, answered 400" in said[0].getMessage()
+    assert "\n" not in said[0].getMessage()

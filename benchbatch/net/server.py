@@ -29,11 +29,13 @@ import asyncio
 import contextlib
 import ipaddress
 import json
+import logging
 import threading
 import time
 from dataclasses import dataclass
 
 from aiohttp import web
+from aiohttp.http_exceptions import HttpProcessingError
 
 from benchbatch.net.completions import (
     ApiError,
@@ -65,7 +67,25 @@ SERVED = web.AppKey("served", object)  # the app's Served
 # --- the app ------------------------------------------------------------------------------
 
 
+class _OneLine(logging.Filter):
+    """aiohttp's log of a request it could not parse (a duplicate Content-Type, a bad
+    header), answered 400 by aiohttp itself: one line, not a traceback in the server's
+    stderr."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        error = record.exc_info[1] if record.exc_info else None
+        if isinstance(error, HttpProcessingError):
+            why = " ".join(str(getattr(error, "message", "") or error).split())
+            record.msg = f"{record.getMessage()}: a malformed HTTP request, answered 400 ({why})"
+            record.args, record.exc_info, record.exc_text = (), None, None
+        return True
+
+
+ONE_LINE = _OneLine()
+
+
 def make_app(served: Served) -> web.Application:
+    logging.getLogger("aiohttp.server").addFilter(ONE_LINE)  # once: a Filter is kept once
     limit = body_limit(served.max_model_len)
     app = web.Application(client_max_size=limit, middlewares=[_errors])
     app[SERVED] = served
