@@ -425,7 +425,7 @@ def test_noisy_rows_are_warned_about_with_what_to_try(runner, tmp_path, monkeypa
     assert result.exit_code == 0, result.output
     assert pd.read_csv(tmp_path / "run" / "sweep.csv")["noisy"].all()
     warning = " ".join(result.stderr.split())
-    assert "noisy (CV over 10%): ctx 8 batch 1, ctx 8 batch 2" in warning
+    assert "noisy (CV over 10%, or timed once): ctx 8 batch 1, ctx 8 batch 2" in warning
     assert "more --repeats or --min-time" in warning
 
 

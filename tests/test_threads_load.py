@@ -179,7 +179,7 @@ def test_noisy_rows_on_a_busy_machine_get_the_thread_advice(monkeypatch, capsys)
     monkeypatch.setattr(machine, "load_average", lambda: [30.0, 30.0, 30.0])
     render.warn_untrusted({"noisy": ["decode b=1"]})
     err = " ".join(capsys.readouterr().err.split())
-    assert "noisy (CV over 10%): decode b=1" in err
+    assert "noisy (CV over 10%, or timed once): decode b=1" in err
     assert "--threads 1" in err and "load average is 30.0" in err
     monkeypatch.setattr(machine, "load_average", lambda: [0.0, 0.0, 0.0])
     render.warn_untrusted({"noisy": ["decode b=1"]})
