@@ -113,3 +113,15 @@ def test_a_malformed_http_request_is_one_line_in_the_servers_log(tiny_model, cap
     assert said and all(r.exc_info is None for r in said)
     assert "a malformed HTTP request, answered 400" in said[0].getMessage()
     assert "\n" not in said[0].getMessage()
+
+
+def test_version_and_ping_are_served_as_vllms(tiny_model):
+    """GET /version ({"version": ...}, what serve-sweep --endpoint records of a server) and
+    GET /ping were 404s."""
+    from benchbatch import __version__
+
+    with serving(tiny_model) as (url, _):
+        with urllib.request.urlopen(url + "/version", timeout=HANG_S) as r:
+            assert json.loads(r.read()) == {"version": __version__, "server": "benchbatch"}
+        with urllib.request.urlopen(url + "/ping", timeout=HANG_S) as r:
+            assert r.status == 200

@@ -90,6 +90,8 @@ def make_app(served: Served) -> web.Application:
     app = web.Application(client_max_size=limit, middlewares=[_errors])
     app[SERVED] = served
     app.router.add_get("/health", _health)
+    app.router.add_get("/ping", _health)  # vLLM's (SageMaker's) liveness route
+    app.router.add_get("/version", _version)
     app.router.add_get("/v1/models", _models)
     app.router.add_post("/v1/completions", _completions)
     app.router.add_post("/v1/chat/completions", _chat)
@@ -143,6 +145,14 @@ async def _health(request: web.Request) -> web.Response:
     if engine.error is not None:
         return error_response(503, f"the model thread failed: {engine.error}")
     return web.Response(status=200)
+
+
+async def _version(request: web.Request) -> web.Response:
+    """vLLM's GET /version ({"version": ...}): benchbatch's, named, so a client that records
+    a server's version (serve-sweep --endpoint's metadata) says which server it was."""
+    from benchbatch import __version__
+
+    return web.json_response({"version": __version__, "server": "benchbatch"})
 
 
 async def _models(request: web.Request) -> web.Response:
