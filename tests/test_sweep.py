@@ -365,3 +365,17 @@ def test_ctrl_c_keeps_the_summary_of_the_contexts_it_finished(runner, tmp_path, 
     assert meta["summary_of"] == {"contexts": [8], "interrupted": True, "left_out": [16]}
     document = json.loads((out / "result.json").read_text())
     assert [s["context"] for s in document["metrics"]["summary"]] == [8]
+
+
+def test_ceilings_with_no_roofline_are_refused(runner, tmp_path):
+    """A good probe.csv with --no-roofline: the file won (roofline.png, mfu and mbu
+    written), where --reprobe with --no-roofline is refused."""
+    probe = tmp_path / "probe.csv"
+    probe.write_text("kind,label,dtype,tflops,gbps,status\n"
+                     "matmul,matmul 1024,fp32,100,,ok\ncopy,copy 64 MiB,fp32,,50000,ok\n")
+    result = run_sweep(runner, tmp_path / "run", "--batch", "1", "--context", "8",
+                       "--ceilings", str(probe), "--no-roofline")  # fmt: skip
+    assert result.exit_code == 2, result.output
+    assert "--ceilings: places the rows on a roofline: it does nothing with --no-roofline" in (
+        result.stderr)  # fmt: skip
+    assert not (tmp_path / "run").exists()
