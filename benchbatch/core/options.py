@@ -16,6 +16,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from pathlib import Path
 
+from benchbatch.core import checkpoint_config
 from benchbatch.core.noise import DEFAULT_CV_THRESHOLD
 from benchbatch.core.optkit import (
     BATCHING,
@@ -84,9 +85,7 @@ class ModelOptions:
             "give either --preset or --config, not both",
         )
         if self.model is not None:
-            from benchbatch.core.checkpoint_config import folder
-
-            folder(self.model)  # a missing folder first: the options beside it are not why
+            checkpoint_config.folder(self.model)  # a missing folder first, not the options
             given = [f"--{k.replace('_', '-')}" for k in self.overrides() if k != "max_context"]
             given += [f"--{k}" for k in ("preset", "config") if getattr(self, k) is not None]
             require(
@@ -179,13 +178,9 @@ class RunOptions:
     repeats: int = opt(
         5, "Minimum timed repeats of each step (more if --min-time is not reached).", panel=RUN
     )
-    min_time: float = opt(
-        0.2,
-        "Seconds of timed repeats per step to aim for: the repeat count is this over the "
-        "warm-up's step time (at least --repeats), so a step that ran faster than its "
-        "warm-up takes a little less.",
-        panel=RUN,
-    )
+    min_time: float = opt(0.2, "Seconds of timed repeats per step to aim for: this over the "
+                          "warm-up's step time is the repeat count (at least --repeats).",
+                          panel=RUN)  # fmt: skip
     warmup: int = opt(2, "Untimed calls of each step before its repeats.", panel=RUN)
     threads: int | None = opt(
         None,
@@ -231,10 +226,8 @@ class RunOptions:
     reprobe: bool = opt(
         False,
         "Measure the device's ceilings now, even when a probe of this device and dtype from "
-        "the last 24 hours is cached (it is reused otherwise, so the commands of the day "
-        "place their steps under the same roofs: those run with as many threads, on the "
-        "same clock and at the same load level, quiet, busy or saturated, each level its "
-        "own probe).",
+        "the last 24 hours is cached (reused otherwise: the day's commands of as many "
+        "threads, one clock and one load level, quiet, busy or saturated, share its roofs).",
         panel=RUN,
     )
     out: Path | None = opt(
