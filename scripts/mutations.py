@@ -1335,7 +1335,7 @@ BREAKS = [
     Break(
         'audit 5: an interrupted sweep keeps no summary',
         'benchbatch/experiments/sweep/run.py',
-        '            _interrupted_summary(rec, net.cfg, opts, ceiling, ridge)',
+        '            _interrupted_summary(rec, net.cfg, opts, ceiling, ridge, ridge_source)',
         '            pass',
         tests("tests/test_sweep.py", "test_ctrl_c_keeps_the_summary_of_the_contexts_it_finished"),
     ),
@@ -1367,6 +1367,20 @@ BREAKS = [
         '    if True:',
         tests("tests/test_phases_cli.py",
               "test_noisy_steps_are_named_with_their_context_when_there_are_several"),
+    ),
+    Break(
+        "audit 6: a knee without a ridge always blamed on the device",
+        'benchbatch/experiments/sweep/probe.py',
+        '        return RooflineKnee(None, None, limit, False, f"no prediction ({no_ridge})")',
+        '        return RooflineKnee(None, None, limit, False, "no prediction (unknown device)")',
+        tests("tests/test_sweep.py", "test_ctrl_c_keeps_the_summary_of_the_contexts_it_finished"),
+    ),
+    Break(
+        "audit 6: sweep takes a prompt past the model's context",
+        'benchbatch/experiments/sweep/run.py',
+        '        check_prompt_fits(cfg.max_context, requests, length_options(workload, requests)[0])',  # noqa: E501
+        '        pass',
+        tests("tests/test_sweep.py"),
     ),
 ]
 

@@ -342,7 +342,8 @@ def test_the_memory_ceiling_counts_no_sequence_past_the_models_context(runner, t
 
 def test_ctrl_c_keeps_the_summary_of_the_contexts_it_finished(runner, tmp_path, monkeypatch):
     """A sweep interrupted in its second context kept no summary nor knees (null), though
-    its first context was whole: that context's are kept, the cut one left out."""
+    its first context was whole: that context's are kept, the cut one left out, its knee
+    note saying why there is no prediction (--no-roofline, not an unknown device)."""
     from benchbatch.experiments import common
     from benchbatch.runtime import steps
 
@@ -363,6 +364,8 @@ def test_ctrl_c_keeps_the_summary_of_the_contexts_it_finished(runner, tmp_path, 
     assert [s["context"] for s in meta["summary"]] == [8] and set(meta["knees"]) == {"8"}
     assert meta["summary"][0]["batch_from"] == 1 and meta["summary"][0]["batch_to"] == 2
     assert meta["summary_of"] == {"contexts": [8], "interrupted": True, "left_out": [16]}
+    said = "no prediction (--no-roofline: no ceilings measured)"
+    assert meta["knees"]["8"]["predicted_knee_note"] == said
     document = json.loads((out / "result.json").read_text())
     assert [s["context"] for s in document["metrics"]["summary"]] == [8]
 

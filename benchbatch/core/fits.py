@@ -34,21 +34,28 @@ def cache_len(requests: Sequence[Request]) -> int:
     return max(r.prompt_tokens for r in requests) + max(r.output_tokens for r in requests)
 
 
-def check_fits(max_context: int, requests: Sequence[Request], *, prompt: str | None = None,
-               output: str = "max_output") -> None:  # fmt: skip
-    """A user error if some request would outgrow the model's rotary table, naming the option
-    that made the length: `prompt` (default: `output`) when a prompt and its first output
-    token alone do not fit, else `output`."""
+def check_prompt_fits(max_context: int, requests: Sequence[Request], option: str) -> None:
+    """A user error naming `option` if some prompt and its first output token alone do not
+    fit the model's rotary table (a longer output is the caller's: refused by check_fits,
+    clipped by sweep's memory ceiling)."""
     if isinstance(requests, Workload):
         longest = int(requests.prompt_tokens.max()) if len(requests.prompt_tokens) else 0
     else:
         longest = max((r.prompt_tokens for r in requests), default=0)
     if longest + 1 > max_context:
         raise UserError(
-            prompt or output,
+            option,
             f"a {longest:,}-token prompt and its first output token exceed the model's "
             f"--max-context {max_context:,}",
         )
+
+
+def check_fits(max_context: int, requests: Sequence[Request], *, prompt: str | None = None,
+               output: str = "max_output") -> None:  # fmt: skip
+    """A user error if some request would outgrow the model's rotary table, naming the option
+    that made the length: `prompt` (default: `output`) when a prompt and its first output
+    token alone do not fit, else `output`."""
+    check_prompt_fits(max_context, requests, prompt or output)
     need = cache_len(requests)
     if need > max_context:
         raise UserError(

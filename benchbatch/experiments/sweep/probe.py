@@ -137,16 +137,18 @@ def predicted_knee(
     ridge_flop_per_byte: float | None,
     ceiling: int | None = None,
     tp: int = 1,
+    no_ridge: str = "unknown device",
 ) -> RooflineKnee:
     """The smallest batch whose accounted arithmetic intensity reaches the ridge point.
 
     The ridge is a datasheet FLOP/byte today; a measured ceiling of the device can be passed
     instead. Intensity = a*B / (W + g*B) grows with B towards a/g, so it is solved exactly.
+    Without a ridge the note says why (`no_ridge`: the device, or --no-roofline).
     """
     limit = intensity_limit(cfg, dtype, context, tp)
     ridge = ridge_flop_per_byte
     if ridge is None:
-        return RooflineKnee(None, None, limit, False, "no prediction (unknown device)")
+        return RooflineKnee(None, None, limit, False, f"no prediction ({no_ridge})")
     if limit <= ridge:
         note = (
             f"never: intensity tends to {figure(limit)} FLOP/B, not above the ridge "
@@ -227,15 +229,16 @@ def summarize(
     ridge_flop_per_byte: float | None,
     threshold: float,
     tp: int = 1,
+    no_ridge: str = "unknown device",
 ) -> list[dict]:
     """Per context: memory ceiling, measured knee, roofline knee and the article's claim
-    (with tp: one rank's, as the rows are)."""
+    (with tp: one rank's, as the rows are); `no_ridge` says why a ridge is None."""
     out = []
     for context, limit in ceiling.items():
         mine = [r for r in rows if r["context"] == context]
         ok = dict((r["batch"], r["step_ms"]) for r in mine if r["status"] == "ok")
         knee_at = measured_knee(ok.items(), threshold)
-        knee = predicted_knee(cfg, dtype, context, ridge_flop_per_byte, limit, tp)
+        knee = predicted_knee(cfg, dtype, context, ridge_flop_per_byte, limit, tp, no_ridge)
         out.append(
             {
                 "context": context,

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 from benchbatch.core.options import ModelOptions, RunOptions, WorkloadOptions
-from benchbatch.errors import UserError
 from benchbatch.experiments.sweep.options import SweepOptions
 from benchbatch.runtime import distributed
 
@@ -16,15 +15,10 @@ def open_run(opts: SweepOptions, workload: WorkloadOptions, model: ModelOptions,
     def check(cfg) -> None:
         """The batches' contexts, and the workload whose sequences memory_ceiling.csv
         counts: a prompt past the model's context is none it can hold."""
-        from benchbatch.core.fits import length_options
-        from benchbatch.core.workload import Workload
+        from benchbatch.core.fits import check_prompt_fits, length_options
 
-        opts.check(cfg)
-        longest = int(Workload.of(requests).prompt_tokens.max())
-        if longest + 1 > cfg.max_context:  # a longer output is clipped (memory_ceiling)
-            raise UserError(length_options(workload, requests)[0],
-                            f"a {longest:,}-token prompt and its first output token exceed "
-                            f"the model's --max-context {cfg.max_context:,}")  # fmt: skip
+        opts.check(cfg)  # a longer output is clipped (memory_ceiling), not refused
+        check_prompt_fits(cfg.max_context, requests, length_options(workload, requests)[0])
 
     return c.open_model_run("sweep", model, run, opts, workload, check=check)
 
@@ -59,17 +53,13 @@ def measure_run(
     net, _ = c.build_model(rec, model, run)
     _estimate(rec, net, opts, ceiling, run)
     try:
-        rows, summary = measure(rec, net, opts, ceiling, ridge, run)
+        rows, summary = measure(rec, net, opts, ceiling, ridge, run, no_ridge=ridge_source)
     except KeyboardInterrupt:
         from benchbatch.signals import signals_held
 
         with signals_held():  # a second Ctrl-C waits: arithmetic on the rows on disk
-            _interrupted_summary(rec, net.cfg, opts, ceiling, ridge)
+            _interrupted_summary(rec, net.cfg, opts, ceiling, ridge, ridge_source)
         raise
-    if ridge is None:  # why there is no roofline knee: the device, or --no-roofline
-        for s in summary:
-            if s.get("predicted_knee") is None:
-                s["predicted_knee_note"] = f"no prediction ({ridge_source})"
     c.say_allreduce_over_step(rec, rows, lambda r: f"batch {r['batch']} at context {r['context']}")
     if roof is not None:
         rec.meta["ridge_flop_per_byte"], _ = _ridge(rec.target, rec.ceilings, run.roofline)
@@ -80,7 +70,8 @@ def measure_run(
         roofs.roofline_plot(rec, rows, "sweep", c.title(rec, "roofline", rows))
 
 
-def _interrupted_summary(rec, cfg, opts: SweepOptions, ceiling: dict, ridge) -> None:
+def _interrupted_summary(rec, cfg, opts: SweepOptions, ceiling: dict, ridge,
+                         no_ridge: str) -> None:  # fmt: skip
     """A sweep cut short (Ctrl-C): the summary and knees of the contexts whose every
     planned batch has its row (metadata's, result.json's), the others left out, said in
     metadata's summary_of (it kept none: the measured contexts' claims were lost)."""
@@ -95,7 +86,7 @@ def _interrupted_summary(rec, cfg, opts: SweepOptions, ceiling: dict, ridge) -> 
     mine = [r for r in rows if r["context"] in whole]
     summary = probe.summarize(mine, cfg, rec.target.dtype_name,
                               {c: ceiling[c] for c in whole}, ridge, opts.knee_threshold,
-                              rec.target.tp)  # fmt: skip
+                              rec.target.tp, no_ridge)  # fmt: skip
     rec.meta["summary"] = summary
     rec.meta["knees"] = {str(s["context"]): _knees(s) for s in summary}
     rec.meta["summary_of"] = {"contexts": whole, "interrupted": True,
@@ -123,10 +114,11 @@ def _estimate(rec, net, opts: SweepOptions, ceiling: dict, run: RunOptions) -> N
     c.estimate_run(rec, net, run, lists, keep, plan_of)
 
 
-def measure(rec, net, opts: SweepOptions, ceiling: dict, ridge, run: RunOptions, timing=None):
+def measure(rec, net, opts: SweepOptions, ceiling: dict, ridge, run: RunOptions, timing=None,
+            no_ridge: str = "unknown device"):  # fmt: skip
     """sweep.csv as each step is measured, its summary per context and sweep.png (sweep and
     reproduce, whose `timing` measures a noisy group again). Batches over the memory
-    ceiling are skipped unless --try-oom."""
+    ceiling are skipped unless --try-oom; `no_ridge` says why `ridge` is None."""
     from benchbatch.core import energy
     from benchbatch.experiments import ceilings as roofs
     from benchbatch.experiments import common as c
@@ -144,7 +136,7 @@ def measure(rec, net, opts: SweepOptions, ceiling: dict, ridge, run: RunOptions,
     if rec.ceilings is not None:  # as the rows were placed: raised if a row beat the probe
         ridge = rec.ceilings.ridge
     summary = probe.summarize(rows, net.cfg, dtype, ceiling, ridge, opts.knee_threshold,
-                              rec.target.tp)  # fmt: skip
+                              rec.target.tp, no_ridge)  # fmt: skip
     if any(r["status"] == "ok" for r in rows):  # nothing to draw when all were skipped
         title = c.title(rec, "decode batch sweep", rows)
         sweep_figure(rows, summary, rec.folder / "sweep.png", title)
