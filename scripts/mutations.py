@@ -1382,6 +1382,27 @@ BREAKS = [
         '        pass',
         tests("tests/test_sweep.py"),
     ),
+    Break(
+        "audit 6: /detokenize drops special tokens",
+        'benchbatch/net/tokenize.py',
+        'skip_special_tokens=False',
+        'skip_special_tokens=True',
+        tests("tests/test_server_tokenize.py"),
+    ),
+    Break(
+        "audit 6: /tokenize's token strings are each id's text",
+        'benchbatch/net/tokenize.py',
+        'strs = [served.tokenizer.id_to_token(i) for i in ids]',
+        'strs = [served.tokenizer.decode([i]) for i in ids]',
+        tests("tests/test_server_tokenize.py"),
+    ),
+    Break(
+        "audit 6: a chat prompt tokenized with the tokenizer's BOS",
+        'benchbatch/net/completions.py',
+        '    special = bool_field(body, "add_special_tokens", False)  # vLLM\'s chat default',
+        '    special = bool_field(body, "add_special_tokens", True)  # vLLM\'s chat default',
+        tests("tests/test_server_tokenize.py"),
+    ),
 ]
 
 

@@ -360,7 +360,8 @@ def test_text_prompts_and_tokenize_with_a_tokenizer(tiny_model, word_tokenizer):
     assert said == word_tokenizer.decode(ids + tokens)[len(word_tokenizer.decode(ids)) :]
     assert said == " " + word_tokenizer.decode(tokens)
     assert chunks[-1].usage.prompt_tokens == len(ids)
-    assert status == 200 and body == {"count": len(ids), "max_model_len": 512, "tokens": ids}
+    assert status == 200 and body == {"count": len(ids), "max_model_len": 512, "tokens": ids,
+                                      "token_strs": None}  # vLLM's null unless asked
 
 
 def test_continuous_usage_stats_puts_the_usage_so_far_in_every_chunk(tiny_model):

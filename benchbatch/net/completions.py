@@ -186,14 +186,28 @@ def parse_chat(body, served: Served) -> Ask:
     if not isinstance(body, dict):
         raise ApiError(400, "the request body must be a JSON object")
     check_model(body, served)
+    check_greedy(body)
+    if body.get("logprobs") not in (None, False):
+        raise ApiError(400, "logprobs are not served", "logprobs")
+    ids = chat_prompt_ids(body, served)
+    given = body.get("max_completion_tokens") is not None
+    name = "max_completion_tokens" if given else "max_tokens"
+    left = max(1, served.max_model_len - len(ids))
+    if given:  # the other checked all the same
+        int_field(body, "max_tokens", left, 1)
+    return ask_for(body, served, ids, int_field(body, name, left, 1), "messages")
+
+
+def chat_prompt_ids(body: dict, served: Served) -> tuple[int, ...]:
+    """A chat request's messages as the prompt's token ids (a chat completion's, and
+    /tokenize's given messages): rendered by the server's chat template with the request's
+    add_generation_prompt and chat_template_kwargs, tokenized with add_special_tokens
+    (default false, vLLM's chat default); tools and another template refused."""
     if served.chat_template is None or served.tokenizer is None:
         raise ApiError(400, "this server has no chat template: start it with --chat-template "
                        "FILE, or serve a checkpoint whose tokenizer_config.json has one (or "
                        "use /v1/completions)", "messages")  # fmt: skip
     messages = chat_messages(body.get("messages"))
-    check_greedy(body)
-    if body.get("logprobs") not in (None, False):
-        raise ApiError(400, "logprobs are not served", "logprobs")
     for name in ("tools", "tool_choice"):
         if body.get(name) not in (None, [], "none"):
             raise ApiError(400, f"{name} is not served (no tool calls)", name)
@@ -208,13 +222,7 @@ def parse_chat(body, served: Served) -> Ask:
     except ValueError as e:
         raise ApiError(400, str(e), "messages") from None
     special = bool_field(body, "add_special_tokens", False)  # vLLM's chat default
-    ids = tuple(served.tokenizer.encode(text, add_special_tokens=special).ids)
-    given = body.get("max_completion_tokens") is not None
-    name = "max_completion_tokens" if given else "max_tokens"
-    left = max(1, served.max_model_len - len(ids))
-    if given:  # the other checked all the same
-        int_field(body, "max_tokens", left, 1)
-    return ask_for(body, served, ids, int_field(body, name, left, 1), "messages")
+    return tuple(served.tokenizer.encode(text, add_special_tokens=special).ids)
 
 
 # What the template is rendered with (chat_template_kwargs may not set them).

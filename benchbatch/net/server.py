@@ -1,6 +1,7 @@
 """benchbatch's own engine behind an OpenAI-compatible API (aiohttp.web), as vLLM serves:
 GET /v1/models, GET /health, POST /v1/completions and POST /v1/chat/completions (streamed as
-server-sent events, or one JSON) and POST /tokenize (vLLM's, with a tokenizer).
+server-sent events, or one JSON), POST /tokenize and /detokenize (vLLM's, with a tokenizer:
+net/tokenize.py), GET /version and /ping.
 
 The HTTP event loop runs on a thread of its own (ServerThread), apart from the model's
 (runtime/live.py's LiveEngine): a handler parses the request, submits it to the engine's
@@ -42,8 +43,6 @@ from benchbatch.net.completions import (
     Ask,
     Detokenizer,
     Served,
-    bool_field,
-    check_model,
     error_response,
     parse_chat,
     parse_completion,
@@ -96,6 +95,7 @@ def make_app(served: Served) -> web.Application:
     app.router.add_post("/v1/completions", _completions)
     app.router.add_post("/v1/chat/completions", _chat)
     app.router.add_post("/tokenize", _tokenize)
+    app.router.add_post("/detokenize", _detokenize)
     return app
 
 
@@ -163,18 +163,15 @@ async def _models(request: web.Request) -> web.Response:
 
 
 async def _tokenize(request: web.Request) -> web.Response:
-    s: Served = request.app[SERVED]
-    body = await _body(request)
-    if not isinstance(body, dict) or "prompt" not in body:
-        raise ApiError(400, "the body must be a JSON object with a prompt", "prompt")
-    check_model(body, s)
-    if s.tokenizer is None:
-        raise ApiError(400, "this server has no tokenizer (start it with --tokenizer)", "prompt")
-    if not isinstance(body["prompt"], str):
-        raise ApiError(400, "prompt must be a string", "prompt")
-    special = bool_field(body, "add_special_tokens", True)
-    ids = s.tokenizer.encode(body["prompt"], add_special_tokens=special).ids
-    return web.json_response({"count": len(ids), "max_model_len": s.max_model_len, "tokens": ids})
+    from benchbatch.net.tokenize import tokenize
+
+    return web.json_response(tokenize(await _body(request), request.app[SERVED]))
+
+
+async def _detokenize(request: web.Request) -> web.Response:
+    from benchbatch.net.tokenize import detokenize
+
+    return web.json_response(detokenize(await _body(request), request.app[SERVED]))
 
 
 class _Stream:
