@@ -17,7 +17,7 @@ accepts requests. GET /v1/models, GET /health, POST /v1/completions (stream true
 server-sent completion chunks, one per token, with stream_options.include_usage a usage
 chunk; stream false: one JSON), POST /v1/chat/completions with a chat template (the
 checkpoint's, or --chat-template: as vLLM, a chunk naming the role, then one a token), POST
-/tokenize with a tokenizer. Prompts are token ids, or
+/tokenize (a prompt or messages) and /detokenize with a tokenizer. Prompts are token ids, or
 text with a tokenizer (--tokenizer, or the checkpoint's tokenizer.json). Greedy decoding
 only (temperature 0): a request gets exactly the tokens the in-process engine gives it.
 Outputs run to max_tokens (default 16) with ignore_eos, else stop at the checkpoint's
