@@ -9,9 +9,9 @@ what the memory system gives to torch). The decode b=1 comparison is --rounds al
 rounds (step, then the plain product): each side's median GB/s over those rounds and the
 median of the rounds' ratios, so load from other processes hits both alike (the table's
 rows are a separate, earlier measurement). The model's weights are laid out as the commands
-lay them out (runtime/layout.py measures the device's faster layout); --layout rows|columns
-forces one, to compare. It prints a table, then one JSON line (with the machine, threads
-and the load average before and after).
+lay them out (runtime/layout.py measures the device's faster layout); --layout
+rows|columns|packed forces one, to compare. It prints a table, then one JSON line (with the
+machine, threads and the load average before and after).
 
     python scripts/bench_phases.py [--hidden 1024] [--layers 8] [--device auto] [--rounds 5]
         [--threads N] [--compile] [--decode-only]
@@ -70,7 +70,8 @@ def main() -> None:
     parser.add_argument("--repeats", type=positive_int, default=10)
     parser.add_argument("--rounds", type=positive_int, default=5,
                         help="alternating decode/plain rounds (default 5)")  # fmt: skip
-    parser.add_argument("--layout", choices=("measured", "rows", "columns"), default="measured")
+    parser.add_argument("--layout", choices=("measured", "rows", "columns", "packed"),
+                        default="measured")  # fmt: skip
     parser.add_argument("--threads", type=positive_int, default=None,
                         help="default: torch's choice")  # fmt: skip
     parser.add_argument("--compile", action="store_true", help="steps through torch.compile")
@@ -83,7 +84,8 @@ def main() -> None:
     cfg = preset("article").replace(hidden=args.hidden, layers=args.layers)
     opts = TimingOptions(min_repeats=args.repeats, min_time_s=0.5)
     model = Transformer(cfg, target.device, target.dtype)
-    chosen = {"rows": layout.ROWS, "columns": layout.WeightLayout(columns=True)}
+    chosen = {"rows": layout.ROWS, "columns": layout.WeightLayout(columns=True),
+              "packed": layout.PACKED}  # fmt: skip
     model.lay_out(chosen.get(args.layout) or layout.choose(model))
     models = {"eager": model}
     if args.compile:  # an eager twin stays, to alternate with (same seed: same weights)

@@ -1403,6 +1403,41 @@ BREAKS = [
         '    special = bool_field(body, "add_special_tokens", True)  # vLLM\'s chat default',
         tests("tests/test_server_tokenize.py"),
     ),
+    Break(
+        "audit 6: the packed probe multiplies by b's transpose",
+        'benchbatch/runtime/ceilings.py',
+        '            w = layout.pack(b.t())',
+        '            w = layout.pack(b)',
+        tests("tests/test_probe.py", "test_a_packed_matmul_probe_computes_the_same_product"),
+    ),
+    Break(
+        "audit 6: the packed candidate never timed",
+        'benchbatch/runtime/layout.py',
+        '    return LAYOUTS + ((PACKED,) if packed and packable(device, dtype) else ())',
+        '    return LAYOUTS',
+        tests("tests/test_layout.py"),
+    ),
+    Break(
+        "audit 6: a packed model compiled as it is",
+        'benchbatch/runtime/compiled.py',
+        '    if model.layout.packed:',
+        '    if False:',
+        tests("tests/test_layout.py", "test_compiling_a_packed_model_lays_it_out_strided"),
+    ),
+    Break(
+        "audit 6: a tied head packed apart from its embedding",
+        'benchbatch/runtime/layout.py',
+        '            if packed and isinstance(child, nn.Linear) and child is not keep:',
+        '            if packed and isinstance(child, nn.Linear):',
+        tests("tests/test_layout.py"),
+    ),
+    Break(
+        "audit 6: the probe plans no packed matmul",
+        'benchbatch/runtime/ceilings.py',
+        '    return plan(matmuls, buffer, packs(target.device, target.dtype_name))',
+        '    return plan(matmuls, buffer)',
+        tests("tests/test_probe.py"),
+    ),
 ]
 
 

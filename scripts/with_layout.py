@@ -6,7 +6,8 @@ benchbatch chooses the layout of the projection weights per process by timing th
 such measurements; metadata.json's weight_layout records what the run had.
 
     python scripts/with_layout.py rows-split serve-sweep --preset cpu-small --out DIR
-    (layouts: rows-fused, rows-split, columns-fused, columns-split)
+    (layouts: rows-fused, rows-split, columns-fused, columns-split, and packed where
+    the CPU and dtype have oneDNN's prepacked linear)
 """
 
 from __future__ import annotations
@@ -16,7 +17,7 @@ import sys
 from benchbatch.runtime import layout
 
 NAMES = {f"{'columns' if c.columns else 'rows'}-{'split' if c.split else 'fused'}": c
-         for c in layout.LAYOUTS}  # fmt: skip
+         for c in layout.LAYOUTS} | {"packed": layout.PACKED}  # fmt: skip
 
 
 def main() -> None:
@@ -27,7 +28,13 @@ def main() -> None:
     if len(sys.argv) < 3 or sys.argv[1] not in NAMES:
         raise SystemExit(usage)
     forced = NAMES[sys.argv[1]]
-    layout.choose = lambda *args, **kwargs: forced
+
+    def choose(*args, packed: bool = True, **kwargs):
+        """The forced layout; torch.compile's choice (packed=False) of a forced packed one:
+        rows (compile_model lays packed weights out strided)."""
+        return forced if packed or not forced.packed else layout.ROWS
+
+    layout.choose = choose
     from benchbatch.app.start import main as benchbatch
 
     sys.argv = ["benchbatch", *sys.argv[2:]]

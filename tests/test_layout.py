@@ -5,10 +5,19 @@ import torch
 
 from benchbatch.core.config import preset
 from benchbatch.runtime import layout
-from benchbatch.runtime.layout import LAYOUTS, ROWS, WeightLayout
+from benchbatch.runtime.layout import LAYOUTS, PACKED, ROWS, PackedLinear, WeightLayout
 from benchbatch.runtime.model import Transformer
 
 pytestmark = pytest.mark.usefixtures("one_thread")
+PACKS = layout.packable("cpu", torch.float32)  # torch built with oneDNN (CPU wheels are)
+needs_packing = pytest.mark.skipif(not PACKS, reason="no oneDNN prepacked linear here")
+EVERY = (*LAYOUTS, PACKED) if PACKS else LAYOUTS
+
+
+@pytest.fixture
+def strided_only(monkeypatch):
+    """The four strided layouts as the only candidates (PACKED is not on every machine)."""
+    monkeypatch.setattr(layout, "packable", lambda *a: False)
 
 
 def cached_decode_logits(model, tokens):
@@ -20,16 +29,18 @@ def cached_decode_logits(model, tokens):
         return model.step(tokens[:, -1:], cache, slots)[:, 0]
 
 
-@pytest.mark.parametrize("lay", LAYOUTS, ids=lambda lay: lay.name)
+@pytest.mark.parametrize("lay", EVERY, ids=lambda lay: lay.name)
 @pytest.mark.parametrize("name", ["tiny", "qwen3-tiny"])
 def test_every_layout_is_the_same_model(lay, name):
     cfg = preset("tiny") if name == "tiny" else preset("tiny").replace(qk_norm=True, qkv_bias=True)
     ref = Transformer(cfg, seed=3)
     model = Transformer(cfg, seed=3).lay_out(lay)
     assert model.layout == lay
-    wqkv = model.blocks[0].attention.wqkv.weight
-    assert layout.is_columns(wqkv) == lay.columns
-    assert torch.equal(wqkv, ref.blocks[0].attention.wqkv.weight)  # same values
+    wqkv = model.blocks[0].attention.wqkv
+    assert isinstance(wqkv, PackedLinear) == lay.packed
+    weight = wqkv.weight.to_dense() if lay.packed else wqkv.weight
+    assert lay.packed or layout.is_columns(weight) == lay.columns
+    assert torch.equal(weight, ref.blocks[0].attention.wqkv.weight)  # same values
     tokens = torch.randint(0, cfg.vocab, (3, 9), generator=torch.Generator().manual_seed(0))
     with torch.inference_mode():
         want, got = ref(tokens), model(tokens)
@@ -55,13 +66,63 @@ def test_lay_out_back_to_rows_is_contiguous_again():
     assert not any(m.split for m in model.modules() if hasattr(m, "split"))
 
 
-def test_a_tied_head_keeps_the_embedding():
+@pytest.mark.parametrize("lay", [WeightLayout(columns=True, split=True), PACKED],
+                         ids=lambda lay: lay.name)  # fmt: skip
+def test_a_tied_head_keeps_the_embedding(lay):
+    if lay.packed and not PACKS:
+        pytest.skip("no oneDNN prepacked linear here")
     cfg = preset("tiny").replace(tie_embeddings=True)
-    model = Transformer(cfg, seed=1).lay_out(WeightLayout(columns=True, split=True))
+    model = Transformer(cfg, seed=1).lay_out(lay)
     assert model.lm_head.weight is model.embed.weight
     assert model.embed.weight.is_contiguous()
 
 
+@needs_packing
+def test_packed_and_back_is_the_model_as_it_was():
+    """Out of PACKED every projection is an nn.Linear again with its very values, stored as
+    the new layout says; a model that never ran packed gives the same logits."""
+    cfg = preset("tiny")
+    ref = Transformer(cfg, seed=2)
+    model = Transformer(cfg, seed=2).lay_out(PACKED)
+    assert sum(isinstance(m, PackedLinear) for m in model.modules()) == 4 * cfg.layers + 1
+    for lay in (ROWS, WeightLayout(columns=True)):
+        model.lay_out(lay)
+        assert not any(isinstance(m, PackedLinear) for m in model.modules())
+        for (name, a), (_, b) in zip(model.named_parameters(), ref.named_parameters(),
+                                     strict=True):  # fmt: skip
+            assert torch.equal(a, b), name
+        assert layout.is_columns(model.blocks[0].mlp.w2.weight) == lay.columns
+        model.lay_out(PACKED)
+
+
+def test_packing_needs_a_cpu_with_onednn(monkeypatch):
+    """No PACKED candidate on a GPU, nor where torch has no oneDNN (tried once per device
+    type and dtype)."""
+    monkeypatch.setattr(layout, "_packable", {})
+    assert PACKED not in layout.candidates(torch.device("meta"), torch.float32)
+    assert layout.candidates("cpu", torch.float32, packed=False) == LAYOUTS
+    monkeypatch.setattr(torch.backends.mkldnn, "is_available", lambda: False)
+    monkeypatch.setattr(layout, "_packable", {})
+    assert layout.candidates("cpu", torch.float32) == LAYOUTS
+
+
+@needs_packing
+def test_compiling_a_packed_model_lays_it_out_strided(monkeypatch):
+    """torch.compile takes strided weights: compile_model lays a packed model out in the
+    fastest strided layout first (dynamo does not trace oneDNN's opaque tensors)."""
+    from benchbatch.runtime import compiled
+
+    asked = []
+    monkeypatch.setattr(layout, "choose", lambda model, packed=True: asked.append(packed)
+                        or WeightLayout(columns=True))  # fmt: skip
+    monkeypatch.setattr(torch, "compile", lambda fn, mode=None: fn)
+    model = Transformer(preset("tiny"), seed=1).lay_out(PACKED)
+    compiled.compile_model(model)
+    assert asked == [False] and model.layout == WeightLayout(columns=True)
+    assert not any(isinstance(m, PackedLinear) for m in model.modules())
+
+
+@pytest.mark.usefixtures("strided_only")
 def test_choose_takes_the_smallest_score_and_keeps_rows_on_a_tie(monkeypatch):
     model = Transformer(preset("tiny"), seed=1)
     scores = {"v": [2.0, 2.5, 2.1, 3.0]}
@@ -78,10 +139,31 @@ def test_choose_takes_the_smallest_score_and_keeps_rows_on_a_tie(monkeypatch):
     assert layout.choose(model) == ROWS
 
 
+def test_packed_is_chosen_where_it_scores_least_and_never_for_compile(monkeypatch):
+    """With oneDNN's prepacked linear a fifth candidate, chosen on its score like the
+    others; packed=False (torch.compile's) times and picks among the strided four."""
+    model = Transformer(preset("tiny"), seed=1)
+    monkeypatch.setattr(layout, "packable", lambda *a: True)
+    monkeypatch.setattr(layout, "_chosen", {})
+    timed = []
+
+    def scores(cfg, device, dtype, rows, rounds, layouts):
+        timed.append(layouts)
+        return [2.5, 2.4, 2.3, 2.6, 2.2][: len(layouts)]
+
+    monkeypatch.setattr(layout, "layout_scores", scores)
+    assert layout.choose(model) == PACKED
+    assert layout.choose(model, packed=False) == WeightLayout(columns=True)
+    assert timed == [(*LAYOUTS, PACKED), LAYOUTS]
+
+
 def test_layout_scores_time_every_layout():
-    scores = layout.layout_scores(preset("tiny"), torch.device("cpu"), torch.float32, (1, 4), 1)
+    cfg, cpu = preset("tiny"), torch.device("cpu")
+    scores = layout.layout_scores(cfg, cpu, torch.float32, (1, 4), 1)
     assert len(scores) == len(LAYOUTS)
     assert min(scores) >= 2.0 - 1e-9  # each row count's fastest layout scores 1
+    every = layout.candidates(cpu, torch.float32)
+    assert len(layout.layout_scores(cfg, cpu, torch.float32, (1, 4), 1, every)) == len(every)
 
 
 def test_a_dense_decode_needs_no_mask_and_gives_the_masked_logits():
@@ -128,6 +210,7 @@ def test_a_dense_step_is_the_masked_step(monkeypatch):
     assert set(seen) == {False}
 
 
+@pytest.mark.usefixtures("strided_only")
 def test_a_burst_in_four_of_a_layouts_timings_does_not_decide_the_choice(monkeypatch):
     """Each layout's time is the median of its ROUNDS timings: the fastest layout, its
     first four timings at each row count three times as long (another process's burst on

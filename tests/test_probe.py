@@ -12,6 +12,7 @@ from typer.testing import CliRunner
 from benchbatch.app.cli import app
 from benchbatch.core.roofline import ceilings_from_csv
 from benchbatch.runtime import ceilings as probes
+from benchbatch.runtime import layout
 from benchbatch.runtime.timing import TimingOptions
 
 CPU = torch.device("cpu")
@@ -64,8 +65,23 @@ def test_a_slow_dtypes_products_are_sized_to_finish(monkeypatch, call_ms, sizes)
     monkeypatch.setattr(probes, "measure", lambda fn, dev, opts: Measurement([call_ms]))
     assert probes.cpu_sizes(CPU, "fp16") == sizes
     assert probes.cpu_sizes(CPU, "fp32") == probes.MATMUL_SIZES["cpu"]  # not timed
-    assert [p.size for p in probes.default_plan(CPU, "bf16") if p.kind == "matmul"] == list(
-        sizes)  # fmt: skip
+    planned = [p for p in probes.default_plan(CPU, "bf16") if p.kind == "matmul"]
+    assert [p.size for p in planned if not p.packed] == list(sizes)
+    # each size packed too where the engine may run bf16 packed (runtime/layout.py)
+    packed = [p.size for p in planned if p.packed]
+    assert packed == (list(sizes) if layout.packable(CPU, torch.bfloat16) else [])
+
+
+@pytest.mark.skipif(not layout.packable(CPU, torch.float32), reason="no oneDNN linear here")
+def test_a_packed_matmul_probe_computes_the_same_product():
+    """A packed probe (the engine's packed projections' kernel) computes the a @ b its
+    strided twin does, on the same operands: its 2 n^3 FLOPs are the product's."""
+    plain = probes.work(probes.Probe("matmul", 96), CPU, "fp32", seed=3)()
+    packed = probes.work(probes.Probe("matmul", 96, packed=True), CPU, "fp32", seed=3)()
+    torch.testing.assert_close(packed, plain, rtol=1e-4, atol=1e-4)
+    assert probes.Probe("matmul", 96, packed=True).label == "matmul 96 packed"
+    assert probes.cost(probes.Probe("matmul", 96, packed=True), "fp32") == probes.cost(
+        probes.Probe("matmul", 96), "fp32")  # fmt: skip
 
 
 def test_probe_command_writes_probe_csv(tmp_path):
@@ -89,7 +105,11 @@ def test_probe_command_json(tmp_path):
     result = RUNNER.invoke(app, args)
     assert result.exit_code == 0, result.output
     doc = json.loads(result.stdout)
-    assert len(doc["rows"]) == 4 and doc["summary"]["measured"]["peak_gbps"] > 0
+    packed = layout.packable(CPU, torch.float32)  # each matmul timed packed too
+    assert len(doc["rows"]) == (6 if packed else 4)
+    assert doc["summary"]["measured"]["peak_gbps"] > 0
+    labels = [r["label"] for r in doc["rows"] if r["kind"] == "matmul"]
+    assert any(label.endswith(" packed") for label in labels) == packed
 
 
 @pytest.mark.parametrize(

@@ -148,9 +148,10 @@ def measure_probe(rec: Recorder, run: RunOptions, plan=None, timing=None) -> lis
 
 
 def cache_key(rec: Recorder) -> str:
-    """The cache's key of this run: device, dtype, torch, benchbatch's version, the host's
-    fingerprint, compute threads, load level (quiet, busy or saturated: a probe measured
-    on a quiet machine is not a saturated one's) and a CPU's clock."""
+    """The cache's key of this run: device, dtype, torch, benchbatch's version and the
+    probe's revision, the host's fingerprint, compute threads, load level (quiet, busy or
+    saturated: a probe measured on a quiet machine is not a saturated one's) and a CPU's
+    clock."""
     import platform
 
     from benchbatch import __version__
@@ -158,6 +159,7 @@ def cache_key(rec: Recorder) -> str:
     from benchbatch.core.saved_calibration import host_id
     from benchbatch.output import ceilings_cache
     from benchbatch.runtime import device
+    from benchbatch.runtime.ceilings import PROBE_REVISION
 
     t = rec.target
     threads = rec.meta.get("threads") or {}
@@ -168,7 +170,7 @@ def cache_key(rec: Recorder) -> str:
         load = machine.load_level(load_1min, max(1, cores))
     version = machine.version("torch")
     return ceilings_cache.key(name, t.dtype_name, version, threads.get("threads"), load,
-                              threads.get("clock"), __version__,
+                              threads.get("clock"), f"{__version__} probe {PROBE_REVISION}",
                               host_id(platform.node()))  # fmt: skip
 
 

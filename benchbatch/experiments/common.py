@@ -200,7 +200,6 @@ def build_model(rec: Recorder, model: ModelOptions, run: RunOptions, target=None
     what was applied (eager after a failure, said in one line) and the compile seconds."""
     target = target or rec.target
     net, cfg = session.build_model(model, target, run.seed)
-    rec.meta["weight_layout"] = net.layout.name
     rec.meta["sdpa_backends"] = _sdpa_backends(net)
     if run.compile:
         from benchbatch.runtime import compiled
@@ -211,6 +210,7 @@ def build_model(rec: Recorder, model: ModelOptions, run: RunOptions, target=None
 
         # The state's info dict itself: metadata.json gets its latest compile seconds.
         rec.meta["compile"] = compiled.compile_model(net, run.graphs(target), fell_back).info
+    rec.meta["weight_layout"] = net.layout.name  # compiled: a strided one (compile_model)
     return net, cfg
 
 

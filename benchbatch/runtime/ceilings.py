@@ -5,7 +5,11 @@ to what this device, this torch build and this dtype actually reach. Three kinds
 
 - matmul: square n x n products on random data (zeros run faster on some GPUs), a few
   sizes, the best median taken: 2 n^3 FLOPs; bytes are the least traffic (A, B read,
-  C written), so a matmul row's intensity is where it sits on the roofline;
+  C written), so a matmul row's intensity is where it sits on the roofline. Where the
+  engine may run its projections packed (a CPU with oneDNN's prepacked linear for the
+  dtype: runtime/layout.py), each size is timed that way too ("matmul n packed"): oneDNN
+  ran 1.1x MKL's fp32 products on the 2-core AMD EPYC CPU, and a ceiling under the
+  engine's own kernel would put its steps past 100% MFU;
 - copy: one buffer into another, bytes read plus bytes written counted (on a CPU the
   write-allocate read of the destination is real traffic but not counted, as in STREAM);
 - read: a sum over one buffer, bytes read counted: the pattern of a weight read in decode.
@@ -33,6 +37,9 @@ from benchbatch.runtime.timing import Measurement, TimingOptions, measure
 __all__ = ["Options", "plan", "plan_for", "run", "ceilings"]
 
 MiB = 2**20
+# What the probe measures, in the ceilings cache's key: a cached probe of another revision
+# is measured again (2: the packed matmuls, 2026-12-07).
+PROBE_REVISION = 2
 
 # Sized to finish in seconds on a 2-core CPU (a 4096 fp32 product takes ~0.8 s there)
 # and to reach the tensor-core plateau on a GPU.
@@ -44,21 +51,32 @@ BUFFER_BYTES = {"cpu": 256 * MiB, "cuda": 1024 * MiB}
 class Probe:
     kind: str  # "matmul", "copy" or "read"
     size: int  # matrix side n (matmul) or buffer bytes (copy, read)
+    packed: bool = False  # a matmul through oneDNN's prepacked linear (layout.PACKED's)
 
     @property
     def label(self) -> str:
         if self.kind == "matmul":
-            return f"matmul {self.size}"
+            return f"matmul {self.size}" + (" packed" if self.packed else "")
         return f"{self.kind} {significant(self.size / MiB, 4)} MiB"
 
 
-def plan(matmul_sizes: list[int] | tuple[int, ...], buffer_bytes: int) -> list[Probe]:
-    """Every matmul size, then a copy and a read of one buffer size."""
+def plan(matmul_sizes: list[int] | tuple[int, ...], buffer_bytes: int,
+         packed: bool = False) -> list[Probe]:  # fmt: skip
+    """Every matmul size (each packed too, if `packed`), then a copy and a read of one
+    buffer size."""
     assert matmul_sizes and all(n > 0 for n in matmul_sizes) and buffer_bytes > 0
-    return [Probe("matmul", n) for n in sorted(set(matmul_sizes))] + [
+    kinds = (False, True) if packed else (False,)
+    return [Probe("matmul", n, p) for n in sorted(set(matmul_sizes)) for p in kinds] + [
         Probe("copy", buffer_bytes),
         Probe("read", buffer_bytes),
     ]
+
+
+def packs(dev: torch.device, dtype: str | None) -> bool:
+    """Whether the engine may run this device's projections packed (layout.packable)."""
+    from benchbatch.runtime import layout
+
+    return dtype is not None and layout.packable(dev, devices.DTYPES[dtype])
 
 
 def default_plan(dev: torch.device, dtype: str | None = None) -> list[Probe]:
@@ -68,7 +86,7 @@ def default_plan(dev: torch.device, dtype: str | None = None) -> list[Probe]:
     free = devices.free_memory_bytes(dev)
     buffer = min(BUFFER_BYTES[kind], max(free // 4, MiB) // MiB * MiB)
     sizes = MATMUL_SIZES[kind] if kind == "cuda" else cpu_sizes(dev, dtype)
-    return plan(sizes, buffer)
+    return plan(sizes, buffer, packs(dev, dtype or "fp32"))
 
 
 # A CPU's products in a dtype it may run hundreds of times slower than fp32 (no fp16 units:
@@ -113,7 +131,7 @@ def plan_for(target, opts: Options) -> list[Probe]:
             "buffer_mb",
             f"two buffers of {buffer / MiB:,.0f} MiB exceed the {free / MiB:,.0f} MiB free",
         )
-    return plan(matmuls, buffer)
+    return plan(matmuls, buffer, packs(target.device, target.dtype_name))
 
 
 def ceilings(rows: list[dict], option: str = "sizes") -> Ceilings:
@@ -143,6 +161,11 @@ def work(probe: Probe, dev: torch.device, dtype: str, seed: int = 0):
     if probe.kind == "matmul":
         n = probe.size
         a, b = (torch.randn(n, n, device=dev, dtype=dt, generator=gen) for _ in range(2))
+        if probe.packed:  # a @ b as the engine's packed projections run it: b is W.t()
+            from benchbatch.runtime import layout
+
+            w = layout.pack(b.t())
+            return lambda: layout.packed_linear(a, w, None)
         c = torch.empty(n, n, device=dev, dtype=dt)
         return lambda: torch.matmul(a, b, out=c)
     numel = probe.size // torch.empty((), dtype=dt).element_size()

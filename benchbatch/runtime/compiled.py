@@ -104,7 +104,13 @@ def mode_for(device: torch.device, own_graphs: bool) -> str:
 def compile_model(
     model, own_graphs: bool = False, on_fallback: Callable[[str], None] | None = None
 ) -> CompileState:
-    """Route the model's steps through torch.compile (model.compiled is the state)."""
+    """Route the model's steps through torch.compile (model.compiled is the state). Packed
+    weights are laid out strided first (the fastest strided layout): inductor packs its
+    own, and dynamo does not trace opaque oneDNN tensors."""
+    if model.layout.packed:
+        from benchbatch.runtime import layout
+
+        model.lay_out(layout.choose(model, packed=False))
     eager = model._run
     mode = mode_for(model.embed.weight.device, own_graphs)
     state = model.compiled = CompileState(mode)

@@ -26,7 +26,7 @@ from torch import nn
 
 from benchbatch.core.config import ModelConfig
 from benchbatch.runtime.kvcache import KVCache, PagedKVCache, Slots
-from benchbatch.runtime.layout import ROWS, WeightLayout, is_columns
+from benchbatch.runtime.layout import ROWS, WeightLayout, is_columns, repack
 from benchbatch.runtime.rotary import rotary_tables, rotate, rotation
 
 
@@ -255,9 +255,11 @@ class Transformer(nn.Module):
         """Store the projection weights as `layout` says (runtime/layout.py measures which
         is faster on a device): the same values, so the same model; only the memory order
         of each weight and how many products read it change. One weight is copied at a
-        time. A head tied to the embedding keeps the embedding's rows."""
+        time. A head tied to the embedding keeps the embedding's rows. PACKED puts each
+        projection's nn.Linear in a layout.PackedLinear (and back for any other)."""
         self.layout = layout
         tied = self.lm_head.weight is self.embed.weight
+        repack(self, layout.packed, self.lm_head if tied else None)  # oneDNN's, or back
         for module in self.modules():
             if isinstance(module, (Attention, MLP)):
                 module.split = layout.split
