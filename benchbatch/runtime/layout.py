@@ -125,6 +125,8 @@ def repack(model: nn.Module, packed: bool, keep: nn.Module | None = None) -> Non
                 setattr(parent, name, PackedLinear(child))
             elif not packed and isinstance(child, PackedLinear):
                 setattr(parent, name, child.unpacked())
+
+
 PROBE_BYTES = 256 * 2**20  # at most this much of the model's layers is copied to time
 # Timings of each layout at each row count (the median taken). Three were too few: on the
 # 2-core Intel VM (cpu-small, one pinned thread) layouts 5-8% apart, columns-fused and
