@@ -437,6 +437,12 @@ def test_what_the_runs_measured_differently_is_said():
     assert merging.differences([a, a]) == {} and differences_line({}) is None
     sim = run("s", {}, {"hidden": None, "repeats": 2, "out": "/x/s"})
     assert merging.differences([sim, a]) == {"model": ["none", "tiny"]}
+    # the engine's weight layout (packed against strided: up to 1.6x a step on one CPU)
+    packed, strided = ({**x.meta, "weight_layout": w} for x, w in
+                       ((a, "packed (oneDNN)"), (b, "columns, fused")))  # fmt: skip
+    found = merging.differences([merging.RunData("a", Path("a"), "phases", packed, {}),
+                                 merging.RunData("b", Path("b"), "phases", strided, {})])
+    assert found["weight layout"] == ["packed (oneDNN)", "columns, fused"]
     many = {f"k{i}": ["1", "2"] for i in range(10)}
     assert differences_line(many).endswith("k7 (1, 2) and 2 more (metadata.json's differences): "
                                            "each ratio below compares these too")  # fmt: skip

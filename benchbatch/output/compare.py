@@ -94,17 +94,21 @@ VERSIONS = (("benchbatch_version", "benchbatch version"), ("torch_version", "tor
 
 
 def differences(runs: list[RunData]) -> dict[str, list[str]]:
-    """What the runs measured differently: the benchbatch and torch versions, each model
-    size (metadata's config) and each option whose values are not all alike, its values in
-    the runs' order (as text; an option a run does not have and one it left unset both
-    "-"). A ratio between runs then compares these too; the device is the runs table's own
-    column. --cuda-graphs is left out where no run was on CUDA (a CPU has no graphs)."""
+    """What the runs measured differently: the benchbatch and torch versions, the model's
+    weight layout, each model size (metadata's config) and each option whose values are not
+    all alike, its values in the runs' order (as text; an option a run does not have and
+    one it left unset both "-"). A ratio between runs then compares these too; the device
+    is the runs table's own column. --cuda-graphs is left out where no run was on CUDA (a
+    CPU has no graphs)."""
     found: dict[str, list[str]] = {}
     envs = [_object(r.meta.get("environment")) for r in runs]
     for key, name in VERSIONS:
         values = [_text(e.get(key, "-")) for e in envs]
         if len(set(values)) > 1:
             found[name] = values
+    layouts = [_text(r.meta.get("weight_layout", "-")) for r in runs]  # the engine's kernels
+    if len(set(layouts)) > 1:  # packed against strided: up to 1.6x a step on one CPU
+        found["weight layout"] = layouts
     models = [_object(r.meta.get("config")) for r in runs]
     parts = (("config", frozenset({"name"})), ("options", NOT_MEASURED))
     if not all(models) and any(models):  # a run without a model (simulated): its name alone
