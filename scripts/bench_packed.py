@@ -1,13 +1,15 @@
 """Benchmark: the engine's steps with packed weights (oneDNN's prepacked linear) against the
-fastest strided layout, side by side.
+fastest strided layout, side by side, and packed with its row floor against without.
 
 runtime/layout.py chooses a model's weight layout per device by timing its projections
 alone; this measures what the choice does to whole steps (attention, norms and the host's
-work included): the same model twice, one in the strided layout the chooser takes without
-PACKED, one PACKED, each step timed by the harness (runtime/steps.run_step: median of its
-repeats) in alternating rounds (A B, then B A). Per step the median of each side's rounds
-and the median of the rounds' ratios (strided over packed: above 1, packed is faster). It
-prints a table, then one JSON line with the machine, threads and the load before and after.
+work included): the same model three times, one in the strided layout the chooser takes
+without PACKED, one PACKED with no floor, one PACKED at the floor row_floor measures here
+(products of fewer rows padded to it), each step timed by the harness
+(runtime/steps.run_step: median of its repeats) in alternating rounds (forward, then
+backward). Per step the median of each side's rounds and the medians of the rounds' ratios
+(above 1, the second side is faster). It prints a table, then one JSON line with the
+machine, threads, floor and the load before and after.
 
     python scripts/bench_packed.py [--preset cpu-small] [--rounds 5] [--threads 1] [--core N]
 """
@@ -24,16 +26,17 @@ from script_common import load_line, load_now, machine, positive_int
 
 from benchbatch.core.config import PRESETS, preset
 from benchbatch.runtime import device, layout, steps
+from benchbatch.runtime.layout import WeightLayout
 from benchbatch.runtime.model import Transformer
 from benchbatch.runtime.timing import TimingOptions
 
 
 def plan(max_context: int) -> list[steps.Step]:
-    """Prefills of 128 and 512 tokens and decodes at 1, 8 and 32 sequences over 512 (each
-    within the model's context)."""
+    """Prefills of 128 and 512 tokens and decodes at 1, 2, 4, 8 and 32 sequences over 512
+    (each within the model's context)."""
     context = min(512, max_context - 1)
     return [steps.prefill(1, min(p, max_context)) for p in (128, 512)] + [
-        steps.decode(b, context) for b in (1, 8, 32)
+        steps.decode(b, context) for b in (1, 2, 4, 8, 32)
     ]
 
 
@@ -62,8 +65,11 @@ def main() -> None:
     cfg = preset(args.preset)
     strided = Transformer(cfg, target.device, target.dtype, seed=0)
     strided.lay_out(layout.choose(strided, packed=False))
-    packed = Transformer(cfg, target.device, target.dtype, seed=0).lay_out(layout.PACKED)
-    models = {"strided": strided, "packed": packed}
+    floor = layout.row_floor(cfg, target.device, target.dtype)
+    models = {"strided": strided}
+    padded = WeightLayout(packed=True, floor=floor)
+    for name, lay in (("packed", layout.PACKED), ("padded", padded)):
+        models[name] = Transformer(cfg, target.device, target.dtype, seed=0).lay_out(lay)
     opts = TimingOptions(min_repeats=args.repeats, min_time_s=0.2)
     times: dict[str, dict[str, list[float]]] = {}
     for i in range(args.rounds):
@@ -71,24 +77,25 @@ def main() -> None:
         for step in plan(cfg.max_context):
             for name in order:
                 row = steps.run_step(models[name], target.dtype_name, step, opts)
-                times.setdefault(row["label"], {"strided": [], "packed": []})[name].append(
-                    row["step_ms"]
-                )
+                times.setdefault(row["label"], {m: [] for m in models})[name].append(row["step_ms"])
     host = machine(threads=args.threads) | {"load_before": before, "core": args.core}
     print(f"{host['cpu']}, {args.threads} thread(s){'' if args.core is None else f' on CPU {args.core}'}, "  # noqa: E501
           f"{target.dtype_name}, preset {args.preset}, {args.rounds} rounds; strided layout: "
-          f"{strided.layout.name}; {load_line(before)}")  # fmt: skip
-    print(f"{'step':<14}{'strided ms':>12}{'packed ms':>11}{'strided/packed':>16}  rounds")
+          f"{strided.layout.name}; padded to {floor} rows; {load_line(before)}")  # fmt: skip
+    pairs = (("strided", "packed"), ("strided", "padded"), ("packed", "padded"))
+    print(f"{'step':<14}" + "".join(f"{m + ' ms':>12}" for m in models)
+          + "".join(f"{a + '/' + b:>17}" for a, b in pairs))  # fmt: skip
     out = {}
     for label, t in times.items():
-        ratios = [a / b for a, b in zip(t["strided"], t["packed"], strict=True)]
-        a, b, r = statistics.median(t["strided"]), statistics.median(t["packed"]), statistics.median(ratios)  # noqa: E501
-        print(f"{label:<14}{a:>12.2f}{b:>11.2f}{r:>16.2f}  {', '.join(f'{x:.2f}' for x in ratios)}")
-        out[label] = {"strided_ms": a, "packed_ms": b, "ratio": r, "ratios": ratios}
+        ms = {m: statistics.median(v) for m, v in t.items()}
+        ratios = {f"{a}/{b}": [x / y for x, y in zip(t[a], t[b], strict=True)] for a, b in pairs}
+        medians = {k: statistics.median(v) for k, v in ratios.items()}
+        print(f"{label:<14}" + "".join(f"{ms[m]:>12.2f}" for m in models)
+              + "".join(f"{medians[k]:>17.2f}" for k in ratios))  # fmt: skip
+        out[label] = {"ms": ms, "ratio": medians, "ratios": ratios}
     print(json.dumps({"host": host, "preset": args.preset, "dtype": target.dtype_name,
-                      "strided_layout": strided.layout.name, "load_after": load_now(),
-                      "steps": out}))  # fmt: skip
-
+                      "strided_layout": strided.layout.name, "floor": floor,
+                      "load_after": load_now(), "steps": out}))  # fmt: skip
 
 if __name__ == "__main__":
     main()

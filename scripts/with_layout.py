@@ -7,7 +7,8 @@ such measurements; metadata.json's weight_layout records what the run had.
 
     python scripts/with_layout.py rows-split serve-sweep --preset cpu-small --out DIR
     (layouts: rows-fused, rows-split, columns-fused, columns-split, and packed where
-    the CPU and dtype have oneDNN's prepacked linear)
+    the CPU and dtype have oneDNN's prepacked linear: packed at the row floor measured
+    for the model here, as the chooser would take it; packed-unpadded with none)
 """
 
 from __future__ import annotations
@@ -17,7 +18,8 @@ import sys
 from benchbatch.runtime import layout
 
 NAMES = {f"{'columns' if c.columns else 'rows'}-{'split' if c.split else 'fused'}": c
-         for c in layout.LAYOUTS} | {"packed": layout.PACKED}  # fmt: skip
+         for c in layout.LAYOUTS} | {"packed": layout.PACKED,
+                                     "packed-unpadded": layout.PACKED}  # fmt: skip
 
 
 def main() -> None:
@@ -27,12 +29,19 @@ def main() -> None:
         return
     if len(sys.argv) < 3 or sys.argv[1] not in NAMES:
         raise SystemExit(usage)
-    forced = NAMES[sys.argv[1]]
+    name, forced = sys.argv[1], NAMES[sys.argv[1]]
 
-    def choose(*args, packed: bool = True, **kwargs):
-        """The forced layout; torch.compile's choice (packed=False) of a forced packed one:
-        rows (compile_model lays packed weights out strided)."""
-        return forced if packed or not forced.packed else layout.ROWS
+    def choose(model, *args, packed: bool = True, **kwargs):
+        """The forced layout (packed: at the model's measured row floor); torch.compile's
+        choice (packed=False) of a forced packed one: rows (compile_model lays packed
+        weights out strided)."""
+        if not packed and forced.packed:
+            return layout.ROWS
+        if name == "packed":
+            w = model.embed.weight
+            return layout.WeightLayout(packed=True,
+                                       floor=layout.row_floor(model.local_cfg, w.device, w.dtype))
+        return forced
 
     layout.choose = choose
     from benchbatch.app.start import main as benchbatch

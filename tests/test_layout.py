@@ -11,7 +11,8 @@ from benchbatch.runtime.model import Transformer
 pytestmark = pytest.mark.usefixtures("one_thread")
 PACKS = layout.packable("cpu", torch.float32)  # torch built with oneDNN (CPU wheels are)
 needs_packing = pytest.mark.skipif(not PACKS, reason="no oneDNN prepacked linear here")
-EVERY = (*LAYOUTS, PACKED) if PACKS else LAYOUTS
+PADDED = WeightLayout(packed=True, floor=4)  # products of 1-3 rows computed at 4
+EVERY = (*LAYOUTS, PACKED, PADDED) if PACKS else LAYOUTS
 
 
 @pytest.fixture
@@ -152,9 +153,69 @@ def test_packed_is_chosen_where_it_scores_least_and_never_for_compile(monkeypatc
         return [2.5, 2.4, 2.3, 2.6, 2.2][: len(layouts)]
 
     monkeypatch.setattr(layout, "layout_scores", scores)
-    assert layout.choose(model) == PACKED
+    floors = []
+    monkeypatch.setattr(layout, "row_floor", lambda *a: floors.append(a) or 4)
+    assert layout.choose(model) == PADDED  # timed and chosen at its measured floor
     assert layout.choose(model, packed=False) == WeightLayout(columns=True)
-    assert timed == [(*LAYOUTS, PACKED), LAYOUTS]
+    assert timed == [(*LAYOUTS, PADDED), LAYOUTS]
+    assert len(floors) == 1  # measured where packed is a candidate only
+    assert PADDED.name == "packed (oneDNN), rows padded to 4" and PACKED.name == "packed (oneDNN)"
+    with pytest.raises(AssertionError):
+        WeightLayout(columns=True, floor=4)  # a floor is the packed layout's only
+
+
+@pytest.mark.parametrize(("times", "floor"), [
+    ([4.45, 4.8, 4.01, 3.59, 3.51, 3.51, 4.28, 4.54], 4),  # cpu-small's, 2-core AMD EPYC
+    ([4.5, 4.81, 4.1, 3.69, 3.63, 3.6, 4.57, 4.76], 4),  # 4 within FLOOR_TIE of 6
+    ([4.11, 4.5, 3.78, 3.6, 3.41, 3.39, 4.18, 4.4], 5),  # 4 is 6% off the fastest: 5
+    ([1.0, 1.1, 1.2, 1.3, 1.4, 1.5, 1.6, 1.7], 1),  # one row the fastest: no padding
+    ([1.0, 1.2, 0.96, 0.94, 1.4, 1.5, 1.6, 1.7], 1),  # 3 rows 4% faster: not worth padding
+    ([1.0, 1.2, 1.3, 1.3, 1.4, 1.5, 1.6, 0.5], 8),
+])  # fmt: skip
+def test_the_floor_is_the_fewest_rows_near_the_fastest(times, floor):
+    assert layout.pick_floor(times) == floor
+
+
+def test_row_floor_times_each_row_count_in_turn(monkeypatch):
+    """row_floor times the packed probe at every row count of FLOOR_ROWS (alternating, as
+    the layouts are) and picks among those times."""
+    seen = []
+
+    def alternate(fns, device, rounds):
+        seen.append((len(fns), rounds))
+        return [1.0, 1.1, 0.9, 0.8, 0.8, 0.85, 0.9, 1.0]
+
+    monkeypatch.setattr(layout, "alternate", alternate)
+    monkeypatch.setattr(layout, "run_layers", lambda *a: None)
+    monkeypatch.setattr(layout, "pack", lambda w: w)
+    assert layout.row_floor(preset("tiny"), torch.device("cpu"), torch.float32, 3) == 4
+    assert seen == [(len(layout.FLOOR_ROWS), 3)]
+
+
+@needs_packing
+@pytest.mark.parametrize("shape", [(1, 64), (2, 64), (3, 1, 64), (5, 64), (2, 0, 64)])
+def test_a_packed_product_under_its_floor_is_the_product(shape):
+    """Padded to the floor, a product of fewer rows is F.linear's, its shape kept; the
+    kernel is called with the floor's rows (the profiler's record of its input)."""
+    from torch.profiler import ProfilerActivity, profile
+
+    w, b, x = torch.randn(48, 64), torch.randn(48), torch.randn(shape)
+    with profile(activities=[ProfilerActivity.CPU], record_shapes=True) as prof:
+        out = layout.packed_linear(x, layout.pack(w), b, 4)
+    assert out.shape == (*shape[:-1], 48)
+    torch.testing.assert_close(out, torch.nn.functional.linear(x, w, b), rtol=1e-4, atol=1e-4)
+    rows = x.numel() // 64
+    called = [e.input_shapes[0] for e in prof.events() if e.name == "mkldnn::_linear_pointwise"]
+    assert called == [[max(rows, 4), 64] if 0 < rows < 4 else list(shape)]
+
+
+@needs_packing
+def test_a_floor_laid_out_reaches_every_packed_product():
+    model = Transformer(preset("tiny"), seed=2).lay_out(PADDED)
+    packed = [m for m in model.modules() if isinstance(m, PackedLinear)]
+    assert packed and {m.floor for m in packed} == {4}
+    model.lay_out(PACKED)  # the same modules, their floor changed
+    assert {m.floor for m in model.modules() if isinstance(m, PackedLinear)} == {1}
 
 
 def test_layout_scores_time_every_layout():
@@ -252,5 +313,12 @@ def test_with_layout_runs_a_command_in_the_layout_it_names(tmp_path):
                           env=env)  # fmt: skip
     assert done.returncode == 0, done.stderr
     assert json.loads((out / "metadata.json").read_text())["weight_layout"] == "columns, split"
+    if PACKS:  # packed without a floor (packed alone: at the floor measured for the model)
+        done = subprocess.run([*run, "packed-unpadded", "phases", "--preset", "tiny",
+                               "--repeats", "1", "--out", str(tmp_path / "unpadded")],
+                              capture_output=True, text=True, env=env)  # fmt: skip
+        assert done.returncode == 0, done.stderr
+        meta = json.loads((tmp_path / "unpadded" / "metadata.json").read_text())
+        assert meta["weight_layout"] == "packed (oneDNN)"
     bad = subprocess.run([*run, "diagonal", "phases"], capture_output=True, text=True, env=env)
     assert bad.returncode == 1 and bad.stderr.startswith("usage: with_layout.py")

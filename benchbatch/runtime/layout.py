@@ -14,11 +14,16 @@ Three choices that change no value of the model, only how fast a step reads its 
   torch.compile's CPU freezing and vLLM-CPU use). On the 2-core AMD EPYC CPU (fp32, one
   thread, 2026-12-07) the projections of 8 rows ran 1.8x, of 32 1.5x, of 128 1.2x faster
   than any strided layout, and of one row 1.25x slower than columns (oneDNN's call costs).
+  Its kernels for the fewest rows can be slower than for a few more: there a packed
+  product of 1 to 3 rows took longer than of 4 (a whole cpu-small decode step of 2 rows
+  13.4 ms, of 4 10.7), so a product of fewer rows than the layout's `floor` is computed
+  at `floor` rows (zero rows added, their outputs dropped): row_floor() measures it.
 
 `choose(model)` times the model's own projections in every layout, alternating (ROUNDS
 times each), at one and at 32 rows, once per process for each device, dtype and shape, and
 returns the layout with the smallest summed time relative to the best at each row count
-(ties keep ROWS, the layout nn.Linear gives). Every rank of a tensor-parallel group adds up
+(ties keep ROWS, the layout nn.Linear gives); the packed candidate is timed at its floor,
+measured first. Every rank of a tensor-parallel group adds up
 all ranks' scores, so the ranks agree.
 """
 
@@ -38,14 +43,16 @@ class WeightLayout:
     columns: bool = False  # weights stored transposed (in-major)
     split: bool = False  # fused projections run as one product per part
     packed: bool = False  # oneDNN's blocked weights, prepacked products (never columns/split)
+    floor: int = 1  # packed: a product of fewer rows is computed at this many (row_floor)
 
     def __post_init__(self) -> None:
         assert not (self.packed and (self.columns or self.split)), "packed is its own order"
+        assert self.floor >= 1 and (self.packed or self.floor == 1), "a floor is packed's"
 
     @property
     def name(self) -> str:
         if self.packed:
-            return "packed (oneDNN)"
+            return "packed (oneDNN)" + (f", rows padded to {self.floor}" if self.floor > 1 else "")
         return ("columns" if self.columns else "rows") + (", split" if self.split else ", fused")
 
 
@@ -89,8 +96,16 @@ def pack(w: torch.Tensor) -> torch.Tensor:
     return torch.ops.mkldnn._reorder_linear_weight(w.contiguous(), PACK_ROWS)
 
 
-def packed_linear(x: torch.Tensor, w: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:
-    """F.linear(x, weight, bias) of a packed weight."""
+def packed_linear(x: torch.Tensor, w: torch.Tensor, bias: torch.Tensor | None,
+                  floor: int = 1) -> torch.Tensor:  # fmt: skip
+    """F.linear(x, weight, bias) of a packed weight; x of fewer than `floor` rows (its
+    leading dimensions flattened) computed at `floor` rows, the added rows zeros and their
+    outputs dropped."""
+    rows = x.numel() // x.shape[-1] if x.shape[-1] else 0
+    if 0 < rows < floor:
+        flat = F.pad(x.reshape(rows, x.shape[-1]), (0, 0, 0, floor - rows))
+        out = torch.ops.mkldnn._linear_pointwise(flat, w, bias, "none", [], "")
+        return out[:rows].reshape(*x.shape[:-1], out.shape[-1])
     return torch.ops.mkldnn._linear_pointwise(x, w, bias, "none", [], "")
 
 
@@ -98,14 +113,15 @@ class PackedLinear(nn.Module):
     """An nn.Linear whose weight is packed (oneDNN's blocked format, the same values): what
     the PACKED layout puts in each projection's place; unpacked() gives the nn.Linear back."""
 
-    def __init__(self, linear: nn.Linear) -> None:
+    def __init__(self, linear: nn.Linear, floor: int = 1) -> None:
         super().__init__()
         self.in_features, self.out_features = linear.in_features, linear.out_features
         self.weight = nn.Parameter(pack(linear.weight.detach()), requires_grad=False)
         self.bias = linear.bias
+        self.floor = floor  # the layout's: fewer rows are computed at this many
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return packed_linear(x, self.weight, self.bias)
+        return packed_linear(x, self.weight, self.bias, self.floor)
 
     def unpacked(self) -> nn.Linear:
         w = self.weight.to_dense()
@@ -116,13 +132,17 @@ class PackedLinear(nn.Module):
         return linear
 
 
-def repack(model: nn.Module, packed: bool, keep: nn.Module | None = None) -> None:
+def repack(model: nn.Module, packed: bool, keep: nn.Module | None = None,
+           floor: int = 1) -> None:  # fmt: skip
     """Every nn.Linear of `model` packed (packed) or every PackedLinear unpacked, in place,
-    one weight at a time; `keep` (a head tied to the embedding) stays as it is."""
+    one weight at a time; `keep` (a head tied to the embedding) stays as it is. Packed
+    products get the row floor `floor`."""
     for parent in list(model.modules()):
         for name, child in list(parent.named_children()):
             if packed and isinstance(child, nn.Linear) and child is not keep:
-                setattr(parent, name, PackedLinear(child))
+                setattr(parent, name, PackedLinear(child, floor))
+            elif packed and isinstance(child, PackedLinear):
+                child.floor = floor
             elif not packed and isinstance(child, PackedLinear):
                 setattr(parent, name, child.unpacked())
 
@@ -154,11 +174,47 @@ def choose(model, rows: tuple[int, ...] = (1, 32), rounds: int = ROUNDS,
     key = (str(w.device), w.dtype, cfg.hidden, cfg.q_dim, cfg.kv_dim, cfg.intermediate, rows,
            layouts)  # fmt: skip
     if key not in _chosen:
+        if PACKED in layouts:  # timed and chosen at its floor
+            floor = row_floor(cfg, w.device, w.dtype, rounds)
+            layouts = tuple(WeightLayout(packed=True, floor=floor) if lay == PACKED else lay
+                            for lay in layouts)  # fmt: skip
         scores = distributed.gather(layout_scores(cfg, w.device, w.dtype, rows, rounds, layouts))
         totals = [sum(s[i] for s in scores) for i in range(len(layouts))]
         ranked = sorted(zip(totals, layouts, strict=True), key=lambda p: (p[0], p[1] != ROWS))
         _chosen[key] = ranked[0][1]
     return _chosen[key]
+
+
+# The row counts a packed product's floor is chosen among; how much faster than one row the
+# floor must be timed to be kept (a product padded for less is not worth its rows); and
+# how near the fastest a smaller row count may be and be taken (on the 2-core AMD EPYC
+# CPU, cpu-small's projections took 4.5, 4.8, 4.0, 3.6, 3.5, 3.5, 4.3, 4.5 ms at 1 to 8
+# rows: 4, 5 and 6 rows are one speed, and the draw should not pick among them).
+FLOOR_ROWS = tuple(range(1, 9))
+FLOOR_GAIN = 0.05
+FLOOR_TIE = 0.05
+
+
+def row_floor(cfg, device, dtype, rounds: int = ROUNDS) -> int:
+    """The packed layout's floor on this device: of FLOOR_ROWS, the row count at which the
+    model's packed projections (probe layers, as layout_scores times them) take least time,
+    every rank's times summed (pick_floor). Padding fewer rows up to it costs no more than
+    their own time: it is the fastest."""
+    from benchbatch.runtime import distributed
+
+    layers = probe_layers(cfg, device, dtype, packed=True)["packed"]
+    xs = [torch.randn(n, cfg.hidden, device=device, dtype=dtype) for n in FLOOR_ROWS]
+    times = alternate([lambda x=x: run_layers(layers, x, cfg, PACKED) for x in xs], device,
+                      rounds)  # fmt: skip
+    return pick_floor([sum(t) for t in zip(*distributed.gather(times), strict=True)])
+
+
+def pick_floor(times: list[float]) -> int:
+    """The floor of FLOOR_ROWS' times (one per row count): the fewest rows timed within
+    FLOOR_TIE of the fastest, if FLOOR_GAIN faster than one row; else 1 (no padding)."""
+    fastest = min(times)
+    best = next(i for i, t in enumerate(times) if t <= (1 + FLOOR_TIE) * fastest)
+    return FLOOR_ROWS[best] if times[best] < (1 - FLOOR_GAIN) * times[0] else 1
 
 
 def layout_scores(cfg, device, dtype, rows, rounds: int,
@@ -201,7 +257,7 @@ def run_layers(layers, x: torch.Tensor, cfg, lay: WeightLayout) -> None:
     """Every probe layer's four products as a step runs them (inputs of the right widths)."""
     q = x.new_zeros(x.shape[0], cfg.q_dim)
     mid = x.new_zeros(x.shape[0], cfg.intermediate)
-    product = (lambda a, w: packed_linear(a, w, None)) if lay.packed else F.linear
+    product = (lambda a, w: packed_linear(a, w, None, lay.floor)) if lay.packed else F.linear
     for wqkv, wo, w13, w2 in layers:
         if lay.split:
             for part in wqkv.split((cfg.q_dim, cfg.kv_dim, cfg.kv_dim)):

@@ -259,7 +259,7 @@ class Transformer(nn.Module):
         projection's nn.Linear in a layout.PackedLinear (and back for any other)."""
         self.layout = layout
         tied = self.lm_head.weight is self.embed.weight
-        repack(self, layout.packed, self.lm_head if tied else None)  # oneDNN's, or back
+        repack(self, layout.packed, self.lm_head if tied else None, layout.floor)  # or back
         for module in self.modules():
             if isinstance(module, (Attention, MLP)):
                 module.split = layout.split
