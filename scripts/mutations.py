@@ -1445,6 +1445,60 @@ BREAKS = [
         '    if False:',
         tests("tests/test_compare.py", "test_what_the_runs_measured_differently_is_said"),
     ),
+    Break(
+        "audit 7: a packed product under its floor not padded",
+        'benchbatch/runtime/layout.py',
+        '    if 0 < rows < floor:',
+        '    if False:',
+        tests("tests/test_layout.py", "test_a_packed_product_under_its_floor_is_the_product"),
+    ),
+    Break(
+        "audit 7: the padded rows' outputs kept",
+        'benchbatch/runtime/layout.py',
+        '        return out[:rows].reshape(*x.shape[:-1], out.shape[-1])',
+        '        return out',
+        tests("tests/test_layout.py", "test_a_packed_product_under_its_floor_is_the_product"),
+    ),
+    Break(
+        "audit 7: the floor the fastest row count, not the fewest near it",
+        'benchbatch/runtime/layout.py',
+        '    best = next(i for i, t in enumerate(times) if t <= (1 + FLOOR_TIE) * fastest)',
+        '    best = times.index(fastest)',
+        tests("tests/test_layout.py", "test_the_floor_is_the_fewest_rows_near_the_fastest"),
+    ),
+    Break(
+        "audit 7: a floor kept however little it gains",
+        'benchbatch/runtime/layout.py',
+        '    return FLOOR_ROWS[best] if times[best] < (1 - FLOOR_GAIN) * times[0] else 1',
+        '    return FLOOR_ROWS[best]',
+        tests("tests/test_layout.py", "test_the_floor_is_the_fewest_rows_near_the_fastest"),
+    ),
+    Break(
+        "audit 7: the packed candidate timed without its floor",
+        'benchbatch/runtime/layout.py',
+        '        if PACKED in layouts:  # timed and chosen at its floor',
+        '        if False:',
+        tests("tests/test_layout.py",
+              "test_packed_is_chosen_where_it_scores_least_and_never_for_compile"),
+    ),
+    Break(
+        "audit 7: a new floor not given to products already packed",
+        'benchbatch/runtime/layout.py',
+        '                child.floor = floor',
+        '                pass',
+        tests("tests/test_layout.py", "test_a_floor_laid_out_reaches_every_packed_product"),
+    ),
+    Break(
+        "audit 7: serve-sweep prices each step between the engine's steps",
+        'benchbatch/experiments/serve/real.py',
+        '    events = engine_events(net, requests, runs, seed)  # priced after each point\'s run',
+        '    events = engine_events(net, requests, runs, seed)  # priced after each point\'s run\n'
+        '    from benchbatch.experiments.step_prices import priced\n'
+        '    events = (priced([e], cost, cpu_cost).__next__() if isinstance(e, dict) else e\n'
+        '              for e in events)',
+        tests("tests/test_calibration.py",
+              "test_serve_sweep_prices_its_steps_after_each_point_not_between_steps"),
+    ),
 ]
 
 

@@ -608,6 +608,53 @@ def test_serve_sweep_prices_a_static_groups_padded_slots_as_sequences():
     assert run.total_time == pytest.approx(2 * s + 2 * (2 * s + 2 * d), rel=1e-12)
 
 
+def test_serve_sweep_prices_its_steps_after_each_point_not_between_steps(
+    runner, tmp_path, monkeypatch
+):
+    """Pricing a step costs the host tens of microseconds: serve-sweep prices a point's
+    steps once its run is over, never while the engine is between two of its steps (its
+    calibration's steps were not priced as they ran, so its host gap holds no pricing);
+    every row of real_steps.csv still has both clocks' prices, the fit's own."""
+    import pandas as pd
+
+    from benchbatch.app.cli import app
+    from benchbatch.runtime import engine
+
+    running, during, calls = [False], [], []
+    steps = engine.Engine.steps
+
+    def tracked(self, *args, **kwargs):
+        running[0] = True
+        yield from steps(self, *args, **kwargs)
+        running[0] = False
+
+    real_price = pricing.price_ms
+
+    def price(model, row):
+        during.append(running[0])
+        calls.append((model, row))
+        return real_price(model, row)
+
+    monkeypatch.setattr(engine.Engine, "steps", tracked)
+    monkeypatch.setattr(pricing, "price_ms", price)
+    out = tmp_path / "run"
+    args = ["serve-sweep", "--preset", "tiny", "--requests", "6", "--real-requests", "6",
+            "--median", "4", "--max-output", "6", "--prompt-len", "16", "--max-prompt", "32",
+            "--rates", "50,100", "--real-rates", "50,100", "--policies", "continuous",
+            "--threads", "1", "--out", str(out)]  # fmt: skip
+    result = runner.invoke(app, args)
+    assert result.exit_code == 0, result.output
+    steps_csv = pd.read_csv(out / "real_steps.csv")
+    assert len(steps_csv) > 0 and steps_csv["priced_ms"].gt(0).all()
+    assert steps_csv["priced_cpu_ms"].gt(0).all()
+    assert during and not any(during)  # all priced with no engine mid-run
+    models = list({id(m): m for m, _ in calls}.values())
+    assert len(models) == 2  # the wall clock's fit and the CPU clock's
+    for row in steps_csv.to_dict("records"):
+        prices = sorted(real_price(m, row) for m in models)
+        assert sorted([row["priced_ms"], row["priced_cpu_ms"]]) == pytest.approx(prices)
+
+
 @pytest.mark.parametrize("policy", ["static", "continuous"])
 def test_an_executed_steps_price_is_what_the_simulation_charges_its_plan(
     tiny_model, one_thread, policy

@@ -44,7 +44,7 @@ def serve(rec, net, opts: ServeOptions, w, setup, cost, rates, seed: int, cpu_co
     from benchbatch.core.cpu_clock import core_share
     from benchbatch.core.pricing import speed
     from benchbatch.experiments.serve import probe
-    from benchbatch.experiments.step_prices import priced
+    from benchbatch.experiments.step_prices import price_in_place
     from benchbatch.runtime import energy_meter
     from benchbatch.runtime.runs import engine_events
 
@@ -56,7 +56,7 @@ def serve(rec, net, opts: ServeOptions, w, setup, cost, rates, seed: int, cpu_co
     by_label = {(probe.rate_label(r), cap): (r, cap) for r, cap in chosen}
     requests, _ = w.at(math.inf, n)
     runs = probe.engine_runs(w, chosen, opts.policies, setup, n, matched)
-    events = priced(engine_events(net, requests, runs, seed), cost, cpu_cost)
+    events = engine_events(net, requests, runs, seed)  # priced after each point's run
     total = sum(run.sim_steps for run in runs)
     meter = energy_meter.EnergyMeter(net.embed.weight.device)
     meter.start()
@@ -64,6 +64,7 @@ def serve(rec, net, opts: ServeOptions, w, setup, cost, rates, seed: int, cpu_co
     for done in rec.engine_rows("real_steps", events, total=total, label="real engine"):
         reading = meter.lap()
         steps, seen = rec.rows("real_steps")[seen:], len(rec.rows("real_steps"))  # the point's
+        price_in_place(steps, cost, cpu_cost)
         spot = by_label[(done.run.columns["rate"], done.run.columns.get("max_concurrency"))]
         (rate, cap), key = spot, (done.run.name, spot)
         capped, columns = probe.at_cap(setup, cap), probe.cap_columns(cap)
