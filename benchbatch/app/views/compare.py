@@ -164,7 +164,7 @@ def _lower_bounds(df, index: list[str], value: str, names: list[str]):
     flags = df.assign(least=pd.to_numeric(df["leaves_slo_rps"], errors="coerce").isna()
                       & df["sustained_rps"].notna())  # fmt: skip
     wide = merging.pivot(flags, index, "least", names)
-    return wide.reindex(columns=names).fillna(False).astype(bool)
+    return wide.reindex(columns=names).eq(True)  # a run without the row: not a bound
 
 
 def _bounded(ratio: str, first: bool, other: bool) -> str:
