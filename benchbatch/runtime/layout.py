@@ -13,18 +13,19 @@ Three choices that change no value of the model, only how fast a step reads its 
   once into oneDNN's blocked format and multiplied by its prepacked linear (the kernels
   torch.compile's CPU freezing and vLLM-CPU use). On the 2-core AMD EPYC CPU (fp32, one
   thread, 2026-12-07) the projections of 8 rows ran 1.8x, of 32 1.5x, of 128 1.2x faster
-  than any strided layout, and of one row 1.25x slower than columns (oneDNN's call costs).
+  than any strided layout, and of one row 1.25x slower than columns (oneDNN's call costs;
+  a whole cpu-small batch-1 decode step at x0.90 of columns' speed with the floor below).
   Its kernels for the fewest rows can be slower than for a few more: there a packed
   product of 1 to 3 rows took longer than of 4 (a whole cpu-small decode step of 2 rows
-  13.4 ms, of 4 10.7), so a product of fewer rows than the layout's `floor` is computed
-  at `floor` rows (zero rows added, their outputs dropped): row_floor() measures it.
+  13.4 ms, of 4 10.7), so a product of fewer rows than the layout's `floor` is computed at
+  `floor` rows (zero rows added, their outputs dropped): row_floor() measures it.
 
 `choose(model)` times the model's own projections in every layout, alternating (ROUNDS
 times each), at one and at 32 rows, once per process for each device, dtype and shape, and
 returns the layout with the smallest summed time relative to the best at each row count
 (ties keep ROWS, the layout nn.Linear gives); the packed candidate is timed at its floor,
-measured first. Every rank of a tensor-parallel group adds up
-all ranks' scores, so the ranks agree.
+measured first. Every rank of a tensor-parallel group adds up all ranks' scores (and
+row_floor's times), so the ranks agree.
 """
 
 from __future__ import annotations
@@ -198,8 +199,8 @@ FLOOR_TIE = 0.05
 def row_floor(cfg, device, dtype, rounds: int = ROUNDS) -> int:
     """The packed layout's floor on this device: of FLOOR_ROWS, the row count at which the
     model's packed projections (probe layers, as layout_scores times them) take least time,
-    every rank's times summed (pick_floor). Padding fewer rows up to it costs no more than
-    their own time: it is the fastest."""
+    every rank's times summed (pick_floor). Padding fewer rows up to it costs at most
+    FLOOR_TIE more than their own time (it is timed within that of the fastest)."""
     from benchbatch.runtime import distributed
 
     layers = probe_layers(cfg, device, dtype, packed=True)["packed"]
