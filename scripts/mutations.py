@@ -1491,13 +1491,20 @@ BREAKS = [
     Break(
         "audit 7: serve-sweep prices each step between the engine's steps",
         'benchbatch/experiments/serve/real.py',
-        '    events = engine_events(net, requests, runs, seed)  # priced after each point\'s run',
-        '    events = engine_events(net, requests, runs, seed)  # priced after each point\'s run\n'
+        '    events = _priced_if_cut(rec, engine_events(net, requests, runs, seed), cost, '
+        'cpu_cost)',
         '    from benchbatch.experiments.step_prices import priced\n'
         '    events = (priced([e], cost, cpu_cost).__next__() if isinstance(e, dict) else e\n'
-        '              for e in events)',
+        '              for e in engine_events(net, requests, runs, seed))',
         tests("tests/test_calibration.py",
               "test_serve_sweep_prices_its_steps_after_each_point_not_between_steps"),
+    ),
+    Break(
+        "audit 7: an interrupted point's kept steps left unpriced",
+        'benchbatch/experiments/serve/real.py',
+        '        price_in_place(unpriced, cost, cpu_cost)',
+        '        pass',
+        tests("tests/test_calibration.py", "test_an_interrupted_serve_sweep_prices_what_it_kept"),
     ),
 ]
 

@@ -655,6 +655,41 @@ def test_serve_sweep_prices_its_steps_after_each_point_not_between_steps(
         assert sorted([row["priced_ms"], row["priced_cpu_ms"]]) == pytest.approx(prices)
 
 
+def test_an_interrupted_serve_sweep_prices_what_it_kept(runner, tmp_path, monkeypatch):
+    """Ctrl-C in the second real point's run: the steps kept of it are priced on the way
+    out (the first point's after its run), so real_steps.csv has a price on every row."""
+    import pandas as pd
+
+    from benchbatch.app.cli import app
+    from benchbatch.runtime import engine
+
+    steps, runs = engine.Engine.steps, []
+
+    def cut(self, requests, arrivals_s=None, client_limit=None):
+        if arrivals_s is not None:  # a served point (the calibration's runs have none)
+            runs.append(self)
+        for i, record in enumerate(steps(self, requests, arrivals_s, client_limit)):
+            if len(runs) == 2 and i == 3 and arrivals_s is not None:
+                raise KeyboardInterrupt
+            yield record
+
+    monkeypatch.setattr(engine.Engine, "steps", cut)
+    calibrated = []
+    real = pricing.price_ms
+    monkeypatch.setattr(pricing, "price_ms", lambda m, r: calibrated.append(r) or real(m, r))
+    out = tmp_path / "run"
+    args = ["serve-sweep", "--preset", "tiny", "--requests", "6", "--real-requests", "6",
+            "--median", "4", "--max-output", "6", "--prompt-len", "16", "--max-prompt", "32",
+            "--rates", "50,100", "--real-rates", "50,100", "--policies", "continuous",
+            "--threads", "1", "--out", str(out)]  # fmt: skip
+    result = runner.invoke(app, args)
+    assert result.exit_code == 130, result.output
+    kept = pd.read_csv(out / "real_steps.csv")
+    second = kept[kept["rate"] == kept["rate"].iloc[-1]]
+    assert kept["rate"].nunique() == 2 and len(second) == 3  # the cut point's three steps
+    assert kept["priced_ms"].gt(0).all() and kept["priced_cpu_ms"].gt(0).all()
+
+
 @pytest.mark.parametrize("policy", ["static", "continuous"])
 def test_an_executed_steps_price_is_what_the_simulation_charges_its_plan(
     tiny_model, one_thread, policy

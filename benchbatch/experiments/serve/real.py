@@ -56,7 +56,7 @@ def serve(rec, net, opts: ServeOptions, w, setup, cost, rates, seed: int, cpu_co
     by_label = {(probe.rate_label(r), cap): (r, cap) for r, cap in chosen}
     requests, _ = w.at(math.inf, n)
     runs = probe.engine_runs(w, chosen, opts.policies, setup, n, matched)
-    events = engine_events(net, requests, runs, seed)  # priced after each point's run
+    events = _priced_if_cut(rec, engine_events(net, requests, runs, seed), cost, cpu_cost)
     total = sum(run.sim_steps for run in runs)
     meter = energy_meter.EnergyMeter(net.embed.weight.device)
     meter.start()
@@ -95,6 +95,20 @@ def serve(rec, net, opts: ServeOptions, w, setup, cost, rates, seed: int, cpu_co
         served.points.append((row, span))
     meter.close()
     return served
+
+
+def _priced_if_cut(rec, events, cost, cpu_cost):
+    """The engine's events, unchanged; each point's steps are priced after its run (serve's
+    loop: pricing between two steps would cost the engine host time its calibration did
+    not pay), and if the run is cut short (Ctrl-C, an error) the steps kept of the point
+    it stopped in are priced on the way out."""
+    from benchbatch.experiments.step_prices import price_in_place
+
+    try:
+        yield from events
+    finally:
+        unpriced = [r for r in rec.rows("real_steps") if "priced_ms" not in r]
+        price_in_place(unpriced, cost, cpu_cost)
 
 
 def beside(point, w, setup, cost, cpu_cost, share: float, n: int):
