@@ -608,6 +608,13 @@ def test_serve_sweep_prices_a_static_groups_padded_slots_as_sequences():
     assert run.total_time == pytest.approx(2 * s + 2 * (2 * s + 2 * d), rel=1e-12)
 
 
+# serve-sweep on the tiny preset with two real points (continuous, 6 requests each).
+TWO_REAL_POINTS = ["serve-sweep", "--preset", "tiny", "--requests", "6", "--real-requests", "6",
+                   "--median", "4", "--max-output", "6", "--prompt-len", "16", "--max-prompt",
+                   "32", "--rates", "50,100", "--real-rates", "50,100", "--policies",
+                   "continuous", "--threads", "1"]  # fmt: skip
+
+
 def test_serve_sweep_prices_its_steps_after_each_point_not_between_steps(
     runner, tmp_path, monkeypatch
 ):
@@ -638,10 +645,7 @@ def test_serve_sweep_prices_its_steps_after_each_point_not_between_steps(
     monkeypatch.setattr(engine.Engine, "steps", tracked)
     monkeypatch.setattr(pricing, "price_ms", price)
     out = tmp_path / "run"
-    args = ["serve-sweep", "--preset", "tiny", "--requests", "6", "--real-requests", "6",
-            "--median", "4", "--max-output", "6", "--prompt-len", "16", "--max-prompt", "32",
-            "--rates", "50,100", "--real-rates", "50,100", "--policies", "continuous",
-            "--threads", "1", "--out", str(out)]  # fmt: skip
+    args = [*TWO_REAL_POINTS, "--out", str(out)]
     result = runner.invoke(app, args)
     assert result.exit_code == 0, result.output
     steps_csv = pd.read_csv(out / "real_steps.csv")
@@ -674,14 +678,8 @@ def test_an_interrupted_serve_sweep_prices_what_it_kept(runner, tmp_path, monkey
             yield record
 
     monkeypatch.setattr(engine.Engine, "steps", cut)
-    calibrated = []
-    real = pricing.price_ms
-    monkeypatch.setattr(pricing, "price_ms", lambda m, r: calibrated.append(r) or real(m, r))
     out = tmp_path / "run"
-    args = ["serve-sweep", "--preset", "tiny", "--requests", "6", "--real-requests", "6",
-            "--median", "4", "--max-output", "6", "--prompt-len", "16", "--max-prompt", "32",
-            "--rates", "50,100", "--real-rates", "50,100", "--policies", "continuous",
-            "--threads", "1", "--out", str(out)]  # fmt: skip
+    args = [*TWO_REAL_POINTS, "--out", str(out)]
     result = runner.invoke(app, args)
     assert result.exit_code == 130, result.output
     kept = pd.read_csv(out / "real_steps.csv")
