@@ -108,6 +108,18 @@ def no_user_cache(tmp_path_factory):
         yield
 
 
+@pytest.fixture(autouse=True, scope="session")
+def short_wake_waits():
+    """A serving run's calibration waits idle before its wake runs (up to a second each,
+    runtime/calibrate.py's WAKE_IDLES_S); in-process tests wait milliseconds instead: what
+    they check is not the wake's size (tests/test_wake.py checks its fit and pricing)."""
+    from benchbatch.runtime import calibrate
+
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setattr(calibrate, "WAKE_IDLES_S", (0.0, 0.001, 0.002, 0.004, 0.008))
+        yield
+
+
 @pytest.fixture(autouse=True)
 def own_ceilings_cache(tmp_path_factory, monkeypatch):
     """Each test its own cache of the latest probe: a test measures or reuses ceilings only

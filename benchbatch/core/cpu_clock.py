@@ -50,7 +50,7 @@ def with_cpu_clock(out: dict, rows: Sequence[dict], option: str = "--step-costs"
         return out
     cpu = fit(cpu_rows, option)
     keep = ("coefficients_s", "std_errors_s", "kinds", "host_gap_ms", "median_abs_error",
-            "p90_abs_error", "row_block")  # fmt: skip
+            "p90_abs_error", "row_block", "wake_ms", "wake_power")  # fmt: skip
     clock = {k: cpu["summary"][k] for k in keep} | {"core_share": core_share(steps)}
     return out | {"cpu_model": cpu["model"], "summary": out["summary"] | {"cpu_clock": clock}}
 

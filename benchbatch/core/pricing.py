@@ -14,18 +14,20 @@ import numpy as np
 from benchbatch.core.calibration import coefficients, design, step_kind
 from benchbatch.core.metrics import percentile
 from benchbatch.core.step_model import StepCostModel
+from benchbatch.core.wake import idle_s
 
 
 def price_ms(model: StepCostModel, row: dict) -> float:
     """The model's price of an executed step from its record (runtime/engine.py's row:
     active, decode, prefill, padded, context, gathered and masked tokens, batched), in ms,
     by the fit's own design row: what the simulation charges the same plan (StepCostModel:
-    padded rows as decoding sequences)."""
+    padded rows as decoding sequences), and the core's wake after an idle wait (idle_ms)."""
     padded = row.get("padded", 0)
     features = {**row, "sequences": row["active"] + padded,
                 "decode_tokens": row["decode_tokens"] + padded}  # fmt: skip
     x = design([features], model.settle_decay, model.row_block)[0]
-    return 1e3 * float(x @ np.array(coefficients(model)))
+    woken = model.woken_s(idle_s(row))  # the first step after an idle wait: the core's wake
+    return 1e3 * (float(x @ np.array(coefficients(model))) + woken)
 
 
 def loop_cpu_ms(row: dict) -> float:

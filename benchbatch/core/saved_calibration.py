@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Sequence
+from dataclasses import replace
 from pathlib import Path
 
 from benchbatch.core.calibration import FEATURES, TERMS, fit, model_of
@@ -117,7 +118,7 @@ def read(path: Path, option: str = "--step-costs") -> dict | None:
     columns = [f for f in FEATURES if f != "row_blocks"]  # row_blocks: computed
     _check_numbers(path, df, columns)
     _check_numbers(path, df, ("step_ms",), (1e-4, 3.6e6))
-    clocks = [c for c in ("gap_ms", "cpu_ms", "gap_cpu_ms") if c in df]
+    clocks = [c for c in ("gap_ms", "cpu_ms", "gap_cpu_ms", "idle_ms") if c in df]
     kept = (*columns, "step_ms", *clocks)
     rows = pd.DataFrame({k: df[k] for k in kept}).to_dict("records")
     decay = saved["model"].settle_decay if saved else 0.0  # the settling column's
@@ -161,7 +162,7 @@ def _read_json(path: Path, option: str) -> dict:
     block = doc.get("row_block") or 0
     if not (isinstance(block, int) and 0 <= block <= 4096):
         raise UserError(option, f"{path}: row_block {block!r} is not a number of rows")
-    model = model_of(values, float(decay), block)
+    model = _woken(model_of(values, float(decay), block), doc, path, option)
     conditions = doc.get("conditions")
     conditions = conditions if isinstance(conditions, dict) and conditions else None
     notes = [] if conditions else [_unknown(path, 'it records no "conditions"')]
@@ -179,8 +180,19 @@ def _read_json(path: Path, option: str) -> dict:
             raise UserError(option, f"{path}: cpu_clock row_block {cpu_block!r} is not a number "
                             "of rows")  # fmt: skip
         _check_fit(path, clock, option, "cpu_clock ")
-        out["cpu_model"] = model_of(cpu, float(decay), cpu_block)
+        out["cpu_model"] = _woken(model_of(cpu, float(decay), cpu_block), clock, path, option,
+                                  "cpu_clock ")  # fmt: skip
     return out
+
+
+def _woken(model, doc: dict, path: Path, option: str, where: str = ""):
+    """The model with the saved fit's wake (core/wake.py; none in older calibrations)."""
+    ms, power = doc.get("wake_ms") or 0.0, doc.get("wake_power") or 0.5
+    numbers = all(isinstance(v, (int, float)) and math.isfinite(v) for v in (ms, power))
+    if not (numbers and ms >= 0 and 0 < power <= 2):
+        raise UserError(option, f"{path}: {where}wake_ms {ms!r} or wake_power {power!r} is "
+                        "not a time and an exponent from 0 to 2")  # fmt: skip
+    return replace(model, wake_s=ms / 1e3, wake_power=float(power))
 
 
 def given(paths: Sequence[Path], option: str = "--step-costs") -> dict:

@@ -118,7 +118,9 @@ def simulate_timed(
     """Every request to completion, arrivals in seconds: each step lasts what step_cost says,
     and a request arriving at t joins the queue of the first step that starts at or after t
     (requests' own arrival_step is ignored). With nothing to run the simulation waits for
-    the next arrival: no step is taken meanwhile (the engine idles, as a server does).
+    the next arrival: no step is taken meanwhile (the engine idles, as a server does), and
+    the step after the wait costs step_cost.woken_s(the wait) more where it prices one
+    (StepCostModel: the core back from idle, slow).
 
     delay_s: a server's latency outside its steps (HTTP, tokenizing, streaming back), paid
     once per request: each reaches the scheduler delay_s after its arrival, and its metrics
@@ -139,17 +141,20 @@ def simulate_timed(
     else:
         feed = GatedFeed(requests, arrivals_s, client_limit, delay_s)
     sched = scheduler
-    timeline, starts, ends, now = Timeline(), [], [], 0.0
+    woken = getattr(step_cost, "woken_s", None)  # a step after an idle wait costs more
+    timeline, starts, ends, now, idle = Timeline(), [], [], 0.0, 0.0
     while True:
         feed.release(sched, now)
         if sched.done:
             if feed.empty:
                 break
+            idle += max(0.0, feed.next_arrival - now)
             now = max(now, feed.next_arrival)  # idle until the next request arrives
             continue
         plan = sched.schedule()
         starts.append(now)
-        now += step_cost(plan)
+        now += step_cost(plan) + (woken(idle) if woken is not None and idle else 0.0)
+        idle = 0.0
         finished = sched.update(plan)
         if client_limit is not None:
             feed.finish(finished, now)

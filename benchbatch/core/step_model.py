@@ -12,6 +12,10 @@ from dataclasses import dataclass, fields, replace
 
 from benchbatch.core.plans import StepPlan
 
+# The longest idle wait a wake price grows to (seconds): the calibration measures waits up
+# to half of it (runtime/calibrate.py's WAKE_IDLES_S); a longer wait is priced as this one.
+WAKE_CAP_S = 2.0
+
 
 @dataclass(frozen=True)
 class StepCostModel:
@@ -79,14 +83,33 @@ class StepCostModel:
     row_block: int = 0
     per_decode_only_row_s: float = 0.0
     prefill_step_s: float = 0.0
+    # A step that starts after the engine idled costs more: the core comes back from idle
+    # slow (the first step after a wait of t seconds took wake_s x t^wake_power more, t at
+    # most WAKE_CAP_S; on the 2-core Intel VM the tiny checkpoint's 42 ms prefill 7 ms more
+    # after 0.03-0.1 s idle, 15 ms after 0.3-1 s, 28 ms after more, and the step after it
+    # under 1 ms: left out). Not priced from a plan (a plan knows no wall time): the timed
+    # simulation adds woken_s(idle) to the first step after each wait (core/simulate.py),
+    # a real step's price adds it from its record's idle_ms (core/pricing.py); fitted by
+    # the engine's calibration (its wake runs: a lone prefill after waits of a few lengths),
+    # else 0. wake_power is an exponent, not a time: scaled() keeps it.
+    wake_s: float = 0.0
+    wake_power: float = 0.5
+
+    def woken_s(self, idle_s: float) -> float:
+        """What the first step after an idle wait of idle_s seconds costs more (0 without
+        a wait or a fitted wake)."""
+        if not self.wake_s or not idle_s > 0:
+            return 0.0
+        return self.wake_s * min(idle_s, WAKE_CAP_S) ** self.wake_power
 
     def scaled(self, factor: float) -> StepCostModel:
         """Every term times factor: the same steps on a device that much slower (above 1)
         or faster. Arrivals aside, a simulation on it is the same run with every time scaled
         (a rate r on the scaled model is the rate factor x r on this one, its latencies times
         factor)."""
+        kept = ("settle_decay", "row_block", "wake_power")
         return replace(self, **{f.name: factor * getattr(self, f.name) for f in fields(self)
-                                if f.name not in ("settle_decay", "row_block")})  # fmt: skip
+                                if f.name not in kept})  # fmt: skip
 
     def __call__(self, plan: StepPlan) -> float:
         padded = len(plan.padded_slots)

@@ -77,7 +77,7 @@ def _stagger(p: Plan) -> tuple[int, int, int]:
     return k, short, max(short, min(p.long_prompt, room - p.slots * k))
 
 
-def runs(p: Plan, layout: dict | None = None) -> list[CalibrationRun]:
+def runs(p: Plan, layout: dict | None = None, wake: bool = False) -> list[CalibrationRun]:
     """Four engine runs, each on the continuous scheduler:
 
     decode: `slots` requests admitted at once (one prefill of `slots` prompts), their
@@ -93,6 +93,8 @@ def runs(p: Plan, layout: dict | None = None) -> list[CalibrationRun]:
       prefill-only steps of one to four sequences;
     chunked: slots - 1 long decodes with long prompts prefilled in chunks of `chunk` beside
       them (mixed steps, each chunk re-reading the earlier ones' KV).
+    wake (a serving run's calibration, whose engine waits idle between requests): then
+      wake_runs, a lone prefill after idle waits of WAKE_IDLES_S.
     layout: the engine's kv_layout and block_size in every run (the runs it prices use them:
     a paged cache's steps cost what a contiguous one's do not)."""
     s, room = p.slots, p.max_context - 1
@@ -128,6 +130,7 @@ def runs(p: Plan, layout: dict | None = None) -> list[CalibrationRun]:
     chunk_settings = {"chunked_prefill": True, "chunk_size": p.chunk, "mixed": True,
                       "max_num_batched_tokens": max(p.budget, p.chunk + decodes)}  # fmt: skip
     kv = dict(layout or {})
+    woken = wake_runs(s, short, kv) if wake else []
     return [
         CalibrationRun(EngineRun("decode", s, settings=kv, key="calibration"), decode),
         CalibrationRun(EngineRun("scattered", max(3, s), settings=kv, key="calibration"),
@@ -136,7 +139,24 @@ def runs(p: Plan, layout: dict | None = None) -> list[CalibrationRun]:
         CalibrationRun(
             EngineRun("chunked", s, settings=chunk_settings | kv, key="calibration"), chunked
         ),  # fmt: skip
+        *woken,
     ]
+
+
+# The idle waits (seconds) before the wake runs' lone prefills, each WAKE_ROUNDS times in
+# turn: 0 (no wait) beside the others, so the steady fit prices the same step unwoken.
+WAKE_IDLES_S = (0.0, 0.03, 0.1, 0.3, 1.0)
+WAKE_ROUNDS = 2
+
+
+def wake_runs(slots: int, prompt: int, kv: dict) -> list[CalibrationRun]:
+    """A serving run's engine waits idle between requests, and the step after a wait costs
+    more (core/wake.py): one request of `prompt` tokens and one output token, arriving
+    after each wait of WAKE_IDLES_S (the engine sleeps until it arrives, as it does between
+    a serving run's requests, and records the wait: idle_ms), WAKE_ROUNDS times."""
+    return [CalibrationRun(EngineRun("wake", slots, settings=kv, key="calibration",
+                                     arrivals_s=[idle]), [Request(0, prompt, 1)])
+            for _ in range(WAKE_ROUNDS) for idle in WAKE_IDLES_S]  # fmt: skip
 
 
 def plans(run: EngineRun, requests: Sequence[Request]) -> list[StepPlan]:
@@ -192,7 +212,7 @@ def fit_rows(rows: Sequence[dict]) -> list[dict]:
     keys = ("calibration", "step", "sequences", "decode_tokens", "prefill_tokens",
             "context_tokens", "gathered_tokens", "masked_tokens", "batched", "prompt_pairs",
             "decode_only_rows", "prefill_step", "since_change",
-            "step_ms", "gap_ms", "model_ms", "cpu_ms", "gap_cpu_ms")  # fmt: skip
+            "step_ms", "gap_ms", "model_ms", "cpu_ms", "gap_cpu_ms", "idle_ms")  # fmt: skip
     return [{k: r[k] for k in keys if k in r} for r in rows]
 
 

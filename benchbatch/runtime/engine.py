@@ -44,6 +44,7 @@ from __future__ import annotations
 
 import time
 from collections.abc import Collection, Iterator, Sequence
+from dataclasses import replace
 
 import torch
 
@@ -125,9 +126,12 @@ class Engine:
         origin = time.perf_counter()  # prompts are ready: the clock of the arrivals starts
         since = None  # the previous step's end, while the loop has not idled since
         while not sched.done or (feed is not None and not feed.empty):
-            if feed is not None and _release(feed, sched, origin):
+            idle = 0.0 if feed is None else _release(feed, sched, origin)
+            if idle:
                 since = None
             record = state.step(sched, result, None if feed is None else origin, since)
+            if idle:  # the wait before it: the step-cost model prices the core's wake
+                record = replace(record, idle_s=idle)
             since = state.last_end
             if client_limit is not None:  # their client slots free as their last tokens come
                 feed.finish(state.finished, record.end_s)
@@ -143,16 +147,17 @@ class Engine:
         result.complete = True
 
 
-def _release(feed: ArrivalFeed | GatedFeed, sched, origin: float) -> bool:
+def _release(feed: ArrivalFeed | GatedFeed, sched, origin: float) -> float:
     """Queue every request whose arrival time has passed; with nothing to run, sleep until
-    the next one arrives (an idle server waits; it does not spin steps). Whether it waited."""
+    the next one arrives (an idle server waits; it does not spin steps). The seconds it
+    waited (0.0 where it did not)."""
     feed.release(sched, time.perf_counter() - origin)
-    waited = False
+    began = None
     while sched.done and not feed.empty:
-        waited = True
+        began = time.perf_counter() if began is None else began
         time.sleep(max(0.0, feed.next_arrival - (time.perf_counter() - origin)))
         feed.release(sched, time.perf_counter() - origin)
-    return waited
+    return 0.0 if began is None else max(time.perf_counter() - began, 1e-9)
 
 
 def run_alone(

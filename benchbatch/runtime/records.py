@@ -54,6 +54,10 @@ class StepRecord:
     # (runtime/backend.py, HostTimer); step_s over cpu_s says how long it waited for one.
     cpu_s: float | None = None
     gap_cpu_s: float | None = None
+    # With arrivals in seconds: how long the engine waited idle for a request before this
+    # step (None where it did not): the core comes back from idle slow, and the step-cost
+    # model prices that (StepCostModel.woken_s).
+    idle_s: float | None = None
 
     def row(self) -> dict:
         ranks = {f"step_ms_rank{i}": s * 1e3 for i, s in enumerate(self.rank_step_s)}
@@ -82,6 +86,7 @@ class StepRecord:
             "gap_ms": math.nan if self.gap_s is None else self.gap_s * 1e3,
             "cpu_ms": math.nan if self.cpu_s is None else self.cpu_s * 1e3,
             "gap_cpu_ms": math.nan if self.gap_cpu_s is None else self.gap_cpu_s * 1e3,
+            "idle_ms": math.nan if self.idle_s is None else self.idle_s * 1e3,
             **timed,
         }
 

@@ -104,7 +104,7 @@ def _named(option: str, check, *args):
 
 
 def cost_model(rec, net, budgets, requests, given, run: RunOptions, cpu_clock: bool = False,
-               layout: dict | None = None):  # fmt: skip
+               layout: dict | None = None, wake: bool = False):  # fmt: skip
     """The step-cost model: with a model, the engine calibrated as it runs (the real engine's
     own steps, engine_calibration, in the cache layout the runs it prices use); or the one
     read from --step-costs (given: a calibration, its conditions checked against this
@@ -112,12 +112,13 @@ def cost_model(rec, net, budgets, requests, given, run: RunOptions, cpu_clock: b
     (ablation, serve-sweep and occupancy); a reused one's differences from this run, and
     where it came from, kept with them. cpu_clock: also the calibration's fit on the CPU
     clock where this run is on that clock (one thread, a CPU) and the calibration has it,
-    else None: (model, cpu model)."""
+    else None: (model, cpu model). wake: a serving run's calibration, with the wake runs
+    (runtime/calibrate.py: its engine waits idle between requests)."""
     from benchbatch.output import results
 
     fresh = given is None
     if fresh:
-        given = engine_calibration(rec, net, budgets, requests, run.seed, layout)
+        given = engine_calibration(rec, net, budgets, requests, run.seed, layout, wake)
     differences = [] if fresh else _reused(rec, net, given, layout)
     if not fresh:
         _beyond(rec, given["summary"], budgets.max_num_seqs)
@@ -184,7 +185,8 @@ def _reused(rec, net, given: dict, layout: dict | None) -> list[str]:
     return lines
 
 
-def calibration_runs(net, budgets, requests, layout: dict | None = None) -> list:
+def calibration_runs(net, budgets, requests, layout: dict | None = None,
+                     wake: bool = False) -> list:  # fmt: skip
     """runtime/calibrate.py's runs at these budgets and the requests' prompt lengths (what
     engine_calibration serves; their steps counted beforehand: calibrate.total_steps), in
     the engine's cache layout (default contiguous)."""
@@ -193,10 +195,11 @@ def calibration_runs(net, budgets, requests, layout: dict | None = None) -> list
     prompts = [r.prompt_tokens for r in requests]
     plan = cb.plan_for(budgets.max_num_seqs, prompts, budgets.chunk_size,
                        budgets.max_num_batched_tokens, net.cfg.max_context)  # fmt: skip
-    return cb.runs(plan, layout)
+    return cb.runs(plan, layout, wake)
 
 
-def engine_calibration(rec, net, budgets, requests, seed: int, layout: dict | None = None) -> dict:
+def engine_calibration(rec, net, budgets, requests, seed: int, layout: dict | None = None,
+                       wake: bool = False) -> dict:  # fmt: skip
     """The real engine run on runtime/calibrate.py's workload at these budgets and the
     requests' prompt lengths (calibration_steps.csv as its steps end), fitted by
     core/calibration.py; its conditions (read before it ran) in the summary. The fit is
@@ -205,7 +208,7 @@ def engine_calibration(rec, net, budgets, requests, seed: int, layout: dict | No
     from benchbatch.core.cpu_clock import with_cpu_clock
     from benchbatch.runtime import calibrate as cb
 
-    runs = calibration_runs(net, budgets, requests, layout)
+    runs = calibration_runs(net, budgets, requests, layout, wake)
     cores = (rec.meta.get("threads") or {}).get("physical_cores")
     conditions = cb.conditions(net, layout, cores)
     events = cb.events(net, runs, seed)

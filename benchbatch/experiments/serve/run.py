@@ -170,7 +170,7 @@ def _cost_model(rec, net, setup, w, given, run):
     from benchbatch.experiments.ablation.run import cost_model
 
     budgets = Budgets(setup.slots, setup.budget, setup.chunk)
-    return cost_model(rec, net, budgets, w.requests, given, run, cpu_clock=True)
+    return cost_model(rec, net, budgets, w.requests, given, run, cpu_clock=True, wake=True)
 
 
 def _sweep_cost(rec, cost, cpu_cost):
