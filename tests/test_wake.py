@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import json
 import math
+import re
 
 import numpy as np
 import pytest
@@ -175,3 +176,17 @@ def test_the_engine_records_the_wait_before_a_step(tiny_model, one_thread):
     rows = [e for e in engine_events(tiny_model, [Request(0, 8, 3)], [queued], 0)
             if not isinstance(e, Finished)]  # fmt: skip
     assert all(math.isnan(r["idle_ms"]) for r in rows)
+
+
+def test_the_calibrations_line_says_its_wake_with_its_error():
+    from benchbatch.core.calibration_text import line
+
+    rows = synthetic_steps(60, 0.0) + woken_rows(0.02, 0.5)
+    rows = [r | {"cpu_ms": r["step_ms"]} for r in rows]
+    from benchbatch.core.cpu_clock import with_cpu_clock
+
+    out = with_cpu_clock(cal.fit(rows), rows)
+    for clock in ("wall", "cpu"):
+        said = line(out["summary"], clock)
+        assert re.search(r" \+ 20±[0-9.e-]+ ms x \(idle s\)\^0\.5 after an idle wait", said)
+    assert "idle wait" not in line(cal.fit(synthetic_steps(60, 0.0))["summary"])

@@ -17,7 +17,8 @@ def line(s: dict, clock: str = "wall") -> str:
     on_cpu = clock == "cpu" and bool((s.get("cpu_clock") or {}).get("coefficients_s"))
     wall = s
     if on_cpu:
-        fitted = ("coefficients_s", "std_errors_s", "kinds", "host_gap_ms", "row_block")
+        fitted = ("coefficients_s", "std_errors_s", "kinds", "host_gap_ms", "row_block",
+                  "wake_ms", "wake_power", "wake")  # fmt: skip
         s = s | {k: s["cpu_clock"][k] for k in fitted if k in s["cpu_clock"]}
     # NaN (no error: a term at its bound) is null once written to step_cost.json.
     se = {k: math.nan if v is None else v for k, v in s["std_errors_s"].items()}
@@ -45,6 +46,10 @@ def line(s: dict, clock: str = "wall") -> str:
     parts = [f"{significant(coef.get(t, 0.0) * k, 3)}±{significant(se.get(t, math.nan) * k, 2)} {u}"
              for t, k, u in terms
              if coef.get(t) or math.isfinite(se.get(t, math.nan))]  # fmt: skip
+    if (s.get("wake_ms") or 0) > 0:  # the core's wake (core/wake.py), where fitted
+        error = ((s.get("wake") or {}).get("wake_std_error_s") or math.nan) * 1e3
+        parts.append(f"{significant(s['wake_ms'], 3)}±{significant(error, 2)} ms x (idle s)^"
+                     f"{s.get('wake_power', 0.5):g} after an idle wait")  # fmt: skip
     kinds = ", ".join(
         f"{kind} {v['median_abs_error']:.0%}/{v['p90_abs_error']:.0%}"
         for kind, v in s["kinds"].items()

@@ -52,6 +52,8 @@ def with_cpu_clock(out: dict, rows: Sequence[dict], option: str = "--step-costs"
     keep = ("coefficients_s", "std_errors_s", "kinds", "host_gap_ms", "median_abs_error",
             "p90_abs_error", "row_block", "wake_ms", "wake_power")  # fmt: skip
     clock = {k: cpu["summary"][k] for k in keep} | {"core_share": core_share(steps)}
+    if "wake" in cpu["summary"]:  # its fit of the steps after an idle wait (core/wake.py)
+        clock["wake"] = cpu["summary"]["wake"]
     return out | {"cpu_model": cpu["model"], "summary": out["summary"] | {"cpu_clock": clock}}
 
 
