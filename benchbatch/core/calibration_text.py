@@ -46,10 +46,7 @@ def line(s: dict, clock: str = "wall") -> str:
     parts = [f"{significant(coef.get(t, 0.0) * k, 3)}±{significant(se.get(t, math.nan) * k, 2)} {u}"
              for t, k, u in terms
              if coef.get(t) or math.isfinite(se.get(t, math.nan))]  # fmt: skip
-    if (s.get("wake_ms") or 0) > 0:  # the core's wake (core/wake.py), where fitted
-        error = ((s.get("wake") or {}).get("wake_std_error_s") or math.nan) * 1e3
-        parts.append(f"{significant(s['wake_ms'], 3)}±{significant(error, 2)} ms x (idle s)^"
-                     f"{s.get('wake_power', 0.5):g} after an idle wait")  # fmt: skip
+    parts += _wake_part(s)
     kinds = ", ".join(
         f"{kind} {v['median_abs_error']:.0%}/{v['p90_abs_error']:.0%}"
         for kind, v in s["kinds"].items()
@@ -72,6 +69,15 @@ def line(s: dict, clock: str = "wall") -> str:
         + " + ".join(parts)
         + f" (|error| median/p90: {kinds}{host})"
     )  # fmt: skip
+
+
+def _wake_part(s: dict) -> list[str]:
+    """The core's wake (core/wake.py) with its standard error, where the fit has one."""
+    if not (s.get("wake_ms") or 0) > 0:
+        return []
+    error = ((s.get("wake") or {}).get("wake_std_error_s") or math.nan) * 1e3
+    return [f"{significant(s['wake_ms'], 3)}±{significant(error, 2)} ms x (idle s)^"
+            f"{s.get('wake_power', 0.5):g} after an idle wait"]  # fmt: skip
 
 
 def cost_line(s: dict) -> str:

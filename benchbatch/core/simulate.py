@@ -136,10 +136,7 @@ def simulate_timed(
     assert delay_s >= 0, delay_s
     requests = requests.to_requests() if isinstance(requests, Workload) else list(requests)
     arrivals_s = [float(t) for t in arrivals_s]
-    if client_limit is None:
-        feed = ArrivalFeed(requests, [t + delay_s for t in arrivals_s])
-    else:
-        feed = GatedFeed(requests, arrivals_s, client_limit, delay_s)
+    feed = _feed(requests, arrivals_s, delay_s, client_limit)
     sched = scheduler
     woken = getattr(step_cost, "woken_s", None)  # a step after an idle wait costs more
     timeline, starts, ends, now, idle = Timeline(), [], [], 0.0, 0.0
@@ -170,6 +167,14 @@ def simulate_timed(
         sched.policy, sched.config.slots, len(requests), sched.step, useful, now,
         timeline, metrics, ends, starts,
     )  # fmt: skip
+
+
+def _feed(requests, arrivals_s: list[float], delay_s: float, client_limit: int | None):
+    """The requests as they reach the scheduler: delay_s after arriving, or behind a
+    client's cap on requests in flight."""
+    if client_limit is None:
+        return ArrivalFeed(requests, [t + delay_s for t in arrivals_s])
+    return GatedFeed(requests, arrivals_s, client_limit, delay_s)
 
 
 def _article_result(policy: str, workload: Workload, slots: int, with_metrics: bool) -> SimResult:

@@ -114,12 +114,7 @@ def runs(p: Plan, layout: dict | None = None, wake: bool = False) -> list[Calibr
     # Every other slot finishing first: decodes over scattered slots (their KV gathered).
     scattered = [Request(i, long, out(long, k if i % 2 == 0 else 3 * k))
                  for i in range(max(3, s))]  # fmt: skip
-    lengths = sorted({max(1, short // 4), max(1, short // 2), short, min(2 * short, room), long})
-    prefill, t = [], 0
-    for group in (1, 2, 4):
-        for n in lengths:
-            prefill += [Request(len(prefill) + j, n, 1, arrival_step=t) for j in range(group)]
-            t += 1
+    prefill = _prefills(short, long, room)
     chunked_prompt = max(long, min(3 * p.chunk, room - 8 * k))
     decodes = max(1, s - 1)
     steps = -(-chunked_prompt // p.chunk) * 2 + 2
@@ -141,6 +136,18 @@ def runs(p: Plan, layout: dict | None = None, wake: bool = False) -> list[Calibr
         ),  # fmt: skip
         *woken,
     ]
+
+
+def _prefills(short: int, long: int, room: int) -> list[Request]:
+    """The prefill run's requests: prompts of a few lengths, alone, in twos and in fours,
+    one step apart, each generating one token."""
+    lengths = sorted({max(1, short // 4), max(1, short // 2), short, min(2 * short, room), long})
+    prefill, t = [], 0
+    for group in (1, 2, 4):
+        for n in lengths:
+            prefill += [Request(len(prefill) + j, n, 1, arrival_step=t) for j in range(group)]
+            t += 1
+    return prefill
 
 
 # The idle waits (seconds) before the wake runs' lone prefills, each WAKE_ROUNDS times in
