@@ -1525,8 +1525,8 @@ BREAKS = [
     Break(
         "audit 8: a wait past the cap priced in full",
         'benchbatch/core/step_model.py',
-        '        return self.wake_s * min(idle_s, WAKE_CAP_S) ** self.wake_power',
-        '        return self.wake_s * idle_s ** self.wake_power',
+        '    return min(idle_s, WAKE_CAP_S) ** power',
+        '    return idle_s ** power',
         tests("tests/test_wake.py",
               "test_the_timed_simulation_charges_the_wake_to_the_first_step_after_each_wait"),
     ),
@@ -1536,6 +1536,14 @@ BREAKS = [
         'kept = ("settle_decay", "row_block", "wake_power")',
         'kept = ("settle_decay", "row_block")',
         tests("tests/test_wake.py", "test_a_real_steps_price_adds_the_wake_after_a_wait"),
+    ),
+    Break(
+        "audit 8: a wait shorter than the calibration's shortest priced by the power law",
+        'benchbatch/core/step_model.py',
+        '    if idle_s < WAKE_MIN_S:',
+        '    if False:',
+        tests("tests/test_wake.py",
+              "test_a_wait_shorter_than_the_calibrations_shortest_is_priced_in_proportion"),
     ),
     Break(
         "audit 8: a real step's price without its wake",
@@ -1555,8 +1563,8 @@ BREAKS = [
     Break(
         "audit 8: the wake's exponent not tried",
         'benchbatch/core/wake.py',
-        '        f = waits**power',
-        '        f = waits**0.5',
+        '        f = np.array([wake_shape(w, power) for w in waits])',
+        '        f = np.array([wake_shape(w, 0.5) for w in waits])',
         tests("tests/test_wake.py", "test_the_fit_recovers_a_synthetic_engines_wake_exactly"),
     ),
     Break(

@@ -17,7 +17,7 @@ from benchbatch.core import pricing, wake
 from benchbatch.core import saved_calibration as sc
 from benchbatch.core.scheduler import make_scheduler
 from benchbatch.core.simulate import simulate_timed
-from benchbatch.core.step_model import WAKE_CAP_S, StepCostModel
+from benchbatch.core.step_model import WAKE_CAP_S, WAKE_MIN_S, StepCostModel
 from benchbatch.core.workload import Request
 from benchbatch.errors import UserError
 from tests.test_calibration import TRUE, synthetic_steps, true_cost
@@ -76,6 +76,20 @@ def test_too_few_woken_steps_fit_no_wake_and_no_waits_none():
     assert out["model"].wake_s == 0.0 and "wake" not in out["summary"]
     assert wake.idle_s({"idle_ms": math.nan}) == 0.0 and wake.idle_s({}) == 0.0
     assert wake.idle_s({"idle_ms": 250.0}) == 0.25
+
+
+def test_a_wait_shorter_than_the_calibrations_shortest_is_priced_in_proportion():
+    """Below WAKE_MIN_S (the shortest wait the calibration measures) the price falls in
+    proportion to the wait, to 0 at none: a loop that found its next request already due
+    (a wait of microseconds) pays next to nothing, not the power law's 5-20%."""
+    at_min = MODEL.woken_s(WAKE_MIN_S)
+    assert at_min == pytest.approx(0.03 * WAKE_MIN_S**0.5)
+    assert MODEL.woken_s(WAKE_MIN_S / 3) == pytest.approx(at_min / 3)
+    assert MODEL.woken_s(1e-6) < 1e-4 * at_min and MODEL.woken_s(0.0) == 0.0
+    rows = [{"idle_ms": 1e3 * w, "step_ms": 1e3 * (1e-3 + MODEL.woken_s(w))}
+            for w in (0.001, 0.01, 0.02, *WAITS)]  # fmt: skip
+    got = wake.fit_wake(rows, [1.0] * len(rows))  # the short waits fitted on the same shape
+    assert got["wake_s"] == pytest.approx(0.03, rel=1e-9) and got["wake_power"] == 0.5
 
 
 def test_a_wake_never_goes_negative():

@@ -15,6 +15,20 @@ from benchbatch.core.plans import StepPlan
 # The longest idle wait a wake price grows to (seconds): the calibration measures waits up
 # to half of it (runtime/calibrate.py's WAKE_IDLES_S); a longer wait is priced as this one.
 WAKE_CAP_S = 2.0
+# The shortest wait the calibration measures (seconds): below it the wake's price falls in
+# proportion to the wait, to 0 at none (not the power law, which a wait of a few
+# microseconds, a loop that found a request already due, would still charge 5-20% of it).
+WAKE_MIN_S = 0.03
+
+
+def wake_shape(idle_s: float, power: float) -> float:
+    """The wake's price per wake_s after a wait of idle_s seconds: idle_s^power from
+    WAKE_MIN_S to WAKE_CAP_S (flat past it), in proportion to the wait below it, 0 at none."""
+    if not idle_s > 0:
+        return 0.0
+    if idle_s < WAKE_MIN_S:
+        return WAKE_MIN_S**power * idle_s / WAKE_MIN_S
+    return min(idle_s, WAKE_CAP_S) ** power
 
 
 @dataclass(frozen=True)
@@ -84,9 +98,10 @@ class StepCostModel:
     per_decode_only_row_s: float = 0.0
     prefill_step_s: float = 0.0
     # A step that starts after the engine idled costs more: the core comes back from idle
-    # slow (the first step after a wait of t seconds took wake_s x t^wake_power more, t at
-    # most WAKE_CAP_S; on the 2-core Intel VM the tiny checkpoint's 42 ms prefill 7 ms more
-    # after 0.03-0.1 s idle, 15 ms after 0.3-1 s, 28 ms after more, and the step after it
+    # slow (the first step after a wait of t seconds costs wake_s x t^wake_power more, t at
+    # most WAKE_CAP_S, in proportion below WAKE_MIN_S: wake_shape; on the 2-core Intel VM
+    # the tiny checkpoint's 42 ms prefill took 7 ms more after 0.03-0.1 s idle, 15 ms
+    # after 0.3-1 s, 28 ms after more, and the step after it
     # under 1 ms: left out). Not priced from a plan (a plan knows no wall time): the timed
     # simulation adds woken_s(idle) to the first step after each wait (core/simulate.py),
     # a real step's price adds it from its record's idle_ms (core/pricing.py); fitted by
@@ -98,9 +113,7 @@ class StepCostModel:
     def woken_s(self, idle_s: float) -> float:
         """What the first step after an idle wait of idle_s seconds costs more (0 without
         a wait or a fitted wake)."""
-        if not self.wake_s or not idle_s > 0:
-            return 0.0
-        return self.wake_s * min(idle_s, WAKE_CAP_S) ** self.wake_power
+        return self.wake_s * wake_shape(idle_s, self.wake_power) if self.wake_s else 0.0
 
     def scaled(self, factor: float) -> StepCostModel:
         """Every term times factor: the same steps on a device that much slower (above 1)

@@ -16,7 +16,7 @@ from collections.abc import Sequence
 
 import numpy as np
 
-from benchbatch.core.step_model import WAKE_CAP_S
+from benchbatch.core.step_model import wake_shape
 
 WAKE_POWERS = (0.25, 0.5, 0.75, 1.0)
 # Fewer woken steps than this fit no wake (wake_s 0): one or two say nothing of its shape.
@@ -43,11 +43,12 @@ def split(rows: Sequence[dict]) -> tuple[list[dict], list[dict]]:
 def fit_wake(woken: Sequence[dict], priced_ms: Sequence[float], gap_ms: float = 0.0) -> dict:
     """The wake's price from the steps that followed an idle wait: each one's time (step_ms,
     plus the loop's gap the fit charges every step) over the steady fit's price of it
-    (priced_ms), least squares in wake_s x min(wait, WAKE_CAP_S)^power, wake_s >= 0, at each
-    of WAKE_POWERS, the least squared error kept. Returns {"wake_s", "wake_power",
+    (priced_ms), least squares in wake_s x wake_shape(wait, power) (wait^power, capped, in
+    proportion below the shortest wait measured), wake_s >= 0, at each of WAKE_POWERS, the
+    least squared error kept. Returns {"wake_s", "wake_power",
     "wake_std_error_s", "woken_steps", "idle_s": [shortest, longest wait]}; wake_s 0 with
     fewer than MIN_WOKEN steps."""
-    waits = np.array([min(idle_s(r), WAKE_CAP_S) for r in woken])
+    waits = np.array([idle_s(r) for r in woken])
     extra = np.array([(r["step_ms"] + gap_ms - p) / 1e3
                       for r, p in zip(woken, priced_ms, strict=True)])  # fmt: skip
     out = {"wake_s": 0.0, "wake_power": 0.5, "wake_std_error_s": math.nan,
@@ -57,7 +58,7 @@ def fit_wake(woken: Sequence[dict], priced_ms: Sequence[float], gap_ms: float = 
         return out
     best = None
     for power in WAKE_POWERS:
-        f = waits**power
+        f = np.array([wake_shape(w, power) for w in waits])
         wake = max(0.0, float(f @ extra / (f @ f)))
         squared = float(np.sum((extra - wake * f) ** 2))
         if best is None or squared < best[0]:
