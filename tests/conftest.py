@@ -112,11 +112,13 @@ def no_user_cache(tmp_path_factory):
 def short_wake_waits():
     """A serving run's calibration waits idle before its wake runs (up to a second each,
     runtime/calibrate.py's WAKE_IDLES_S); in-process tests wait milliseconds instead: what
-    they check is not the wake's size (tests/test_wake.py checks its fit and pricing)."""
+    they check is not the wake's size (tests/test_wake.py checks its fit and pricing). On a
+    loaded machine a short wait can pass before the engine looks (no wait recorded), so
+    tests ask only that some wake steps were fitted."""
     from benchbatch.runtime import calibrate
 
     with pytest.MonkeyPatch.context() as mp:
-        mp.setattr(calibrate, "WAKE_IDLES_S", (0.0, 0.001, 0.002, 0.004, 0.008))
+        mp.setattr(calibrate, "WAKE_IDLES_S", (0.0, 0.005, 0.01, 0.02, 0.04))
         yield
 
 

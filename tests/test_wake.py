@@ -176,11 +176,12 @@ def test_the_serving_calibration_has_wake_runs_and_the_others_none():
 
 
 def test_the_engine_records_the_wait_before_a_step(tiny_model, one_thread):
-    """A request arriving 50 ms after the run starts: the engine has nothing to run until
-    then, so its first step follows a wait, recorded; the steps after it follow none."""
+    """A request arriving 0.3 s after the run starts: the engine has nothing to run until
+    then, so its first step follows a wait, recorded; the steps after it follow none (0.3 s:
+    far past what a loaded machine keeps the thread from looking)."""
     from benchbatch.runtime.runs import EngineRun, Finished, engine_events
 
-    run = EngineRun("wake", 2, arrivals_s=[0.05])
+    run = EngineRun("wake", 2, arrivals_s=[0.3])
     rows = [e for e in engine_events(tiny_model, [Request(0, 8, 3)], [run], 0)
             if not isinstance(e, Finished)]  # fmt: skip
     assert len(rows) == 3
