@@ -28,4 +28,9 @@ except KeyboardInterrupt:  # before the entry point could take it: nothing ran y
 
     os._exit(130)
 
-main()
+try:
+    main()
+except KeyboardInterrupt:  # on main's first instruction, before its own handlers could take it
+    from benchbatch.app.start import interrupted_outside
+
+    interrupted_outside()

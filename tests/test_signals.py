@@ -233,3 +233,55 @@ def test_a_signal_inside_a_weakref_callback_comes_again_not_lost():
     assert (prepared.stdout.strip(), prepared.stderr) == ("interrupted", "")
     plain = run()  # Python's own behaviour, for contrast
     assert plain.stdout.strip() == "the Ctrl-C was lost" and "Exception ignored" in plain.stderr
+
+
+AT_AN_INSTANT = """
+import os, runpy, signal, sys
+where = sys.argv[1]  # "call": main's first instruction; else a line of benchbatch/app/start.py
+
+def tracer(frame, event, arg):
+    code = frame.f_code
+    if code.co_name != "main" or not code.co_filename.endswith(os.path.join("app", "start.py")):
+        return None
+    if where == "call":
+        sys.settrace(None)
+        signal.raise_signal(signal.SIGINT)
+    return on_line
+
+def on_line(frame, event, arg):
+    if event == "line" and str(frame.f_lineno) == where:
+        sys.settrace(None)
+        signal.raise_signal(signal.SIGINT)
+        return None
+    return on_line
+
+sys.argv = ["benchbatch", *sys.argv[2:]]
+sys.settrace(tracer)
+runpy.run_module("benchbatch", run_name="__main__", alter_sys=True)
+"""
+
+
+def entry_point_instants() -> list[str]:
+    """benchbatch/app/start.py's main: its first instruction (where Python checks for a
+    signal before any `try` of its own) and each of its statements' lines."""
+    import ast
+
+    tree = ast.parse((ROOT / "benchbatch" / "app" / "start.py").read_text())
+    main = next(n for n in tree.body if isinstance(n, ast.FunctionDef) and n.name == "main")
+    return ["call", *(str(statement.lineno) for statement in main.body)]
+
+
+@pytest.mark.parametrize("where", entry_point_instants())
+def test_a_signal_on_the_entry_points_own_lines_is_one_line(tmp_path, where):
+    """A Ctrl-C checked for on main's first instruction, before its first `try`, or between
+    its two (seen as an exit -2 with a traceback by a run that sent SIGINT at the first hit of
+    every line the program runs): one line, exit code 130, nothing written."""
+    folder = tmp_path / "run"
+    args = ["occupancy", "--requests", "20", "--seeds", "1", "--out", str(folder)]
+    done = subprocess.run([sys.executable, "-c", AT_AN_INSTANT, where, *args], cwd=ROOT,
+                          capture_output=True, text=True, timeout=HANG_S)  # fmt: skip
+    lines = [line for line in done.stderr.splitlines() if line.strip()]
+    assert done.returncode == 130, (done.returncode, done.stderr[-2000:])
+    assert "Traceback" not in done.stderr, done.stderr[-2000:]
+    assert len(lines) == 1 and lines[0].startswith("interrupted"), lines
+    assert "nothing" in lines[0] and not folder.exists()
