@@ -283,7 +283,7 @@ def _free_port() -> int:
 @pytest.mark.parametrize(
     "endpoint, flag",
     [
-        (f"http://127.0.0.1:{_free_port()}", "--endpoint"),  # nothing listens there
+        ("http://127.0.0.1:{free}", "--endpoint"),  # nothing listens there
         ("ftp://127.0.0.1:8000", "--endpoint"),
         ("http://", "--endpoint"),
         ("not a url", "--endpoint"),
@@ -291,6 +291,9 @@ def _free_port() -> int:
     ],
 )
 def test_a_bad_endpoint_is_one_line_and_exit_2(runner, tmp_path, endpoint, flag):
+    """{free}: a port free when the test runs (picked then, not when the tests are collected:
+    the same name in every pytest worker, and not taken meanwhile)."""
+    endpoint = endpoint.replace("{free}", str(_free_port()))
     result = runner.invoke(app, ["serve-sweep", "--endpoint", endpoint, "--out", str(tmp_path)])
     assert result.exit_code == 2, result.output
     assert flag in result.output and "Traceback" not in result.output
