@@ -1,12 +1,19 @@
 """Shared fixtures: CLI runner, one torch thread for tiny models, tiny models and workloads,
 quick timing; GPU tests skip themselves without CUDA."""
 
+import os
 import signal
 
 import matplotlib.font_manager  # noqa: F401
 import pytest
 import torch
 from hypothesis import settings
+
+# pytest-xdist's workers start with COLUMNS and LINES set (80 and 24 without a terminal), and
+# rich's consoles, made when benchbatch is first imported, would keep that width for good: a
+# test that gives a command its width (CliRunner's env={"COLUMNS": ...}) would not get it.
+for _name in ("COLUMNS", "LINES"):
+    os.environ.pop(_name, None)
 
 # No test may depend on timing: hypothesis' per-example deadline (200 ms by default) fails a
 # property when a loaded machine runs one example slowly, so it is off for every property.
