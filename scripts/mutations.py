@@ -734,6 +734,42 @@ BREAKS = [
               "test_a_queue_amplifies_a_step_cost_error_as_worked_by_hand"),
     ),
     Break(
+        "prediction: the band's median taken as the price's own value",
+        "benchbatch/core/prediction.py",
+        "            out[key] = float(statistics.median(known))",
+        "            out[key] = float(known[0])",
+        tests("tests/test_prediction.py",
+              "test_a_prediction_across_a_static_groups_edge_is_the_bands_median_as_worked_by_hand",
+              "test_the_bands_median_keeps_the_price_for_a_monotone_metric_and_skips_unknowns"),
+    ),
+    Break(
+        "prediction: the band's median over the spread simulations without the price's",
+        "benchbatch/core/prediction.py",
+        "        known = [v for v in (at_price.get(key), *(s.get(key) for s in spread)) "
+        "if _finite(v)]",
+        "        known = [v for v in (*(s.get(key) for s in spread),) if _finite(v)] or "
+        "[at_price.get(key)]",
+        tests("tests/test_prediction.py",
+              "test_the_bands_median_keeps_the_price_for_a_monotone_metric_and_skips_unknowns",
+              "test_a_queue_amplifies_a_step_cost_error_as_worked_by_hand"),
+    ),
+    Break(
+        "prediction: an interval left over the simulation at the price",
+        "benchbatch/core/prediction.py",
+        "                lo, hi = (lo * shift, hi * shift) if shift == shift else (lo, hi)",
+        "                lo, hi = (lo, hi)",
+        tests("tests/test_prediction.py",
+              "test_an_interval_is_carried_from_the_simulation_at_the_price_to_the_prediction"),
+    ),
+    Break(
+        "serve-sweep: sim_vs_real beside the simulation at the price, not the prediction",
+        "benchbatch/experiments/serve/real.py",
+        "        predicted = band_median(sim_row, served.spread[key], probe.COMPARED)",
+        "        predicted = sim_row",
+        tests("tests/test_prediction.py",
+              "test_serve_sweep_writes_prediction_from_the_sim_vs_real_pairs"),
+    ),
+    Break(
         "prediction: misses judged inside the band by the prediction, not the measurement",
         "benchbatch/core/prediction.py",
         '        inside = sum(r["simulated_low"] <= r["measured"] <= r["simulated_high"] '

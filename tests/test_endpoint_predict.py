@@ -520,7 +520,12 @@ def test_a_server_short_of_kv_is_calibrated_and_predicted_within_its_pool(
     assert measured.to_dict() == simulated.to_dict()
     pred = pd.read_csv(out / "prediction.csv")
     p50 = pred[pred["metric"].isin(["ttft_p50_s", "tpot_p50_s", "e2e_p50_s"])]
-    assert len(p50) == 9 and ((p50["ratio"] - 1).abs() < 0.02).all(), p50
+    # the model's own costs (the simulation at the price) within 2%; the prediction, the
+    # median over every step up to 10% slower or faster, within its target (a preemption
+    # a few percent of speed away moves a p50 by some percent)
+    exact = p50["measured"] / p50["simulated_at_price"]
+    assert len(p50) == 9 and ((exact - 1).abs() < 0.02).all(), p50
+    assert p50["within"].all(), p50
     meta = json.loads((out / "metadata.json").read_text())
     assert meta["prediction_kv"] == {
         "blocks": 13,  # vLLM's null block is not handed out

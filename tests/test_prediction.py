@@ -138,6 +138,15 @@ def test_serve_sweep_writes_prediction_from_the_sim_vs_real_pairs(runner, tmp_pa
     both = table.merge(versus, on=["policy", "rate", "metric"], suffixes=("", "_v"))
     assert len(both) == 2 * 5  # TTFT p50/p99, TPOT p50/p99, E2E p50 in both; E2E p99 here
     assert (both["simulated"] == both["simulated_v"]).all()
+    # the prediction is the median over the band (core/prediction.band_median); the one
+    # simulation at the calibration's price is serve.csv's sim-matched row
+    assert (table["simulated_low"] <= table["simulated"]).all()
+    assert (table["simulated"] <= table["simulated_high"]).all()
+    matched = pd.read_csv(out / "serve.csv", dtype={"rate": str})
+    matched = matched[matched["source"] == "sim-matched"].set_index("rate")
+    for _, row in table.iterrows():
+        assert row["simulated_at_price"] == pytest.approx(matched.loc[row["rate"], row["metric"]],
+                                                          rel=1e-12)  # fmt: skip
     assert (both["measured"] == both["measured_v"]).all()
     assert both["ratio"].to_numpy() == pytest.approx(both["measured_over_simulated"].to_numpy())
     assert not table[table["rate"] == "max"]["below_saturation"].any()
@@ -163,7 +172,10 @@ def test_serve_sweep_writes_prediction_from_the_sim_vs_real_pairs(runner, tmp_pa
         ids = sorted(set(real.index) & set(sim.index))
         assert len(ids) == 8
         lo, hi = pr.ratio_interval(real[ids].to_numpy(), sim[ids].to_numpy(), q)
-        assert (row["ratio_low"], row["ratio_high"]) == pytest.approx((lo, hi), nan_ok=True)
+        # over the simulation at the price (the requests' own), carried to the prediction
+        shift = row["simulated_at_price"] / row["simulated"]
+        assert (row["ratio_low"], row["ratio_high"]) == pytest.approx((lo * shift, hi * shift),
+                                                                      nan_ok=True)  # fmt: skip
     p50 = table[table["metric"].str.endswith("p50_s")]
     assert (p50["ratio_low"] <= p50["ratio_high"]).all()
     said = " ".join(result.output.split())
@@ -380,6 +392,72 @@ def test_a_queue_amplifies_a_step_cost_error_as_worked_by_hand():
     assert band["tpot_p50_s"] == pytest.approx((0.9 * c, 1.1 * c), rel=1e-9)
     assert math.log(band["ttft_p50_s"][1] / band["ttft_p50_s"][0]) > pr.AMPLIFIED * math.log(
         1.1 / 0.9)
+    # Every metric here grows with the steps' cost: the prediction (the band's median) is
+    # the simulation at the price.
+    for p in probe.prediction_pairs(sim, sim, 1.0, spread):
+        assert p["simulated"] == p["simulated_at_price"] == sim[p["metric"]]
+
+
+def test_a_prediction_across_a_static_groups_edge_is_the_bands_median_as_worked_by_hand():
+    """Static, two slots, every step f * c: request 0 (2 tokens) starts a group alone at 0,
+    which ends at 2fc; request 1 (10 tokens, arriving at a = 0.5c) waits for it and starts
+    the next group; request 2 (1 token, arriving at b = 2.01c) rides that group where it
+    arrives before it starts (f >= 1.005: first token at 3fc) and else waits for its
+    10 steps (at 13fc). So its TTFT falls by ten steps as the steps get dearer, across an
+    edge just past the price: the prediction is the median of the nine factors' TTFT p99
+    (numpy's percentile of the three TTFTs), not the price's own, on the edge's far side."""
+    import numpy as np
+
+    from benchbatch.core.serving import ServingSLO
+    from benchbatch.core.step_model import StepCostModel
+    from benchbatch.core.workload import Request
+    from benchbatch.experiments.serve import probe, workloads
+
+    c, a, b = 0.01, 0.005, 0.0201
+    w = workloads.ServeWorkload([Request(0, 4, 2), Request(1, 4, 10), Request(2, 4, 1)],
+                                np.array([0.0, a, b]), "", "")  # fmt: skip
+    setup = probe.Setup(2, 64, 64, ServingSLO(1.0, 1.0))
+    cost = StepCostModel(base_s=c, per_decode_token_s=0.0, per_prefill_token_s=0.0)
+
+    def p99(f: float) -> float:
+        rides = b <= 2 * f * c
+        return float(np.percentile([f * c, 3 * f * c - a, (3 if rides else 13) * f * c - b], 99))
+
+    sim = probe.point_row(probe.simulate_point(w, "static", 1.0, setup, cost), setup)
+    assert sim["ttft_p99_s"] == pytest.approx(p99(1.0), rel=1e-9)
+    spread = probe.spread_rows(w, "static", 1.0, setup, cost)
+    pair = next(p for p in probe.prediction_pairs(sim, sim, 1.0, spread)
+                if p["metric"] == "ttft_p99_s")  # fmt: skip
+    by_hand = [p99(f) for f in pr.spread_factors()]
+    assert pair["simulated_at_price"] == pytest.approx(p99(1.0), rel=1e-9)
+    assert pair["simulated"] == pytest.approx(float(np.median(by_hand)), rel=1e-9)
+    assert pair["simulated"] < pair["simulated_at_price"] / 1.05  # five of nine miss the group
+    assert (pair["simulated_low"], pair["simulated_high"]) == pytest.approx(
+        (min(by_hand), max(by_hand)), rel=1e-9)
+
+
+def test_the_bands_median_keeps_the_price_for_a_monotone_metric_and_skips_unknowns():
+    at_price = {"ttft_p50_s": 1.0, "tpot_p50_s": 0.5, "label": "x", "e2e_p50_s": math.nan}
+    rising = [{"ttft_p50_s": f, "tpot_p50_s": 0.5 * f ** 3, "e2e_p50_s": 2.0 * f}
+              for f in pr.spread_factors() if f != 1.0]  # fmt: skip
+    out = pr.band_median(at_price, rising, ("ttft_p50_s", "tpot_p50_s", "e2e_p50_s", "none"))
+    assert out["ttft_p50_s"] == 1.0 and out["tpot_p50_s"] == 0.5 and out["label"] == "x"
+    # NaN at the price: the median of the eight others (an even count: the middle two's mean)
+    assert out["e2e_p50_s"] == pytest.approx(2.0 * (0.975 + 1.025) / 2, rel=1e-12)
+    assert "none" not in out and at_price["ttft_p50_s"] == 1.0  # its input left as it was
+    jumpy = [{"ttft_p50_s": v} for v in (0.4, 0.45, 0.5, 0.55, 0.9, 0.95, 1.0, 1.05)]
+    assert pr.band_median({"ttft_p50_s": 2.0}, jumpy, ["ttft_p50_s"])["ttft_p50_s"] == 0.9
+    assert pr.band_median(at_price, [], ["ttft_p50_s"]) == at_price
+
+
+def test_an_interval_is_carried_from_the_simulation_at_the_price_to_the_prediction():
+    requests = {("p", "measured"): {1: {"e2e_s": 2.0}, 2: {"e2e_s": 4.0}, 3: {"e2e_s": 6.0}},
+                ("p", "simulated"): {1: {"e2e_s": 1.0}, 2: {"e2e_s": 2.0}, 3: {"e2e_s": 3.0}}}
+    plain = {"point": "p", "metric": "e2e_p50_s", "simulated": 2.0, "measured": 4.0}
+    banded = plain | {"simulated": 2.5, "simulated_at_price": 2.0}
+    [a], [b] = pr.with_intervals([plain], requests), pr.with_intervals([banded], requests)
+    assert (a["ratio_low"], a["ratio_high"]) == pytest.approx((2.0, 2.0))  # every draw x2
+    assert (b["ratio_low"], b["ratio_high"]) == pytest.approx((1.6, 1.6))  # 4.0 / 2.5
 
 
 def test_a_points_speed_sums_its_steps_time_over_their_price():

@@ -99,6 +99,29 @@ def spread_factors(spread: float = STEP_COST_SPREAD, n: int = SPREAD_POINTS) -> 
     return tuple(float(f) for f in np.linspace(1 - spread, 1 + spread, n))
 
 
+def band_median(at_price: Mapping, spread: Sequence[Mapping], keys: Iterable[str]) -> dict:
+    """A point's prediction: at_price (its simulation at the calibration's price) with each
+    of `keys` replaced by the median of that metric over it and `spread` (the same requests
+    simulated again at the other spread_factors()); NaN and missing values left out, and
+    at_price's own kept where no other is known. A metric that grows (or shrinks) with the
+    step costs keeps its value at the price: the factors are symmetric about 1 and odd in
+    number, so the middle one is the price's. One that jumps within a few percent of speed
+    (a request that catches or misses a static group, whose TTFT moves by a whole group's
+    time) reads the middle of its values over the band, not whichever side of an edge the
+    price happened to fall on: the device's speed is not known to that precision (its steps
+    run a few percent off their price from run to run; prediction.csv's steps_over_price)."""
+    out = dict(at_price)
+    for key in keys:
+        known = [v for v in (at_price.get(key), *(s.get(key) for s in spread)) if _finite(v)]
+        if known:
+            out[key] = float(statistics.median(known))
+    return out
+
+
+def _finite(v) -> bool:
+    return isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v)
+
+
 def step_cost_band(values: Iterable[float]) -> tuple[float, float]:
     """The lowest and highest of a metric over a point's simulations at spread_factors()
     (NaN, NaN where none is known)."""
@@ -215,8 +238,10 @@ def ratio_interval(measured: Sequence[float], simulated: Sequence[float], q: flo
 def with_intervals(pairs: Iterable[Mapping], requests: Mapping) -> list[dict]:
     """Each pair with ratio_low and ratio_high (ratio_interval over the point's requests,
     requests[(point, source)]: {request id: requests.csv row}, source "measured" or
-    "simulated"); NaN where a metric is no per-request percentile or the point's requests
-    are not there."""
+    "simulated": the simulation at the price); NaN where a metric is no per-request
+    percentile or the point's requests are not there. A pair predicted by band_median
+    (simulated_at_price beside it) has the interval of the ratio over the simulation at the
+    price carried to its prediction: scaled by simulated_at_price / simulated."""
     out = []
     for pair in pairs:
         column, q = PER_REQUEST.get(pair["metric"], (None, None))
@@ -227,6 +252,9 @@ def with_intervals(pairs: Iterable[Mapping], requests: Mapping) -> list[dict]:
         if column is not None and ids:
             lo, hi = ratio_interval([real[i][column] for i in ids],
                                     [sim[i][column] for i in ids], q)  # fmt: skip
+            if "simulated_at_price" in pair:
+                shift = ratio(pair["simulated"], pair["simulated_at_price"])
+                lo, hi = (lo * shift, hi * shift) if shift == shift else (lo, hi)
         out.append({**pair, "ratio_low": lo, "ratio_high": hi})
     return out
 

@@ -3,6 +3,7 @@ engine over its simulation, and the largest rate each policy sustains within the
 
 from __future__ import annotations
 
+from benchbatch.core.prediction import STEP_COST_SPREAD
 from benchbatch.core.units import figure
 from benchbatch.output import render
 
@@ -104,6 +105,9 @@ def show(rec) -> None:
     if versus:
         what = "the server" if served else "real engine"
         title = f"{what} over its simulation (the same requests at the same times)"
+        if any("simulated_at_price" in r for r in rec.rows("prediction")):
+            title = (f"{title[:-1]}; the median of its simulations with every step up to "
+                     f"{STEP_COST_SPREAD:.0%} slower or faster)")  # core/prediction.band_median
         shown = _versus(versus)
         render.table(shown, _capped(VERSUS_COLUMNS, shown), title)
     if (rec.meta.get("prediction") or {}).get("verdict"):

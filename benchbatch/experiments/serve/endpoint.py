@@ -25,7 +25,7 @@ import numpy as np
 
 from benchbatch.core import endpoint_calibration as ec
 from benchbatch.core import energy
-from benchbatch.core.prediction import with_intervals
+from benchbatch.core.prediction import band_median, with_intervals
 from benchbatch.core.serving import cap_label
 from benchbatch.core.units import figure
 from benchbatch.errors import UserError
@@ -290,13 +290,14 @@ def _beside(rec, opts, w, setup, measured, n, label, cost, predicted, calibratio
             twin = probe.simulate_point(w, policy, rate, capped, model, n, probe.MATCHED)
             twin_row = probe.point_row(twin, capped) | {"max_concurrency": cap}
             rec.add("serve", twin_row)
-            for versus in probe.sim_vs_real(row, twin_row):
+            # a prediction's band: sim_vs_real and prediction.csv beside its median
+            spread = probe.spread_rows(w, policy, rate, capped, model, n) if predicted else []
+            for versus in probe.sim_vs_real(row, band_median(twin_row, spread, probe.COMPARED)):
                 rec.add("sim_vs_real", versus | {"simulated_policy": policy,
                                                  "max_concurrency": cap})  # fmt: skip
             if predicted:
                 arrivals = w.at(rate, n)[1]
                 span = float(arrivals.max() - arrivals.min()) if len(arrivals) else 0.0
-                spread = probe.spread_rows(w, policy, rate, capped, model, n)
                 mine = probe.prediction_pairs(row | {"policy": policy}, twin_row, span, spread)
                 pairs += with_intervals(mine, _requests(rec, mine, rate, cap, twin, capped))
     if predicted:

@@ -354,32 +354,33 @@ def spread_rows(w: ServeWorkload, policy: str, rate: float, setup: Setup, cost: 
 def prediction_pairs(real: dict, matched: dict, span_s: float, spread: Sequence[dict] = (),
                      at_speed: dict | None = None) -> list[dict]:  # fmt: skip
     """prediction.csv's pairs of one real point and its simulation (sim_vs_real's pair),
-    each marked below saturation or not (below_saturation), and with spread_rows' rows
-    each metric's lowest and highest prediction (simulated_low, simulated_high: the
-    matched simulation's own value among them). A point whose client kept at most as many
+    each marked below saturation or not (below_saturation). With spread_rows' rows the
+    prediction is core/prediction.band_median's (simulated: the median over the matched
+    simulation and them; simulated_at_price: the matched one's), with each metric's lowest
+    and highest (simulated_low, simulated_high). A point whose client kept at most as many
     requests in flight as the server has slots (--max-concurrency, real's max_concurrency)
     is below saturation however its arrivals came: the client sends as fast as the server
     serves, and the server queues none of them. With at_speed (the point simulated again at
     the speed its steps ran, real's steps_over_price), each pair's steps_over_price,
     simulated_at_speed and ratio_at_speed: the error left once the device's speed is known."""
-    from benchbatch.core.prediction import below_saturation, pairs_of, ratio, step_cost_band
+    from benchbatch.core import prediction as pr
 
     cap = real.get("max_concurrency")
     label = f"{real['policy']} @ {rate_label(real['rate_rps'])} req/s{cap_label(cap)}"
     held = cap is not None and cap <= matched.get("slots", 0)
     extra = {} if cap is None else {"max_concurrency": cap}
-    pairs = pairs_of(label, matched, real, policy=real["policy"], rate=real["rate"], **extra,
-                     below_saturation=held or below_saturation(real, span_s))  # fmt: skip
-    if spread:
-        for pair in pairs:
-            low, high = step_cost_band([matched[pair["metric"]], *(r[pair["metric"]]
-                                                                   for r in spread)])
-            pair |= {"simulated_low": low, "simulated_high": high}
+    pairs = pr.pairs_of(label, pr.band_median(matched, spread, pr.METRICS), real,
+                        policy=real["policy"], rate=real["rate"], **extra,
+                        below_saturation=held or pr.below_saturation(real, span_s))  # fmt: skip
+    for pair in pairs if spread else ():
+        values = [matched[pair["metric"]], *(r[pair["metric"]] for r in spread)]
+        low, high = pr.step_cost_band(values)
+        pair |= {"simulated_at_price": values[0], "simulated_low": low, "simulated_high": high}
     if at_speed is not None:
         for pair in pairs:
             again = at_speed[pair["metric"]]
             pair |= {"steps_over_price": real["steps_over_price"], "simulated_at_speed": again,
-                     "ratio_at_speed": ratio(again, pair["measured"])}  # fmt: skip
+                     "ratio_at_speed": pr.ratio(again, pair["measured"])}  # fmt: skip
     return pairs
 
 

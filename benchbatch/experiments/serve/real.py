@@ -9,7 +9,7 @@ from dataclasses import dataclass, field
 
 from benchbatch.core import energy
 from benchbatch.core.cpu_clock import at_share
-from benchbatch.core.prediction import with_intervals
+from benchbatch.core.prediction import band_median, with_intervals
 from benchbatch.core.units import significant
 from benchbatch.errors import UserError
 from benchbatch.experiments import common as c
@@ -86,7 +86,8 @@ def serve(rec, net, opts: ServeOptions, w, setup, cost, rates, seed: int, cpu_co
             rec.add("requests", r, stream=True)
         served.matched[key] = sim_row
         rec.add("serve", row)
-        for versus in probe.sim_vs_real(row, sim_row):
+        predicted = band_median(sim_row, served.spread[key], probe.COMPARED)
+        for versus in probe.sim_vs_real(row, predicted):
             rec.add("sim_vs_real", versus | columns)
         for r in probe.request_rows(point, setup.slo, cap):
             rec.add("requests", r, stream=True)
