@@ -619,8 +619,8 @@ BREAKS = [
     Break(
         "a shared core's whole-core simulation at the point's own share",
         "benchbatch/experiments/serve/real.py",
-        "row = probe.point_row(beside(point, w, setup, cost, cpu_cost, 1.0, n), setup)",
-        "row = probe.point_row(beside(point, w, setup, cost, cpu_cost, 0.5, n), setup)",
+        "beside(point, w, setup, at_share(cost, cpu_cost, 1.0), cost, n)",
+        "beside(point, w, setup, at_share(cost, cpu_cost, 0.5), cost, n)",
         tests("tests/test_calibration.py"),
     ),
     Break(
@@ -764,8 +764,27 @@ BREAKS = [
     Break(
         "serve-sweep: sim_vs_real beside the simulation at the price, not the prediction",
         "benchbatch/experiments/serve/real.py",
-        "        predicted = band_median(sim_row, served.spread[key], probe.COMPARED)",
-        "        predicted = sim_row",
+        "    return probe.sim_vs_real(row, band_median(sim_row, spread, probe.COMPARED))",
+        "    return probe.sim_vs_real(row, sim_row)",
+        tests("tests/test_prediction.py",
+              "test_sim_vs_real_sets_a_point_beside_its_bands_median"),
+    ),
+    Break(
+        "serve-sweep: every real point predicted at the calibration's price, not the last "
+        "one's speed",
+        "benchbatch/experiments/serve/real.py",
+        '        before = row["steps_over_price"] if row["steps_over_price"] > 0 else before',
+        "        before = before",
+        tests("tests/test_prediction.py",
+              "test_serve_sweep_writes_prediction_from_the_sim_vs_real_pairs"),
+    ),
+    Break(
+        "serve-sweep: a point at its own speed priced from the last point's speed too",
+        "benchbatch/experiments/serve/real.py",
+        '        served.at_speed[key] = at_speed(matched[key], w, capped, priced, '
+        'row["steps_over_price"], n)',
+        '        served.at_speed[key] = at_speed(matched[key], w, capped, model, '
+        'row["steps_over_price"], n)',
         tests("tests/test_prediction.py",
               "test_serve_sweep_writes_prediction_from_the_sim_vs_real_pairs"),
     ),

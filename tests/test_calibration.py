@@ -913,7 +913,8 @@ def test_each_real_point_is_simulated_at_its_own_core_share(runner, tmp_path, mo
     while it served that point: the calibration's CPU-clock fit over the share. The
     continuous point's steps made to read half of their real share: its sim-matched row at
     the max rate (every request at once, so every time scales) lasts exactly its CPU-clock
-    simulation (serve.csv's sim row of the same requests) over that share, and carries it;
+    simulation (serve.csv's sim row of the same requests) over that share (times the speed
+    of the point served before it, priced_speed), and carries it;
     a note names the points under 90% with the calibration's share, and the verdict says
     it was served on a shared core, and what the same requests on a core of their own keep
     within the SLO."""
@@ -948,8 +949,9 @@ def test_each_real_point_is_simulated_at_its_own_core_share(runner, tmp_path, mo
         matched, sim = by["sim-matched"].loc[policy], by["sim"].loc[policy]
         assert matched["step_costs"] == "cpu clock / core share"
         assert matched["core_share"] == shares[policy]
-        assert matched["duration_s"] == pytest.approx(sim["duration_s"] / shares[policy],
-                                                      rel=1e-9)  # fmt: skip
+        # times the speed the point served before it ran at (the first: the price's, 1)
+        assert matched["duration_s"] == pytest.approx(
+            sim["duration_s"] / shares[policy] * matched["priced_speed"], rel=1e-9)
     meta = json.loads((out / "metadata.json").read_text())
     calibrated = meta["real"]["core_shares"]["calibration"]
     assert calibrated == meta["step_cost"]["cpu_clock"]["core_share"]

@@ -180,6 +180,8 @@ def test_serve_sweep_writes_prediction_from_the_sim_vs_real_pairs(runner, tmp_pa
     assert (p50["ratio_low"] <= p50["ratio_high"]).all()
     said = " ".join(result.output.split())
     assert "how sure each point's ratio is, given its requests" in said
+    assert ("real engine over its simulation (the same requests at the same times; the median "
+            "of its simulations with every step up to 10% slower or faster)") in said
     assert meta["prediction"]["how_sure"] in said
     # Every request queued at once: each time is the steps' own, so with every step up to
     # 10% slower or faster each metric moves by exactly as much.
@@ -199,13 +201,22 @@ def test_serve_sweep_writes_prediction_from_the_sim_vs_real_pairs(runner, tmp_pa
                / work["priced_cpu_ms"].groupby(work["rate"]).sum())  # fmt: skip
     for rate, group in table.groupby("rate"):
         assert group["steps_over_price"].to_numpy() == pytest.approx(by_hand[rate], rel=1e-9)
+    # The prediction of each point after the first is priced at the speed of the point
+    # served before it (priced_speed; the first at the price): at max, served after 50, the
+    # simulations at the two speeds are one another scaled by their quotient.
+    first = steps["rate"].iloc[0]
+    assert first == "50" and (table[table["rate"] == "50"]["priced_speed"] == 1.0).all()
+    assert at_max["priced_speed"].to_numpy() == pytest.approx(by_hand["50"], rel=1e-9)
     assert (at_max["simulated_at_speed"] / at_max["simulated"]).to_numpy() == pytest.approx(
-        at_max["steps_over_price"].to_numpy(), rel=1e-9)
+        (at_max["steps_over_price"] / at_max["priced_speed"]).to_numpy(), rel=1e-9)
     assert (at_max["ratio_at_speed"] * at_max["steps_over_price"]).to_numpy() == pytest.approx(
-        at_max["ratio"].to_numpy(), rel=1e-9)
+        (at_max["ratio"] * at_max["priced_speed"]).to_numpy(), rel=1e-9)
     served = pd.read_csv(out / "serve.csv", dtype={"rate": str})
+    priced = served[served["source"] == "sim-matched"].set_index("rate")["priced_speed"]
     served = served[served["source"] == "real"].set_index("rate")["steps_over_price"]
     assert served.to_dict() == pytest.approx(by_hand.to_dict(), rel=1e-9)
+    assert priced.to_dict() == pytest.approx({"50": 1.0, "max": by_hand["50"]}, rel=1e-9)
+    assert f"serve.csv's priced_speed: x{by_hand['50']:.2f} of the calibration's price" in said
     assert meta["prediction"]["at_speed"] in said and "priced at its own speed" in said
 
 
@@ -450,6 +461,21 @@ def test_the_bands_median_keeps_the_price_for_a_monotone_metric_and_skips_unknow
     assert pr.band_median(at_price, [], ["ttft_p50_s"]) == at_price
 
 
+def test_sim_vs_real_sets_a_point_beside_its_bands_median():
+    from benchbatch.experiments.serve import probe
+    from benchbatch.experiments.serve.real import versus
+
+    row = {"policy": "static", "rate": "4"} | {k: 2.0 for k in probe.COMPARED}
+    at_price = row | {"ttft_p50_s": 3.0}
+    spread = [{"ttft_p50_s": v} | {k: 2.0 for k in probe.COMPARED if k != "ttft_p50_s"}
+              for v in (0.9, 0.95, 1.0, 1.05, 1.6, 1.7, 1.8, 1.9)]  # fmt: skip
+    got = {p["metric"]: p for p in versus(row, at_price, spread)}
+    assert set(got) == set(probe.COMPARED)
+    assert got["ttft_p50_s"]["simulated"] == 1.6  # the ninth value, 3.0, is the price's
+    assert got["ttft_p50_s"]["measured_over_simulated"] == pytest.approx(2.0 / 1.6)
+    assert all(p["simulated"] == 2.0 for m, p in got.items() if m != "ttft_p50_s")
+
+
 def test_an_interval_is_carried_from_the_simulation_at_the_price_to_the_prediction():
     requests = {("p", "measured"): {1: {"e2e_s": 2.0}, 2: {"e2e_s": 4.0}, 3: {"e2e_s": 6.0}},
                 ("p", "simulated"): {1: {"e2e_s": 1.0}, 2: {"e2e_s": 2.0}, 3: {"e2e_s": 3.0}}}
@@ -495,7 +521,7 @@ def test_the_at_speed_line_counts_values_within_at_each_points_own_speed():
                            "the calibration's price; "
                            "outside x0.9-x1.1 at 2 of 4 points (s @ 4 req/s x1.25, "
                            "k @ 4 req/s x0.88)")  # fmt: skip
-    assert "2 of 4 values are within their target, against 1 as calibrated" in line
+    assert "2 of 4 values are within their target, against 1 as predicted" in line
     assert pr.at_speed(rows[4:]) is None
     # a speed just outside the band says the digits that show it outside (x1.104 read x1.10)
     edge = [row("e @ 1 req/s", 1.2, 1.05, 1.1041, False), row("f @ 1 req/s", 1.0, 1.0, 0.8996,
@@ -509,7 +535,7 @@ def test_the_at_speed_line_counts_values_within_at_each_points_own_speed():
     line = pr.at_speed(runs)
     assert line.startswith("the runs ran their steps at x1.13 of the calibration's price; "
                            "outside x0.9-x1.1 at 1 of 1 runs (static x1.13)")  # fmt: skip
-    assert "1 of 1 values are within their target, against 0 as calibrated" in line
+    assert "1 of 1 values are within their target, against 0 as predicted" in line
     assert "the device's speed over the run but" in line
 
 

@@ -210,7 +210,7 @@ def at_speed(rows: Sequence[dict], within: tuple[float, float] = P50_TARGET) -> 
     return (f"{who} ran their steps at {span} of the calibration's price{where}; each "
             f"priced at its own speed (prediction.csv's ratio_at_speed, known only after the "
             f"run) {hit} of {len(judged)} values are within their target, against {before} "
-            f"as calibrated: what stays outside is not the device's speed over the {unit[:-1]} "
+            f"as predicted: what stays outside is not the device's speed over the {unit[:-1]} "
             "but the scheduling, a queue or single steps' prices")
 
 

@@ -362,7 +362,8 @@ def prediction_pairs(real: dict, matched: dict, span_s: float, spread: Sequence[
     is below saturation however its arrivals came: the client sends as fast as the server
     serves, and the server queues none of them. With at_speed (the point simulated again at
     the speed its steps ran, real's steps_over_price), each pair's steps_over_price,
-    simulated_at_speed and ratio_at_speed: the error left once the device's speed is known."""
+    simulated_at_speed and ratio_at_speed (the error left once the device's speed is known),
+    and priced_speed (the speed the prediction was priced at: real/serve.say_priced)."""
     from benchbatch.core import prediction as pr
 
     cap = real.get("max_concurrency")
@@ -380,7 +381,8 @@ def prediction_pairs(real: dict, matched: dict, span_s: float, spread: Sequence[
         for pair in pairs:
             again = at_speed[pair["metric"]]
             pair |= {"steps_over_price": real["steps_over_price"], "simulated_at_speed": again,
-                     "ratio_at_speed": pr.ratio(again, pair["measured"])}  # fmt: skip
+                     "ratio_at_speed": pr.ratio(again, pair["measured"]),
+                     "priced_speed": real.get("priced_speed", math.nan)}  # fmt: skip
     return pairs
 
 

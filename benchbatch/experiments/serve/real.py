@@ -61,6 +61,7 @@ def serve(rec, net, opts: ServeOptions, w, setup, cost, rates, seed: int, cpu_co
     meter = energy_meter.EnergyMeter(net.embed.weight.device)
     meter.start()
     seen, clock = 0, "wall" if cpu_cost is None else "cpu"
+    before = 1.0  # the speed the next point is predicted at: the last one's (say_priced)
     for done in rec.engine_rows("real_steps", events, total=total, label="real engine"):
         reading = meter.lap()
         steps, seen = rec.rows("real_steps")[seen:], len(rec.rows("real_steps"))  # the point's
@@ -72,30 +73,40 @@ def serve(rec, net, opts: ServeOptions, w, setup, cost, rates, seed: int, cpu_co
         row = probe.point_row(point, capped) | columns
         row |= energy.serve_columns(row, reading, opts.price_per_hour)
         row["core_share"] = core_share([s.row() for s in done.result.steps])
-        row["steps_over_price"] = speed(steps, clock)
-        model = at_share(cost, cpu_cost, row["core_share"])
-        sim = beside(matched[key], w, capped, cost, cpu_cost, row["core_share"], n)
+        row["steps_over_price"], row["priced_speed"] = speed(steps, clock), before
+        priced = at_share(cost, cpu_cost, row["core_share"])
+        model = priced if before == 1.0 else priced.scaled(before)
+        sim = beside(matched[key], w, capped, model, cost, n)
         served.spread[key] = probe.spread_rows(w, done.run.name, rate, capped, model, n)
         row |= whole_core(matched[key], w, capped, cost, cpu_cost, n)
-        served.at_speed[key] = at_speed(matched[key], w, capped, model, row["steps_over_price"], n)
+        served.at_speed[key] = at_speed(matched[key], w, capped, priced, row["steps_over_price"], n)
         sim_row = probe.point_row(sim, capped) | columns | {
-            "step_costs": "wall clock" if model is cost else "cpu clock / core share",
-            "core_share": row["core_share"]}  # fmt: skip
+            "step_costs": "wall clock" if priced is cost else "cpu clock / core share",
+            "core_share": row["core_share"], "priced_speed": before}  # fmt: skip
         rec.add("serve", sim_row | energy.serve_columns(sim_row, None, opts.price_per_hour))
         for r in probe.request_rows(sim, setup.slo, cap):
             rec.add("requests", r, stream=True)
         served.matched[key] = sim_row
         rec.add("serve", row)
-        predicted = band_median(sim_row, served.spread[key], probe.COMPARED)
-        for versus in probe.sim_vs_real(row, predicted):
-            rec.add("sim_vs_real", versus | columns)
+        for pair in versus(row, sim_row, served.spread[key]):
+            rec.add("sim_vs_real", pair | columns)
         for r in probe.request_rows(point, setup.slo, cap):
             rec.add("requests", r, stream=True)
         arrivals = w.at(rate, n)[1]
         span = float(arrivals.max() - arrivals.min()) if len(arrivals) else 0.0
         served.points.append((row, span))
+        before = row["steps_over_price"] if row["steps_over_price"] > 0 else before  # NaN: kept
     meter.close()
     return served
+
+
+def versus(row: dict, sim_row: dict, spread) -> list[dict]:
+    """sim_vs_real.csv's rows of a real point (serve.csv's real row): each compared metric
+    beside its prediction, core/prediction.band_median over its simulation at the price
+    (sim_row) and the same requests at the other step-cost factors (spread)."""
+    from benchbatch.experiments.serve import probe
+
+    return probe.sim_vs_real(row, band_median(sim_row, spread, probe.COMPARED))
 
 
 def _priced_if_cut(rec, events, cost, cpu_cost):
@@ -112,14 +123,13 @@ def _priced_if_cut(rec, events, cost, cpu_cost):
         price_in_place(unpriced, cost, cpu_cost)
 
 
-def beside(point, w, setup, cost, cpu_cost, share: float, n: int):
+def beside(point, w, setup, model, cost, n: int):
     """The simulation set beside a real point: its requests at their arrival times on
-    the step costs of core/cpu_clock.at_share (the CPU clock's at the point's share of the
-    core); `point` itself (already simulated on the wall-clock fit) where those are the
-    wall-clock fit's."""
+    `model` (serve's: core/cpu_clock.at_share's, the CPU clock's at the point's share of the
+    core, times the speed the point before it ran at); `point` itself (already simulated on
+    the wall-clock fit, `cost`) where model is that fit."""
     from benchbatch.experiments.serve import probe
 
-    model = at_share(cost, cpu_cost, share)
     if model is cost:
         return point
     return probe.simulate_point(w, point.policy, point.rate, setup, model, n, probe.MATCHED)
@@ -147,7 +157,7 @@ def whole_core(point, w, setup, cost, cpu_cost, n: int) -> dict:
 
     if cpu_cost is None:
         return {}
-    row = probe.point_row(beside(point, w, setup, cost, cpu_cost, 1.0, n), setup)
+    row = probe.point_row(beside(point, w, setup, at_share(cost, cpu_cost, 1.0), cost, n), setup)
     return {"whole_core_within_slo": row["within_slo"], "whole_core_e2e_p50_s": row["e2e_p50_s"]}
 
 
@@ -165,9 +175,27 @@ def compare(rec, served: Served) -> None:
                                         served.at_speed.get(key))  # fmt: skip
     pairs = with_intervals(pairs, probe.point_requests(rec.rows("requests")))
     say_prices(rec, rec.rows("real_steps"))
+    say_priced(rec)
     say_speeds(rec)
     say_core_shares(rec)
     record(rec, pairs, f"serve-sweep: the real engine beside its simulation; {c.title(rec)}")
+
+
+def say_priced(rec) -> None:
+    """A note on what each real point after the first was predicted at: its step costs
+    times the speed the point served before it ran at (serve.csv's priced_speed, that
+    point's steps_over_price), the calibration kept current as the run goes (the device's
+    speed drifts over minutes: a run's points ran x1.05-1.12 of their price where its
+    calibration, minutes before, had priced them), as --endpoint --predict calibrates again
+    before each point. The first point is predicted at the calibration's price."""
+    real = [r for r in rec.rows("serve") if r["source"] == "real" and "priced_speed" in r]
+    later = [r["priced_speed"] for r in real[1:]]
+    if later:
+        lo, hi = f"x{min(later):.2f}", f"x{max(later):.2f}"
+        span = lo if lo == hi else f"{lo}-{hi}"
+        rec.note(f"each real point after the first is predicted at the speed the engine ran "
+                 f"the point before it (serve.csv's priced_speed: {span} of the calibration's "
+                 "price), the first at the price: the calibration kept current as the run goes")
 
 
 def say_speeds(rec) -> None:
