@@ -3,7 +3,6 @@ engine over its simulation, and the largest rate each policy sustains within the
 
 from __future__ import annotations
 
-from benchbatch.core.prediction import STEP_COST_SPREAD
 from benchbatch.core.units import figure
 from benchbatch.output import render
 
@@ -106,6 +105,8 @@ def show(rec) -> None:
         what = "the server" if served else "real engine"
         title = f"{what} over its simulation (the same requests at the same times)"
         if any("simulated_at_price" in r for r in rec.rows("prediction")):
+            from benchbatch.core.prediction import STEP_COST_SPREAD  # numpy: not at start-up
+
             title = (f"{title[:-1]}; the median of its simulations with every step up to "
                      f"{STEP_COST_SPREAD:.0%} slower or faster)")  # core/prediction.band_median
         shown = _versus(versus)
