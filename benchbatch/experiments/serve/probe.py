@@ -363,7 +363,7 @@ def prediction_pairs(real: dict, matched: dict, span_s: float, spread: Sequence[
     serves, and the server queues none of them. With at_speed (the point simulated again at
     the speed its steps ran, real's steps_over_price), each pair's steps_over_price,
     simulated_at_speed and ratio_at_speed (the error left once the device's speed is known),
-    and priced_speed (the speed the prediction was priced at: real/serve.say_priced)."""
+    and priced_speed (the speed the prediction was priced at: real.say_priced)."""
     from benchbatch.core import prediction as pr
 
     cap = real.get("max_concurrency")

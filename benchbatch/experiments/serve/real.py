@@ -38,11 +38,10 @@ def spot_of(row: dict) -> tuple[float, int | None]:
 def serve(rec, net, opts: ServeOptions, w, setup, cost, rates, seed: int, cpu_cost=None):
     """The chosen rates (a concurrency sweep's: caps) on the model: real_steps.csv as steps
     end (the engine's events, through the run); per point its serve.csv row beside the
-    simulation of the same requests (sim-matched: priced at the point's own core share,
-    `beside`) and sim_vs_real.csv. Returns the points (Served; None where none fits
+    simulation of the same requests (sim-matched: priced at the point's own core share
+    times the speed the point before it ran, `beside`, say_priced) and sim_vs_real.csv
+    (beside the band's median, `versus`). Returns the points (Served; None where none fits
     --real-time)."""
-    from benchbatch.core.cpu_clock import core_share
-    from benchbatch.core.pricing import speed
     from benchbatch.experiments.serve import probe
     from benchbatch.experiments.step_prices import price_in_place
     from benchbatch.runtime import energy_meter
@@ -70,10 +69,8 @@ def serve(rec, net, opts: ServeOptions, w, setup, cost, rates, seed: int, cpu_co
         (rate, cap), key = spot, (done.run.name, spot)
         capped, columns = probe.at_cap(setup, cap), probe.cap_columns(cap)
         point = probe.real_point(done.result, done.run.name, rate, requests, w.at(rate, n)[1])
-        row = probe.point_row(point, capped) | columns
-        row |= energy.serve_columns(row, reading, opts.price_per_hour)
-        row["core_share"] = core_share([s.row() for s in done.result.steps])
-        row["steps_over_price"], row["priced_speed"] = speed(steps, clock), before
+        row = _real_row(done, point, capped, columns, reading, opts, steps, clock) | {
+            "priced_speed": before}  # fmt: skip
         priced = at_share(cost, cpu_cost, row["core_share"])
         model = priced if before == 1.0 else priced.scaled(before)
         sim = beside(matched[key], w, capped, model, cost, n)
@@ -98,6 +95,21 @@ def serve(rec, net, opts: ServeOptions, w, setup, cost, rates, seed: int, cpu_co
         before = row["steps_over_price"] if row["steps_over_price"] > 0 else before  # NaN: kept
     meter.close()
     return served
+
+
+def _real_row(done, point, setup, columns: dict, reading, opts: ServeOptions, steps,
+              clock: str) -> dict:  # fmt: skip
+    """serve.csv's row of a real point (`done`: its engine run, `steps`: its real_steps.csv
+    rows, priced): its metrics, energy, the share of the core the engine held (core_share)
+    and how fast its steps ran against their price (steps_over_price)."""
+    from benchbatch.core.cpu_clock import core_share
+    from benchbatch.core.pricing import speed
+    from benchbatch.experiments.serve import probe
+
+    row = probe.point_row(point, setup) | columns
+    row |= energy.serve_columns(row, reading, opts.price_per_hour)
+    row["core_share"] = core_share([s.row() for s in done.result.steps])
+    return row | {"steps_over_price": speed(steps, clock)}
 
 
 def versus(row: dict, sim_row: dict, spread) -> list[dict]:
